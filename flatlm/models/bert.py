@@ -1,0 +1,137 @@
+"""Building masked LMs by config, and the helpers training and measurement code call on them.
+
+``build_model`` returns a ``transformers.BertForMaskedLM`` (arch "bert") or a
+``BiLSTMForMaskedLM`` (arch "lstm"); both read ``encode``'s layout (``flatlm.models.tokens``).
+The helpers work on either, so callers never branch on the architecture:
+
+- ``encoder_features`` -> (n, T+2, d) final-layer states (d = d_model, or 2 d_hidden for the LSTM);
+- ``cls_features`` -> (n, d), the states at [CLS];
+- ``word_logits`` -> logits over the V words only (head columns 4..V+3), at every position or only
+  at one masked word per sentence, where the head runs only on the gathered states.
+
+>>> import torch
+>>> from flatlm.models.presets import parse_model
+>>> from flatlm.models.tokens import encode
+>>> model = build_model(parse_model("d64-h1-l1-i256"), vocab_size=10, max_length=5, seed=0)
+>>> ids, mask = encode(torch.tensor([[3, 1, -1, -1, -1]]), torch.tensor([2]))
+>>> word_logits(model, ids, mask).shape, word_logits(model, ids, mask, torch.tensor([0])).shape
+(torch.Size([1, 7, 10]), torch.Size([1, 10]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import BertConfig, BertForMaskedLM
+
+from flatlm.models.lstm import BiLSTMForMaskedLM, build_lstm
+from flatlm.models.presets import ModelConfig
+from flatlm.models.tokens import PAD_ID, WORD_OFFSET, TokenLayout, token_layout
+
+
+def bert_config(cfg: ModelConfig, vocab_size: int, max_length: int) -> BertConfig:
+    """The ``BertConfig`` for ``cfg``: V + 4 ids, T + 2 positions, one token type, tied decoder."""
+    layout = token_layout(vocab_size, max_length)
+    return BertConfig(
+        vocab_size=layout.vocab_size,
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        intermediate_size=cfg.d_inter,
+        hidden_act="gelu",
+        hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.dropout,
+        max_position_embeddings=layout.n_positions,
+        type_vocab_size=1,  # single sentences: no sentence-B embedding to learn
+        pad_token_id=PAD_ID,
+        tie_word_embeddings=True,
+    )
+
+
+def build_model(
+    cfg: ModelConfig, vocab_size: int, max_length: int, *, seed: int | None = None
+) -> nn.Module:
+    """A fresh masked LM for ``vocab_size`` words (V) and sentences of at most ``max_length`` (T).
+
+    arch "bert": ``BertForMaskedLM`` (no pooler; decoder tied to the token embeddings) with
+    ``cfg.attention`` as its attention implementation. arch "lstm": ``BiLSTMForMaskedLM``.
+    ``seed`` fixes the initialisation without touching the global RNG; None draws from it.
+    The model is on the CPU in train mode.
+    """
+    with torch.random.fork_rng(devices=[], enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        if cfg.arch == "lstm":
+            return build_lstm(cfg, vocab_size, max_length)
+        config = bert_config(cfg, vocab_size, max_length)
+        return BertForMaskedLM._from_config(config, attn_implementation=cfg.attention).train()
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    # torch.compile wraps the module; its submodules (bert, cls) are the uncompiled originals
+    return getattr(model, "_orig_mod", model)
+
+
+def _encoder_and_head(model: nn.Module) -> tuple[Callable, Callable]:
+    model = _unwrap(model)
+    if isinstance(model, BertForMaskedLM):
+        def encoder(ids, mask):
+            return model.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+
+        return encoder, model.cls
+    if isinstance(model, BiLSTMForMaskedLM):
+        return model.encode, model.head
+    raise TypeError(f"expected a model from build_model, got {type(model).__name__}")
+
+
+def encoder_features(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """Final-layer hidden states (n, T+2, d), before the MLM head."""
+    encoder, _ = _encoder_and_head(model)
+    return encoder(input_ids, attention_mask)
+
+
+def cls_features(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """States at [CLS] (n, d). For the BiLSTM only its backward half has read the sentence."""
+    return encoder_features(model, input_ids, attention_mask)[:, 0]
+
+
+def word_logits(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Logits over the V words: (n, T+2, V) everywhere, or (n, V) at word ``positions`` [n].
+
+    ``positions`` are 0-based word positions (input position + 1). With them the encoder states are
+    gathered first and the MLM head runs on n vectors instead of n (T+2): for a large vocabulary
+    the head is a large share of the cost. Column c is word c (input id c + 4).
+    """
+    encoder, head = _encoder_and_head(model)
+    hidden = encoder(input_ids, attention_mask)  # (n, T+2, d)
+    if positions is not None:
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        hidden = hidden[rows, positions.to(hidden.device) + 1]  # (n, d)
+    return head(hidden)[..., WORD_OFFSET:]  # (n, [T+2,] V)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters; the tied decoder weight counts once."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def model_layout(model: nn.Module) -> TokenLayout:
+    """The token layout a built model reads, from its own sizes."""
+    model = _unwrap(model)
+    if isinstance(model, BiLSTMForMaskedLM):
+        return model.layout
+    if isinstance(model, BertForMaskedLM):
+        config = model.config
+        return token_layout(config.vocab_size - WORD_OFFSET, config.max_position_embeddings - 2)
+    raise TypeError(f"expected a model from build_model, got {type(model).__name__}")

@@ -1,0 +1,89 @@
+"""Checkpoints: the ``save_pretrained`` layout plus ``flatlm.json``, readable without flatlm.
+
+A checkpoint directory holds::
+
+    config.json         a transformers BertConfig, or the BiLSTM's sizes (model_type flatlm_bilstm)
+    model.safetensors   the weights (the BERT's decoder stays tied to its embeddings on reload)
+    flatlm.json         the source spec, the ModelConfig, the token ids and input layout, extras
+
+A BERT checkpoint loads with ``transformers.BertForMaskedLM.from_pretrained(dir)`` alone; its
+inputs are rebuilt from ``flatlm.json["tokens"]``: word c has id c + 4, a sentence reads
+``[CLS] x_1 .. x_L [SEP]`` padded with [PAD] to T + 2 positions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from torch import nn
+from transformers import BertForMaskedLM
+
+from flatlm.models.bert import count_parameters, model_layout
+from flatlm.models.lstm import BiLSTMForMaskedLM
+from flatlm.models.presets import ModelConfig, shape_string
+
+INFO_NAME = "flatlm.json"
+FORMAT = "flatlm-checkpoint-1"  # bump when the meaning of a flatlm.json field changes
+
+
+def save_checkpoint(
+    model: nn.Module,
+    out_dir: str | Path,
+    *,
+    source_spec: dict,
+    model_cfg: ModelConfig,
+    extra: dict | None = None,
+) -> Path:
+    """Writes ``model`` and its description to ``out_dir`` (created if needed); returns the path.
+
+    ``source_spec`` is the dict that rebuilds the source (``Source.spec``); ``extra`` is any
+    JSON-serialisable data (step, metrics, vocabulary). Both go to ``flatlm.json`` unchanged.
+    """
+    model = getattr(model, "_orig_mod", model)
+    expected = BiLSTMForMaskedLM if model_cfg.arch == "lstm" else BertForMaskedLM
+    if not isinstance(model, expected):
+        raise ValueError(
+            f"model_cfg.arch={model_cfg.arch!r} but the model is a {type(model).__name__}"
+        )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    info = {
+        "format": FORMAT,
+        "source": source_spec,
+        "model": model_cfg.to_dict(),
+        "shape": shape_string(model_cfg),
+        "n_parameters": count_parameters(model),
+        "tokens": model_layout(model).to_dict(),
+        "load": _load_hint(model_cfg),
+        "extra": extra or {},
+    }
+    # serialise before writing so a non-JSON extra fails without leaving a half-written file
+    text = json.dumps(info, indent=2) + "\n"
+    (out_dir / INFO_NAME).write_text(text)
+    return out_dir
+
+
+def _load_hint(cfg: ModelConfig) -> str:
+    if cfg.arch == "lstm":
+        return "flatlm.models.load_checkpoint(dir)"
+    return "transformers.BertForMaskedLM.from_pretrained(dir) or flatlm.models.load_checkpoint(dir)"
+
+
+def load_checkpoint(model_dir: str | Path) -> tuple[nn.Module, dict]:
+    """(model in eval mode on the CPU, the ``flatlm.json`` dict); ``ModelConfig(**info["model"])``.
+
+    Reads only local files. A BERT gets its saved ``ModelConfig.attention`` implementation.
+    """
+    model_dir = Path(model_dir)
+    info = json.loads((model_dir / INFO_NAME).read_text())
+    if info.get("format") != FORMAT:
+        raise ValueError(f"{model_dir / INFO_NAME}: format {info.get('format')!r}, not {FORMAT}")
+    cfg = ModelConfig(**info["model"])
+    if cfg.arch == "lstm":
+        return BiLSTMForMaskedLM.from_pretrained(model_dir), info
+    model = BertForMaskedLM.from_pretrained(
+        model_dir, attn_implementation=cfg.attention, local_files_only=True
+    )
+    return model.eval(), info

@@ -1,0 +1,208 @@
+"""Model shapes: ``ModelConfig``, the paper's presets, shape strings and analytic parameter counts.
+
+Presets (``PRESETS``; ``parse_model`` also reads shape strings):
+
+- ``bert-2m`` .. ``bert-730m``: Table 3 (Section 2), named by their parameter count in the paper's
+  convention (``paper_parameter_count``). Head size is always 64.
+- ``bert-17m``, ``bert-25m``, ``bert-79m``, ``bert-208m``, ``bert-950m``: the Figure 5 shapes of
+  Table 4 not already in Table 3 (Table 4 also lists ``bert-4.8m`` and ``bert-8.3m``; the whole
+  sequence is ``TABLE4``). Table 4 prints d_inter as 1024, 2048, 3072, 4096, 5120 for these rows,
+  the Table 3 column shifted by one row; we use d_inter = 4 d_model instead, because B.4.2 states
+  d_inter = 4 d_h, the function-preserving embedding of B.4 needs each d_inter to divide the
+  largest one (768 does not divide 5120), and only 4 d_model gives the "950M" of Section 2.
+  The literal rows remain available as shapes, e.g. ``d320-h5-l6-i1024``.
+- ``lstm-h{128,256,512,768,1024}-l{4,6,8,12,16}``: the LSTM grid of A.4 (d_hidden per direction).
+
+Shape strings: ``d64-h1-l1-i256`` (d_model, heads, layers, d_inter) and ``lstm-h256-l4``.
+
+>>> parse_model("bert-2m") == parse_model("d64-h1-l1-i256")
+True
+>>> round(paper_parameter_count(parse_model("bert-110m")) / 1e6, 1)
+109.5
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+ARCHS = ("bert", "lstm")
+ATTENTIONS = ("sdpa", "eager")
+PAPER_VOCAB = 30_522  # bert-large-uncased's WordPiece vocabulary (A.2)
+PAPER_POSITIONS = 512  # BERT-base max_position_embeddings
+PAPER_TOKEN_TYPES = 2  # BERT-base type_vocab_size (sentence A / B)
+N_SPECIAL = 4  # [PAD] [MASK] [CLS] [SEP]; see flatlm.models.tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Shape and regularisation of a masked LM; the vocabulary and length come from the source."""
+
+    arch: str = "bert"  # "bert" (transformers BertForMaskedLM) or "lstm" (bidirectional nn.LSTM)
+    n_layers: int  # transformer blocks or stacked LSTM layers; 1..24 in the paper
+    d_model: int | None = None  # bert only: hidden width, a multiple of n_heads; 64..1920
+    n_heads: int | None = None  # bert only: attention heads; the paper keeps d_model/n_heads = 64
+    d_inter: int | None = None  # bert only: MLP intermediate width; 4 * d_model in the paper
+    d_hidden: int | None = None  # lstm only: hidden units per direction (hidden_size); 128..1024
+    dropout: float = 0.1  # embedding, hidden and attention dropout probability in [0, 1); paper 0.1
+    attention: str = "sdpa"  # bert kernel: "sdpa", or "eager" for attention weights / GPU HVPs
+
+    def __post_init__(self):
+        if self.arch not in ARCHS:
+            raise ValueError(f"model.arch={self.arch!r}: use one of {ARCHS}")
+        if not (isinstance(self.n_layers, int) and self.n_layers >= 1):
+            raise ValueError(f"model.n_layers={self.n_layers!r}: use an integer >= 1")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout={self.dropout!r}: use a probability in [0, 1)")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"model.attention={self.attention!r}: use one of {ATTENTIONS}")
+        own = ("d_model", "n_heads", "d_inter") if self.arch == "bert" else ("d_hidden",)
+        other = ("d_hidden",) if self.arch == "bert" else ("d_model", "n_heads", "d_inter")
+        for name in own:
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(
+                    f"model.{name}={value!r}: arch={self.arch!r} needs an integer >= 1"
+                )
+        for name in other:
+            if getattr(self, name) is not None:
+                raise ValueError(f"model.{name} is not used by arch={self.arch!r}; leave it None")
+        if self.arch == "bert" and self.d_model % self.n_heads:
+            raise ValueError(
+                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
+                f"pick d_model = 64 * n_heads as the paper does (e.g. {64 * self.n_heads})"
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _bert(d_model: int, n_heads: int, n_layers: int, d_inter: int) -> ModelConfig:
+    return ModelConfig(arch="bert", d_model=d_model, n_heads=n_heads, n_layers=n_layers,
+                       d_inter=d_inter)
+
+
+def _lstm(d_hidden: int, n_layers: int) -> ModelConfig:
+    return ModelConfig(arch="lstm", d_hidden=d_hidden, n_layers=n_layers)
+
+
+TABLE3 = {  # name: paper_parameter_count rounded as the paper quotes sizes
+    "bert-2m": _bert(64, 1, 1, 256),
+    "bert-4.8m": _bert(128, 2, 4, 512),
+    "bert-8.3m": _bert(192, 3, 5, 768),
+    "bert-12.8m": _bert(256, 4, 6, 1024),
+    "bert-41m": _bert(512, 8, 8, 2048),
+    "bert-110m": _bert(768, 12, 12, 3072),
+    "bert-234m": _bert(1024, 16, 16, 4096),
+    "bert-435m": _bert(1280, 20, 20, 5120),
+    "bert-730m": _bert(1536, 24, 24, 6144),
+}
+_FIG5 = {  # Table 4 rows not in Table 3, with d_inter = 4 d_model (see the module docstring)
+    "bert-17m": _bert(320, 5, 6, 1280),
+    "bert-25m": _bert(384, 6, 7, 1536),
+    "bert-79m": _bert(640, 10, 12, 2560),
+    "bert-208m": _bert(960, 15, 16, 3840),
+    "bert-950m": _bert(1920, 30, 20, 7680),
+}
+TABLE4 = ("bert-4.8m", "bert-8.3m", *_FIG5)  # the Figure 5 sequence, smallest first
+LSTM_GRID = {  # A.4: d_hidden x layers
+    f"lstm-h{h}-l{n}": _lstm(h, n) for h in (128, 256, 512, 768, 1024) for n in (4, 6, 8, 12, 16)
+}
+PRESETS: dict[str, ModelConfig] = {**TABLE3, **_FIG5, **LSTM_GRID}
+
+_BERT_SHAPE = re.compile(r"(?:bert-)?d(\d+)-h(\d+)-l(\d+)-i(\d+)")
+_LSTM_SHAPE = re.compile(r"lstm-h(\d+)-l(\d+)")
+
+
+def parse_model(name_or_shape: str | ModelConfig) -> ModelConfig:
+    """A preset name or a shape string -> ``ModelConfig`` (a ``ModelConfig`` passes through).
+
+    Dropout and attention keep their defaults; vary them with ``dataclasses.replace``.
+    """
+    if isinstance(name_or_shape, ModelConfig):
+        return name_or_shape
+    key = str(name_or_shape).strip().lower()
+    if key in PRESETS:
+        return PRESETS[key]
+    if m := _BERT_SHAPE.fullmatch(key):
+        return _bert(*map(int, m.groups()))
+    if m := _LSTM_SHAPE.fullmatch(key):
+        return _lstm(*map(int, m.groups()))
+    raise ValueError(
+        f"model {name_or_shape!r} is neither a preset nor a shape. Presets: "
+        f"{', '.join(PRESETS)}. Shapes: 'd64-h1-l1-i256' (d_model-heads-layers-d_inter) or "
+        "'lstm-h256-l4' (hidden per direction-layers)."
+    )
+
+
+def shape_string(cfg: ModelConfig) -> str:
+    """The shape string ``parse_model`` reads back: ``d64-h1-l1-i256`` or ``lstm-h256-l4``."""
+    if cfg.arch == "lstm":
+        return f"lstm-h{cfg.d_hidden}-l{cfg.n_layers}"
+    return f"d{cfg.d_model}-h{cfg.n_heads}-l{cfg.n_layers}-i{cfg.d_inter}"
+
+
+def _bert_count(cfg: ModelConfig, n_ids: int, n_positions: int, n_types: int) -> int:
+    """Parameters of transformers' BertForMaskedLM, tied decoder counted once, no pooler."""
+    d, i = cfg.d_model, cfg.d_inter
+    ln = 2 * d  # LayerNorm weight + bias
+    embeddings = (n_ids + n_positions + n_types) * d + ln
+    attention = 4 * (d * d + d) + ln  # Q, K, V, output projections
+    mlp = (d * i + i) + (i * d + d) + ln
+    head = (d * d + d) + ln + n_ids  # transform dense + LayerNorm + decoder bias (weight tied)
+    return embeddings + cfg.n_layers * (attention + mlp) + head
+
+
+def _lstm_count(cfg: ModelConfig, n_ids: int) -> int:
+    """Parameters of ``flatlm.models.lstm.BiLSTMForMaskedLM`` (embedding width = d_hidden)."""
+    h = cfg.d_hidden
+
+    def per_direction(d_in: int) -> int:  # W_ih [4h, d_in], W_hh [4h, h], b_ih and b_hh [4h]
+        return 4 * h * (d_in + h) + 8 * h
+
+    # layer 0 reads the h-wide embeddings; later layers read both directions (2h)
+    lstm = 2 * per_direction(h) + (cfg.n_layers - 1) * 2 * per_direction(2 * h)
+    head = (2 * h * h + h) + 2 * h + n_ids  # 2h -> h projection + LayerNorm + decoder bias
+    return n_ids * h + lstm + head
+
+
+def parameter_count(cfg: ModelConfig, vocab_size: int, max_length: int) -> int:
+    """Parameters of ``build_model(cfg, vocab_size, max_length)``, computed without building it.
+
+    ``vocab_size`` is V (source words) and ``max_length`` is T; the model has V + 4 token ids,
+    T + 2 positions and one token type.
+    """
+    if cfg.arch == "lstm":
+        return _lstm_count(cfg, vocab_size + N_SPECIAL)
+    return _bert_count(cfg, vocab_size + N_SPECIAL, max_length + 2, 1)
+
+
+def paper_parameter_count(cfg: ModelConfig) -> int:
+    """Parameter count in the convention that reproduces the paper's model sizes.
+
+    The paper's transformers (Izsak et al.'s BERT with the bert-large-uncased tokenizer) are counted
+    as transformers' ``BertForMaskedLM`` in the BERT-base layout: 30,522 token embeddings, 512
+    positions, 2 token types, embedding LayerNorm, the encoder blocks, and the MLM head (transform
+    dense + LayerNorm + output bias) whose decoder weight is tied to the token embeddings and
+    counted once; no pooler. This gives 2.07M, 4.81M, 8.25M, 12.78M, 41.4M, 109.5M, 234.4M, 435.0M
+    and 730.0M for Table 3; adding the pooler (d^2 + d) gives 235.5M for ``bert-234m``, the "235M"
+    quoted in Figures 3-4, but moves the other rows further from their names.
+    """
+    if cfg.arch != "bert":
+        raise ValueError("model.arch='lstm': the paper quotes parameter counts only for BERTs")
+    return _bert_count(cfg, PAPER_VOCAB, PAPER_POSITIONS, PAPER_TOKEN_TYPES)
+
+
+def describe(cfg: ModelConfig, vocab_size: int, max_length: int) -> str:
+    """One line naming the shape and its parameter count here (and in the paper's convention).
+
+    >>> describe(parse_model("bert-2m"), vocab_size=200, max_length=18)  # doctest: +ELLIPSIS
+    'bert d64-h1-l1-i256: 69,004 parameters with 200 words ... (paper convention: 2,071,226)'
+    """
+    here = parameter_count(cfg, vocab_size, max_length)
+    text = (f"{cfg.arch} {shape_string(cfg)}: {here:,} parameters with {vocab_size} words + "
+            f"{N_SPECIAL} special ids")
+    if cfg.arch == "lstm":
+        return text
+    paper = paper_parameter_count(cfg)
+    return f"{text} and {max_length + 2} positions (paper convention: {paper:,})"

@@ -1,0 +1,178 @@
+"""The interface every source language shares, and the code they share.
+
+A source is a generative language whose masked-LM conditionals Pr(x_t = c | x_{-t}) are known
+exactly. Every source gives, with word ids 0..V-1 and padding -1:
+
+- ``sample(n, seed)`` -> ``(tokens [n, T] int64, lengths [n] int64)``, T = ``max_length``;
+- ``conditionals(tokens, lengths)`` -> ``[n, T, V]``: row (i, t) is Pr(x_t = . | x_{-t}) for a real
+  position t (sums to 1), zero on padding;
+- ``labels(tokens, lengths, task)`` -> ``[n]`` int64 downstream labels (-1: not defined for that
+  sentence, e.g. a span longer than the sentence);
+- ``entropy(n, seed)`` -> (mean per-token conditional entropy in nats, its standard error);
+- ``vocab`` (list of V words), ``tasks`` (task names), ``spec`` (the dict that rebuilds it),
+  ``fingerprint()`` (a hash of the parameters that define the language).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from abc import ABC, abstractmethod
+
+import numpy as np
+import torch
+
+PAD = -1
+
+
+class SourceError(ValueError):
+    """A source spec, grammar or matrix file that cannot define a language."""
+
+
+def as_tokens(tokens, lengths) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checks and converts a (tokens, lengths) pair to int64 tensors on their current device."""
+    tokens = torch.as_tensor(tokens, dtype=torch.int64)
+    lengths = torch.as_tensor(lengths, dtype=torch.int64, device=tokens.device)
+    if tokens.ndim != 2 or lengths.ndim != 1 or lengths.shape[0] != tokens.shape[0]:
+        raise ValueError(
+            f"tokens must be [n, T] and lengths [n]; got {tuple(tokens.shape)} and "
+            f"{tuple(lengths.shape)}"
+        )
+    return tokens, lengths
+
+
+def padding_mask(lengths: torch.Tensor, T: int) -> torch.Tensor:
+    """[n, T] bool, True on real positions."""
+    return torch.arange(T, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def ratio_mean_se(sums: np.ndarray, counts: np.ndarray) -> tuple[float, float]:
+    """Mean of per-token values pooled over sentences, with a sentence-clustered standard error.
+
+    Every token weighs the same: mean = sum(sums) / sum(counts). Tokens of one sentence are not
+    independent, so the standard error treats sentences as the sampling unit (delta method for a
+    ratio estimator): se^2 = sum_i (s_i - mean n_i)^2 / (n (n - 1) nbar^2).
+    """
+    sums = np.asarray(sums, dtype=np.float64)
+    counts = np.asarray(counts, dtype=np.float64)
+    n = len(sums)
+    mean = sums.sum() / counts.sum()
+    if n < 2:
+        return float(mean), float("nan")
+    resid = sums - mean * counts
+    se = math.sqrt((resid**2).sum() / (n * (n - 1) * counts.mean() ** 2))
+    return float(mean), se
+
+
+def entropy_rows(probs: torch.Tensor) -> torch.Tensor:
+    """-sum_c p log p over the last axis, with 0 log 0 = 0."""
+    logp = torch.where(probs > 0, probs.log(), torch.zeros_like(probs))
+    return -(probs * logp).sum(-1)
+
+
+class Source(ABC):
+    """Base class: subclasses implement ``sample``, ``_conditionals_batch`` and ``labels``."""
+
+    spec: dict
+    vocab: list[str]
+    max_length: int
+    tasks: tuple[str, ...]
+
+    @property
+    def V(self) -> int:
+        return len(self.vocab)
+
+    @abstractmethod
+    def sample(self, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """n sentences: tokens [n, T] int64 (padding -1) and lengths [n] int64, on the CPU."""
+
+    @abstractmethod
+    def _conditionals_batch(
+        self, tokens: torch.Tensor, lengths: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Exact conditionals for one batch already on its device: [n, T, V], padded rows 0."""
+
+    @abstractmethod
+    def labels(self, tokens, lengths, task: str, **options) -> torch.Tensor:
+        """Downstream labels [n] int64 for ``task`` (one of ``self.tasks``); -1 = undefined."""
+
+    @abstractmethod
+    def _fingerprint_arrays(self) -> list[np.ndarray]:
+        """The arrays that define the language, hashed by ``fingerprint``."""
+
+    def num_classes(self, task: str) -> int:
+        """Number of label classes of ``task`` (labels are 0..num_classes-1, or -1)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define classes for {task!r}")
+
+    def conditionals(
+        self,
+        tokens,
+        lengths,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+        batch_size: int = 1024,
+    ) -> torch.Tensor:
+        """Pr(x_t = c | x_{-t}) for every real position of every sentence: [n, T, V].
+
+        Work runs on ``device`` (default: the tokens' device) in chunks of ``batch_size``
+        sentences; the result stays on that device.
+        """
+        tokens, lengths = as_tokens(tokens, lengths)
+        device = torch.device(device) if device is not None else tokens.device
+        tokens, lengths = tokens.to(device), lengths.to(device)
+        if tokens.shape[0] and (int(lengths.min()) < 1 or int(lengths.max()) > tokens.shape[1]):
+            raise ValueError("lengths must lie in 1..T (the tokens' second dimension)")
+        if tokens.shape[0] and int(tokens.max()) >= self.V:
+            raise ValueError(f"token id {int(tokens.max())} is outside the vocabulary (V={self.V})")
+        parts = [
+            self._conditionals_batch(tokens[i : i + batch_size], lengths[i : i + batch_size], dtype)
+            for i in range(0, tokens.shape[0], batch_size)
+        ]
+        if not parts:
+            return torch.zeros(0, tokens.shape[1], self.V, device=device, dtype=dtype)
+        return torch.cat(parts)
+
+    def entropy(
+        self,
+        n: int,
+        seed: int,
+        *,
+        batch_size: int = 2048,
+        device: str | torch.device | None = None,
+        progress: bool = False,
+    ) -> tuple[float, float]:
+        """Mean per-token conditional entropy H(x_t | x_{-t}) in nats over n fresh sentences.
+
+        Every position of every sentence weighs the same; the standard error is clustered by
+        sentence (see ``ratio_mean_se``). Computed in float64.
+        """
+        sums, counts = self.entropy_terms(n, seed, batch_size=batch_size, device=device,
+                                          progress=progress)
+        return ratio_mean_se(sums, counts)
+
+    def entropy_terms(self, n, seed, *, batch_size=2048, device=None, progress=False):
+        """Per-sentence (sum of token entropies, length) arrays over n sentences from ``seed``."""
+        from tqdm.auto import tqdm
+
+        tokens, lengths = self.sample(n, seed)
+        sums = np.zeros(n)
+        bar = tqdm(total=n, desc="entropy", unit="sent", disable=not progress)
+        for i in range(0, n, batch_size):
+            tok, ln = tokens[i : i + batch_size], lengths[i : i + batch_size]
+            probs = self.conditionals(tok, ln, device=device, dtype=torch.float64,
+                                      batch_size=batch_size)
+            sums[i : i + len(tok)] = entropy_rows(probs).sum(-1).cpu().numpy()
+            bar.update(len(tok))
+        bar.close()
+        return sums, lengths.numpy().astype(np.float64)
+
+    def fingerprint(self) -> str:
+        """sha256 of the defining arrays (grammar rules or matrices), in a fixed byte layout."""
+        h = hashlib.sha256()
+        for a in self._fingerprint_arrays():
+            a = np.ascontiguousarray(a)
+            h.update(str(a.dtype).encode() + str(a.shape).encode())
+            h.update(a.tobytes())
+        h.update("\n".join(self.vocab).encode())
+        return h.hexdigest()

@@ -1,0 +1,201 @@
+"""The PCFG source: sentences from a grammar, their exact conditionals and parse-tree labels.
+
+Spec fields (``flatlm.sources.load``):
+
+- ``grammar``: ``"paper"`` (the paper's grammar, shipped with flatlm) or a path to a rule file;
+  or ``random``: a dict of ``RandomGrammarConfig`` knobs with ``seed`` (an int).
+- ``max_length``: the paper's length filter (default 32): longer sentences are rejected when
+  sampling. Sentences are padded to T = min(max_length, the grammar's longest sentence); the
+  paper's grammar never yields more than 16 words, so its T is 16.
+- ``spans``: the downstream tasks other than A, task name -> span length L (default
+  ``{"B": 4, "C": 2}``, the released code's spans).
+- ``label_rule``: ``"inside"`` (default) or ``"posterior"``, see ``PCFG.labels``.
+- ``strict``: make an unreachable symbol an error (default false: reported and kept, since the
+  paper's grammar has one, A1_9).
+
+Downstream tasks label the nonterminal over the span of the first L words: task A the whole
+sentence (root symbols only), B and C the first ``spans[task]`` words. Two rules:
+
+- ``"inside"`` (default; the paper's released code): argmax_A inside(A, [0, L)) =
+  argmax_A Pr(A =>* x_1..x_L), whether or not A can sit over that span in a parse of the whole
+  sentence. Class N ("no constituent") when no nonterminal derives the span.
+- ``"posterior"``: argmax over A of Pr(A spans [0, L) | x) in a random parse of x, plus an explicit
+  "no constituent" class N with probability 1 - sum_A Pr(A spans [0, L) | x).
+
+Labels are nonterminal ids (root symbols come first, so task A's labels are 0..roots-1); a
+sentence shorter than L gets -1.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flatlm.sources.base import Source, SourceError, as_tokens, padding_mask
+from flatlm.sources.grammar import (
+    Grammar,
+    RandomGrammarConfig,
+    parse_grammar,
+    random_grammar_lines,
+)
+from flatlm.sources.inside_outside import (
+    RuleTensors,
+    inside,
+    outside,
+    sentence_logprob,
+    word_conditionals,
+)
+from flatlm.sources.pcfg_sampler import RuleTable, sample_sentences
+
+LABEL_RULES = ("inside", "posterior")
+_FIELDS = {"kind", "grammar", "random", "seed", "max_length", "spans", "label_rule", "strict"}
+
+
+def paper_grammar_path() -> Path:
+    """The paper's grammar file as shipped inside the package."""
+    return Path(str(resources.files("flatlm.sources") / "data" / "paper.txt"))
+
+
+def _grammar_from_spec(spec: dict) -> Grammar:
+    if ("grammar" in spec) == ("random" in spec):
+        raise SourceError("pcfg spec needs exactly one of 'grammar' (\"paper\" or a path) and "
+                          "'random' (a dict of knobs, with 'seed')")
+    if "random" in spec:
+        knobs = spec["random"] if isinstance(spec["random"], dict) else {}
+        try:
+            cfg = RandomGrammarConfig(**knobs)
+        except TypeError as e:
+            raise SourceError(f"pcfg spec field 'random': {e}; knobs are "
+                              f"{sorted(RandomGrammarConfig.__dataclass_fields__)}") from None
+        text = "\n".join(random_grammar_lines(cfg, int(spec.get("seed", 0))))
+        return parse_grammar(f"<random grammar seed={spec.get('seed', 0)}>", text=text,
+                             strict=True)
+    name = spec["grammar"]
+    path = paper_grammar_path() if name == "paper" else Path(name)
+    return parse_grammar(path, strict=bool(spec.get("strict", False)))
+
+
+class PCFG(Source):
+    """A PCFG language; see the module docstring for the spec and the task labels."""
+
+    def __init__(self, grammar: Grammar, *, spec: dict, max_length: int = 32,
+                 spans: dict | None = None, label_rule: str = "inside"):
+        self.grammar = grammar
+        self.spec = spec
+        self.vocab = list(grammar.words)
+        self.length_filter = int(max_length)
+        self.max_length = int(min(max_length, grammar.max_yield_length()))
+        self.spans = dict(spans if spans is not None else {"B": 4, "C": 2})
+        self.label_rule = label_rule
+        self.tasks = ("A", *self.spans)
+        self._rules: dict = {}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> PCFG:
+        unknown = set(spec) - _FIELDS
+        if unknown:
+            raise SourceError(f"pcfg spec: unknown field(s) {sorted(unknown)}; allowed: "
+                              f"{sorted(_FIELDS)}")
+        max_length = spec.get("max_length", 32)
+        if not isinstance(max_length, int) or max_length < 1:
+            raise SourceError(f"pcfg spec field max_length={max_length!r} must be an int >= 1")
+        spans = spec.get("spans", {"B": 4, "C": 2})
+        if not isinstance(spans, dict) or "A" in spans or not all(
+                isinstance(v, int) and v >= 1 for v in spans.values()):
+            raise SourceError("pcfg spec field spans must map task names (not 'A') to span "
+                              "lengths >= 1, e.g. {\"B\": 4, \"C\": 2}")
+        rule = spec.get("label_rule", "inside")
+        if rule not in LABEL_RULES:
+            raise SourceError(f"pcfg spec field label_rule={rule!r}: use one of {LABEL_RULES}")
+        return cls(_grammar_from_spec(spec), spec=dict(spec), max_length=max_length,
+                   spans=spans, label_rule=rule)
+
+    @cached_property
+    def _table(self) -> RuleTable:
+        return RuleTable(self.grammar)
+
+    def rules(self, device, dtype) -> RuleTensors:
+        """The grammar's tensors on ``device`` in ``dtype`` (cached)."""
+        key = (str(device), dtype)
+        if key not in self._rules:
+            self._rules[key] = RuleTensors.of(self.grammar, device, dtype)
+        return self._rules[key]
+
+    def sample(self, n: int, seed: int):
+        tokens, lengths = sample_sentences(self._table, n, self.length_filter, self.max_length,
+                                           seed)
+        return torch.from_numpy(tokens), torch.from_numpy(lengths)
+
+    def _conditionals_batch(self, tokens, lengths, dtype):
+        """Sentences are grouped by length so each group's chart is only as wide as it needs
+        (the work grows like T^3)."""
+        rules = self.rules(tokens.device, dtype)
+        probs = torch.zeros(*tokens.shape, self.V, device=tokens.device, dtype=dtype)
+        for L in lengths.unique().tolist():
+            rows = (lengths == L).nonzero().squeeze(-1)
+            tok = tokens[rows, :L]
+            ln = lengths[rows]
+            probs[rows, :L] = word_conditionals(outside(inside(tok, rules), ln, rules), rules)
+        real = padding_mask(lengths, tokens.shape[1])
+        impossible = real & (probs.sum(-1) == 0)
+        if impossible.any():
+            b, t = (int(i) for i in impossible.nonzero()[0])
+            raise ValueError(f"sentence {b}: no word at position {t} makes it a sentence of this "
+                             "grammar, so its conditional is undefined")
+        return probs * real[..., None]
+
+    def sentence_logprob(self, tokens, lengths, *, dtype=torch.float64) -> torch.Tensor:
+        """log Pr(x) under the grammar (without the length filter's renormalisation)."""
+        tokens, lengths = as_tokens(tokens, lengths)
+        rules = self.rules(tokens.device, dtype)
+        return sentence_logprob(inside(tokens, rules), lengths, rules)
+
+    def num_classes(self, task: str) -> int:
+        self._check_task(task)
+        return len(self.grammar.root_symbols()) if task == "A" else self.grammar.N + 1
+
+    def _check_task(self, task):
+        if task not in self.tasks:
+            raise ValueError(f"unknown task {task!r}; this PCFG's tasks are {self.tasks}")
+
+    def labels(self, tokens, lengths, task: str, rule: str | None = None, *,
+               batch_size: int = 1024) -> torch.Tensor:
+        """Nonterminal labels for ``task`` by ``rule`` (default: the spec's ``label_rule``)."""
+        self._check_task(task)
+        rule = rule or self.label_rule
+        if rule not in LABEL_RULES:
+            raise ValueError(f"label rule {rule!r}: use one of {LABEL_RULES}")
+        tokens, lengths = as_tokens(tokens, lengths)
+        parts = [self._labels_batch(tokens[i : i + batch_size], lengths[i : i + batch_size],
+                                    task, rule) for i in range(0, len(tokens), batch_size)]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+
+    def _labels_batch(self, tokens, lengths, task, rule):
+        rules = self.rules(tokens.device, torch.float64)
+        chart = inside(tokens, rules)
+        B = len(tokens)
+        L = lengths if task == "A" else torch.full_like(lengths, self.spans.get(task, 0))
+        rows, L_cell = torch.arange(B, device=tokens.device), L.clamp(max=tokens.shape[1])
+        span_in = chart.log(rows, 0, L_cell)  # (B, N)
+        if rule == "inside":
+            score = span_in
+        else:
+            span_out = outside(chart, lengths, rules).log(rows, 0, L_cell)
+            score = span_in + span_out - sentence_logprob(chart, lengths, rules)[:, None]
+        if task == "A":
+            roots = len(self.grammar.root_symbols())
+            return score[:, :roots].argmax(-1)
+        none = torch.log1p(-score.exp().sum(-1).clamp(max=1)) if rule == "posterior" else \
+            torch.where(torch.isfinite(score).any(-1), -math.inf, 0.0).to(score.dtype)
+        label = torch.cat([score, none[:, None]], -1).argmax(-1)  # class N = no constituent
+        return torch.where(lengths >= L, label, torch.full_like(label, -1))
+
+    def _fingerprint_arrays(self):
+        g = self.grammar
+        return [g.root, g.binary_parent, g.binary_left, g.binary_right, g.binary_prob,
+                g.emission, np.array([self.length_filter])]

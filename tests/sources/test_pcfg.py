@@ -1,0 +1,219 @@
+"""The PCFG's exact truth against brute force: enumeration of every sentence and every parse."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from flatlm.sources import load
+from flatlm.sources.grammar import parse_grammar
+from flatlm.sources.pcfg import PCFG
+from flatlm.sources.reference import (
+    conditionals_from_joint,
+    enumerate_parses,
+    enumerate_yields,
+    slow_conditionals,
+)
+
+# Duplicate lines (B -> c twice), a nonterminal with binary and terminal rules (X, A, Y) and a
+# recursive rule (A -> A B); sentences are unbounded, so the length filter matters.
+TOY = """
+S X 0.6
+S Y 0.4
+X A B 0.5
+X A A 0.2
+X a 0.3
+Y B X 0.7
+Y b 0.3
+A A B 0.2
+A a 0.5
+A b 0.3
+B b 0.6
+B c 0.2
+B c 0.2
+"""
+
+
+@pytest.fixture
+def toy(tmp_path):
+    path = tmp_path / "toy.txt"
+    path.write_text(TOY)
+    return load({"kind": "pcfg", "grammar": str(path), "max_length": 6, "spans": {"B": 2}})
+
+
+def random_tiny(seed, **knobs):
+    random = dict(vocab=3, roots=2, nonterminals_per_level=2, depth=2, binary_per_root=2,
+                  binary_per_nonterminal=3, terminal_share=0.3, words_per_nonterminal=2)
+    random.update(knobs)
+    return load({"kind": "pcfg", "random": random, "seed": seed})
+
+
+def all_sentences(joint, T):
+    sentences = sorted(joint, key=lambda y: (len(y), y))
+    tokens = np.full((len(sentences), T), -1)
+    for i, y in enumerate(sentences):
+        tokens[i, : len(y)] = y
+    return sentences, torch.tensor(tokens), torch.tensor([len(y) for y in sentences])
+
+
+def check_against_enumeration(src, dtype, tol):
+    joint = enumerate_yields(src.grammar, src.max_length)
+    _, tokens, lengths = all_sentences(joint, src.max_length)
+    fast = src.conditionals(tokens, lengths, dtype=dtype)
+    slow = conditionals_from_joint(joint, tokens, lengths, src.V)
+    np.testing.assert_allclose(fast.double().numpy(), slow, atol=tol, rtol=0)
+    logp = src.sentence_logprob(tokens, lengths).numpy()
+    np.testing.assert_allclose(logp, [math.log(joint[tuple(t[:n].tolist())])
+                                      for t, n in zip(tokens, lengths, strict=True)], atol=1e-9)
+
+
+def test_toy_grammar_merges_duplicates_and_matches_enumeration(toy):
+    assert toy.grammar.report["merged_duplicate_lines"] == 1
+    assert toy.max_length == 6  # recursive: the length filter sets T
+    check_against_enumeration(toy, torch.float64, 1e-12)
+    check_against_enumeration(toy, torch.float32, 2e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_random_grammars_match_enumeration(seed):
+    src = random_tiny(seed)
+    assert src.max_length == 4
+    check_against_enumeration(src, torch.float64, 1e-12)
+
+
+def test_paper_grammar_matches_one_inside_pass_per_candidate():
+    src = load("pcfg:paper")
+    assert (src.V, src.grammar.N, src.max_length) == (200, 49, 16)
+    tokens, lengths = src.sample(64, seed=5)
+    pick = torch.cat([lengths.argmax()[None], torch.arange(3)])  # a 16-word sentence among them
+    tokens, lengths = tokens[pick], lengths[pick]
+    assert int(lengths[0]) == 16
+    fast = src.conditionals(tokens, lengths, dtype=torch.float64)
+    slow = slow_conditionals(src, tokens, lengths)
+    assert (fast - slow).abs().max() < 1e-9
+    fast32 = src.conditionals(tokens, lengths, dtype=torch.float32)
+    assert (fast32.double() - slow).abs().max() < 1e-4
+
+
+def test_rows_sum_to_one_and_padding_is_zero():
+    src = load("pcfg:paper")
+    tokens, lengths = src.sample(200, seed=1)
+    probs = src.conditionals(tokens, lengths, batch_size=64)
+    real = tokens >= 0
+    assert torch.allclose(probs.sum(-1)[real], torch.ones(()), atol=1e-5)
+    assert probs[~real].abs().max() == 0
+    assert probs.shape == (200, 16, 200)
+
+
+def test_log_space_survives_32_word_sentences():
+    # depth 5 with no terminal rules above the last level: every sentence has 32 words.
+    src = random_tiny(7, vocab=50, depth=5, nonterminals_per_level=4, terminal_share=0.0,
+                      words_per_nonterminal=30)
+    tokens, lengths = src.sample(8, seed=0)
+    assert (lengths == 32).all()
+    assert src.sentence_logprob(tokens, lengths).max() < math.log(1e-38)  # underflows in fp32
+    p32 = src.conditionals(tokens, lengths, dtype=torch.float32)
+    p64 = src.conditionals(tokens, lengths, dtype=torch.float64)
+    assert torch.isfinite(p32).all()
+    assert (p32.double() - p64).abs().max() < 1e-4
+    slow = slow_conditionals(src, tokens[:1], lengths[:1])
+    assert (p64[:1] - slow).abs().max() < 1e-9
+
+
+def test_sampler_frequencies_match_exact_probabilities(toy):
+    joint = enumerate_yields(toy.grammar, toy.length_filter)
+    kept = sum(joint.values())  # the length filter renormalises by this
+    tokens, lengths = toy.sample(20000, seed=11)
+    seen = {}
+    for t, n in zip(tokens.tolist(), lengths.tolist(), strict=True):
+        seen[tuple(t[:n])] = seen.get(tuple(t[:n]), 0) + 1
+    assert set(seen) <= set(joint)
+    common = [y for y in joint if joint[y] / kept * 20000 >= 5]
+    observed = [seen.get(y, 0) for y in common] + [20000 - sum(seen.get(y, 0) for y in common)]
+    expected = [joint[y] / kept * 20000 for y in common]
+    expected.append(20000 - sum(expected))
+    assert stats.chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_sampling_is_deterministic_and_filters_length(toy):
+    a, la = toy.sample(500, seed=3)
+    b, lb = toy.sample(500, seed=3)
+    assert torch.equal(a, b) and torch.equal(la, lb)
+    assert int(la.max()) <= 6 and int(la.min()) >= 1
+    assert not torch.equal(a, toy.sample(500, seed=4)[0])
+
+
+@pytest.mark.parametrize("rule", ["inside", "posterior"])
+def test_labels_match_brute_force_parses(toy, rule):
+    joint = enumerate_yields(toy.grammar, 5)
+    sentences, tokens, lengths = all_sentences(joint, toy.max_length)
+    g = toy.grammar
+    for task, span in (("A", None), ("B", 2)):
+        got = toy.labels(tokens, lengths, task, rule=rule).tolist()
+        for y, label in zip(sentences, got, strict=True):
+            L = len(y) if span is None else span
+            if len(y) < L:
+                assert label == -1
+                continue
+            parses = enumerate_parses(g, y) if rule == "posterior" else None
+            if rule == "inside":
+                score = [sum(p for p, _ in enumerate_parses(g, y[:L], symbol=A))
+                         for A in range(g.N)]
+            else:
+                total = sum(p for p, _ in parses)
+                score = [sum(p for p, s in parses if (A, 0, L) in s) / total for A in range(g.N)]
+            if task == "A":
+                score = score[: len(g.root_symbols())]
+            elif rule == "posterior":
+                score = score + [1 - sum(score)]
+            elif max(score) == 0:
+                score = score + [1.0]
+            assert score[label] == pytest.approx(max(score), abs=1e-12), (y, task)
+
+
+def test_entropy_matches_enumeration(toy):
+    joint = enumerate_yields(toy.grammar, toy.length_filter)
+    kept = sum(joint.values())
+    sentences, tokens, lengths = all_sentences(joint, toy.max_length)
+    probs = conditionals_from_joint(joint, tokens, lengths, toy.V)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -np.nansum(np.where(probs > 0, probs * np.log(probs), 0.0), axis=(1, 2))
+    weights = np.array([joint[y] / kept for y in sentences])
+    exact = (weights * h).sum() / (weights * lengths.numpy()).sum()
+    mean, se = toy.entropy(20000, seed=2)
+    assert abs(mean - exact) < 4 * se
+    assert 0 < se < 0.02
+
+
+def test_random_grammar_shape_and_determinism(tmp_path):
+    src = load("pcfg:seed=4,random.vocab=30,random.depth=3,random.nonterminals_per_level=3")
+    assert src.V == 30 and src.max_length == 8 and src.vocab[:3] == ["w0", "w1", "w2"]
+    again = load({"kind": "pcfg", "seed": 4, "random": {"vocab": 30, "depth": 3,
+                                                         "nonterminals_per_level": 3}})
+    assert again.fingerprint() == src.fingerprint()
+    assert load("pcfg:seed=5,random.vocab=30").fingerprint() != src.fingerprint()
+
+
+def test_spec_errors_name_the_field():
+    with pytest.raises(ValueError, match="colour"):
+        load({"kind": "pcfg", "grammar": "paper", "colour": 1})
+    with pytest.raises(ValueError, match="exactly one"):
+        load({"kind": "pcfg"})
+    with pytest.raises(ValueError, match="label_rule"):
+        load({"kind": "pcfg", "grammar": "paper", "label_rule": "viterbi"})
+    with pytest.raises(ValueError, match="kind"):
+        load("cfg:paper")
+    with pytest.raises(ValueError, match="depht"):
+        load({"kind": "pcfg", "random": {"depht": 3}})
+
+
+def test_paper_grammar_file_is_the_shipped_copy():
+    src = load({"kind": "pcfg", "grammar": "paper"})
+    assert isinstance(src, PCFG)
+    assert src.grammar.report["merged_duplicate_lines"] > 0
+    assert list(src.grammar.nonterminals[:9]) == [f"S{i}" for i in range(1, 10)]
+    assert src.num_classes("A") == 9 and src.num_classes("B") == 50
+    again = parse_grammar(src.grammar.report["file"])
+    assert np.array_equal(again.emission, src.grammar.emission)
