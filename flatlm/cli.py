@@ -1,0 +1,43 @@
+"""The ``flatlm`` command line: one subcommand group per module under ``flatlm.commands``.
+
+Each command module defines ``register(subparsers)``, adding its parser(s) with
+``set_defaults(run=callable)``; ``run(args)`` returns an exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# Command modules, in the order their commands are listed by --help.
+COMMAND_MODULES = ("data", "train", "measure")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flatlm", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"flatlm.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"flatlm.commands.{name}":
+                raise
+            continue  # not built yet
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except ValueError as e:  # bad input: a clear message, not a traceback
+        print(f"flatlm {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

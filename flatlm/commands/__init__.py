@@ -1,0 +1,1 @@
+"""Subcommands of the flatlm command line (see flatlm.cli)."""
