@@ -107,18 +107,21 @@ def word_logits(
     attention_mask: torch.Tensor,
     positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Logits over the V words: (n, T+2, V) everywhere, or (n, V) at word ``positions`` [n].
+    """Logits over the V words: (n, T+2, V) everywhere, (n, V) at word ``positions`` [n], or
+    (k, V) at the k True entries of a bool ``positions`` [n, T] (row-major order).
 
     ``positions`` are 0-based word positions (input position + 1). With them the encoder states are
-    gathered first and the MLM head runs on n vectors instead of n (T+2): for a large vocabulary
-    the head is a large share of the cost. Column c is word c (input id c + 4).
+    gathered first and the MLM head runs on n (or k) vectors instead of n (T+2): for a large
+    vocabulary the head is a large share of the cost. Column c is word c (input id c + 4).
     """
     encoder, head = _encoder_and_head(model)
     hidden = encoder(input_ids, attention_mask)  # (n, T+2, d)
-    if positions is not None:
+    if positions is not None and positions.dtype == torch.bool:
+        hidden = hidden[:, 1:-1][positions.to(hidden.device)]  # (k, d)
+    elif positions is not None:
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         hidden = hidden[rows, positions.to(hidden.device) + 1]  # (n, d)
-    return head(hidden)[..., WORD_OFFSET:]  # (n, [T+2,] V)
+    return head(hidden)[..., WORD_OFFSET:]  # (n, [T+2,] V) or (k, V)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,27 +1,28 @@
 """Batched inside-outside for a PCFG in normal form, in log space, in torch.
 
-Charts are indexed by span start and width: cell (b, i, w) holds, for every nonterminal A, the
-inside score Pr(A =>* x_i .. x_{i+w-1}) of sentence b (width 0 unused). Spans that run into
-padding score 0, so sentences of different lengths can share one batch.
+The chart is stored by span width: for width w, ``p[w]`` has shape (B, T - w + 1, N_w) and holds,
+for span (i, i + w) of sentence b, the inside scores Pr(A =>* x_i .. x_{i+w-1}) of the N_w
+nonterminals that can derive a string of exactly w words at all (``Plan.active[w]``). In a layered
+grammar like the paper's most symbols cannot cover most widths (a preterminal never spans 9
+words), so this skips most of the work; on a recursive grammar every symbol is active and nothing
+is lost. Spans that run into padding score 0, so sentences of different lengths can share a batch.
 
-Log space, one log per cell: a cell is stored as a probability vector scaled so its largest
-entry is 1 (``Chart.p``) and the log of that scale (``Chart.s``; -inf for an all-zero cell), so
-log score = log(p) + s. Combining cells multiplies and sums scaled vectors and adds their log
-scales, so nothing underflows as sentences grow (a 32-word sentence has probability far below
-float32's 1e-38), and no exp or log runs over whole charts. An entry is lost only when it is
-below 1e-38 (float32; 1e-308 in float64) of the largest entry of its own cell, far beneath the
-precision of the answer.
+Log space, one log per cell: a cell is a probability vector scaled so its largest entry is 1
+(``p``) and the log of that scale (``s``; -inf for an all-zero cell): log score = log(p) + s.
+Combining cells multiplies scaled vectors and adds their log scales, so nothing underflows as
+sentences grow (a 32-word sentence has probability far below float32's 1e-38), and no exp or log
+runs over whole charts. An entry is lost only when it is below 1e-38 (float32; 1e-308 in float64)
+of the largest entry of its own cell, far beneath the precision of the answer.
 
-Per span, the splits are contracted first with one batched matmul (an N x N table of child-pair
-scores), then the sparse rule list (parent, left * N + right, prob) reads that table: the cost per
-span is O(splits x N^2 + rules), not O(splits x rules) gathers or O(N^3).
+Per (width, split) only the rules whose three symbols are active there are visited; they are
+gathered, multiplied and scattered with ``index_add_``, all sentences and start positions at once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from flatlm.sources.grammar import Grammar
@@ -29,48 +30,82 @@ from flatlm.sources.grammar import Grammar
 NEG_INF = float("-inf")
 
 
-@dataclass(frozen=True)
-class RuleTensors:
-    """A grammar's tensors on one device and dtype."""
+def derivable_widths(g: Grammar, T: int) -> np.ndarray:
+    """can[w, A]: nonterminal A derives some string of exactly w words (w = 0..T)."""
+    can = np.zeros((T + 1, g.N), bool)
+    can[1] = g.emission.sum(1) > 0
+    for w in range(2, T + 1):
+        for k in range(1, w):
+            ok = can[k][g.binary_left] & can[w - k][g.binary_right]
+            can[w][g.binary_parent[ok]] = True
+    return can
 
-    parent: torch.Tensor  # (R,) int64
-    left: torch.Tensor  # (R,) int64
-    right: torch.Tensor  # (R,) int64
-    prob: torch.Tensor  # (R,)
-    emission: torch.Tensor  # (N, V)
-    emission_t: torch.Tensor  # (V, N)
-    root: torch.Tensor  # (N,)
-    pair: torch.Tensor  # (R,) int64, left * N + right: the rule's cell in an (N, N) pair table
+
+@dataclass(frozen=True)
+class SplitRules:
+    """Rules usable to build a width-w span from a width-k left part: local symbol indices."""
+
+    k: int
+    left: torch.Tensor  # (R_k,) index into active[k]
+    right: torch.Tensor  # (R_k,) index into active[w - k]
+    parent: torch.Tensor  # (R_k,) index into active[w]
+    prob: torch.Tensor  # (R_k,)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything inside-outside needs for sentences of at most T words, on one device."""
+
+    T: int
+    N: int
+    active: list  # active[w]: (N_w,) int64 ids of the symbols that can span w words
+    splits: list  # splits[w]: the SplitRules with any rule, for w = 2..T
+    emission: torch.Tensor  # (N_1, V) Pr(A -> c) of the width-1 symbols
+    root: torch.Tensor  # (N,) Pr(S -> A)
 
     @classmethod
-    def of(cls, g: Grammar, device, dtype) -> RuleTensors:
-        def t(a, dt=dtype):
-            return torch.as_tensor(a, device=device).to(dt)
-
-        emission = t(g.emission)
-        return cls(t(g.binary_parent, torch.int64), t(g.binary_left, torch.int64),
-                   t(g.binary_right, torch.int64), t(g.binary_prob), emission,
-                   emission.T.contiguous(), t(g.root),
-                   t(g.binary_left * g.N + g.binary_right, torch.int64))
-
-    @property
-    def N(self) -> int:
-        return self.emission.shape[0]
-
-
-class Chart(NamedTuple):
-    """Scaled cells: score[b, i, w, A] = p[b, i, w, A] * exp(s[b, i, w])."""
-
-    p: torch.Tensor  # (B, T, T+1, N), each nonzero cell's max is 1
-    s: torch.Tensor  # (B, T, T+1) log scale, -inf for an all-zero cell
-
-    def log(self, rows, i, w) -> torch.Tensor:
-        """Log scores of cells (rows, i, w): (..., N)."""
-        return _log(self.p[rows, i, w]) + self.s[rows, i, w][..., None]
+    def of(cls, g: Grammar, T: int, device, dtype) -> Plan:
+        can = derivable_widths(g, T)
+        active = [torch.as_tensor(np.flatnonzero(c), device=device) for c in can]
+        local = [np.cumsum(c) - 1 for c in can]  # symbol id -> index in active[w]
+        splits = [[] for _ in range(T + 1)]
+        for w in range(2, T + 1):
+            for k in range(1, w):
+                ok = can[k][g.binary_left] & can[w - k][g.binary_right]
+                if ok.any():
+                    splits[w].append(SplitRules(
+                        k, *(torch.as_tensor(a, device=device) for a in (
+                            local[k][g.binary_left[ok]], local[w - k][g.binary_right[ok]],
+                            local[w][g.binary_parent[ok]])),
+                        torch.as_tensor(g.binary_prob[ok], device=device, dtype=dtype)))
+        emission = torch.as_tensor(g.emission[can[1]], device=device, dtype=dtype)
+        return cls(T, g.N, active, splits, emission,
+                   torch.as_tensor(g.root, device=device, dtype=dtype))
 
 
-def _empty(B, T, N, like: torch.Tensor) -> Chart:
-    return Chart(like.new_zeros(B, T, T + 1, N), like.new_full((B, T, T + 1), NEG_INF))
+class Chart:
+    """Scaled cells by width, symbol-major: score(b, i, w)[a] = p[w][a, i, b] * exp(s[w][i, b]).
+
+    Symbol-major layout, because the rules gather and scatter whole symbol rows: copying
+    contiguous (starts, B) blocks is several times faster than gathering along a last axis.
+    """
+
+    def __init__(self, plan: Plan, B: int, like: torch.Tensor):
+        self.plan = plan
+        self.p = [like.new_zeros(len(plan.active[w]), plan.T - w + 1, B) if w else None
+                  for w in range(plan.T + 1)]
+        self.s = [like.new_full((plan.T - w + 1, B), NEG_INF) if w else None
+                  for w in range(plan.T + 1)]
+
+    def log(self, i: int, widths: torch.Tensor) -> torch.Tensor:
+        """Log scores (B, N) over all nonterminals of span (i, i + widths[b]) of each sentence."""
+        B = len(widths)
+        out = self.p[1].new_full((B, self.plan.N), NEG_INF)
+        for w in widths.unique().tolist():
+            rows = (widths == w).nonzero().squeeze(-1)
+            cell = _log(self.p[w][:, i, rows].T) + self.s[w][i, rows, None]
+            out[rows[:, None], self.plan.active[w][None, :]] = cell
+        return out
 
 
 def _finite_or_zero(x: torch.Tensor) -> torch.Tensor:
@@ -82,86 +117,99 @@ def _log(x: torch.Tensor) -> torch.Tensor:
 
 
 def _normalised(val: torch.Tensor, shift: torch.Tensor):
-    """Rescales val (..., N) to max 1; returns (p, s) with s = shift + log(max)."""
-    mx = val.amax(-1)
-    p = val / torch.where(mx > 0, mx, torch.ones_like(mx))[..., None]
-    return p, shift + _log(mx)
+    """Rescales val (N, ...) to max 1 over symbols; returns (p, s) with s = shift + log(max)."""
+    mx = val.amax(0) if val.shape[0] else torch.zeros_like(shift)
+    return val / torch.where(mx > 0, mx, torch.ones_like(mx)), shift + _log(mx)
 
 
-def _split_index(T: int, w: int, device):
-    """Starts I (nI, 1) and left widths K (1, nK) of every split of every width-w span."""
-    nI = T - w + 1
-    return (torch.arange(nI, device=device)[:, None], torch.arange(1, w, device=device)[None, :])
+def _rule_terms(rows: torch.Tensor, index: torch.Tensor, other: torch.Tensor,
+                other_index: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """rows[index] * other[other_index] * scale, (R, n, B), with one temporary."""
+    terms = torch.index_select(rows, 0, index)
+    terms.mul_(torch.index_select(other, 0, other_index))
+    return terms.mul_(scale)
 
 
-def inside(tokens: torch.Tensor, rules: RuleTensors) -> Chart:
-    """Inside chart of a padded batch (padding -1).
-
-    For a span, the splits are summed first as one small matmul over the split axis,
-    pairs[B, C] = sum_k left_k[B] right_k[C], then each rule A -> B C reads pairs[B, C].
-    """
+def inside(tokens: torch.Tensor, plan: Plan) -> Chart:
+    """Inside chart of a padded batch (B, T) (padding -1)."""
     B, T = tokens.shape
-    chart = _empty(B, T, rules.N, rules.prob)
-    real = (tokens >= 0)[..., None]
-    chart.p[:, :, 1] = rules.emission_t[tokens.clamp(min=0)] * real  # (B, T, N)
-    chart.s[:, :, 1] = torch.where(real.squeeze(-1), 0.0, NEG_INF)
+    chart = Chart(plan, B, plan.root)
+    real = tokens >= 0
+    first = plan.emission.T[tokens.clamp(min=0)] * real[..., None]  # (B, T, N_1)
+    chart.p[1] = first.permute(2, 1, 0).contiguous()  # (N_1, T, B)
+    chart.s[1] = torch.where(real, 0.0, NEG_INF).to(plan.root.dtype).T.contiguous()
     for w in range(2, T + 1):
-        I, K = _split_index(T, w, tokens.device)
-        s = chart.s[:, I, K] + chart.s[:, I + K, w - K]  # (B, nI, nK)
-        M = _finite_or_zero(s.amax(-1, keepdim=True))  # (B, nI, 1)
-        left = chart.p[:, I, K] * (s - M).exp()[..., None]  # (B, nI, nK, N)
-        pairs = left.transpose(-1, -2) @ chart.p[:, I + K, w - K]  # (B, nI, N, N)
-        terms = pairs.flatten(-2)[..., rules.pair] * rules.prob  # (B, nI, R)
-        val = terms.new_zeros(B, T - w + 1, rules.N).index_add_(-1, rules.parent, terms)
-        chart.p[:, : T - w + 1, w], chart.s[:, : T - w + 1, w] = _normalised(val, M.squeeze(-1))
+        nI = T - w + 1
+        if not plan.splits[w]:
+            continue
+        s = torch.stack([chart.s[r.k][:nI] + chart.s[w - r.k][r.k : r.k + nI]
+                         for r in plan.splits[w]])  # (splits, nI, B)
+        M = _finite_or_zero(s.amax(0))  # (nI, B)
+        weight = (s - M).exp()
+        val = chart.p[w].new_zeros(chart.p[w].shape)  # (N_w, nI, B)
+        for r, wt in zip(plan.splits[w], weight, strict=True):
+            left = chart.p[r.k][:, :nI]  # (N_k, nI, B)
+            right = chart.p[w - r.k][:, r.k : r.k + nI]  # (N_{w-k}, nI, B)
+            terms = _rule_terms(left, r.left, right, r.right, r.prob[:, None, None] * wt)
+            val.index_add_(0, r.parent, terms)
+        chart.p[w], chart.s[w] = _normalised(val, M)
     return chart
 
 
-def _accumulate(chart: Chart, I, K, p_new, s_new) -> None:
-    """chart[:, I, K] += (p_new, s_new), both in scaled form."""
-    s_old = chart.s[:, I, K]
+def _accumulate(chart: Chart, w: int, start: int, p_new, s_new) -> None:
+    """Adds scaled contributions (p_new (N_w, n, B), s_new (n, B)) to cells [start, start+n)."""
+    n = p_new.shape[1]
+    p_old, s_old = chart.p[w][:, start : start + n], chart.s[w][start : start + n]
     m = _finite_or_zero(torch.maximum(s_old, s_new))
-    val = chart.p[:, I, K] * (s_old - m).exp()[..., None] + p_new * (s_new - m).exp()[..., None]
-    chart.p[:, I, K], chart.s[:, I, K] = _normalised(val, m)
+    val = p_old * (s_old - m).exp() + p_new * (s_new - m).exp()
+    chart.p[w][:, start : start + n], chart.s[w][start : start + n] = _normalised(val, m)
 
 
-def outside(chart: Chart, lengths: torch.Tensor, rules: RuleTensors) -> Chart:
+def _init_root(out: Chart, lengths: torch.Tensor, plan: Plan) -> None:
+    for L in lengths.unique().tolist():
+        rows = (lengths == L).nonzero().squeeze(-1)
+        root = plan.root[plan.active[L]]
+        if root.numel() and root.max() > 0:
+            out.p[L][:, 0, rows] = (root / root.max())[:, None]
+            out.s[L][0, rows] = root.max().log()
+
+
+def outside(chart: Chart, lengths: torch.Tensor, plan: Plan) -> Chart:
     """Outside chart; the root span of sentence b is (0, lengths[b]).
 
-    For a parent span, Q[B, C] = sum_A outside(A) Pr(A -> B C); then a left child with right
-    sibling r gets Q r and a right child with left sibling l gets Q^T l, all splits in one matmul.
+    A parent cell o sends o[A] Pr(A -> B C) right[C] to its left child's B and
+    o[A] Pr(A -> B C) left[B] to its right child's C.
     """
-    B, T = chart.s.shape[:2]
-    N = rules.N
-    out = _empty(B, T, N, rules.prob)
-    rows = torch.arange(B, device=lengths.device)
-    out.p[rows, 0, lengths] = rules.root / rules.root.max()
-    out.s[rows, 0, lengths] = rules.root.max().log()
+    T, B = chart.p[1].shape[1:]
+    out = Chart(plan, B, plan.root)
+    _init_root(out, lengths, plan)
     for w in range(T, 1, -1):
-        I, K = _split_index(T, w, lengths.device)
         nI = T - w + 1
-        parent_p, parent_s = out.p[:, :nI, w], out.s[:, :nI, w, None]  # (B, nI, N), (B, nI, 1)
-        Q = parent_p.new_zeros(B, nI, N * N).index_add_(-1, rules.pair,
-                                                        parent_p[..., rules.parent] * rules.prob)
-        Q = Q.view(B, nI, N, N)  # (B, nI, N_left, N_right)
-        _accumulate(out, I, K, chart.p[:, I + K, w - K] @ Q.transpose(-1, -2),
-                    parent_s + chart.s[:, I + K, w - K])
-        _accumulate(out, I + K, w - K, chart.p[:, I, K] @ Q, parent_s + chart.s[:, I, K])
+        parent, parent_s = out.p[w], out.s[w]  # (N_w, nI, B), (nI, B)
+        for r in plan.splits[w]:
+            left = chart.p[r.k][:, :nI]
+            right = chart.p[w - r.k][:, r.k : r.k + nI]
+            top = torch.index_select(parent, 0, r.parent).mul_(r.prob[:, None, None])
+            to_left = left.new_zeros(left.shape).index_add_(
+                0, r.left, torch.index_select(right, 0, r.right).mul_(top))
+            to_right = right.new_zeros(right.shape).index_add_(
+                0, r.right, torch.index_select(left, 0, r.left).mul_(top))
+            _accumulate(out, r.k, 0, to_left, parent_s + chart.s[w - r.k][r.k : r.k + nI])
+            _accumulate(out, w - r.k, r.k, to_right, parent_s + chart.s[r.k][:nI])
     return out
 
 
-def sentence_logprob(chart: Chart, lengths: torch.Tensor, rules: RuleTensors) -> torch.Tensor:
+def sentence_logprob(chart: Chart, lengths: torch.Tensor, plan: Plan) -> torch.Tensor:
     """log Pr(x) of each sentence (B,) from its inside chart."""
-    rows = torch.arange(chart.s.shape[0], device=lengths.device)
-    return _log(chart.p[rows, 0, lengths] @ rules.root) + chart.s[rows, 0, lengths]
+    return torch.logsumexp(chart.log(0, lengths) + plan.root.log(), -1)
 
 
-def word_conditionals(out: Chart, rules: RuleTensors) -> torch.Tensor:
+def word_conditionals(out: Chart, plan: Plan) -> torch.Tensor:
     """Pr(x_t = c | x_{-t}) (B, T, V) from the outside scores of the width-1 spans.
 
     Pr(x_t = c, x_{-t}) = sum_A outside(A, t) Pr(A -> c); outside(A, t) does not involve x_t.
     Rows of padded positions (all-zero) stay zero.
     """
-    joint = out.p[:, :, 1] @ rules.emission  # (B, T, V); the cell scale cancels
+    joint = out.p[1].permute(2, 1, 0) @ plan.emission  # (B, T, V); the cell scale cancels
     total = joint.sum(-1, keepdim=True)
     return joint / torch.where(total > 0, total, torch.ones_like(total))

@@ -44,7 +44,7 @@ from flatlm.sources.grammar import (
     random_grammar_lines,
 )
 from flatlm.sources.inside_outside import (
-    RuleTensors,
+    Plan,
     inside,
     outside,
     sentence_logprob,
@@ -93,7 +93,7 @@ class PCFG(Source):
         self.spans = dict(spans if spans is not None else {"B": 4, "C": 2})
         self.label_rule = label_rule
         self.tasks = ("A", *self.spans)
-        self._rules: dict = {}
+        self._plans: dict = {}
 
     @classmethod
     def from_spec(cls, spec: dict) -> PCFG:
@@ -119,28 +119,39 @@ class PCFG(Source):
     def _table(self) -> RuleTable:
         return RuleTable(self.grammar)
 
-    def rules(self, device, dtype) -> RuleTensors:
-        """The grammar's tensors on ``device`` in ``dtype`` (cached)."""
-        key = (str(device), dtype)
-        if key not in self._rules:
-            self._rules[key] = RuleTensors.of(self.grammar, device, dtype)
-        return self._rules[key]
+    def plan(self, T: int, device, dtype) -> Plan:
+        """Inside-outside tables for sentences of at most T words on ``device`` (cached)."""
+        key = (T, str(device), dtype)
+        if key not in self._plans:
+            self._plans[key] = Plan.of(self.grammar, T, device, dtype)
+        return self._plans[key]
 
     def sample(self, n: int, seed: int):
         tokens, lengths = sample_sentences(self._table, n, self.length_filter, self.max_length,
                                            seed)
         return torch.from_numpy(tokens), torch.from_numpy(lengths)
 
+    def conditionals(self, tokens, lengths, *, device=None, dtype=torch.float32,
+                     batch_size: int = 4096) -> torch.Tensor:
+        """As ``Source.conditionals``; sentences are sorted by length first, so that each batch
+        holds few distinct lengths and each length group is large (per-op overhead amortised)."""
+        tokens, lengths = as_tokens(tokens, lengths)
+        order = torch.argsort(lengths, stable=True)
+        done = super().conditionals(tokens[order], lengths[order], device=device, dtype=dtype,
+                                    batch_size=batch_size)
+        out = torch.empty_like(done)
+        out[order.to(out.device)] = done
+        return out
+
     def _conditionals_batch(self, tokens, lengths, dtype):
         """Sentences are grouped by length so each group's chart is only as wide as it needs
         (the work grows like T^3)."""
-        rules = self.rules(tokens.device, dtype)
         probs = torch.zeros(*tokens.shape, self.V, device=tokens.device, dtype=dtype)
         for L in lengths.unique().tolist():
             rows = (lengths == L).nonzero().squeeze(-1)
-            tok = tokens[rows, :L]
-            ln = lengths[rows]
-            probs[rows, :L] = word_conditionals(outside(inside(tok, rules), ln, rules), rules)
+            plan = self.plan(L, tokens.device, dtype)
+            chart = inside(tokens[rows, :L], plan)
+            probs[rows, :L] = word_conditionals(outside(chart, lengths[rows], plan), plan)
         real = padding_mask(lengths, tokens.shape[1])
         impossible = real & (probs.sum(-1) == 0)
         if impossible.any():
@@ -152,8 +163,8 @@ class PCFG(Source):
     def sentence_logprob(self, tokens, lengths, *, dtype=torch.float64) -> torch.Tensor:
         """log Pr(x) under the grammar (without the length filter's renormalisation)."""
         tokens, lengths = as_tokens(tokens, lengths)
-        rules = self.rules(tokens.device, dtype)
-        return sentence_logprob(inside(tokens, rules), lengths, rules)
+        plan = self.plan(tokens.shape[1], tokens.device, dtype)
+        return sentence_logprob(inside(tokens, plan), lengths, plan)
 
     def num_classes(self, task: str) -> int:
         self._check_task(task)
@@ -176,17 +187,16 @@ class PCFG(Source):
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
     def _labels_batch(self, tokens, lengths, task, rule):
-        rules = self.rules(tokens.device, torch.float64)
-        chart = inside(tokens, rules)
-        B = len(tokens)
+        plan = self.plan(tokens.shape[1], tokens.device, torch.float64)
+        chart = inside(tokens, plan)
         L = lengths if task == "A" else torch.full_like(lengths, self.spans.get(task, 0))
-        rows, L_cell = torch.arange(B, device=tokens.device), L.clamp(max=tokens.shape[1])
-        span_in = chart.log(rows, 0, L_cell)  # (B, N)
+        L_cell = L.clamp(max=tokens.shape[1])
+        span_in = chart.log(0, L_cell)  # (B, N)
         if rule == "inside":
             score = span_in
         else:
-            span_out = outside(chart, lengths, rules).log(rows, 0, L_cell)
-            score = span_in + span_out - sentence_logprob(chart, lengths, rules)[:, None]
+            span_out = outside(chart, lengths, plan).log(0, L_cell)
+            score = span_in + span_out - sentence_logprob(chart, lengths, plan)[:, None]
         if task == "A":
             roots = len(self.grammar.root_symbols())
             return score[:, :roots].argmax(-1)

@@ -87,7 +87,7 @@ def test_paper_grammar_matches_one_inside_pass_per_candidate():
     src = load("pcfg:paper")
     assert (src.V, src.grammar.N, src.max_length) == (200, 49, 16)
     tokens, lengths = src.sample(64, seed=5)
-    pick = torch.cat([lengths.argmax()[None], torch.arange(3)])  # a 16-word sentence among them
+    pick = torch.stack([lengths.argmax(), (lengths == 7).nonzero()[0, 0]])  # 16 and 7 words
     tokens, lengths = tokens[pick], lengths[pick]
     assert int(lengths[0]) == 16
     fast = src.conditionals(tokens, lengths, dtype=torch.float64)

@@ -1,0 +1,40 @@
+"""Masked-LM pre-training: one run = source + model + algorithm + schedule + steps + checkpoints.
+
+- ``config``: ``TrainConfig`` (every field commented), ``ALGORITHMS`` (each one's defaults),
+  ``resolve``.
+- ``schedules``: ``warmup_constant`` (pure function of the step).
+- ``algorithms``: ``build_optimizer`` and the updates ``standard_step``, ``sam_step``,
+  ``adversarial_step`` (``STEPS``), ``ridge_head_loss``.
+- ``data``: batch streams whose position is one integer, masking, the adversarial D pool.
+- ``state``: ``TrainState`` and the checkpoint layout ``OUT/checkpoints/step-<N>/``.
+- ``loop``: ``train(cfg, source, model_cfg, out_dir, *, device, on_checkpoint, ...)``.
+- ``evaluate``: ``kl_to_truth`` (a small check of training; ``flatlm.measure`` has the official
+  measurements).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+# name -> submodule, imported lazily: ``flatlm.train.config`` is read when sweep configs are
+# parsed and should not pay for importing torch and transformers.
+_EXPORTS = {
+    "config": "ALGORITHMS TrainConfig resolve",
+    "schedules": "warmup_constant",
+    "algorithms": "STEPS build_optimizer ridge_head_loss sentence_features",
+    "state": "TrainState checkpoint_dir find_checkpoints newest_checkpoint",
+    "loop": "TrainResult train",
+    "evaluate": "kl_to_truth",
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'flatlm.train' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"flatlm.train.{_WHERE[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

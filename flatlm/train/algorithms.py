@@ -1,0 +1,184 @@
+"""What differs between pre-training algorithms: the optimizer and one update. The loop is shared.
+
+``ALGORITHMS`` (``flatlm.train.config``) holds each algorithm's defaults (optimizer, weight decay,
+dropout, warmup); ``STEPS`` maps it to its update:
+
+- ``standard_step`` (adamw, sgd, noreg): gradient of the batch's mean MLM loss, one optimizer step.
+- ``sam_step`` (sam): the gradient of the first half of the batch gives the perturbation
+  eps = rho g / ||g||; the gradient of the second half at theta + eps updates theta (A.5).
+- ``adversarial_step`` (adversarial): the MLM loss minus lambda times the D2 loss of a linear
+  head fitted in closed form on the features of D1 (A.5; ``ridge_head_loss``).
+
+Every update accumulates gradients over micro-batches of ``cfg.micro_batch_size`` sentences,
+weighted so that the result is the gradient of the mean over the batch's masked words.
+Step functions return their metrics as device tensors, so an update never waits on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flatlm.models.bert import encoder_features, word_logits
+from flatlm.train.config import ALGORITHMS, TrainConfig
+from flatlm.train.data import MLMBatch, StepInputs
+
+
+def build_optimizer(cfg: TrainConfig, model: nn.Module, *, fused: bool = False):
+    """The algorithm's optimizer over ``model``'s parameters (``cfg`` resolved).
+
+    Weight decay applies to matrices and embeddings (dim >= 2), not to biases or LayerNorm
+    weights, as in BERT and Izsak et al. (2021). The learning rate is set by the loop each update.
+    ``fused`` selects the fused AdamW kernel (CUDA).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    if ALGORITHMS[cfg.algorithm].optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.0)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
+                             fused=fused or None)
+
+
+@dataclass
+class StepContext:
+    """The runtime objects an update works on (built by the loop)."""
+
+    cfg: TrainConfig  # resolved
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    autocast: Callable[[], AbstractContextManager]  # a fresh autocast context per forward
+    mlm_loss: Callable[[nn.Module, MLMBatch], torch.Tensor]  # mlm_loss_sum, maybe compiled
+    n_classes: int = 0  # adversarial: classes of the downstream task
+
+
+def mlm_loss_sum(model: nn.Module, batch: MLMBatch) -> torch.Tensor:
+    """Summed cross-entropy (nats) of the masked words; the head runs only at those words."""
+    logits = word_logits(model, batch.input_ids, batch.attention_mask, batch.positions)
+    targets = batch.targets[batch.positions] if batch.positions.dtype == torch.bool \
+        else batch.targets  # (n,) or (k,)
+    return F.cross_entropy(logits.float(), targets, reduction="sum")
+
+
+def accumulate_mlm(ctx: StepContext, batch: MLMBatch) -> torch.Tensor:
+    """Adds the gradient of ``batch``'s mean MLM loss to ``.grad``; returns that loss, detached."""
+    n = batch.n_targets()
+    if isinstance(n, torch.Tensor):
+        n = n.clamp(min=1)
+    size = ctx.cfg.micro_batch_size or len(batch)
+    total = torch.zeros((), device=batch.input_ids.device)
+    for micro in batch.split(size):
+        with ctx.autocast():
+            loss = ctx.mlm_loss(ctx.model, micro) / n
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
+def standard_step(ctx: StepContext, inputs: StepInputs) -> dict[str, torch.Tensor]:
+    """One update on the gradient of the batch's mean MLM loss."""
+    ctx.optimizer.zero_grad(set_to_none=True)
+    loss = accumulate_mlm(ctx, inputs.mlm)
+    ctx.optimizer.step()
+    return {"train/loss": loss}
+
+
+def sam_step(ctx: StepContext, inputs: StepInputs) -> dict[str, torch.Tensor]:
+    """SAM (Foret et al., 2020) with the batch split in two halves, as in A.5.
+
+    g = grad L_first(theta); eps = rho g / ||g||_2 (all parameters as one vector);
+    the optimizer then steps from theta with grad L_second(theta + eps).
+    """
+    first, second = inputs.mlm.split(len(inputs.mlm) // 2)
+    params = [p for p in ctx.model.parameters() if p.requires_grad]
+    ctx.optimizer.zero_grad(set_to_none=True)
+    loss = accumulate_mlm(ctx, first)
+    with torch.no_grad():
+        grads = [p.grad for p in params if p.grad is not None]
+        scale = ctx.cfg.sam_rho / (torch.nn.utils.get_total_norm(grads) + 1e-12)
+        theta = [p.detach().clone() for p in params]
+        for p in params:
+            if p.grad is not None:
+                p.add_(p.grad * scale)  # theta + eps
+    ctx.optimizer.zero_grad(set_to_none=True)
+    loss_perturbed = accumulate_mlm(ctx, second)
+    with torch.no_grad():
+        for p, saved in zip(params, theta, strict=True):
+            p.copy_(saved)  # back to theta exactly (theta + eps - eps would round)
+    ctx.optimizer.step()
+    return {"train/loss": loss, "train/sam_loss_perturbed": loss_perturbed}
+
+
+def sentence_features(model: nn.Module, input_ids: torch.Tensor,
+                      attention_mask: torch.Tensor) -> torch.Tensor:
+    """Final-layer states of every position, concatenated: (n, (T+2) d), zero on padding.
+
+    The linear probe's representation (A.5: "we concatenate embeddings of all the tokens").
+    """
+    h = encoder_features(model, input_ids, attention_mask)  # (n, T+2, d)
+    return (h * attention_mask[..., None].to(h.dtype)).flatten(1)
+
+
+def ridge_head_loss(H1: torch.Tensor, y1: torch.Tensor, H2: torch.Tensor, y2: torch.Tensor,
+                    n_classes: int, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The closed-form linear head of A.5: (its mean squared loss on D2, its accuracy on D2).
+
+    phi_hat = argmin_phi ||(H1 - mu) phi - (Y1 - ybar)||^2 + r ||phi||^2, with one-hot labels Y,
+    means mu, ybar of D1 (an unpenalised bias) and r = ``ridge`` * mean ||H1_i - mu||^2. Solved in
+    the dual, phi = A^T (A A^T + r I)^-1 (Y1 - ybar) with A = H1 - mu, when D1 has fewer rows than
+    features, else in the primal; both are differentiable in H1 and H2 (Liu et al., 2020).
+    Loss: mean over D2 of ||(H2 - mu) phi_hat + ybar - Y2||^2. Computed in float32.
+    """
+    with torch.autocast(H1.device.type, enabled=False):
+        H1, H2 = H1.float(), H2.float()
+        Y1 = torch.zeros(len(y1), n_classes, device=H1.device).scatter_(1, y1[:, None], 1.0)
+        Y2 = torch.zeros(len(y2), n_classes, device=H1.device).scatter_(1, y2[:, None], 1.0)
+        mu, ybar = H1.mean(0), Y1.mean(0)
+        A, B = H1 - mu, H2 - mu  # (n1, F), (n2, F)
+        n1, n_features = A.shape
+        r = ridge * A.pow(2).sum(1).mean().detach()
+        if n1 <= n_features:
+            K = A @ A.T  # (n1, n1)
+            alpha = torch.linalg.solve_ex(K + r * torch.eye(n1, device=K.device), Y1 - ybar)[0]
+            pred = (B @ A.T) @ alpha + ybar  # (n2, C)
+        else:
+            G = A.T @ A  # (F, F)
+            eye = torch.eye(n_features, device=G.device)
+            phi = torch.linalg.solve_ex(G + r * eye, A.T @ (Y1 - ybar))[0]
+            pred = B @ phi + ybar
+        loss = (pred - Y2).pow(2).sum(1).mean()
+        acc = (pred.argmax(1) == y2).float().mean()
+    return loss, acc.detach()
+
+
+def adversarial_step(ctx: StepContext, inputs: StepInputs) -> dict[str, torch.Tensor]:
+    """One update on L_MLM - lambda * L_D2(phi_hat(psi), psi) (A.5); D1, D2 in ``inputs.probe``."""
+    probe = inputs.probe
+    ctx.optimizer.zero_grad(set_to_none=True)
+    loss = accumulate_mlm(ctx, inputs.mlm)
+    with ctx.autocast():
+        H = sentence_features(ctx.model, probe.input_ids, probe.attention_mask)  # (n1+n2, F)
+    y, n1 = probe.labels, probe.n1
+    d2_loss, d2_acc = ridge_head_loss(H[:n1], y[:n1], H[n1:], y[n1:], ctx.n_classes,
+                                      ctx.cfg.adversarial_ridge)
+    (-ctx.cfg.adversarial_lambda * d2_loss).backward()
+    ctx.optimizer.step()
+    return {"train/loss": loss, "train/adv_d2_loss": d2_loss.detach(), "train/adv_d2_acc": d2_acc}
+
+
+Step = Callable[[StepContext, StepInputs], dict]
+STEPS: dict[str, Step] = {
+    "adamw": standard_step,
+    "sgd": standard_step,
+    "noreg": standard_step,
+    "sam": sam_step,
+    "adversarial": adversarial_step,
+}
+assert set(STEPS) == set(ALGORITHMS)

@@ -1,0 +1,200 @@
+"""``TrainConfig``: one pre-training run's algorithm, schedule, batch and checkpoints.
+
+The model shape is a ``ModelConfig`` and the language a source spec; neither is a field here. Fields
+left ``None`` take the algorithm's default from ``ALGORITHMS`` (the paper's values, A.5);
+``resolve(cfg)`` fills them in, and the loop works on the resolved config.
+
+>>> cfg = resolve(TrainConfig(algorithm="noreg", steps=100))
+>>> cfg.weight_decay, cfg.dropout, cfg.warmup_steps
+(0.0, 0.0, 1000)
+>>> resolve(TrainConfig(algorithm="sgd", steps=1000)).warmup_steps
+120
+>>> TrainConfig(lr=-1.0)
+Traceback (most recent call last):
+...
+ValueError: train.lr=-1.0: the learning rate must be > 0 (the paper uses 1e-3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmDefaults:
+    """What an algorithm changes by default; everything else is shared (see ``algorithms.py``)."""
+
+    optimizer: str  # "adamw" (decoupled weight decay) or "sgd" (no momentum)
+    weight_decay: float  # applied to matrices and embeddings, never to biases or LayerNorms
+    dropout: float  # the model's dropout during pre-training
+    warmup_steps: int | None = None  # linear warmup length in updates ...
+    warmup_proportion: float | None = None  # ... or as a fraction of ``steps``
+    summary: str = ""
+
+
+ALGORITHMS: dict[str, AlgorithmDefaults] = {
+    "adamw": AlgorithmDefaults(
+        optimizer="adamw", weight_decay=0.01, dropout=0.1, warmup_steps=1000,
+        summary="the paper's standard pre-training: AdamW, dropout 0.1, weight decay 0.01 (A.5)"),
+    "sgd": AlgorithmDefaults(
+        optimizer="sgd", weight_decay=0.01, dropout=0.1, warmup_proportion=0.12,
+        summary="mini-batch SGD without momentum, warmup over 12% of the steps (Section 3, F)"),
+    "noreg": AlgorithmDefaults(
+        optimizer="adamw", weight_decay=0.0, dropout=0.0, warmup_steps=1000,
+        summary="AdamW without dropout or weight decay (Tables 1-2, '-dropout-WD')"),
+    "sam": AlgorithmDefaults(
+        optimizer="adamw", weight_decay=0.0, dropout=0.0, warmup_steps=1000,
+        summary="SAM around AdamW, no dropout or weight decay; perturbation from the first half "
+                "of the batch, update from the second (Tables 1-2, '+SAM'; A.5)"),
+    "adversarial": AlgorithmDefaults(
+        optimizer="adamw", weight_decay=0.01, dropout=0.1, warmup_steps=1000,
+        summary="MLM loss minus lambda times the D2 loss of a downstream head fitted in closed "
+                "form on D1 (A.5)"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """One pre-training run. Validated on construction: a bad field raises ``ValueError``."""
+
+    algorithm: str = "adamw"  # a key of ALGORITHMS: adamw, sgd, noreg, sam, adversarial
+    steps: int = 1000  # optimizer updates in the run; >= 1 (paper: 30K+ for PCFG)
+    batch_size: int = 4096  # sentences per update; >= 1 (paper: 4096); sam: even
+    micro_batch_size: int | None = None  # sentences per forward/backward (gradient
+    #   accumulation); must divide batch_size (sam: batch_size / 2); None = the whole batch
+    lr: float = 1e-3  # peak learning rate after warmup, constant after; > 0 (paper: 1e-3)
+    beta1: float = 0.9  # Adam's first-moment decay in [0, 1) (paper: 0.9); unused by sgd
+    beta2: float = 0.98  # Adam's second-moment decay in [0, 1) (paper: 0.98); unused by sgd
+    eps: float = 1e-6  # Adam's denominator epsilon; > 0 (paper: 1e-6)
+    weight_decay: float | None = None  # >= 0; None = the algorithm's default (0.01 or 0)
+    dropout: float | None = None  # model dropout in [0, 1); None = the algorithm's (0.1 or 0);
+    #   overrides ModelConfig.dropout
+    warmup_steps: int | None = None  # linear warmup length in updates, >= 0 ...
+    warmup_proportion: float | None = None  # ... or as a fraction of steps in [0, 1]; set at
+    #   most one; both None = the algorithm's default (1000 steps; sgd 12%)
+    mask: str | float = "one"  # "one": one masked word per sentence, uniform over its words
+    #   (the paper's synthetic setting); or a rate in (0, 1): each word masked independently
+    #   with that probability (0.15 for real text); masked words become [MASK]
+    data: str = "fresh"  # "fresh": new sentences from the source at every step (population
+    #   loss); or a corpus directory written by `flatlm data` (its train split, reshuffled
+    #   every epoch)
+    sam_rho: float = 0.05  # sam: perturbation radius in parameter L2 norm; > 0 (paper: 0.05)
+    adversarial_lambda: float = 1.0  # adversarial: weight of the head's D2 loss; >= 0
+    adversarial_task: str | None = None  # adversarial: downstream task of the source
+    #   (e.g. "C"); None = the source's first task
+    adversarial_d1: int = 256  # adversarial: sentences the head is fitted on per step; >= 2
+    adversarial_d2: int = 256  # adversarial: sentences the head's loss is taken on; >= 1
+    adversarial_pool: int = 4096  # adversarial: labelled sentences D, drawn once, from which
+    #   disjoint D1 and D2 are drawn each step; >= d1 + d2
+    adversarial_ridge: float = 1e-3  # adversarial: ridge of the closed-form head, relative to
+    #   the mean squared feature norm; > 0
+    checkpoint_steps: tuple[int, ...] = ()  # updates after which to save (0 = the initial
+    #   model); each in 0..steps; stored sorted and unique
+    seed: int = 0  # initialisation, data order, masking and dropout all derive from it
+    log_every: int = 10  # updates between loss read-outs (each costs one host sync); >= 1
+    precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16"
+    compile: bool = False  # torch.compile the loss computation (CUDA; minutes to warm up)
+
+    def __post_init__(self):
+        _check(self.algorithm in ALGORITHMS, "algorithm", self.algorithm,
+               f"use one of {', '.join(ALGORITHMS)}")
+        _check(_is_int(self.steps) and self.steps >= 1, "steps", self.steps,
+               "use an integer >= 1")
+        _check(_is_int(self.batch_size) and self.batch_size >= 1, "batch_size", self.batch_size,
+               "use an integer >= 1")
+        if self.algorithm == "sam":
+            _check(self.batch_size % 2 == 0 and self.batch_size >= 2, "batch_size",
+                   self.batch_size, "sam splits the batch in two halves; use an even size")
+        per_pass = self.batch_size // 2 if self.algorithm == "sam" else self.batch_size
+        if self.micro_batch_size is not None:
+            _check(_is_int(self.micro_batch_size) and self.micro_batch_size >= 1
+                   and per_pass % self.micro_batch_size == 0, "micro_batch_size",
+                   self.micro_batch_size, f"use a divisor of {per_pass}"
+                   + (" (half the sam batch)" if self.algorithm == "sam" else " (batch_size)"))
+        _check(self.lr > 0, "lr", self.lr, "the learning rate must be > 0 (the paper uses 1e-3)")
+        for name in ("beta1", "beta2"):
+            value = getattr(self, name)
+            _check(0.0 <= value < 1.0, name, value, "use a decay rate in [0, 1)")
+        _check(self.eps > 0, "eps", self.eps, "use a value > 0 (the paper uses 1e-6)")
+        _check(self.weight_decay is None or self.weight_decay >= 0, "weight_decay",
+               self.weight_decay, "use a value >= 0, or None for the algorithm's default")
+        _check(self.dropout is None or 0.0 <= self.dropout < 1.0, "dropout", self.dropout,
+               "use a probability in [0, 1), or None for the algorithm's default")
+        _check(self.warmup_steps is None or self.warmup_proportion is None, "warmup_steps",
+               self.warmup_steps, "set warmup_steps or warmup_proportion, not both")
+        _check(self.warmup_steps is None or (_is_int(self.warmup_steps)
+                                             and self.warmup_steps >= 0),
+               "warmup_steps", self.warmup_steps, "use an integer >= 0")
+        _check(self.warmup_proportion is None or 0.0 <= self.warmup_proportion <= 1.0,
+               "warmup_proportion", self.warmup_proportion, "use a fraction in [0, 1]")
+        _check(self.mask == "one" or (isinstance(self.mask, float) and 0.0 < self.mask < 1.0),
+               "mask", self.mask, "use 'one' or a masking rate in (0, 1) such as 0.15")
+        _check(isinstance(self.data, str) and self.data.strip() != "", "data", self.data,
+               "use 'fresh' or the path of a corpus directory")
+        _check(self.sam_rho > 0, "sam_rho", self.sam_rho, "use a radius > 0 (paper: 0.05)")
+        _check(self.adversarial_lambda >= 0, "adversarial_lambda", self.adversarial_lambda,
+               "use a weight >= 0")
+        _check(_is_int(self.adversarial_d1) and self.adversarial_d1 >= 2, "adversarial_d1",
+               self.adversarial_d1, "use an integer >= 2")
+        _check(_is_int(self.adversarial_d2) and self.adversarial_d2 >= 1, "adversarial_d2",
+               self.adversarial_d2, "use an integer >= 1")
+        _check(_is_int(self.adversarial_pool)
+               and self.adversarial_pool >= self.adversarial_d1 + self.adversarial_d2,
+               "adversarial_pool", self.adversarial_pool,
+               f"use at least adversarial_d1 + adversarial_d2 = "
+               f"{self.adversarial_d1 + self.adversarial_d2} sentences")
+        _check(self.adversarial_ridge > 0, "adversarial_ridge", self.adversarial_ridge,
+               "use a value > 0")
+        steps = tuple(self.checkpoint_steps)
+        _check(all(_is_int(s) for s in steps), "checkpoint_steps", self.checkpoint_steps,
+               "use integers")
+        bad = [s for s in steps if not 0 <= s <= self.steps]
+        _check(not bad, "checkpoint_steps", self.checkpoint_steps,
+               f"step(s) {bad} lie outside the run; use steps in 0..{self.steps} (train.steps)")
+        object.__setattr__(self, "checkpoint_steps", tuple(sorted(set(steps))))
+        _check(_is_int(self.seed), "seed", self.seed, "use an integer")
+        _check(_is_int(self.log_every) and self.log_every >= 1, "log_every", self.log_every,
+               "use an integer >= 1")
+        _check(self.precision in PRECISIONS, "precision", self.precision,
+               f"use one of {PRECISIONS}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        d = dict(d)
+        d["checkpoint_steps"] = tuple(d.get("checkpoint_steps", ()))
+        return cls(**d)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check(ok: bool, field: str, value, fix: str) -> None:
+    if not ok:
+        raise ValueError(f"train.{field}={value!r}: {fix}")
+
+
+def resolve(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with the algorithm's defaults filled in and the warmup as a number of steps."""
+    d = ALGORITHMS[cfg.algorithm]
+    if cfg.warmup_steps is not None:
+        warmup = cfg.warmup_steps
+    elif cfg.warmup_proportion is not None:
+        warmup = round(cfg.warmup_proportion * cfg.steps)
+    elif d.warmup_proportion is not None:
+        warmup = round(d.warmup_proportion * cfg.steps)
+    else:
+        warmup = d.warmup_steps
+    return dataclasses.replace(
+        cfg,
+        weight_decay=d.weight_decay if cfg.weight_decay is None else cfg.weight_decay,
+        dropout=d.dropout if cfg.dropout is None else cfg.dropout,
+        warmup_steps=warmup,
+        warmup_proportion=None,
+    )

@@ -1,0 +1,267 @@
+"""Batches for pre-training: where sentences come from, how they are masked, what goes on device.
+
+Every random choice at update i is a pure function of ``(seed, i)`` (``derive_seed``), so the
+whole data position is one integer, and a resumed run draws exactly the batches an uninterrupted
+run would have:
+
+- ``FreshSamples``: ``source.sample(batch_size, derive_seed(seed, "data", i))`` at update i, new
+  sentences every step (the population-loss setting of the paper's theory, Section 3).
+- ``CorpusBatches``: a corpus read in a fresh permutation each epoch; update i takes the sentences
+  ``i * batch_size .. (i + 1) * batch_size - 1`` of the concatenated epochs.
+- ``mask_batch``: one masked word per sentence, uniform over its words, or each word at a rate.
+- ``DownstreamPool``: labelled sentences D for the adversarial algorithm, with disjoint D1, D2.
+- ``BatchPipeline``: update i -> ``StepInputs`` on the device, optionally prepared one step ahead in
+  a background thread (CUDA), which changes nothing but the timing.
+"""
+
+from __future__ import annotations
+
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flatlm.models.tokens import MASK_ID, encode, mask_positions
+from flatlm.sources.base import Source
+from flatlm.train.config import TrainConfig
+
+
+def derive_seed(seed: int, stream: str, index: int) -> int:
+    """A 63-bit seed for item ``index`` of the named random ``stream`` of a run seeded ``seed``.
+
+    >>> derive_seed(0, "data", 5) == derive_seed(0, "data", 5) != derive_seed(0, "mask", 5)
+    True
+    """
+    entropy = [seed % 2**63, zlib.crc32(stream.encode()), index]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def generator(seed: int, stream: str, index: int) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded by ``derive_seed``."""
+    return torch.Generator().manual_seed(derive_seed(seed, stream, index))
+
+
+# ------------------------------------------------------------------------------ sentence streams
+
+
+class FreshSamples:
+    """New sentences from ``source`` at every update: batch i is a pure function of (seed, i)."""
+
+    kind = "fresh"
+
+    def __init__(self, source: Source, batch_size: int, seed: int):
+        self.source, self.batch_size, self.seed = source, batch_size, seed
+
+    def batch_at(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [B, T], lengths [B]) for update i, on the CPU."""
+        return self.source.sample(self.batch_size, derive_seed(self.seed, "data", i))
+
+
+class CorpusBatches:
+    """A fixed set of sentences, in a new permutation each epoch (epoch e: seed (seed, e))."""
+
+    kind = "corpus"
+
+    def __init__(self, tokens: torch.Tensor, lengths: torch.Tensor, batch_size: int, seed: int):
+        if len(tokens) == 0:
+            raise ValueError("train.data: the corpus has no sentences")
+        self.tokens, self.lengths = tokens, lengths
+        self.batch_size, self.seed = batch_size, seed
+        self._perm: tuple[int, torch.Tensor] | None = None  # cache: (epoch, permutation)
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if self._perm is None or self._perm[0] != epoch:
+            n = len(self.tokens)
+            self._perm = (epoch, torch.randperm(n, generator=generator(self.seed, "epoch", epoch)))
+        return self._perm[1]
+
+    def indices_at(self, i: int) -> torch.Tensor:
+        """Corpus rows of update i: positions i B .. (i+1) B - 1 of the concatenated epochs."""
+        n = len(self.tokens)
+        start, stop = i * self.batch_size, (i + 1) * self.batch_size
+        parts = []
+        for epoch in range(start // n, (stop - 1) // n + 1):
+            lo, hi = max(start, epoch * n) - epoch * n, min(stop, (epoch + 1) * n) - epoch * n
+            parts.append(self._permutation(epoch)[lo:hi])
+        return torch.cat(parts)
+
+    def batch_at(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.indices_at(i)
+        return self.tokens[rows], self.lengths[rows]
+
+
+def read_corpus(path: str | Path, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, lengths) of a corpus directory's split: the one place train reads corpora."""
+    from flatlm import corpus  # imported here: the corpus module pulls in datasets
+
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"train.data={str(path)!r}: not a directory; use 'fresh' or a corpus "
+                         "directory written by `flatlm data`")
+    tokens, lengths = corpus.corpus_tensors(corpus.load_corpus(path), split)
+    return torch.as_tensor(tokens, dtype=torch.int64), torch.as_tensor(lengths, dtype=torch.int64)
+
+
+# ------------------------------------------------------------------------------ masked batches
+
+
+def _to(obj, device: torch.device):
+    """A copy of the dataclass ``obj`` with every tensor field moved to ``device``."""
+    pin = device.type == "cuda"
+    values = {}
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, torch.Tensor):
+            v = (v.pin_memory() if pin else v).to(device, non_blocking=pin)
+        values[f.name] = v
+    return type(obj)(**values)
+
+
+@dataclass(frozen=True)
+class MLMBatch:
+    """Masked sentences and the words to predict.
+
+    With one masked word per sentence ``positions`` [n] holds the 0-based word position and
+    ``targets`` [n] the word there; at a rate, ``positions`` [n, T] is a bool mask of the masked
+    words and ``targets`` [n, T] the words there (-1 elsewhere).
+    """
+
+    input_ids: torch.Tensor  # (n, T+2) with [MASK] at the masked words
+    attention_mask: torch.Tensor  # (n, T+2)
+    positions: torch.Tensor  # (n,) int64 or (n, T) bool
+    targets: torch.Tensor  # (n,) or (n, T) int64 word ids
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def n_targets(self) -> torch.Tensor | int:
+        """Masked words in the batch (a tensor at a rate, to avoid a host sync)."""
+        return len(self) if self.positions.dtype != torch.bool else self.positions.sum()
+
+    def split(self, size: int) -> list[MLMBatch]:
+        """Consecutive sub-batches of ``size`` sentences."""
+        parts = [t.split(size) for t in (self.input_ids, self.attention_mask, self.positions,
+                                         self.targets)]
+        return [MLMBatch(*p) for p in zip(*parts, strict=True)]
+
+    def to(self, device: torch.device) -> MLMBatch:
+        return _to(self, device)
+
+
+def mask_batch(tokens: torch.Tensor, lengths: torch.Tensor, mask: str | float,
+               gen: torch.Generator) -> MLMBatch:
+    """Masks sentences (tokens [n, T], lengths [n] >= 1) with ``mask`` ("one" or a rate)."""
+    input_ids, attention_mask = encode(tokens, lengths)
+    n, T = tokens.shape
+    if mask == "one":
+        u = torch.rand(n, generator=gen, dtype=torch.float64)
+        positions = (u * lengths).long().clamp(max=lengths - 1)  # uniform over 0..L-1
+        targets = tokens.gather(1, positions[:, None]).squeeze(1)
+        return MLMBatch(mask_positions(input_ids, positions, check=False), attention_mask,
+                        positions, targets)
+    real = torch.arange(T)[None, :] < lengths[:, None]  # (n, T)
+    chosen = (torch.rand(n, T, generator=gen) < mask) & real  # (n, T)
+    input_ids = input_ids.clone()
+    input_ids[:, 1:-1][chosen] = MASK_ID
+    return MLMBatch(input_ids, attention_mask, chosen, torch.where(chosen, tokens, -1))
+
+
+# ------------------------------------------------------------------------------ downstream data
+
+
+@dataclass(frozen=True)
+class ProbeBatch:
+    """Unmasked labelled sentences: the first ``n1`` rows are D1, the rest D2."""
+
+    input_ids: torch.Tensor  # (n1 + n2, T+2)
+    attention_mask: torch.Tensor  # (n1 + n2, T+2)
+    labels: torch.Tensor  # (n1 + n2,) class ids
+    n1: int
+
+    def to(self, device: torch.device) -> ProbeBatch:
+        return _to(self, device)
+
+
+class DownstreamPool:
+    """The downstream training set D of the adversarial algorithm (A.5), drawn once from the source
+    (sentences whose label is defined), and a fresh disjoint D1, D2 from it at every update."""
+
+    def __init__(self, source: Source, task: str, *, size: int, d1: int, d2: int, seed: int):
+        if task not in source.tasks:
+            raise ValueError(f"train.adversarial_task={task!r}: the source's tasks are "
+                             f"{list(source.tasks)}")
+        tokens, lengths = source.sample(size, derive_seed(seed, "pool", 0))
+        labels = source.labels(tokens, lengths, task)
+        keep = labels >= 0
+        if int(keep.sum()) < d1 + d2:
+            raise ValueError(f"train.adversarial_pool={size}: only {int(keep.sum())} sentences "
+                             f"have a task-{task} label, fewer than d1 + d2 = {d1 + d2}")
+        self.input_ids, self.attention_mask = encode(tokens[keep], lengths[keep])
+        self.labels = labels[keep]
+        self.n_classes = source.num_classes(task)
+        self.d1, self.d2, self.seed = d1, d2, seed
+
+    def draw(self, i: int, *, stream: str = "draw") -> ProbeBatch:
+        """Disjoint D1, D2 for update i (a pure function of (seed, i))."""
+        rows = torch.randperm(len(self.labels), generator=generator(self.seed, stream, i))
+        rows = rows[: self.d1 + self.d2]
+        return ProbeBatch(self.input_ids[rows], self.attention_mask[rows], self.labels[rows],
+                          self.d1)
+
+
+# ------------------------------------------------------------------------------ the pipeline
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """Everything one update reads: the MLM batch and, for the adversarial algorithm, D1 + D2."""
+
+    mlm: MLMBatch
+    probe: ProbeBatch | None = None
+
+    def to(self, device: torch.device) -> StepInputs:
+        return StepInputs(self.mlm.to(device), self.probe.to(device) if self.probe else None)
+
+
+class BatchPipeline:
+    """Update index -> ``StepInputs`` on ``device``. ``prefetch`` prepares update i + 1 on the CPU
+    in a background thread while update i runs; the inputs are the same either way."""
+
+    def __init__(self, cfg: TrainConfig, sentences: FreshSamples | CorpusBatches,
+                 device: torch.device, *, pool: DownstreamPool | None = None,
+                 prefetch: bool = False):
+        self.cfg, self.sentences, self.device, self.pool = cfg, sentences, device, pool
+        self._executor = ThreadPoolExecutor(1) if prefetch else None
+        self._ahead: tuple[int, object] | None = None  # (index, future)
+
+    def cpu_inputs(self, i: int) -> StepInputs:
+        tokens, lengths = self.sentences.batch_at(i)
+        mlm = mask_batch(tokens, lengths, self.cfg.mask, generator(self.cfg.seed, "mask", i))
+        return StepInputs(mlm, self.pool.draw(i) if self.pool is not None else None)
+
+    def inputs_at(self, i: int) -> StepInputs:
+        if self._executor is None:
+            return self.cpu_inputs(i).to(self.device)
+        if self._ahead is not None and self._ahead[0] == i:
+            inputs = self._ahead[1].result()
+        else:
+            inputs = self._executor.submit(self.cpu_inputs, i).result()
+        self._ahead = (i + 1, self._executor.submit(self.cpu_inputs, i + 1))
+        return inputs.to(self.device)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def state_dict(self, i: int) -> dict:
+        """The data position before update i, as plain data."""
+        return {"kind": self.sentences.kind, "position": i, "batch_size": self.cfg.batch_size}
+
+    def check_state(self, state: dict, i: int) -> None:
+        """Raises if a saved data position does not continue this pipeline at update i."""
+        if state != self.state_dict(i):
+            raise ValueError(f"resume: the checkpoint's data position {state} does not match "
+                             f"this run's {self.state_dict(i)} (train.data or batch_size changed)")

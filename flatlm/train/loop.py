@@ -1,0 +1,266 @@
+"""``train``: one pre-training run, shared by every algorithm, resumable from any checkpoint.
+
+The run is a pure function of its config and seed: the model's initialisation, every batch, every
+masked position and every dropout mask derive from ``cfg.seed``, and a checkpoint stores the
+optimizer, the data position and the RNG state, so stopping at a checkpoint and resuming gives the
+same parameters as never stopping (bit for bit on the CPU; see tests/train/test_resume.py).
+The global RNG is forked for the run and restored after it, and the ``on_checkpoint`` hook runs on
+a copy of the RNG state, so measuring at a checkpoint changes nothing in training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from flatlm.models.bert import build_model
+from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, save_checkpoint
+from flatlm.models.presets import ModelConfig, parse_model
+from flatlm.sources.base import Source
+from flatlm.train.algorithms import STEPS, StepContext, build_optimizer, mlm_loss_sum
+from flatlm.train.config import TrainConfig, resolve
+from flatlm.train.data import (
+    BatchPipeline,
+    CorpusBatches,
+    DownstreamPool,
+    FreshSamples,
+    derive_seed,
+    read_corpus,
+)
+from flatlm.train.schedules import warmup_constant
+from flatlm.train.state import (
+    TrainState,
+    capture_rng,
+    checkpoint_dir,
+    find_checkpoints,
+    load_state,
+    newest_checkpoint,
+    restore_rng,
+    save_state,
+)
+
+log = logging.getLogger(__name__)
+
+CheckpointHook = Callable[[int, nn.Module, Path], None]
+# Fields a resumed run may change: how long it runs and what it saves, not what it computes.
+RESUMABLE_CHANGES = ("steps", "checkpoint_steps", "log_every", "compile", "precision")
+
+
+@dataclass
+class TrainResult:
+    model: nn.Module  # the trained model, on the device, in train mode
+    step: int  # updates done (cfg.steps)
+    history: list[dict]  # {"step", "train/lr", "train/loss", ...}: means over each log window
+    checkpoints: dict[int, Path] = field(default_factory=dict)  # every checkpoint in out_dir
+
+
+def train(
+    cfg: TrainConfig,
+    source: Source,
+    model_cfg: ModelConfig | str,
+    out_dir: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    on_checkpoint: CheckpointHook | None = None,
+    progress: bool = True,
+    resume: bool = False,
+    corpus: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> TrainResult:
+    """Pre-trains a masked LM of shape ``model_cfg`` on ``source`` for ``cfg.steps`` updates.
+
+    Checkpoints go to ``out_dir/checkpoints/step-<N>/`` at ``cfg.checkpoint_steps``; after each is
+    written, ``on_checkpoint(step, model, ckpt_dir)`` is called with the live model in eval mode
+    (it is put back in train mode after). ``resume`` continues from the newest checkpoint in
+    ``out_dir`` (or starts afresh if there is none); without it, an ``out_dir`` that already holds
+    checkpoints is an error. The hook is not called again for the checkpoint resumed from.
+    ``corpus``: (tokens, lengths) already in memory, used instead of reading ``cfg.data``.
+    ``model_cfg.dropout`` is replaced by ``cfg.dropout`` (resolved). Bad configurations raise
+    ``ValueError`` before any training.
+    """
+    cfg = resolve(cfg)
+    model_cfg = dataclasses.replace(parse_model(model_cfg), dropout=cfg.dropout)
+    device = torch.device(device)
+    out_dir = Path(out_dir).absolute()
+    pipeline, n_classes = _pipeline(cfg, source, device, corpus)
+    start = _start_checkpoint(cfg, model_cfg, out_dir, resume)
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            run = _Run.begin(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start)
+            run.loop(on_checkpoint, progress)
+    finally:
+        pipeline.close()
+    return TrainResult(model=run.ctx.model, step=run.step, history=run.history,
+                       checkpoints=find_checkpoints(out_dir))
+
+
+def _pipeline(cfg, source, device, corpus) -> tuple[BatchPipeline, int]:
+    if cfg.data == "fresh":
+        if corpus is not None:
+            raise ValueError("train.data='fresh' but corpus tensors were given; set train.data "
+                             "to the corpus's name or path")
+        sentences = FreshSamples(source, cfg.batch_size, cfg.seed)
+    else:
+        tokens, lengths = corpus if corpus is not None else read_corpus(cfg.data)
+        sentences = CorpusBatches(tokens, lengths, cfg.batch_size, cfg.seed)
+    pool = None
+    if cfg.algorithm == "adversarial":
+        task = cfg.adversarial_task or source.tasks[0]
+        pool = DownstreamPool(source, task, size=cfg.adversarial_pool, d1=cfg.adversarial_d1,
+                              d2=cfg.adversarial_d2, seed=cfg.seed)
+    pipeline = BatchPipeline(cfg, sentences, device, pool=pool, prefetch=device.type == "cuda")
+    return pipeline, pool.n_classes if pool else 0
+
+
+def _start_checkpoint(cfg, model_cfg, out_dir, resume) -> Path | None:
+    """The checkpoint to resume from (None: start afresh), after checking it fits this run."""
+    found = find_checkpoints(out_dir)
+    if not resume:
+        if found:
+            raise ValueError(f"{out_dir} already holds checkpoints (steps {list(found)}); resume "
+                             "them (--resume / resume=True) or choose another output directory")
+        return None
+    ckpt = newest_checkpoint(out_dir)
+    if ckpt is None:
+        return None
+    state = load_state(ckpt)
+    saved, now = state.config, cfg.to_dict()
+    changed = [k for k in now if k not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
+    if changed:
+        diffs = ", ".join(f"train.{k}={saved.get(k)!r} -> {now[k]!r}" for k in changed)
+        raise ValueError(f"resume from {ckpt}: the run changed ({diffs}); only "
+                         f"{', '.join(RESUMABLE_CHANGES)} may change when resuming")
+    if state.step > cfg.steps:
+        raise ValueError(f"resume from {ckpt}: it is past train.steps={cfg.steps}")
+    info = json.loads((ckpt / INFO_NAME).read_text())
+    if info["model"] != model_cfg.to_dict():
+        raise ValueError(f"resume from {ckpt}: the checkpoint's model is {info['model']}, this "
+                         f"run asks for {model_cfg.to_dict()}")
+    return ckpt
+
+
+class _Run:
+    """A run in progress: its step, the objects it updates and its metric log."""
+
+    def __init__(self, cfg, source, model_cfg, out_dir, device, pipeline, ctx, *,
+                 resumed: TrainState | None = None):
+        self.cfg, self.source, self.model_cfg = cfg, source, model_cfg
+        self.out_dir, self.device, self.pipeline, self.ctx = out_dir, device, pipeline, ctx
+        self.step = resumed.step if resumed else 0
+        self.resumed_at = resumed.step if resumed else None  # its checkpoint exists already
+        self.history = list(resumed.history) if resumed else []
+        window = resumed.window if resumed else {}
+        self.window_count = window.get("count", 0)  # updates summed in self.window
+        self.window = {k: torch.tensor(v, device=device)
+                       for k, v in window.get("sums", {}).items()}
+
+    @classmethod
+    def begin(cls, cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start) -> _Run:
+        """A fresh run (``start`` None) or one restored from checkpoint directory ``start``."""
+        if start is None:
+            model = build_model(model_cfg, source.V, source.max_length, seed=cfg.seed)
+            torch.manual_seed(derive_seed(cfg.seed, "dropout", 0))  # inside the forked RNG
+        else:
+            model, state = load_checkpoint(start)[0], load_state(start)
+            pipeline.check_state(state.data, state.step)
+            restore_rng(state.rng, device)
+        model = model.to(device).train()
+        optimizer = build_optimizer(cfg, model, fused=device.type == "cuda")
+        ctx = StepContext(cfg=cfg, model=model, optimizer=optimizer, n_classes=n_classes,
+                          autocast=_autocast(cfg, device),
+                          mlm_loss=torch.compile(mlm_loss_sum) if cfg.compile else mlm_loss_sum)
+        if start is None:
+            return cls(cfg, source, model_cfg, out_dir, device, pipeline, ctx)
+        optimizer.load_state_dict(state.optimizer)
+        return cls(cfg, source, model_cfg, out_dir, device, pipeline, ctx, resumed=state)
+
+    def loop(self, on_checkpoint: CheckpointHook | None, progress: bool) -> None:
+        from tqdm.auto import tqdm
+
+        cfg, optimizer, step_fn = self.cfg, self.ctx.optimizer, STEPS[self.cfg.algorithm]
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not progress, unit="step",
+                   desc=f"train {cfg.algorithm}")
+        with bar:
+            while True:
+                if self.step in cfg.checkpoint_steps and self.step != self.resumed_at:
+                    self.checkpoint(on_checkpoint)
+                if self.step >= cfg.steps:
+                    return
+                lr = warmup_constant(self.step, peak=cfg.lr, warmup_steps=cfg.warmup_steps)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                metrics = step_fn(self.ctx, self.pipeline.inputs_at(self.step))
+                self.step += 1
+                self.accumulate(metrics)
+                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                    record = self.flush(lr)
+                    bar.set_postfix(loss=f"{record['train/loss']:.4f}", refresh=False)
+                bar.update()
+
+    def accumulate(self, metrics: dict[str, torch.Tensor]) -> None:
+        for k, v in metrics.items():
+            self.window[k] = self.window[k] + v if k in self.window else v.clone()
+        self.window_count += 1
+
+    def window_sums(self) -> dict[str, float]:
+        """The window's sums as floats (one host sync)."""
+        if not self.window:
+            return {}
+        return dict(zip(self.window, torch.stack(list(self.window.values())).tolist(),
+                        strict=True))
+
+    def flush(self, lr: float) -> dict:
+        """Appends the window's means to the history and starts a new window."""
+        means = {k: v / self.window_count for k, v in self.window_sums().items()}
+        record = {"step": self.step, "train/lr": lr, **means}
+        self.history.append(record)
+        self.window, self.window_count = {}, 0
+        return record
+
+    def checkpoint(self, on_checkpoint: CheckpointHook | None) -> None:
+        """Writes checkpoint ``self.step`` atomically (a directory renamed into place), then
+        calls the hook with the model in eval mode and restores the RNG state after it."""
+        model, step = self.ctx.model, self.step
+        final = checkpoint_dir(self.out_dir, step)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_checkpoint(model, tmp, source_spec=self.source.spec, model_cfg=self.model_cfg,
+                        extra={"step": step, "train": self.cfg.to_dict(),
+                               "last_log": self.history[-1] if self.history else {}})
+        rng = capture_rng(self.device)
+        save_state(TrainState(step=step, data=self.pipeline.state_dict(step), rng=rng,
+                              optimizer=self.ctx.optimizer.state_dict(),
+                              config=self.cfg.to_dict(), history=self.history,
+                              window={"count": self.window_count, "sums": self.window_sums()}),
+                   tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        log.info("checkpoint %s", final)
+        if on_checkpoint is not None:
+            model.eval()
+            try:
+                on_checkpoint(step, model, final)
+            finally:
+                model.train()
+                restore_rng(rng, self.device)
+
+
+def _autocast(cfg: TrainConfig, device: torch.device):
+    """A factory of autocast contexts: bf16 when asked for (or "auto" on CUDA), else none."""
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
+
+    def context():
+        if not bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+
+    return context

@@ -1,0 +1,30 @@
+"""Shared tiny setting for the training tests: a 12-word random PCFG and a one-layer BERT."""
+
+import pytest
+import torch
+
+from flatlm.sources import load
+
+TINY_PCFG = {"kind": "pcfg", "random": {"vocab": 12, "depth": 2, "nonterminals_per_level": 3,
+                                        "roots": 2}, "seed": 0}
+TINY_MODEL = "d32-h2-l1-i64"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from a second thread, and OpenMP threads competing with other
+    processes on a 2-core machine make them up to 50x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def src():
+    return load(TINY_PCFG)
+
+
+@pytest.fixture(scope="session")
+def eval_sentences(src):
+    return src.sample(256, seed=10_000)
