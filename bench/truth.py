@@ -1,0 +1,150 @@
+"""Throughput of the exact truth: all-position conditionals Pr(x_t = c | x_{-t}) per second.
+
+Compares, in the same run and on the same sentences:
+
+- PCFG (the paper's grammar): flatlm's batched inside-outside against NLTK's exhaustive
+  probabilistic parser (``ViterbiParser``, one sentence at a time, the released code's route) and
+  against flatlm's own slow route of paper A.3 (one inside pass per candidate word). NLTK's parse
+  yields one best tree, not the conditionals, so that ratio understates the gap: getting the
+  conditionals from a per-sentence parser takes T x V parses per sentence.
+- HMM (the default 200 words / 100 states / length 16): flatlm's forward-backward conditionals
+  against hmmlearn's forward-backward state posteriors (``predict_proba``), which is less work.
+
+    python bench/truth.py                      # CPU, writes bench/results/truth_cpu.json
+    python bench/truth.py --device cuda --skip-baselines --out bench/results/truth_gpu.json
+
+Only the core library is imported (NLTK and hmmlearn when baselines run), so it runs on a GPU
+host without Ray, MLflow or datasets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flatlm.sources import load
+from flatlm.sources.reference import slow_conditionals
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_rate(fn, n_items: int, device, repeats: int = 3) -> float:
+    """Best-of-``repeats`` items per second of ``fn()`` after one warm-up call."""
+    fn()
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return n_items / best
+
+
+def flatlm_rate(src, n, device, batch_size) -> float:
+    tokens, lengths = src.sample(n, seed=0)
+    tokens, lengths = tokens.to(device), lengths.to(device)
+    return timed_rate(lambda: src.conditionals(tokens, lengths, batch_size=batch_size), n, device)
+
+
+def nltk_grammar(src):
+    import nltk
+
+    g = src.grammar
+    nt = {a: nltk.Nonterminal(name) for a, name in enumerate(g.nonterminals)}
+    prods = [nltk.ProbabilisticProduction(nltk.Nonterminal("S"), [nt[a]], prob=float(g.root[a]))
+             for a in g.root_symbols()]
+    prods += [nltk.ProbabilisticProduction(nt[a], [nt[b], nt[c]], prob=float(p)) for a, b, c, p
+              in zip(g.binary_parent, g.binary_left, g.binary_right, g.binary_prob, strict=True)]
+    prods += [nltk.ProbabilisticProduction(nt[a], [g.words[w]], prob=float(g.emission[a, w]))
+              for a, w in zip(*np.nonzero(g.emission), strict=True)]
+    return nltk.PCFG(nltk.Nonterminal("S"), prods)
+
+
+def nltk_rate(src, n) -> float:
+    import nltk
+
+    parser = nltk.ViterbiParser(nltk_grammar(src))
+    tokens, lengths = src.sample(n, seed=0)
+    sentences = [[src.vocab[c] for c in t[:L]] for t, L in zip(tokens.tolist(), lengths.tolist(),
+                                                                 strict=True)]
+    start = time.perf_counter()
+    for words in sentences:
+        next(iter(parser.parse(words)))
+    return n / (time.perf_counter() - start)
+
+
+def slow_route_rate(src, n) -> float:
+    tokens, lengths = src.sample(n, seed=0)
+    start = time.perf_counter()
+    slow_conditionals(src, tokens, lengths)
+    return n / (time.perf_counter() - start)
+
+
+def hmmlearn_rate(src, n) -> float:
+    from hmmlearn.hmm import CategoricalHMM
+
+    model = CategoricalHMM(n_components=src.S, n_features=src.V)
+    model.startprob_, model.transmat_, model.emissionprob_ = (
+        src.initial, src.transition, src.emission)
+    tokens, lengths = src.sample(n, seed=0)
+    X = tokens.numpy().reshape(-1, 1)
+    return timed_rate(lambda: model.predict_proba(X, lengths.numpy()), n, "cpu", repeats=1)
+
+
+def row(metric, flatlm, baseline, name, device, **extra) -> dict:
+    out = {"metric": metric, "flatlm": flatlm, "baseline": baseline, "baseline_name": name,
+           "ratio": flatlm / baseline, "device": device}
+    return {**out, **extra}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--n", type=int, default=16384, help="sentences for flatlm's timing")
+    ap.add_argument("--batch-size", type=int, default=4096)
+    ap.add_argument("--n-nltk", type=int, default=40, help="sentences NLTK parses")
+    ap.add_argument("--n-slow", type=int, default=2, help="sentences for the slow route")
+    ap.add_argument("--skip-baselines", action="store_true")
+    ap.add_argument("--out", default="bench/results/truth_cpu.json")
+    args = ap.parse_args()
+    device = str(torch.device(args.device))
+    desc = (torch.cuda.get_device_name() if device.startswith("cuda")
+            else f"{platform.processor() or 'cpu'} x{torch.get_num_threads()} threads")
+    pcfg, hmm = load("pcfg:paper"), load("hmm:seed=0")
+    unit = "sentences/s, all-position conditionals, float32"
+    pcfg_fast = flatlm_rate(pcfg, args.n, device, args.batch_size)
+    hmm_fast = flatlm_rate(hmm, args.n, device, args.batch_size)
+    rows = []
+    common = {"unit": unit, "hardware": desc, "torch": torch.__version__}
+    if args.skip_baselines:
+        rows += [row("pcfg_paper_conditionals", pcfg_fast, float("nan"), "none", device, **common),
+                 row("hmm_default_conditionals", hmm_fast, float("nan"), "none", device, **common)]
+    else:
+        rows.append(row("pcfg_paper_conditionals", pcfg_fast, nltk_rate(pcfg, args.n_nltk),
+                        "nltk.ViterbiParser (one best parse per sentence)", device, **common))
+        rows.append(row("pcfg_paper_conditionals", pcfg_fast, slow_route_rate(pcfg, args.n_slow),
+                        "flatlm slow route (one inside pass per candidate word, float64)",
+                        device, **common))
+        rows.append(row("hmm_default_conditionals", hmm_fast, hmmlearn_rate(hmm, args.n),
+                        "hmmlearn CategoricalHMM.predict_proba (forward-backward)", device,
+                        **common))
+    for r in rows:
+        print(f"{r['metric']:26s} flatlm {r['flatlm']:10.0f}/s  {r['baseline_name']}: "
+              f"{r['baseline']:10.1f}/s  ratio {r['ratio']:8.1f}x")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

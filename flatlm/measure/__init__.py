@@ -1,0 +1,44 @@
+"""Measurements of a pre-trained masked LM; every metric key and its definition lives here.
+
+Keys are ``<stage>/<quantity>[_<stat>]``. Each estimate comes with its standard error (``_se``).
+
+Pre-training (exact on a synthetic source, over a validation set; see ``measure.loss``):
+    pretrain/loss       cross-entropy of the model at masked positions (nats) =
+                        pretrain/entropy + pretrain/kl
+    pretrain/entropy    mean entropy of the true conditional Pr(. | x_{-t})
+    pretrain/kl         mean KL(Pr(. | x_{-t}) || p_theta(. | x_{-t}))
+Flatness (see ``measure.flatness``):
+    flat/trace_fisher   Tr(F) = E_{x_{-t}} E_{c ~ p_theta(.|x_{-t})} ||grad_theta log p_theta(c|x_{-t})||^2
+    flat/trace_hessian  Tr of the Hessian of the population loss (labels = the true conditional)
+    flat/trace_hessian_data   Tr of the Hessian of the loss with the data's one-hot labels
+    flat/hessian_fisher_gap   flat/trace_hessian - flat/trace_fisher
+Downstream (see ``measure.probe``, ``measure.finetune``, ``measure.lookup``):
+    probe/<task>/acc_mean, probe/<task>/acc_std   linear probe on frozen features, over seeds
+    finetune/<task>/acc_mean, finetune/<task>/acc_std
+    lookup/<task>/acc   linear probe on the concatenated true conditionals (the "lookup table")
+"""
+
+LOSS = "pretrain/loss"
+ENTROPY = "pretrain/entropy"
+KL = "pretrain/kl"
+TRACE_FISHER = "flat/trace_fisher"
+TRACE_HESSIAN = "flat/trace_hessian"
+TRACE_HESSIAN_DATA = "flat/trace_hessian_data"
+HESSIAN_FISHER_GAP = "flat/hessian_fisher_gap"
+
+
+def se_key(key: str) -> str:
+    """The standard-error twin of a metric key: ``pretrain/kl`` -> ``pretrain/kl_se``."""
+    return f"{key}_se"
+
+
+def probe_keys(task: str) -> tuple[str, str]:
+    return f"probe/{task}/acc_mean", f"probe/{task}/acc_std"
+
+
+def finetune_keys(task: str) -> tuple[str, str]:
+    return f"finetune/{task}/acc_mean", f"finetune/{task}/acc_std"
+
+
+def lookup_key(task: str) -> str:
+    return f"lookup/{task}/acc"
