@@ -1,0 +1,56 @@
+"""The override path: dotted keys, type checks, unknown keys rejected, flat views."""
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from flatlm.config import ConfigError, apply_overrides, from_dict, to_dict, to_flat_dict
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inner:
+    lr: float = 1e-3
+    steps: int = 10
+    tag: str | None = None
+    checkpoints: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.lr <= 0:
+            raise ValueError("lr must be > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outer:
+    source: str = "pcfg:paper"
+    inner: Inner = field(default_factory=Inner)
+
+
+def test_dotted_overrides_with_strings_from_a_command_line():
+    cfg = apply_overrides(Outer(), {"inner.lr": "3e-4", "inner.steps": "20",
+                                    "inner.checkpoints": "[0, 10]", "source": "hmm:seed=0"})
+    assert cfg.inner == Inner(lr=3e-4, steps=20, checkpoints=(0, 10))
+    assert cfg.source == "hmm:seed=0"
+    assert apply_overrides(cfg, {"inner.tag": "none"}).inner.tag is None
+    assert apply_overrides(cfg, {"inner": {"steps": 5}}).inner.steps == 5
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("inner.lrr", 1.0, "unknown config key 'inner.lrr'"),
+    ("outer", 1, "unknown config key 'outer'"),
+    ("source.x", 1, "no sub-fields"),
+    ("inner.steps", "ten", "inner.steps='ten'"),
+    ("inner.steps", 1.5, "inner.steps=1.5"),
+    ("inner.lr", -1.0, "lr must be > 0"),
+])
+def test_bad_overrides_name_the_key(key, value, match):
+    with pytest.raises(ConfigError, match=match):
+        apply_overrides(Outer(), {key: value})
+
+
+def test_flat_and_round_trip():
+    cfg = apply_overrides(Outer(), {"inner.checkpoints": [1, 2]})
+    assert to_flat_dict(cfg) == {"source": "pcfg:paper", "inner.lr": 1e-3, "inner.steps": 10,
+                                 "inner.tag": None, "inner.checkpoints": (1, 2)}
+    assert from_dict(Outer, to_dict(cfg)) == cfg
+    with pytest.raises(ConfigError, match="unknown"):
+        from_dict(Outer, {"nope": 1})
