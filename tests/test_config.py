@@ -30,7 +30,7 @@ def test_dotted_overrides_with_strings_from_a_command_line():
                                     "inner.checkpoints": "[0, 10]", "source": "hmm:seed=0"})
     assert cfg.inner == Inner(lr=3e-4, steps=20, checkpoints=(0, 10))
     assert cfg.source == "hmm:seed=0"
-    assert apply_overrides(cfg, {"inner.tag": "none"}).inner.tag is None
+    assert apply_overrides(cfg, {"inner.tag": None}).inner.tag is None
     assert apply_overrides(cfg, {"inner": {"steps": 5}}).inner.steps == 5
 
 
