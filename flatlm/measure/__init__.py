@@ -10,7 +10,7 @@ Pre-training (exact on a synthetic source, over a validation set; see ``measure.
 Flatness (see ``measure.flatness``):
     flat/trace_fisher   Tr(F) = E_{x_{-t}} E_{c ~ p_theta(.|x_{-t})} ||grad_theta log p_theta(c|x_{-t})||^2
     flat/trace_hessian  Tr of the Hessian of the population loss (labels = the true conditional)
-    flat/trace_hessian_data   Tr of the Hessian of the loss with the data's one-hot labels
+    flat/trace_hessian_data   Tr of the Hessian of the loss with one-hot data labels
     flat/hessian_fisher_gap   flat/trace_hessian - flat/trace_fisher
 Downstream (see ``measure.probe``, ``measure.finetune``, ``measure.lookup``):
     probe/<task>/acc_mean, probe/<task>/acc_std   linear probe on frozen features, over seeds

@@ -112,7 +112,10 @@ class PCFG(Source):
         rule = spec.get("label_rule", "inside")
         if rule not in LABEL_RULES:
             raise SourceError(f"pcfg spec field label_rule={rule!r}: use one of {LABEL_RULES}")
-        return cls(_grammar_from_spec(spec), spec=dict(spec), max_length=max_length,
+        spec = dict(spec)
+        if spec.get("grammar") not in (None, "paper"):
+            spec["grammar"] = str(Path(spec["grammar"]).absolute())  # Ray may chdir
+        return cls(_grammar_from_spec(spec), spec=spec, max_length=max_length,
                    spans=spans, label_rule=rule)
 
     @cached_property
