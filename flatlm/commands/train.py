@@ -29,15 +29,6 @@ def _int_list(text: str) -> tuple[int, ...]:
             from None
 
 
-def _mask(text: str) -> str | float:
-    if text == "one":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: use 'one' or a rate such as 0.15") from None
-
-
 _TYPES = {"int": int, "float": float, "str": str}
 
 
@@ -45,8 +36,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="pre-train a masked LM",
                               description=__doc__.split("\n\n")[0],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", required=True,
-                   help="source spec: 'pcfg:paper', 'hmm:seed=0', a JSON object ...")
+    p.add_argument("--source", help="source spec: 'pcfg:paper', 'hmm:seed=0', a JSON object ... "
+                                    "(default with --data DIR: the corpus's source)")
     p.add_argument("--model", required=True,
                    help="preset (bert-12.8m, lstm-h256-l4, ...) or shape (d64-h1-l1-i256)")
     p.add_argument("--out", required=True, type=Path, help="output directory")
@@ -54,7 +45,7 @@ def register(subparsers) -> None:
                    help="continue from the newest checkpoint in --out up to --steps")
     p.add_argument("--checkpoint-steps", type=_int_list, default=None,
                    help="comma-separated updates after which to save (default: the last)")
-    p.add_argument("--mask", type=_mask, default="one",
+    p.add_argument("--mask", default="one",
                    help="'one' masked word per sentence (default) or a rate such as 0.15")
     p.add_argument("--compile", action="store_true", help="torch.compile the loss (CUDA)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda[:i]")
@@ -86,10 +77,13 @@ def run(args) -> int:
 
     from flatlm.models.presets import describe, parse_model
     from flatlm.sources import load
+    from flatlm.train.data import corpus_source_spec
     from flatlm.train.loop import train
 
     model_cfg = parse_model(args.model)
-    source = load(args.source)
+    if args.source is None and cfg.data == "fresh":
+        raise ValueError("--source is required unless --data names a corpus directory")
+    source = load(args.source if args.source is not None else corpus_source_spec(cfg.data))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") \
         if args.device == "auto" else torch.device(args.device)
     if device.type == "cuda":

@@ -8,7 +8,7 @@ Pre-training (exact on a synthetic source, over a validation set; see ``measure.
     pretrain/entropy    mean entropy of the true conditional Pr(. | x_{-t})
     pretrain/kl         mean KL(Pr(. | x_{-t}) || p_theta(. | x_{-t}))
 Flatness (see ``measure.flatness``):
-    flat/trace_fisher   Tr(F) = E_{x_{-t}} E_{c ~ p_theta(.|x_{-t})} ||grad_theta log p_theta(c|x_{-t})||^2
+    flat/trace_fisher   Tr(F) = E_{x_{-t}} E_{c ~ p_theta} ||grad_theta log p_theta(c | x_{-t})||^2
     flat/trace_hessian  Tr of the Hessian of the population loss (labels = the true conditional)
     flat/trace_hessian_data   Tr of the Hessian of the loss with one-hot data labels
     flat/hessian_fisher_gap   flat/trace_hessian - flat/trace_fisher

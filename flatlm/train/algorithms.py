@@ -11,7 +11,15 @@ dropout, warmup); ``STEPS`` maps it to its update:
 
 Every update accumulates gradients over micro-batches of ``cfg.micro_batch_size`` sentences,
 weighted so that the result is the gradient of the mean over the batch's masked words.
-Step functions return their metrics as device tensors, so an update never waits on the device.
+Step functions return their metrics as device tensors, so an update never waits on the device:
+
+    train/loss                mean cross-entropy (nats) of the batch's masked words (sam: of the
+                              first half, at theta)
+    train/sam_loss_perturbed  sam: the second half's loss at theta + eps
+    train/adv_d2_loss         adversarial: the closed-form head's squared loss on D2
+    train/adv_d2_acc          adversarial: that head's accuracy on D2
+
+The loop adds ``train/lr`` and averages each over its log window.
 """
 
 from __future__ import annotations
@@ -64,7 +72,8 @@ def mlm_loss_sum(model: nn.Module, batch: MLMBatch) -> torch.Tensor:
     logits = word_logits(model, batch.input_ids, batch.attention_mask, batch.positions)
     targets = batch.targets[batch.positions] if batch.positions.dtype == torch.bool \
         else batch.targets  # (n,) or (k,)
-    return F.cross_entropy(logits.float(), targets, reduction="sum")
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32
+    return F.cross_entropy(logits, targets, reduction="sum")
 
 
 def accumulate_mlm(ctx: StepContext, batch: MLMBatch) -> torch.Tensor:
@@ -134,23 +143,25 @@ def ridge_head_loss(H1: torch.Tensor, y1: torch.Tensor, H2: torch.Tensor, y2: to
     means mu, ybar of D1 (an unpenalised bias) and r = ``ridge`` * mean ||H1_i - mu||^2. Solved in
     the dual, phi = A^T (A A^T + r I)^-1 (Y1 - ybar) with A = H1 - mu, when D1 has fewer rows than
     features, else in the primal; both are differentiable in H1 and H2 (Liu et al., 2020).
-    Loss: mean over D2 of ||(H2 - mu) phi_hat + ybar - Y2||^2. Computed in float32.
+    Loss: mean over D2 of ||(H2 - mu) phi_hat + ybar - Y2||^2. Computed in float32 or wider.
     """
     with torch.autocast(H1.device.type, enabled=False):
-        H1, H2 = H1.float(), H2.float()
-        Y1 = torch.zeros(len(y1), n_classes, device=H1.device).scatter_(1, y1[:, None], 1.0)
-        Y2 = torch.zeros(len(y2), n_classes, device=H1.device).scatter_(1, y2[:, None], 1.0)
+        dtype = torch.promote_types(H1.dtype, torch.float32)
+        H1, H2 = H1.to(dtype), H2.to(dtype)
+        Y1 = H1.new_zeros(len(y1), n_classes).scatter_(1, y1[:, None], 1.0)
+        Y2 = H1.new_zeros(len(y2), n_classes).scatter_(1, y2[:, None], 1.0)
         mu, ybar = H1.mean(0), Y1.mean(0)
         A, B = H1 - mu, H2 - mu  # (n1, F), (n2, F)
         n1, n_features = A.shape
         r = ridge * A.pow(2).sum(1).mean().detach()
         if n1 <= n_features:
             K = A @ A.T  # (n1, n1)
-            alpha = torch.linalg.solve_ex(K + r * torch.eye(n1, device=K.device), Y1 - ybar)[0]
+            eye = torch.eye(n1, device=K.device, dtype=dtype)
+            alpha = torch.linalg.solve_ex(K + r * eye, Y1 - ybar)[0]
             pred = (B @ A.T) @ alpha + ybar  # (n2, C)
         else:
             G = A.T @ A  # (F, F)
-            eye = torch.eye(n_features, device=G.device)
+            eye = torch.eye(n_features, device=G.device, dtype=dtype)
             phi = torch.linalg.solve_ex(G + r * eye, A.T @ (Y1 - ybar))[0]
             pred = B @ phi + ybar
         loss = (pred - Y2).pow(2).sum(1).mean()

@@ -130,8 +130,10 @@ class TrainConfig:
                "warmup_steps", self.warmup_steps, "use an integer >= 0")
         _check(self.warmup_proportion is None or 0.0 <= self.warmup_proportion <= 1.0,
                "warmup_proportion", self.warmup_proportion, "use a fraction in [0, 1]")
-        _check(self.mask == "one" or (isinstance(self.mask, float) and 0.0 < self.mask < 1.0),
+        mask = _number(self.mask) if self.mask != "one" else "one"  # "0.15" from an override
+        _check(mask == "one" or (isinstance(mask, float) and 0.0 < mask < 1.0),
                "mask", self.mask, "use 'one' or a masking rate in (0, 1) such as 0.15")
+        object.__setattr__(self, "mask", mask)
         _check(isinstance(self.data, str) and self.data.strip() != "", "data", self.data,
                "use 'fresh' or the path of a corpus directory")
         _check(self.sam_rho > 0, "sam_rho", self.sam_rho, "use a radius > 0 (paper: 0.05)")
@@ -169,6 +171,16 @@ class TrainConfig:
         d = dict(d)
         d["checkpoint_steps"] = tuple(d.get("checkpoint_steps", ()))
         return cls(**d)
+
+
+def _number(x):
+    """``x`` as a float if it is a number or a string of one, else ``x`` unchanged."""
+    if isinstance(x, bool):
+        return x
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return x
 
 
 def _is_int(x) -> bool:

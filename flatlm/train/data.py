@@ -93,31 +93,42 @@ class CorpusBatches:
         return self.tokens[rows], self.lengths[rows]
 
 
-def read_corpus(path: str | Path, split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens, lengths) of a corpus directory's split: the one place train reads corpora."""
-    from flatlm import corpus  # imported here: the corpus module pulls in datasets
+def read_corpus(path: str | Path, source: Source | None = None,
+                split: str = "train") -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, lengths) of a corpus directory's split: the one place train reads corpora.
+
+    With ``source``, the corpus must have been made from that language (its fingerprint).
+    """
+    from flatlm.corpus import corpus_tensors, load_corpus  # here: it pulls in datasets
 
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"train.data={str(path)!r}: not a directory; use 'fresh' or a corpus "
-                         "directory written by `flatlm data`")
-    tokens, lengths = corpus.corpus_tensors(corpus.load_corpus(path), split)
-    return torch.as_tensor(tokens, dtype=torch.int64), torch.as_tensor(lengths, dtype=torch.int64)
+                         "directory written by `flatlm data make`")
+    splits, _ = load_corpus(path, source=source)
+    return corpus_tensors(splits[split])
+
+
+def corpus_source_spec(path: str | Path) -> dict:
+    """The spec of the source a corpus directory was made from (its ``metadata.json``)."""
+    from flatlm.corpus import load_corpus
+
+    return load_corpus(path, verify=False)[1]["source"]["spec"]
 
 
 # ------------------------------------------------------------------------------ masked batches
 
 
+def _map(obj, fn):
+    """A copy of the dataclass ``obj`` with ``fn`` applied to every tensor field."""
+    values = {f.name: getattr(obj, f.name) for f in fields(obj)}
+    return type(obj)(**{k: fn(v) if isinstance(v, torch.Tensor) else v
+                        for k, v in values.items()})
+
+
 def _to(obj, device: torch.device):
-    """A copy of the dataclass ``obj`` with every tensor field moved to ``device``."""
-    pin = device.type == "cuda"
-    values = {}
-    for f in fields(obj):
-        v = getattr(obj, f.name)
-        if isinstance(v, torch.Tensor):
-            v = (v.pin_memory() if pin else v).to(device, non_blocking=pin)
-        values[f.name] = v
-    return type(obj)(**values)
+    """``obj`` on ``device``; copies from pinned memory do not block the host."""
+    return _map(obj, lambda t: t.to(device, non_blocking=t.is_pinned()))
 
 
 @dataclass(frozen=True)
@@ -189,19 +200,25 @@ class DownstreamPool:
     """The downstream training set D of the adversarial algorithm (A.5), drawn once from the source
     (sentences whose label is defined), and a fresh disjoint D1, D2 from it at every update."""
 
-    def __init__(self, source: Source, task: str, *, size: int, d1: int, d2: int, seed: int):
+    def __init__(self, source: Source, task: str, *, size: int, d1: int, d2: int, seed: int,
+                 device: str | torch.device = "cpu"):
+        """``size`` sentences from the source, labelled on ``device`` (the truth's algorithms run
+        there; a GPU labels a large pool of the paper's grammar in seconds)."""
         if task not in source.tasks:
             raise ValueError(f"train.adversarial_task={task!r}: the source's tasks are "
                              f"{list(source.tasks)}")
-        tokens, lengths = source.sample(size, derive_seed(seed, "pool", 0))
-        labels = source.labels(tokens, lengths, task)
-        keep = labels >= 0
+        # the downstream distribution where it differs (Dyck: i.i.d. brackets, paper Section 5)
+        sample = getattr(source, "sample_downstream", source.sample)
+        tokens, lengths = sample(size, derive_seed(seed, "pool", 0))
+        y = source.labels(tokens.to(device), lengths.to(device), task).cpu()
+        labels = y + int(getattr(source, "label_offset", 0))  # class index (Dyck: g* + T)
+        self.n_classes = source.num_classes(task)
+        keep = (labels >= 0) & (labels < self.n_classes)  # PCFG, HMM: -1 = undefined
         if int(keep.sum()) < d1 + d2:
             raise ValueError(f"train.adversarial_pool={size}: only {int(keep.sum())} sentences "
                              f"have a task-{task} label, fewer than d1 + d2 = {d1 + d2}")
         self.input_ids, self.attention_mask = encode(tokens[keep], lengths[keep])
         self.labels = labels[keep]
-        self.n_classes = source.num_classes(task)
         self.d1, self.d2, self.seed = d1, d2, seed
 
     def draw(self, i: int, *, stream: str = "draw") -> ProbeBatch:
@@ -225,6 +242,10 @@ class StepInputs:
     def to(self, device: torch.device) -> StepInputs:
         return StepInputs(self.mlm.to(device), self.probe.to(device) if self.probe else None)
 
+    def pin_memory(self) -> StepInputs:
+        pin = torch.Tensor.pin_memory
+        return StepInputs(_map(self.mlm, pin), _map(self.probe, pin) if self.probe else None)
+
 
 class BatchPipeline:
     """Update index -> ``StepInputs`` on ``device``. ``prefetch`` prepares update i + 1 on the CPU
@@ -238,9 +259,11 @@ class BatchPipeline:
         self._ahead: tuple[int, object] | None = None  # (index, future)
 
     def cpu_inputs(self, i: int) -> StepInputs:
+        """Update i's inputs on the CPU, in pinned memory when bound for CUDA."""
         tokens, lengths = self.sentences.batch_at(i)
         mlm = mask_batch(tokens, lengths, self.cfg.mask, generator(self.cfg.seed, "mask", i))
-        return StepInputs(mlm, self.pool.draw(i) if self.pool is not None else None)
+        inputs = StepInputs(mlm, self.pool.draw(i) if self.pool is not None else None)
+        return inputs.pin_memory() if self.device.type == "cuda" else inputs
 
     def inputs_at(self, i: int) -> StepInputs:
         if self._executor is None:

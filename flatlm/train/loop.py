@@ -90,8 +90,8 @@ def train(
     model_cfg = dataclasses.replace(parse_model(model_cfg), dropout=cfg.dropout)
     device = torch.device(device)
     out_dir = Path(out_dir).absolute()
+    start = _start_checkpoint(cfg, model_cfg, out_dir, resume)  # cheap checks first
     pipeline, n_classes = _pipeline(cfg, source, device, corpus)
-    start = _start_checkpoint(cfg, model_cfg, out_dir, resume)
     cuda = [device.index or 0] if device.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=cuda):
@@ -110,19 +110,20 @@ def _pipeline(cfg, source, device, corpus) -> tuple[BatchPipeline, int]:
                              "to the corpus's name or path")
         sentences = FreshSamples(source, cfg.batch_size, cfg.seed)
     else:
-        tokens, lengths = corpus if corpus is not None else read_corpus(cfg.data)
+        tokens, lengths = corpus if corpus is not None else read_corpus(cfg.data, source)
         sentences = CorpusBatches(tokens, lengths, cfg.batch_size, cfg.seed)
     pool = None
     if cfg.algorithm == "adversarial":
         task = cfg.adversarial_task or source.tasks[0]
         pool = DownstreamPool(source, task, size=cfg.adversarial_pool, d1=cfg.adversarial_d1,
-                              d2=cfg.adversarial_d2, seed=cfg.seed)
+                              d2=cfg.adversarial_d2, seed=cfg.seed, device=device)
     pipeline = BatchPipeline(cfg, sentences, device, pool=pool, prefetch=device.type == "cuda")
     return pipeline, pool.n_classes if pool else 0
 
 
-def _start_checkpoint(cfg, model_cfg, out_dir, resume) -> Path | None:
-    """The checkpoint to resume from (None: start afresh), after checking it fits this run."""
+def _start_checkpoint(cfg, model_cfg, out_dir, resume) -> tuple[Path, TrainState] | None:
+    """The checkpoint to resume from and its state (None: start afresh), after checking that it
+    continues this run."""
     found = find_checkpoints(out_dir)
     if not resume:
         if found:
@@ -145,7 +146,7 @@ def _start_checkpoint(cfg, model_cfg, out_dir, resume) -> Path | None:
     if info["model"] != model_cfg.to_dict():
         raise ValueError(f"resume from {ckpt}: the checkpoint's model is {info['model']}, this "
                          f"run asks for {model_cfg.to_dict()}")
-    return ckpt
+    return ckpt, state
 
 
 class _Run:
@@ -165,18 +166,18 @@ class _Run:
 
     @classmethod
     def begin(cls, cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start) -> _Run:
-        """A fresh run (``start`` None) or one restored from checkpoint directory ``start``."""
+        """A fresh run (``start`` None) or one restored from ``start`` = (checkpoint, state)."""
         if start is None:
             model = build_model(model_cfg, source.V, source.max_length, seed=cfg.seed)
             torch.manual_seed(derive_seed(cfg.seed, "dropout", 0))  # inside the forked RNG
         else:
-            model, state = load_checkpoint(start)[0], load_state(start)
+            model, state = load_checkpoint(start[0])[0], start[1]
             pipeline.check_state(state.data, state.step)
             restore_rng(state.rng, device)
         model = model.to(device).train()
         optimizer = build_optimizer(cfg, model, fused=device.type == "cuda")
         ctx = StepContext(cfg=cfg, model=model, optimizer=optimizer, n_classes=n_classes,
-                          autocast=_autocast(cfg, device),
+                          autocast=autocast_for(cfg, device),
                           mlm_loss=torch.compile(mlm_loss_sum) if cfg.compile else mlm_loss_sum)
         if start is None:
             return cls(cfg, source, model_cfg, out_dir, device, pipeline, ctx)
@@ -254,7 +255,7 @@ class _Run:
                 restore_rng(rng, self.device)
 
 
-def _autocast(cfg: TrainConfig, device: torch.device):
+def autocast_for(cfg: TrainConfig, device: torch.device):
     """A factory of autocast contexts: bf16 when asked for (or "auto" on CUDA), else none."""
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
 

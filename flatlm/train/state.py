@@ -51,7 +51,8 @@ def save_state(state: TrainState, ckpt_dir: Path) -> None:
 
 
 def load_state(ckpt_dir: Path) -> TrainState:
-    return TrainState(**torch.load(Path(ckpt_dir) / STATE_NAME, weights_only=True))
+    return TrainState(**torch.load(Path(ckpt_dir) / STATE_NAME, map_location="cpu",
+                                 weights_only=True))
 
 
 def checkpoint_dir(out_dir: Path, step: int) -> Path:
