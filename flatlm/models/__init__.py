@@ -29,6 +29,7 @@ _EXPORTS = {
     "lstm": "BiLSTMForMaskedLM",
     "checkpoint": "load_checkpoint save_checkpoint",
 }
+_EXPORTS["embed"] = "Growth grow grow_checkpoint growth max_logit_difference random_inputs"
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
 __all__ = sorted(_WHERE)
 

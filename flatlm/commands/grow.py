@@ -1,0 +1,49 @@
+"""``flatlm grow CHECKPOINT --to SHAPE --out DIR``: embed a small BERT into a larger one (B.4).
+
+Width grows by replication (d_model and d_inter by integer factors, each head duplicated, head size
+kept), depth by added blocks whose attention-output and MLP-output projections are zero. The grown
+checkpoint computes the same logits as CHECKPOINT (see ``flatlm.models.embed``); ``--check``
+measures that on random sentences.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    """Adds ``grow`` to the top-level subparsers."""
+    p = subparsers.add_parser("grow", help="embed a BERT checkpoint into a wider / deeper one "
+                                           "with the same function",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("checkpoint", metavar="CHECKPOINT", type=Path,
+                   help="a BERT checkpoint directory (save_checkpoint / flatlm train)")
+    p.add_argument("--to", required=True, metavar="PRESET_OR_SHAPE",
+                   help="target preset (bert-950m) or shape (d128-h2-l6-i512)")
+    p.add_argument("--out", required=True, type=Path, help="output directory (new or empty)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="initialises the free parameters of added blocks (default 0)")
+    p.add_argument("--check", type=int, default=0, metavar="N",
+                   help="compare logits on N random sentences and print the largest difference "
+                        "(default 0: no check)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from flatlm.models.checkpoint import load_checkpoint
+    from flatlm.models.embed import grow_checkpoint, max_logit_difference
+
+    if not args.checkpoint.is_dir():
+        raise ValueError(f"CHECKPOINT {args.checkpoint} is not a directory")
+    if args.check < 0:
+        raise ValueError(f"--check must be >= 0, got {args.check}")
+    out = grow_checkpoint(args.checkpoint, args.to, args.out, seed=args.seed)
+    big, info = load_checkpoint(out)
+    g = info["extra"]["grown_from"]
+    print(f"grew {g['shape']} -> {info['shape']} (width x{g['width']}, d_inter x{g['inter']}, "
+          f"+{g['added_layers']} layers; {info['n_parameters']:,} parameters): wrote {out}")
+    if args.check:
+        small, _ = load_checkpoint(args.checkpoint)
+        diff = max_logit_difference(small, big, n=args.check, seed=args.seed)
+        print(f"max |logit difference| on {args.check} random sentences: {diff:.3g}")
+    return 0
