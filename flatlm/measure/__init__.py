@@ -7,6 +7,8 @@ Pre-training (exact on a synthetic source, over a validation set; see ``measure.
                         pretrain/entropy + pretrain/kl
     pretrain/entropy    mean entropy of the true conditional Pr(. | x_{-t})
     pretrain/kl         mean KL(Pr(. | x_{-t}) || p_theta(. | x_{-t}))
+    pretrain/loss_data  mean one-hot -log p_theta(x_t | x_{-t}) of the data's words (the usual
+                        validation loss; same expectation as pretrain/loss, higher variance)
 Flatness (see ``measure.flatness``):
     flat/trace_fisher   Tr(F) = E_{x_{-t}} E_{c ~ p_theta} ||grad_theta log p_theta(c | x_{-t})||^2
     flat/trace_hessian  Tr of the Hessian of the population loss (labels = the true conditional)
@@ -15,12 +17,14 @@ Flatness (see ``measure.flatness``):
 Downstream (see ``measure.probe``, ``measure.finetune``, ``measure.lookup``):
     probe/<task>/acc_mean, probe/<task>/acc_std   linear probe on frozen features, over seeds
     finetune/<task>/acc_mean, finetune/<task>/acc_std
-    lookup/<task>/acc   linear probe on the concatenated true conditionals (the "lookup table")
+    lookup/<task>/acc, lookup/<task>/acc_std   linear probe on the concatenated true
+                        conditionals of every position (the paper's "lookup table")
 """
 
 LOSS = "pretrain/loss"
 ENTROPY = "pretrain/entropy"
 KL = "pretrain/kl"
+LOSS_DATA = "pretrain/loss_data"
 TRACE_FISHER = "flat/trace_fisher"
 TRACE_HESSIAN = "flat/trace_hessian"
 TRACE_HESSIAN_DATA = "flat/trace_hessian_data"

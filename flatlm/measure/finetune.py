@@ -1,0 +1,161 @@
+"""Fine-tuning on a downstream task (paper 2.1, A.5, following Devlin et al. 2018).
+
+For each seed: a deep copy of the pre-trained model plus a fresh linear head on its [CLS] state
+(``cls_features``; no pooler), the whole model trained with AdamW (lr 1e-4, 200 linear warmup
+steps, 10 epochs, minibatches of 32) with its dropout on, then the test accuracy with dropout off.
+The pre-trained model is never modified. Reported: mean and std (ddof=1; 0 for one seed) over
+the seeds.
+
+After warmup the rate decays linearly (Devlin et al.'s protocol; ``schedule="linear"``, the
+default) or stays constant (``schedule="constant"``); ``finetune_lr`` gives the table. Not stated
+in the paper, chosen here: weight decay 0.01 (BERT's), 5 seeds by default as for the probe
+(A.5 reports 5; sweeps may lower ``seeds`` for cost). Labels and the split are those of
+``measure.probe`` (``downstream_classes``, ``split_indices`` with ``seed``), so a fine-tuned model
+and its linear probe are tested on the same sentences. Seed s fixes the head, the batch order and
+the dropout masks (the global RNG is forked, so the caller's is untouched).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from flatlm.measure import finetune_keys
+from flatlm.measure.probe import derive_seed, downstream_classes, split_indices
+from flatlm.models.bert import cls_features
+from flatlm.models.tokens import encode
+from flatlm.sources.base import Source, as_tokens
+
+SCHEDULES = ("linear", "constant")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinetuneConfig:
+    """Fine-tuning; the model, the sentences and the device are arguments."""
+
+    lr: float = 1e-4  # AdamW peak learning rate; paper 1e-4
+    warmup_steps: int = 200  # updates of linear warmup from lr / warmup_steps; paper 200
+    epochs: int = 10  # passes over the training split; paper 10
+    batch_size: int = 32  # sentences per update; Devlin et al. use 32
+    weight_decay: float = 0.01  # AdamW decoupled weight decay; not stated in the paper
+    schedule: str = "linear"  # after warmup: "linear" decay (Devlin et al.) or "constant"
+    seeds: int = 5  # fine-tuning runs (each its own head, batch order, dropout); paper 5
+    seed: int = 0  # base seed: the split and the runs' seeds derive from it
+    test_fraction: float = 0.2  # share of the labelled sentences held out; (0, 1)
+    eval_batch_size: int = 256  # sentences per forward pass when testing
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"finetune.schedule={self.schedule!r}: use one of {SCHEDULES}")
+        if min(self.epochs, self.batch_size, self.seeds, self.eval_batch_size) < 1:
+            raise ValueError("finetune.epochs, batch_size, seeds and eval_batch_size must be >= 1")
+        if self.warmup_steps < 0 or self.lr <= 0:
+            raise ValueError("finetune.warmup_steps must be >= 0 and finetune.lr > 0")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"finetune.test_fraction={self.test_fraction}: use a value in (0, 1)")
+
+
+def finetune_lr(step: int, *, peak: float, warmup_steps: int, total_steps: int,
+                schedule: str = "linear") -> float:
+    """Rate of update ``step`` (0-based) of ``total_steps``: ``peak * (step + 1) / warmup_steps``
+    while warming up, then ``peak`` ("constant") or ``peak * (total - step) / (total - warmup)``
+    ("linear", never above ``peak``, last update at ``peak / (total - warmup)``).
+
+    >>> [finetune_lr(s, peak=1.0, warmup_steps=2, total_steps=6) for s in range(6)]
+    [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]
+    >>> [finetune_lr(s, peak=1.0, warmup_steps=2, total_steps=6, schedule="constant")
+    ...  for s in range(6)]
+    [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]
+    """
+    if step + 1 < warmup_steps:
+        return peak * (step + 1) / warmup_steps
+    if schedule == "constant":
+        return peak
+    return peak * min(1.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+
+@torch.no_grad()
+def _accuracy(model, head, ids, mask, y, batch_size) -> float:
+    model.eval()
+    correct = 0
+    for i in range(0, len(y), batch_size):
+        logits = head(cls_features(model, ids[i : i + batch_size], mask[i : i + batch_size]))
+        correct += int((logits.argmax(-1) == y[i : i + batch_size]).sum())
+    return correct / len(y)
+
+
+def finetuned_accuracy(
+    model: nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    num_classes: int,
+    cfg: FinetuneConfig,
+    seed: int,
+) -> float:
+    """Test accuracy after one fine-tuning run from ``seed`` on (input_ids, attention_mask,
+    classes) tensors already on the model's device; ``model`` is copied, never modified."""
+    device = train[0].device
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        tuned = copy.deepcopy(getattr(model, "_orig_mod", model)).to(device).train()  # uncompiled
+        with torch.no_grad():
+            d = cls_features(tuned.eval(), train[0][:1], train[1][:1]).shape[-1]
+        tuned.train()
+        head = nn.Linear(d, num_classes).to(device)
+        opt = torch.optim.AdamW([*tuned.parameters(), *head.parameters()], lr=cfg.lr,
+                                weight_decay=cfg.weight_decay)
+        n = len(train[2])
+        total = cfg.epochs * math.ceil(n / cfg.batch_size)
+        g = torch.Generator().manual_seed(seed)
+        step = 0
+        for _ in range(cfg.epochs):
+            order = torch.randperm(n, generator=g).to(device)
+            for i in range(0, n, cfg.batch_size):
+                idx = order[i : i + cfg.batch_size]  # (B,)
+                for group in opt.param_groups:
+                    group["lr"] = finetune_lr(step, peak=cfg.lr, warmup_steps=cfg.warmup_steps,
+                                              total_steps=total, schedule=cfg.schedule)
+                logits = head(cls_features(tuned, train[0][idx], train[1][idx]))  # (B, C)
+                loss = nn.functional.cross_entropy(logits, train[2][idx])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                step += 1
+        return _accuracy(tuned, head, *test, cfg.eval_batch_size)
+
+
+def finetune_accuracy(
+    model: nn.Module,
+    source: Source,
+    tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    labels: torch.Tensor | None,
+    task: str,
+    cfg: FinetuneConfig,
+    device: str | torch.device | None = None,
+) -> dict[str, float]:
+    """``finetune/<task>/acc_mean`` and ``finetune/<task>/acc_std`` over ``cfg.seeds`` runs on the
+    downstream sentences (labels None: ``source.labels``). Runs on ``device`` (default: the
+    model's); run s is seeded derive_seed(cfg.seed, "finetune", s)."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    keep, classes, num_classes = downstream_classes(source, tokens, lengths, labels, task)
+    tokens, lengths = as_tokens(tokens, lengths)
+    keep = keep.to(tokens.device)
+    ids, mask = encode(tokens[keep].to(device), lengths[keep].to(device))  # (k, T+2)
+    y = classes.to(device)
+    train_idx, test_idx = split_indices(len(y), cfg.test_fraction, cfg.seed)
+    train_idx, test_idx = train_idx.to(device), test_idx.to(device)
+    train = (ids[train_idx], mask[train_idx], y[train_idx])
+    test = (ids[test_idx], mask[test_idx], y[test_idx])
+    accs = torch.tensor([
+        finetuned_accuracy(model, train, test, num_classes, cfg,
+                           derive_seed(cfg.seed, "finetune", s))
+        for s in range(cfg.seeds)
+    ], dtype=torch.float64)
+    mean_key, std_key = finetune_keys(task)
+    return {mean_key: float(accs.mean()), std_key: float(accs.std()) if len(accs) > 1 else 0.0}

@@ -1,0 +1,157 @@
+"""Pre-training loss on a synthetic source, exactly: loss = entropy + KL(truth || model) (A.7).
+
+With the true conditional p = Pr(. | x_{-t}) known and the model's q = p_theta(. | x_{-t}) (the
+model reads x with word t replaced by [MASK]), the cross-entropy at a masked position is
+
+    CE = sum_c p(c) (-log q(c)) = H(p) + KL(p || q),   H(p) = -sum_c p(c) log p(c),
+
+the expectation of the one-hot loss -log q(x_t) over x_t ~ p given x_{-t}. Averaging CE over
+validation sentences estimates the population MLM loss L(theta) of section 2.1 with less variance
+than the one-hot loss, which is still reported as ``pretrain/loss_data``: both have the same
+expectation over sentences drawn from the source (tests/measure/test_loss.py checks this exactly
+by enumerating a tiny grammar).
+
+Positions (``LossConfig.positions``):
+
+- ``"one"``: one position t_i ~ Unif{0..L_i - 1} per sentence, drawn from ``LossConfig.seed``
+  (the paper's formulation: t sampled uniformly and independently);
+- ``"all"``: every real position of every sentence, each masked alone (sentences are replicated
+  once per position and batched); a sentence's value is the mean over its L_i positions.
+
+Either way each sentence weighs the same (the mean over positions first, then over sentences, so
+both modes estimate E_x E_{t ~ Unif} [.]), and the standard errors (``_se``) are std / sqrt(n) over
+the n per-sentence values. All arithmetic after the model's logits is in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from flatlm.measure import ENTROPY, KL, LOSS, LOSS_DATA, se_key
+from flatlm.models.bert import word_logits
+from flatlm.models.tokens import encode, mask_positions
+from flatlm.sources.base import Source, as_tokens
+
+POSITIONS = ("one", "all")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossConfig:
+    """How ``pretrain_loss`` masks and batches; the sentences are an argument."""
+
+    positions: str = "one"  # "one" (a seeded uniform position per sentence) or "all" (each)
+    batch_size: int = 256  # masked inputs per forward pass (sentence copies with "all"); 1..8192
+    seed: int = 0  # draws the masked position of each sentence when positions="one"
+
+    def __post_init__(self):
+        if self.positions not in POSITIONS:
+            raise ValueError(f"loss.positions={self.positions!r}: use one of {POSITIONS}")
+        if self.batch_size < 1:
+            raise ValueError(f"loss.batch_size={self.batch_size}: use an integer >= 1")
+
+
+def masked_pairs(lengths: torch.Tensor, cfg: LossConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (sentence, word position) pairs to mask, as two int64 tensors [P] on the CPU.
+
+    >>> masked_pairs(torch.tensor([2, 3]), LossConfig(positions="all"))
+    (tensor([0, 0, 1, 1, 1]), tensor([0, 1, 0, 1, 2]))
+    """
+    lengths = lengths.cpu()
+    n = len(lengths)
+    if cfg.positions == "one":
+        g = torch.Generator().manual_seed(cfg.seed)
+        u = torch.rand(n, generator=g, dtype=torch.float64)  # (n,)
+        pos = (u * lengths).floor().long().clamp(max=lengths - 1)
+        return torch.arange(n), pos
+    rows = torch.repeat_interleave(torch.arange(n), lengths)  # (P,)
+    starts = torch.cumsum(lengths, 0) - lengths  # (n,)
+    return rows, torch.arange(len(rows)) - starts[rows]
+
+
+def pair_terms(p: torch.Tensor, log_q: torch.Tensor, word: torch.Tensor) -> dict:
+    """Per-pair entropy, KL, expected and one-hot cross-entropy (nats) from the true conditional
+    ``p`` (P, V), the model's log-probabilities ``log_q`` (P, V) and the data's words (P,).
+
+    Each is computed from its own definition (none as a difference of the others), so that
+    CE = H + KL is a check, not an identity of the code. 0 log 0 = 0.
+    """
+    log_p = torch.where(p > 0, p.log(), torch.zeros_like(p))  # (P, V)
+    return {
+        LOSS: -(p * log_q).sum(-1),
+        ENTROPY: -(p * log_p).sum(-1),
+        KL: (p * (log_p - log_q)).sum(-1),
+        LOSS_DATA: -log_q.gather(1, word[:, None]).squeeze(1),
+    }
+
+
+@torch.no_grad()
+def loss_terms(
+    model: nn.Module,
+    source: Source,
+    tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    cfg: LossConfig,
+    *,
+    device: str | torch.device | None = None,
+) -> dict[str, torch.Tensor]:
+    """Per-sentence values [n] (float64, CPU) of loss, entropy, kl and loss_data, keyed by the
+    metric keys: the value at the sentence's position ("one") or the mean over its positions
+    ("all"). The model must already be on ``device`` (default: its own); it runs in eval mode and
+    its train/eval mode is put back afterwards.
+    """
+    tokens, lengths = as_tokens(tokens, lengths)
+    tokens, lengths = tokens.cpu(), lengths.cpu()
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    rows, pos = masked_pairs(lengths, cfg)  # (P,), (P,)
+    n = len(lengths)
+    sums = {key: torch.zeros(n, dtype=torch.float64) for key in (LOSS, ENTROPY, KL, LOSS_DATA)}
+    was_training = model.training
+    model.eval()
+    try:
+        for i in range(0, len(rows), cfg.batch_size):
+            r, t = rows[i : i + cfg.batch_size], pos[i : i + cfg.batch_size]  # (B,)
+            sentences, which = torch.unique(r, return_inverse=True)  # each sentence's truth once
+            truth = source.conditionals(tokens[sentences], lengths[sentences], device=device,
+                                        dtype=torch.float64)  # (U, T, V)
+            ids, mask = encode(tokens[r].to(device), lengths[r].to(device))  # (B, T+2)
+            t_dev = t.to(device)
+            ids = mask_positions(ids, t_dev, check=False)
+            log_q = word_logits(model, ids, mask, t_dev).double().log_softmax(-1)  # (B, V)
+            p = truth[which.to(device), t_dev]  # (B, V)
+            word = tokens[r, t].to(device)  # (B,)
+            for key, value in pair_terms(p, log_q, word).items():
+                sums[key].index_add_(0, r, value.cpu())
+    finally:
+        model.train(was_training)
+    count = torch.bincount(rows, minlength=n).double()  # (n,): 1 ("one") or L_i ("all")
+    return {key: s / count for key, s in sums.items()}
+
+
+def mean_se(values: torch.Tensor) -> tuple[float, float]:
+    """Mean and its standard error std(ddof=1) / sqrt(n) (nan for n < 2)."""
+    n = len(values)
+    se = float(values.std() / math.sqrt(n)) if n > 1 else float("nan")
+    return float(values.mean()), se
+
+
+def pretrain_loss(
+    model: nn.Module,
+    source: Source,
+    tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    cfg: LossConfig,
+    *,
+    device: str | torch.device | None = None,
+) -> dict[str, float]:
+    """``pretrain/loss``, ``pretrain/entropy``, ``pretrain/kl``, ``pretrain/loss_data`` (nats)
+    and their ``_se`` twins over the validation sentences ``tokens`` [n, T], ``lengths`` [n]
+    (the module docstring gives the definitions). ``device`` as in ``loss_terms``.
+    """
+    out = {}
+    for key, values in loss_terms(model, source, tokens, lengths, cfg, device=device).items():
+        out[key], out[se_key(key)] = mean_se(values)
+    return out

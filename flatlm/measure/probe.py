@@ -1,0 +1,230 @@
+"""Linear probe on frozen features (paper 2.1, A.5), and the downstream split shared by every
+downstream measurement.
+
+Features: the final-layer states of every input token, [CLS] x_1 .. x_L [SEP] and padding,
+concatenated into one vector of (T + 2) d numbers per sentence (padded positions are zero); the
+input is not masked. Optionally a fixed Gaussian projection to ``project_dim`` (A.5 uses 512 and
+finds it changes nothing; the default is the plain probe, as reported there).
+
+Head: a linear layer trained with AdamW (lr 1e-3, 100 epochs, A.5) on features computed once. The
+heads of all ``seeds`` are trained at once as one batched linear layer [S, D, C]: seed s has its own
+initialisation (``nn.Linear``'s uniform(-1/sqrt(D), 1/sqrt(D))) and its own minibatch order, the
+summed loss gives each head only its own gradient, and AdamW acts elementwise, so each head is the
+one it would be if trained alone (checked in tests/measure/test_probe.py). Reported: test accuracy
+mean and std (ddof=1; 0 for one seed) over the seeds.
+
+Not stated in the paper, chosen here: minibatches of 64, weight decay 0.01 (AdamW's default), no
+feature standardisation (optional), and the split below.
+
+Downstream data (``downstream_classes``, ``split_indices``; also used by ``measure.lookup`` and
+``measure.finetune``): sentences whose label is -1 (undefined) are dropped; a label's class index
+is label + ``source.label_offset`` (Dyck's signed g*; 0 for sources without one); the kept
+sentences are split at random, ``test_fraction`` (default 20%) for testing, by ``seed`` alone, so
+that every model, the lookup table and fine-tuning see the same split.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from flatlm.measure import probe_keys
+from flatlm.models.bert import encoder_features
+from flatlm.models.tokens import encode
+from flatlm.sources.base import PAD, Source, as_tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeConfig:
+    """Linear-probe training; the features, labels and device are arguments."""
+
+    epochs: int = 100  # passes over the training split; paper 100
+    lr: float = 1e-3  # AdamW learning rate, constant; paper 1e-3
+    weight_decay: float = 0.01  # AdamW decoupled weight decay; not stated in the paper
+    seeds: int = 5  # heads trained (each its own init and batch order); paper 5
+    seed: int = 0  # base seed: the split, the projection and the heads derive from it
+    project_dim: int | None = None  # fixed Gaussian projection to this size (paper: 512); None
+    batch_size: int | None = 64  # examples per update; None = the whole training split
+    test_fraction: float = 0.2  # share of the (labelled) sentences held out for accuracy; (0, 1)
+    standardize: bool = False  # z-score each feature with training-split statistics
+    forward_batch_size: int = 256  # sentences per forward pass when computing model features
+
+    def __post_init__(self):
+        if self.epochs < 1 or self.seeds < 1 or self.forward_batch_size < 1:
+            raise ValueError("probe.epochs, probe.seeds and probe.forward_batch_size must be >= 1")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"probe.test_fraction={self.test_fraction}: use a value in (0, 1)")
+        if self.project_dim is not None and self.project_dim < 1:
+            raise ValueError(f"probe.project_dim={self.project_dim}: use None or an int >= 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"probe.batch_size={self.batch_size}: use None or an int >= 1")
+
+
+def derive_seed(seed: int, stream: str, index: int = 0) -> int:
+    """A 63-bit seed for item ``index`` of the named random ``stream`` under base ``seed``."""
+    entropy = [seed % 2**63, zlib.crc32(stream.encode()), index]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+def split_indices(n: int, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, test) indices into n items: a seeded permutation, round(n * test_fraction) test
+    items (at least one of each).
+
+    >>> train, test = split_indices(10, 0.2, seed=0)
+    >>> len(train), len(test), sorted(train.tolist() + test.tolist()) == list(range(10))
+    (8, 2, True)
+    """
+    if n < 2:
+        raise ValueError(f"need at least 2 labelled sentences to split, got {n}")
+    n_test = min(max(1, round(n * test_fraction)), n - 1)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(derive_seed(seed, "split")))
+    return perm[n_test:], perm[:n_test]
+
+
+def downstream_classes(
+    source: Source, tokens, lengths, labels: torch.Tensor | None, task: str
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(keep [n] bool, classes [k] int64, num_classes) for ``task``: labels -1 dropped, the rest
+    shifted by ``source.label_offset`` (if any). ``labels`` None: ``source.labels(...)``."""
+    if labels is None:
+        labels = source.labels(tokens, lengths, task)
+    labels = torch.as_tensor(labels, dtype=torch.int64).cpu()
+    keep = labels != PAD
+    classes = labels[keep] + int(getattr(source, "label_offset", 0))
+    num_classes = source.num_classes(task)
+    if len(classes) and (int(classes.min()) < 0 or int(classes.max()) >= num_classes):
+        raise ValueError(f"task {task!r}: class indices must lie in 0..{num_classes - 1}, got "
+                         f"{int(classes.min())}..{int(classes.max())}")
+    return keep, classes, num_classes
+
+
+def _heads(D: int, C: int, gens: list[torch.Generator], device, dtype):
+    """Per-seed ``nn.Linear(D, C)`` initialisations stacked: W (S, D, C), b (S, C)."""
+    bound = 1.0 / math.sqrt(D)
+    W = torch.stack([(torch.rand(D, C, generator=g) * 2 - 1) * bound for g in gens])
+    b = torch.stack([(torch.rand(C, generator=g) * 2 - 1) * bound for g in gens])
+    return (nn.Parameter(W.to(device, dtype)), nn.Parameter(b.to(device, dtype)))
+
+
+def train_heads(
+    x: torch.Tensor, y: torch.Tensor, num_classes: int, seeds: list[int], cfg: ProbeConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Linear heads trained on ``x`` (N, D), ``y`` (N,), one per seed: W (S, D, C), b (S, C)."""
+    N, D = x.shape
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    W, b = _heads(D, num_classes, gens, x.device, x.dtype)
+    opt = torch.optim.AdamW([W, b], lr=cfg.lr, weight_decay=cfg.weight_decay)
+    bs = N if cfg.batch_size is None else min(cfg.batch_size, N)
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    with torch.enable_grad():
+        for _ in range(cfg.epochs):
+            if bs == N:  # full batch: every head sees all of x, no gather needed
+                logits = torch.einsum("nd,sdc->snc", x, W) + b[:, None]  # (S, N, C)
+                loss = loss_fn(logits.flatten(0, 1), y.repeat(len(seeds))) / N
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                continue
+            perms = torch.stack([torch.randperm(N, generator=g) for g in gens]).to(x.device)
+            for i in range(0, N, bs):
+                idx = perms[:, i : i + bs]  # (S, B)
+                logits = torch.baddbmm(b[:, None], x[idx], W)  # (S, B, C)
+                # sum over heads of each head's mean loss: head s gets only its own gradient
+                loss = loss_fn(logits.flatten(0, 1), y[idx].flatten()) / idx.shape[1]
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+    return W.detach(), b.detach()
+
+
+def _projection(D: int, k: int, seed: int, device, dtype) -> torch.Tensor:
+    """A fixed Gaussian map (D, k) with N(0, 1/k) entries (Johnson-Lindenstrauss scaling)."""
+    g = torch.Generator().manual_seed(derive_seed(seed, "projection"))
+    return (torch.randn(D, k, generator=g) / math.sqrt(k)).to(device, dtype)
+
+
+@torch.no_grad()
+def linear_probe_accuracy(
+    features: torch.Tensor, labels: torch.Tensor, num_classes: int, cfg: ProbeConfig
+) -> dict:
+    """Test accuracy of linear heads on ``features`` [n, D] with class ``labels`` [n] in
+    0..num_classes-1, over ``cfg.seeds`` seeds: ``{"acc_mean", "acc_std", "accs"}``.
+
+    Runs on the features' device. The split comes from ``cfg.seed``, head s from seed
+    derive_seed(cfg.seed, "head", s).
+    """
+    x = features.float() if not features.is_floating_point() else features
+    y = torch.as_tensor(labels, dtype=torch.int64).to(x.device)
+    if x.ndim != 2 or y.shape != (x.shape[0],):
+        raise ValueError(f"features must be [n, D] and labels [n]; got {tuple(x.shape)}, "
+                         f"{tuple(y.shape)}")
+    if len(y) and (int(y.min()) < 0 or int(y.max()) >= num_classes):
+        raise ValueError(f"labels must be class indices in 0..{num_classes - 1}")
+    train, test = split_indices(len(y), cfg.test_fraction, cfg.seed)
+    train, test = train.to(x.device), test.to(x.device)
+    if cfg.project_dim is not None:
+        x = x @ _projection(x.shape[1], cfg.project_dim, cfg.seed, x.device, x.dtype)  # (n, k)
+    if cfg.standardize:
+        mu, sd = x[train].mean(0), x[train].std(0)
+        x = (x - mu) / torch.where(sd > 0, sd, torch.ones_like(sd))
+    seeds = [derive_seed(cfg.seed, "head", s) for s in range(cfg.seeds)]
+    W, b = train_heads(x[train], y[train], num_classes, seeds, cfg)
+    logits = torch.einsum("nd,sdc->snc", x[test], W) + b[:, None]  # (S, n_test, C)
+    accs = (logits.argmax(-1) == y[test]).double().mean(1)  # (S,)
+    std = float(accs.std()) if len(accs) > 1 else 0.0
+    return {"acc_mean": float(accs.mean()), "acc_std": std, "accs": accs.tolist()}
+
+
+@torch.no_grad()
+def encoder_probe_features(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    *,
+    device: str | torch.device | None = None,
+    batch_size: int = 256,
+) -> torch.Tensor:
+    """Concatenated final-layer states of all input tokens, [n, (T+2) d] float32 on ``device``
+    (default: the model's, where it must already be): unmasked input, eval mode (put back after),
+    padded positions zero."""
+    tokens, lengths = as_tokens(tokens, lengths)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    parts = []
+    try:
+        for i in range(0, len(tokens), batch_size):
+            ids, mask = encode(tokens[i : i + batch_size].to(device),
+                               lengths[i : i + batch_size].to(device))  # (B, T+2)
+            h = encoder_features(model, ids, mask) * mask[..., None]  # (B, T+2, d)
+            parts.append(h.flatten(1).float())
+    finally:
+        model.train(was_training)
+    return torch.cat(parts)
+
+
+def probe(
+    model: nn.Module,
+    source: Source,
+    tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    labels: torch.Tensor | None,
+    task: str,
+    cfg: ProbeConfig,
+    device: str | torch.device | None = None,
+) -> dict[str, float]:
+    """``probe/<task>/acc_mean`` and ``probe/<task>/acc_std``: the linear probe on the model's
+    frozen features of the downstream sentences (labels None: ``source.labels``)."""
+    keep, classes, num_classes = downstream_classes(source, tokens, lengths, labels, task)
+    tokens, lengths = as_tokens(tokens, lengths)
+    keep = keep.to(tokens.device)
+    features = encoder_probe_features(model, tokens[keep], lengths[keep], device=device,
+                                      batch_size=cfg.forward_batch_size)
+    result = linear_probe_accuracy(features, classes, num_classes, cfg)
+    mean_key, std_key = probe_keys(task)
+    return {mean_key: result["acc_mean"], std_key: result["acc_std"]}

@@ -1,0 +1,141 @@
+"""Linear probe: separable features give ~1, random labels ~chance, the batched heads are the
+heads trained alone, seeds fix everything; the encoder features and the downstream split."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from flatlm.measure import probe_keys
+from flatlm.measure.probe import (
+    ProbeConfig,
+    downstream_classes,
+    encoder_probe_features,
+    linear_probe_accuracy,
+    probe,
+    split_indices,
+    train_heads,
+)
+from flatlm.models import build_model, encode, encoder_features, parse_model
+from flatlm.sources import load
+
+FAST = ProbeConfig(epochs=30, seeds=3, batch_size=32)
+TINY_PCFG = {"kind": "pcfg", "random": {"vocab": 6, "depth": 2, "nonterminals_per_level": 2,
+                                        "roots": 2}, "seed": 0}  # 2-4 words; 1548 sentences
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from a second thread, and OpenMP threads competing with other
+    processes on a 2-core machine make them up to 50x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def src():
+    return load(TINY_PCFG)
+
+
+def _blobs(seed, n=300, D=20, C=4, noise=0.1):
+    """Features = one-hot(label) + small noise: separable by the identity map."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, C, (n,), generator=g)
+    x = noise * torch.randn(n, D, generator=g)
+    x[torch.arange(n), y] += 1.0
+    return x, y
+
+
+@pytest.mark.parametrize("cfg", [
+    ProbeConfig(),  # the paper's protocol: AdamW lr 1e-3, 100 epochs, 5 seeds
+    dataclasses.replace(FAST, batch_size=None, lr=1e-2, epochs=100),
+    dataclasses.replace(FAST, lr=1e-2, project_dim=8, standardize=True),
+], ids=["paper", "full-batch", "projected-standardized"])
+def test_separable_features_are_probed_perfectly(cfg):
+    x, y = _blobs(0)
+    out = linear_probe_accuracy(x, y, 4, cfg)
+    assert out["acc_mean"] >= 0.98 and len(out["accs"]) == cfg.seeds
+    assert out["acc_std"] == pytest.approx(float(torch.tensor(out["accs"]).std()), abs=1e-12)
+
+
+def test_random_labels_are_at_chance():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(1000, 30, generator=g)
+    y = torch.randint(0, 2, (1000,), generator=g)
+    out = linear_probe_accuracy(x, y, 2, FAST)  # 200 test sentences: sd of acc ~ 0.035
+    assert 0.38 < out["acc_mean"] < 0.62
+
+
+@pytest.mark.parametrize("batch_size", [16, None], ids=["minibatch", "full-batch"])
+def test_batched_heads_are_the_heads_trained_alone(batch_size):
+    x, y = _blobs(2, n=100, noise=1.0)
+    cfg = dataclasses.replace(FAST, epochs=5, batch_size=batch_size)
+    W, b = train_heads(x, y, 4, [11, 12, 13], cfg)
+    for s, seed in enumerate([11, 12, 13]):
+        W1, b1 = train_heads(x, y, 4, [seed], cfg)
+        torch.testing.assert_close(W[s], W1[0], rtol=0, atol=1e-5)
+        torch.testing.assert_close(b[s], b1[0], rtol=0, atol=1e-5)
+
+
+def test_seeds_fix_the_result():
+    x, y = _blobs(3, n=120, noise=1.0)
+    a = linear_probe_accuracy(x, y, 4, FAST)
+    assert a == linear_probe_accuracy(x, y, 4, FAST)
+    other = linear_probe_accuracy(x, y, 4, dataclasses.replace(FAST, seed=1))
+    assert other["accs"] != a["accs"]
+
+
+def test_split_is_seeded_and_covers_every_sentence():
+    train, test = split_indices(101, 0.2, seed=4)
+    assert len(test) == 20 and len(train) == 81
+    assert sorted(torch.cat([train, test]).tolist()) == list(range(101))
+    assert torch.equal(test, split_indices(101, 0.2, seed=4)[1])
+    assert not torch.equal(test, split_indices(101, 0.2, seed=5)[1])
+
+
+def test_undefined_labels_are_dropped_and_signed_labels_offset(src):
+    tokens, lengths = src.sample(50, seed=0)
+    labels = src.labels(tokens, lengths, "B")
+    keep, classes, n_classes = downstream_classes(src, tokens, lengths, None, "B")
+    assert torch.equal(keep, labels != -1) and torch.equal(classes, labels[labels != -1])
+    assert n_classes == src.num_classes("B") and not bool(keep.all())  # some sentences are short
+    dyck = load("dyck:4")
+    tokens, lengths = dyck.sample_downstream(40, seed=0)
+    g_star = dyck.labels(tokens, lengths)
+    keep, classes, n_classes = downstream_classes(dyck, tokens, lengths, g_star, "g_star")
+    assert bool(keep.all()) and torch.equal(classes, g_star + 4) and n_classes == 9
+    assert int(g_star.min()) < 0
+    with pytest.raises(ValueError, match="class indices"):
+        downstream_classes(src, tokens, lengths, torch.full((40,), 99), "A")
+
+
+def test_encoder_features_are_every_state_concatenated_with_padding_zero(src):
+    model = build_model(parse_model("d16-h2-l1-i32"), src.V, src.max_length, seed=0)
+    tokens, lengths = src.sample(9, seed=1)
+    feats = encoder_probe_features(model, tokens, lengths, batch_size=4)
+    assert feats.shape == (9, (src.max_length + 2) * 16) and model.training
+    model.eval()
+    ids, mask = encode(tokens, lengths)
+    with torch.no_grad():
+        states = encoder_features(model, ids, mask)  # (9, T+2, 16)
+    by_position = feats.view(9, src.max_length + 2, 16)
+    torch.testing.assert_close(by_position[mask.bool()], states[mask.bool()], rtol=0, atol=1e-5)
+    assert bool((by_position[~mask.bool()] == 0).all()) and bool((~mask.bool()).any())
+
+
+def test_probe_reports_its_keys_deterministically(src):
+    model = build_model(parse_model("d16-h2-l1-i32"), src.V, src.max_length, seed=0)
+    tokens, lengths = src.sample(120, seed=2)
+    cfg = dataclasses.replace(FAST, epochs=5)
+    out = probe(model, src, tokens, lengths, None, "A", cfg)
+    assert set(out) == set(probe_keys("A")) and 0.0 <= out["probe/A/acc_mean"] <= 1.0
+    assert out == probe(model, src, tokens, lengths, src.labels(tokens, lengths, "A"), "A", cfg)
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="test_fraction"):
+        ProbeConfig(test_fraction=1.0)
+    with pytest.raises(ValueError, match="project_dim"):
+        ProbeConfig(project_dim=0)
