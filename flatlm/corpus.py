@@ -137,8 +137,13 @@ def label_offset(src: Source, task: str) -> int:
     return int(getattr(src, "label_offset", 0))
 
 
-def _downstream_chunk(src: Source, m: int, seed: int, rule: str, tasks, device):
-    """m labelled sentences: tokens, lengths and {task: class index [m] int64} (CPU)."""
+def labelled_sample(src: Source, m: int, seed: int, rule: str, tasks, device=None):
+    """m downstream sentences with their raw ``src.labels`` per task (-1 = undefined), on CPU.
+
+    The downstream distribution is the source's: Dyck strings are i.i.d. brackets
+    (``sample_downstream``), HMM sentences come with the hidden states the sampler drew (rule
+    "sampled" labels by them), PCFG sentences are labelled by ``rule``.
+    """
     from flatlm.sources.dyck import Dyck
     from flatlm.sources.hmm import HMM
     from flatlm.sources.pcfg import PCFG
@@ -153,10 +158,15 @@ def _downstream_chunk(src: Source, m: int, seed: int, rule: str, tasks, device):
         tokens, lengths = src.sample(m, seed)
         options = {"rule": rule} if isinstance(src, PCFG) else {}
     tok, ln = tokens.to(device), lengths.to(device)
-    labels = {}
-    for task in tasks:
-        y = src.labels(tok, ln, task, **options).cpu()
-        labels[task] = torch.where(y == PAD, y, y + label_offset(src, task))
+    labels = {task: src.labels(tok, ln, task, **options).cpu() for task in tasks}
+    return tokens, lengths, labels
+
+
+def _downstream_chunk(src: Source, m: int, seed: int, rule: str, tasks, device):
+    """m labelled sentences: tokens, lengths and {task: class index [m] int64} (CPU)."""
+    tokens, lengths, raw = labelled_sample(src, m, seed, rule, tasks, device)
+    labels = {task: torch.where(y == PAD, y, y + label_offset(src, task))
+              for task, y in raw.items()}
     return tokens, lengths, labels
 
 
