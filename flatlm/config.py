@@ -28,7 +28,10 @@ class ConfigError(ValueError):
 
 
 def _field_types(cls) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    try:
+        return typing.get_type_hints(cls)
+    except NameError:  # a class defined in a local scope: its annotations are already types
+        return {f.name: f.type for f in dataclasses.fields(cls)}
 
 
 def _allowed(tp) -> tuple:
@@ -70,31 +73,45 @@ def _coerce(key: str, value: Any, tp) -> Any:
 
 
 def apply_overrides(cfg, overrides: dict[str, Any]):
-    """A copy of ``cfg`` with dotted keys (``train.lr``) replaced; unknown keys are errors."""
+    """A copy of ``cfg`` with dotted keys (``train.lr``) replaced; unknown keys are errors.
+
+    All changes to one dataclass are applied together, so cross-field checks in
+    ``__post_init__`` see the final values (steps and checkpoint_steps changed at once).
+    """
+    nested: dict = {}
     for key, value in overrides.items():
-        cfg = _apply_one(cfg, key.split("."), value, key)
-    return cfg
+        node = nested
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"config key {key!r} conflicts with another override")
+        node[leaf] = value
+    return _apply_nested(cfg, nested, "")
 
 
-def _apply_one(cfg, path: list[str], value, full_key: str):
-    fields = {f.name: f for f in dataclasses.fields(cfg)}
-    head = path[0]
-    if head not in fields:
-        raise ConfigError(f"unknown config key {full_key!r}: {type(cfg).__name__} has "
-                          f"{', '.join(sorted(fields))}")
-    current = getattr(cfg, head)
-    if len(path) > 1:
-        if not dataclasses.is_dataclass(current):
-            raise ConfigError(f"unknown config key {full_key!r}: {head} has no sub-fields")
-        new = _apply_one(current, path[1:], value, full_key)
-    elif dataclasses.is_dataclass(current) and isinstance(value, dict):
-        new = apply_overrides(current, {k: v for k, v in value.items()})
-    else:
-        new = _coerce(full_key, value, _field_types(type(cfg))[head])
+def _apply_nested(cfg, changes: dict, prefix: str):
+    fields = {f.name for f in dataclasses.fields(cfg)}
+    types_ = _field_types(type(cfg))
+    new = {}
+    for name, value in changes.items():
+        key = prefix + name
+        if name not in fields:
+            raise ConfigError(f"unknown config key {key!r}: {type(cfg).__name__} has "
+                              f"{', '.join(sorted(fields))}")
+        current = getattr(cfg, name)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            new[name] = _apply_nested(current, value, key + ".")
+        elif isinstance(value, dict) and dict not in _allowed(types_[name]):
+            raise ConfigError(f"unknown config key {key + '.' + next(iter(value))!r}: "
+                              f"{key} has no sub-fields")
+        else:
+            new[name] = _coerce(key, value, types_[name])
     try:
-        return dataclasses.replace(cfg, **{head: new})
+        return dataclasses.replace(cfg, **new)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{full_key}={value!r}: {e}") from None
+        where = prefix.rstrip(".") or type(cfg).__name__
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def to_flat_dict(cfg, prefix: str = "") -> dict[str, Any]:

@@ -1,0 +1,135 @@
+"""One trial: pre-train, and at every checkpoint measure and report. No Ray, no MLflow here.
+
+``run_trial(cfg, out_dir, report)`` trains ``cfg.model`` on ``cfg.source`` with ``cfg.train`` and,
+at each of ``cfg.train.checkpoint_steps``, measures the model (``flatlm.measure.run``) and calls
+``report(step, metrics, checkpoint_dir)``. The CLI passes a printer, tests a list, and the sweep
+glue a fan-out to Ray Tune and the MLflow tracker. Under ``out_dir`` (absolute: Ray may chdir):
+
+    config.json                  the trial's full config
+    metrics.jsonl                one JSON object per checkpoint: {"step": N, <metric>: value, ...}
+    checkpoints/step-<N>/        model (save_pretrained layout + flatlm.json), training state,
+                                 and metrics.json (that checkpoint's measurements)
+
+Re-running with the same ``out_dir`` resumes from the newest checkpoint; a checkpoint whose
+measurements were lost (a crash between saving and measuring) is measured first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from flatlm.config import to_dict
+from flatlm.measure.run import EvalData, MeasureConfig, check_tasks, eval_data, measure_model
+from flatlm.models.presets import parse_model
+from flatlm.sources import load
+from flatlm.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+Report = Callable[[int, dict, Path], None]
+
+
+def _default_train() -> TrainConfig:
+    return TrainConfig(steps=200, batch_size=64, checkpoint_steps=(0, 100, 200),
+                       warmup_steps=20)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialConfig:
+    """A trial = source + model + pre-training + measurements (each stage gets its own part)."""
+
+    source: str = "pcfg:paper"  # a source spec: short form (pcfg:paper) or a JSON object
+    model: str = "bert-2m"  # a preset (bert-41m, lstm-h512-l8) or a shape (d64-h1-l1-i256)
+    train: TrainConfig = field(default_factory=_default_train)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+
+
+def validate_trial(cfg: TrialConfig):
+    """Builds what the trial needs, failing on a bad config before any work: (source, model)."""
+    try:
+        source = load(cfg.source)
+    except ValueError as e:
+        raise ValueError(f"source: {e}") from None
+    try:
+        model_cfg = parse_model(cfg.model)
+    except ValueError as e:
+        raise ValueError(f"model: {e}") from None
+    if not cfg.train.checkpoint_steps:
+        raise ValueError("train.checkpoint_steps is empty: a trial measures at checkpoints; "
+                         "give at least one step, e.g. [0, 100]")
+    check_tasks(source, cfg.measure)
+    return source, model_cfg
+
+
+def read_metrics(out_dir: Path) -> dict[int, dict]:
+    """step -> metrics from ``metrics.jsonl`` (the last row of a step wins)."""
+    path = out_dir / "metrics.jsonl"
+    rows = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[int(row["step"])] = row
+    return rows
+
+
+def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = None, *,
+              device: str | torch.device = "cpu", progress: bool = False) -> dict[int, dict]:
+    """Runs (or resumes) the trial; returns step -> metrics for every checkpoint."""
+    from flatlm.train.loop import train
+
+    source, model_cfg = validate_trial(cfg)
+    out_dir = Path(out_dir).absolute()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    data = eval_data(source, cfg.measure)
+    done = read_metrics(out_dir)
+
+    def on_checkpoint(step: int, model, ckpt_dir: Path) -> None:
+        metrics = measure_model(model, source, data, cfg.measure, device)
+        _record(out_dir, ckpt_dir, step, metrics)
+        done[step] = {"step": step, **metrics}
+        if report is not None:
+            report(step, metrics, Path(ckpt_dir))
+
+    _measure_unmeasured(out_dir, done, on_checkpoint, device)
+    train(cfg.train, source, model_cfg, out_dir, device=device, on_checkpoint=on_checkpoint,
+          progress=progress, resume=True)
+    return done
+
+
+def _record(out_dir: Path, ckpt_dir: Path, step: int, metrics: dict) -> None:
+    row = json.dumps({"step": step, **metrics})
+    (Path(ckpt_dir) / "metrics.json").write_text(row + "\n")
+    with open(out_dir / "metrics.jsonl", "a") as f:
+        f.write(row + "\n")
+
+
+def _measure_unmeasured(out_dir: Path, done: dict, on_checkpoint, device) -> None:
+    """Measures the newest checkpoint if a crash lost its measurements (train won't re-hook it)."""
+    from flatlm.models.checkpoint import load_checkpoint
+    from flatlm.train.state import newest_checkpoint
+
+    ckpt = newest_checkpoint(out_dir)
+    if ckpt is None:
+        return
+    step = int(Path(ckpt).name.split("-")[-1])
+    if step not in done:
+        model = load_checkpoint(ckpt)[0].to(device)
+        on_checkpoint(step, model, Path(ckpt))
+
+
+def printer(step: int, metrics: dict, ckpt_dir: Path) -> None:
+    """A report sink for the command line: one line per checkpoint."""
+    keys = [k for k in metrics if not k.startswith("time/") and not k.endswith(("_se", "_std"))]
+    print(f"step {step}: " + "  ".join(f"{k}={metrics[k]:.4g}" for k in keys), flush=True)
+
+
+__all__ = ["EvalData", "Report", "TrialConfig", "printer", "read_metrics", "run_trial",
+           "validate_trial"]

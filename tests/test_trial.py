@@ -1,0 +1,66 @@
+"""A trial end to end on a tiny PCFG: measurements at every checkpoint, resume, bad configs."""
+
+import json
+
+import pytest
+
+from flatlm.config import apply_overrides
+from flatlm.trial import TrialConfig, read_metrics, run_trial
+
+TINY = {
+    "source": '{"kind":"pcfg","random":{"vocab":12,"depth":2,"nonterminals_per_level":3,'
+              '"roots":2},"seed":0}',
+    "model": "d16-h2-l1-i32",
+    "train.batch_size": 16, "train.warmup_steps": 2,
+    "measure.n_eval": 64, "measure.n_downstream": 40, "measure.tasks": ["B"],
+    "measure.probe.epochs": 5, "measure.probe.seeds": 2,
+    "measure.flatness.batch_size": 32, "measure.flatness.hutchinson_batch_size": 16,
+}
+
+
+def tiny(**overrides):
+    return apply_overrides(TrialConfig(), {**TINY, **overrides})
+
+
+def test_trial_measures_every_checkpoint_and_reports(tmp_path):
+    seen = []
+    cfg = tiny(**{"train.steps": 6, "train.checkpoint_steps": [0, 3, 6]})
+    rows = run_trial(cfg, tmp_path, lambda step, m, d: seen.append((step, m, d)))
+    assert [s for s, _, _ in seen] == [0, 3, 6] == sorted(rows)
+    for step, metrics, ckpt in seen:
+        for key in ("pretrain/loss", "pretrain/kl", "pretrain/entropy", "flat/trace_fisher",
+                    "flat/trace_fisher_se", "flat/trace_hessian", "probe/B/acc_mean",
+                    "lookup/B/acc"):
+            assert key in metrics, key
+        assert metrics["pretrain/loss"] == pytest.approx(
+            metrics["pretrain/entropy"] + metrics["pretrain/kl"], abs=1e-6)
+        assert json.loads((ckpt / "metrics.json").read_text())["step"] == step
+    assert read_metrics(tmp_path)[6]["pretrain/kl"] == rows[6]["pretrain/kl"]
+    assert json.loads((tmp_path / "config.json").read_text())["model"] == "d16-h2-l1-i32"
+
+
+def test_resume_continues_and_remeasures_a_lost_checkpoint(tmp_path):
+    straight = run_trial(tiny(**{"train.steps": 4, "train.checkpoint_steps": [2, 4]}),
+                         tmp_path / "straight")
+    part = tmp_path / "part"
+    run_trial(tiny(**{"train.steps": 2, "train.checkpoint_steps": [2]}), part)
+    lines = (part / "metrics.jsonl").read_text().splitlines()
+    (part / "metrics.jsonl").write_text("")  # the measurement of step 2 was lost
+    resumed = run_trial(tiny(**{"train.steps": 4, "train.checkpoint_steps": [2, 4]}), part)
+    assert sorted(resumed) == [2, 4]
+    assert json.loads(lines[0])["pretrain/kl"] == resumed[2]["pretrain/kl"]
+    for key in ("pretrain/kl", "flat/trace_fisher"):
+        assert resumed[4][key] == pytest.approx(straight[4][key], rel=1e-6)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    ({"measure.tasks": ["Z"]}, "measure.tasks"),
+    ({"train.checkpoint_steps": []}, "checkpoint_steps"),
+    ({"source": "pcfg:nope.txt"}, "source"),
+    ({"model": "bert-3m"}, "model"),
+])
+def test_bad_configs_fail_before_any_work(tmp_path, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        run_trial(tiny(**{"train.steps": 2, "train.checkpoint_steps": [2], **overrides}),
+                  tmp_path)
+    assert not (tmp_path / "checkpoints").exists()
