@@ -1,0 +1,186 @@
+"""What the flatness estimators (``fisher.py``, ``hessian_trace.py``) share: their config, the
+masked inputs x_{-t}, which parameters count, and the standard error.
+
+- ``FlatnessConfig``: budget, estimator, excluded parameters, seed.
+- ``masked_inputs(tokens, lengths, seed)``: one uniformly random masked word per sentence.
+- ``selected_parameters(model, exclude)``: the parameters whose curvature counts, each once.
+- ``mean_se(values, n_groups)``: mean and batch-means standard error of per-input values.
+
+>>> cfg = FlatnessConfig(n_inputs=100, batch_size=50)
+>>> cfg.estimator, cfg.labels_per_input, cfg.exclude
+('probe', 1, ('*pooler*', 'cls.predictions.bias', 'bias'))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from flatlm.models.tokens import encode, mask_positions
+from flatlm.sources.base import as_tokens, ratio_mean_se
+
+ESTIMATORS = ("probe", "sampled")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlatnessConfig:
+    """Budget and options of the flatness estimators (Tr(F), Tr(H)); see ``measure.flatness``."""
+
+    # masked inputs x_{-t}: the first n_inputs sentences given, one masked word each; None = all.
+    # Relative s.e. of Tr(F) is about 2.5 / sqrt(n_inputs) with the probe on a trained BERT.
+    n_inputs: int | None = 10_000
+    # output directions (labels c, or probes) per input, from one forward and this many backward
+    # passes. 1 spends the budget on inputs, which gives the lowest s.e. per pass; the paper's
+    # B.1 used 10^4 inputs x 50 labels (n_inputs=10_000, labels_per_input=50, "sampled").
+    labels_per_input: int = 1
+    # "probe": output-space Rademacher probe u = sqrt(p) xi - p <sqrt(p), xi>, E[u u^T] =
+    # diag(p) - p p^T, unbiased for Tr(F) with lower variance; "sampled": c ~ p_theta, the paper's.
+    estimator: str = "probe"
+    # Rademacher vectors in parameter space per batch of trace_hessian (one double backward each)
+    hutchinson_probes: int = 1
+    # inputs per forward pass of trace_fisher; 64..1024 on a GPU
+    batch_size: int = 256
+    # inputs per Hutchinson batch (one forward, 1 + hutchinson_probes backward passes, two of
+    # them with a graph). Its probe noise, 2 ||H_batch / B||_F^2, does not shrink with the batch
+    # size, so many small batches beat few large ones until per-pass overhead dominates.
+    hutchinson_batch_size: int = 32
+    # fnmatch patterns on parameter names; a parameter is left out if any of its names matches
+    # (tied and aliased parameters have several). Default: the paper's, which leaves out the
+    # pooler and the MLM output bias (BERT "cls.predictions.bias" = "...decoder.bias"; the
+    # LSTM's top-level "bias").
+    exclude: tuple[str, ...] = ("*pooler*", "cls.predictions.bias", "bias")
+    # groups for the batch-means standard error (>= 2; 20..50). See ``mean_se``.
+    se_groups: int = 32
+    # seeds the masked positions, the labels / probes and the Hutchinson vectors
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.n_inputs is not None and self.n_inputs < 1:
+            raise ValueError(f"flatness.n_inputs={self.n_inputs}: use >= 1, or None for all")
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"flatness.estimator={self.estimator!r}: use one of {ESTIMATORS}")
+        sizes = ("labels_per_input", "hutchinson_probes", "batch_size", "hutchinson_batch_size")
+        for name in sizes:
+            if getattr(self, name) < 1:
+                raise ValueError(f"flatness.{name}={getattr(self, name)}: use an integer >= 1")
+        if self.se_groups < 2:
+            raise ValueError(f"flatness.se_groups={self.se_groups}: use >= 2")
+        if isinstance(self.exclude, str):
+            raise ValueError("flatness.exclude must be a tuple of patterns, not one string")
+
+
+@dataclass(frozen=True)
+class MaskedInputs:
+    """n masked sentences x_{-t}: model inputs (n, T+2), word positions t and the masked words."""
+
+    input_ids: torch.Tensor  # (n, T+2) with [MASK] at input position t + 1
+    attention_mask: torch.Tensor  # (n, T+2)
+    positions: torch.Tensor  # (n,) 0-based word positions t
+    targets: torch.Tensor  # (n,) the masked word x_t (the data's label)
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def batch(self, start: int, stop: int, device) -> MaskedInputs:
+        return MaskedInputs(*(x[start:stop].to(device) for x in (
+            self.input_ids, self.attention_mask, self.positions, self.targets)))
+
+
+def masked_inputs(
+    tokens, lengths, seed: int, *, n: int | None = None, positions: torch.Tensor | None = None
+) -> MaskedInputs:
+    """The first ``n`` sentences (all if None), each with one word masked: position t uniform over
+    the sentence's words from ``torch.Generator().manual_seed(seed)``, or the given ``positions``.
+
+    >>> x = masked_inputs(torch.tensor([[3, 1, -1], [0, 2, 2]]), torch.tensor([2, 3]), seed=0)
+    >>> x.input_ids.shape, bool((x.positions < torch.tensor([2, 3])).all())
+    (torch.Size([2, 5]), True)
+    """
+    tokens, lengths = as_tokens(tokens, lengths)
+    tokens, lengths = tokens.cpu(), lengths.cpu()
+    if n is not None:
+        if n > len(tokens):
+            raise ValueError(f"asked for {n} inputs but got {len(tokens)} sentences")
+        tokens, lengths = tokens[:n], lengths[:n]
+    if positions is None:
+        g = torch.Generator().manual_seed(seed)
+        u = torch.rand(len(tokens), generator=g, dtype=torch.float64)
+        positions = (u * lengths).long().clamp(max=lengths - 1)  # (n,) uniform over 0..L-1
+    positions = torch.as_tensor(positions, dtype=torch.int64).cpu()
+    if positions.shape != lengths.shape:
+        raise ValueError(f"positions must be [n] = {tuple(lengths.shape)}")
+    ids, mask = encode(tokens, lengths)
+    targets = tokens.gather(1, positions[:, None]).squeeze(1)
+    return MaskedInputs(mask_positions(ids, positions), mask, positions, targets)
+
+
+def selected_parameters(
+    model: nn.Module, exclude: tuple[str, ...] = ()
+) -> dict[str, nn.Parameter]:
+    """name -> parameter for those that count: trainable, each object once (tied and aliased
+    parameters under their first name), and none of whose names matches a pattern in ``exclude``.
+
+    >>> lin = nn.Linear(2, 3)
+    >>> list(selected_parameters(lin, exclude=("bias",)))
+    ['weight']
+    """
+    names: dict[int, list[str]] = {}
+    first: dict[int, tuple[str, nn.Parameter]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+        first.setdefault(id(p), (name, p))
+    out = {}
+    for key, (name, p) in first.items():
+        left_out = any(fnmatch.fnmatchcase(n, pat) for n in names[key] for pat in exclude)
+        if p.requires_grad and not left_out:
+            out[name] = p
+    return out
+
+
+def mean_se(values, n_groups: int = 32, *, counts=None) -> tuple[float, float]:
+    """Mean of per-input values and its batch-means standard error.
+
+    The values are cut, in order, into ``min(n_groups, len)`` contiguous groups of near-equal size
+    (the inputs are i.i.d., so order does not matter) and the s.e. is that of the mean of group
+    means, weighted by group size (``ratio_mean_se``). Per-input squared gradient norms are heavy-
+    tailed (the largest can be ~60x the mean on a trained BERT): group means are much closer to
+    Gaussian, so ``mean +- t_{K-1} se`` keeps its coverage where the per-input formula's normal
+    interval does not, and the s.e. estimate itself is less driven by the single largest value.
+
+    With ``counts``, ``values[j]`` is a sum over ``counts[j]`` inputs (a Hutchinson batch) and the
+    mean is sum(values) / sum(counts).
+
+    >>> mean_se([1.0, 3.0, 1.0, 3.0], n_groups=2)
+    (2.0, 0.0)
+    """
+    values = np.asarray(torch.as_tensor(values, dtype=torch.float64).cpu(), dtype=np.float64)
+    counts = np.ones_like(values) if counts is None else np.asarray(counts, dtype=np.float64)
+    n = len(values)
+    if n == 0:
+        return float("nan"), float("nan")
+    k = max(1, min(n_groups, n))
+    starts = np.linspace(0, n, k + 1).round().astype(int)[:-1]
+    mean, se = ratio_mean_se(np.add.reduceat(values, starts), np.add.reduceat(counts, starts))
+    return mean, (se if math.isfinite(se) else float("nan"))
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module):
+    """Dropout off while measuring; puts back the model's train/eval mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
+    p = next(model.parameters())
+    return p.device, p.dtype

@@ -1,0 +1,217 @@
+"""Per-example squared gradient norms from one batched forward and backward ("ghost norms").
+
+For a batch of B inputs and a scalar per input, s_i = <u_i, z_i(theta)> (z_i the logits of input
+i, u_i a fixed output direction), ``GhostNorms`` returns ||grad_theta s_i||^2 for every i from one
+backward of sum_i s_i, without forming a per-example gradient. Hooks save each layer's input a and
+the gradient g of its output; per example (positions t, s of one sequence):
+
+- ``nn.Linear`` weight: ||sum_t g_t a_t^T||^2 = sum_{t,s} (a_t . a_s)(g_t . g_s) (Gram form), or
+  the outer products summed directly when T (d_in + d_out) > d_in d_out; bias ||sum_t g_t||^2.
+- ``nn.Embedding``: sum_{t,s} [id_t = id_s != padding_idx] (g_t . g_s).
+- ``nn.LayerNorm``: ||sum_t g_t * xhat_t||^2 and ||sum_t g_t||^2, xhat the normalised input.
+
+A parameter used by several modules (BERT's word embedding tied to the decoder) needs the cross
+term 2 <G_emb, G_dec>; for those the per-example gradient is materialised, (B, *shape), summed over
+its users and then squared: cheap for a vocabulary of a few hundred words. A parameter reachable
+under two names (the head's aliased output bias) is one object and counts once.
+
+Backward passes use ``torch.autograd.grad`` with respect to the hooked layers' outputs, so no
+parameter gradient is computed and ``.grad`` is untouched. Every hooked layer must see the batch in
+dimension 0: BERT is run with explicit (B, T) position and token-type ids (``word_logits_b``),
+since transformers' default broadcast (1, T) position ids would sum their gradient over the batch.
+
+Only ``BertForMaskedLM`` is supported (``supports``); other models (the BiLSTM: ``nn.LSTM`` has no
+per-example form here, and its decoder reads the embedding through ``F.linear``) use the fallbacks
+in ``measure.fisher``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import BertForMaskedLM
+
+from flatlm.models.bert import word_logits
+from flatlm.models.tokens import WORD_OFFSET
+
+LAYERS = (nn.Linear, nn.Embedding, nn.LayerNorm)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "_orig_mod", model)
+
+
+def supports(model: nn.Module) -> bool:
+    """Whether ``GhostNorms`` handles this model (every parameter in a Linear/Embedding/LayerNorm
+    that sees the batch in dimension 0)."""
+    return isinstance(_unwrap(model), BertForMaskedLM)
+
+
+def word_logits_b(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """``word_logits`` at one word per sentence (n, V), with explicit (n, T+2) position and
+    token-type ids for BERT so that every embedding's output has the batch dimension."""
+    inner = _unwrap(model)
+    if not isinstance(inner, BertForMaskedLM):
+        return word_logits(model, input_ids, attention_mask, positions)
+    n, T = input_ids.shape
+    position_ids = torch.arange(T, device=input_ids.device).expand(n, T).contiguous()
+    hidden = inner.bert(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        token_type_ids=torch.zeros_like(input_ids),
+    ).last_hidden_state  # (n, T+2, d)
+    rows = torch.arange(n, device=hidden.device)
+    return inner.cls(hidden[rows, positions + 1])[:, WORD_OFFSET:]  # (n, V)
+
+
+def _flat(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, ..., i), (B, ..., o) -> (B, S, i), (B, S, o) in at least float32."""
+    dtype = torch.promote_types(g.dtype, torch.float32)
+    return a.reshape(a.shape[0], -1, a.shape[-1]).to(dtype), g.reshape(g.shape[0], -1,
+                                                                       g.shape[-1]).to(dtype)
+
+
+def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    a, g = _flat(a, g)  # (B, S, i), (B, S, o)
+    S, i, o = a.shape[1], a.shape[2], g.shape[2]
+    if S == 1:
+        return a.square().sum((1, 2)) * g.square().sum((1, 2))
+    if S * (i + o) <= i * o:  # Gram form: B S^2 (i + o) flops
+        return ((a @ a.transpose(1, 2)) * (g @ g.transpose(1, 2))).sum((1, 2))
+    return torch.einsum("bso,bsi->boi", g, a).square().sum((1, 2))
+
+
+def _embedding_sq(ids: torch.Tensor, g: torch.Tensor, padding_idx: int | None) -> torch.Tensor:
+    ids = ids.reshape(ids.shape[0], -1)  # (B, S)
+    g = g.reshape(g.shape[0], -1, g.shape[-1]).to(torch.promote_types(g.dtype, torch.float32))
+    same = ids[:, :, None] == ids[:, None, :]  # (B, S, S)
+    if padding_idx is not None:
+        same &= (ids != padding_idx)[:, :, None]
+    return ((g @ g.transpose(1, 2)) * same).sum((1, 2))
+
+
+def _layernorm_xhat(module: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, module.normalized_shape, eps=module.eps)
+
+
+def _per_example_grad(module: nn.Module, kind: str, a: torch.Tensor, g: torch.Tensor):
+    """Per-example gradient (B, *param.shape) of ``module``'s ``kind`` ("weight" / "bias")."""
+    if isinstance(module, nn.Embedding):
+        ids = a.reshape(a.shape[0], -1)  # (B, S)
+        g = g.reshape(g.shape[0], -1, g.shape[-1]).to(torch.promote_types(g.dtype, torch.float32))
+        if module.padding_idx is not None:
+            g = g * (ids != module.padding_idx)[:, :, None]
+        out = g.new_zeros(ids.shape[0], module.num_embeddings, g.shape[-1])
+        return out.scatter_add_(1, ids[:, :, None].expand_as(g), g)
+    if isinstance(module, nn.LayerNorm):
+        a = _layernorm_xhat(module, a)
+    a, g = _flat(a, g)
+    if kind == "bias":
+        return g.sum(1)
+    if isinstance(module, nn.Linear):
+        return torch.einsum("bso,bsi->boi", g, a)
+    return (g * a).sum(1)  # LayerNorm weight
+
+
+def _sq_norm(module: nn.Module, kind: str, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """||per-example gradient||^2 (B,) of ``module``'s ``kind`` without materialising it."""
+    if isinstance(module, nn.Embedding):
+        return _embedding_sq(a, g, module.padding_idx)
+    if kind == "bias":
+        return _flat(g, g)[1].sum(1).square().sum(1)
+    if isinstance(module, nn.Linear):
+        return _linear_weight_sq(a, g)
+    xhat, g = _flat(_layernorm_xhat(module, a), g)
+    return (g * xhat).sum(1).square().sum(1)
+
+
+class GhostNorms:
+    """Hooks that give per-example squared gradient norms of ``params`` after each backward.
+
+    Use as a context manager around the forward and the backward passes::
+
+        with GhostNorms(model, params) as ghost:
+            logits = word_logits_b(model, ids, mask, positions)  # (B, V)
+            for u in directions:                                  # (B, V) each
+                ghost.backward((u * logits).sum(), retain_graph=True)
+                sq = ghost.pop()                                  # (B,) ||grad s_i||^2
+    """
+
+    def __init__(self, model: nn.Module, params: dict[str, nn.Parameter]):
+        self.model = model
+        wanted = {id(p): name for name, p in params.items()}
+        users: dict[int, list[tuple[nn.Module, str]]] = {}
+        for module in model.modules():
+            if not isinstance(module, LAYERS):
+                continue
+            for kind in ("weight", "bias"):
+                p = getattr(module, kind, None)
+                if isinstance(p, nn.Parameter) and id(p) in wanted:
+                    users.setdefault(id(p), []).append((module, kind))
+        missing = [name for key, name in wanted.items() if key not in users]
+        if missing or not supports(model):
+            raise NotImplementedError(
+                f"ghost norms need BertForMaskedLM with every parameter in {LAYERS}; "
+                f"got {type(_unwrap(model)).__name__}, unsupported: {missing[:5]}"
+            )
+        self._shared = {key for key, u in users.items() if len(u) > 1}
+        self._kinds: dict[nn.Module, list[tuple[str, int]]] = {}
+        for key, u in users.items():
+            for module, kind in u:
+                self._kinds.setdefault(module, []).append((kind, key))
+        self._handles: list = []
+        self._outputs: list[torch.Tensor] = []
+        self._sq: torch.Tensor | None = None
+        self._pe: dict[int, torch.Tensor] = {}
+
+    def __enter__(self) -> GhostNorms:
+        for module in self._kinds:
+            self._handles.append(module.register_forward_hook(self._save))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._outputs.clear()
+
+    def _save(self, module: nn.Module, inputs, output) -> None:
+        if not (torch.is_grad_enabled() and output.requires_grad):
+            return
+        a = inputs[0].detach()
+        self._outputs.append(output)
+        output.register_hook(lambda g, m=module, a=a: self._accumulate(m, a, g.detach()))
+
+    def _accumulate(self, module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> None:
+        if a.shape[0] != g.shape[0] or (self._sq is not None and g.shape[0] != len(self._sq)):
+            raise RuntimeError(f"{type(module).__name__} does not see the batch in dimension 0")
+        for kind, key in self._kinds[module]:
+            if key in self._shared:
+                pe = _per_example_grad(module, kind, a, g)
+                self._pe[key] = pe if key not in self._pe else self._pe[key] + pe
+            else:
+                sq = _sq_norm(module, kind, a, g)
+                self._sq = sq if self._sq is None else self._sq + sq
+
+    def backward(self, scalar: torch.Tensor, *, retain_graph: bool = False) -> None:
+        """Backward of ``scalar`` through the hooked layers only (no parameter gradients)."""
+        if not self._outputs:
+            raise RuntimeError("no hooked layer ran with gradients enabled since entering")
+        torch.autograd.grad(scalar, self._outputs, retain_graph=retain_graph, allow_unused=True)
+
+    def pop(self) -> torch.Tensor:
+        """(B,) per-example squared norms since the last ``pop``; resets for the next backward."""
+        total = self._sq
+        for pe in self._pe.values():
+            sq = pe.flatten(1).square().sum(1)
+            total = sq if total is None else total + sq
+        self._sq, self._pe = None, {}
+        if total is None:
+            raise RuntimeError("no gradient reached a hooked layer")
+        return total
+
+    def new_forward(self) -> None:
+        """Forget the previous forward's outputs (call before each new batch)."""
+        self._outputs.clear()

@@ -1,0 +1,136 @@
+r"""Tr(H), the trace of the Hessian of the masked-LM loss with soft labels q, by Hutchinson.
+
+.. math::
+    L_q(\theta) = E_{x_{-t}} \sum_c q(c | x_{-t}) (-\log p_\theta(c | x_{-t})), \qquad
+    H = \nabla^2 L_q = F + E_{x_{-t}} \sum_k (p_k - q_k) \nabla^2 z_k
+
+(z the word logits, F the Fisher of ``measure.fisher``). With q the source's true conditional,
+L_q is the population pre-training loss and H its Hessian (``flat/trace_hessian``). With q the
+one-hot data label, H is the Hessian the paper's released code and PyHessian measure
+(``flat/trace_hessian_data``): it differs from Tr(F) by the residual term, which has no sign.
+With q = p_theta (labels drawn from the model) the residual vanishes and H = F (Lemma 3.2).
+
+Hutchinson: for a Rademacher v in parameter space, E[v^T H v] = Tr(H). Each batch of B inputs
+gives v^T (sum_i H_i) v from a double backward; batches are i.i.d. units for the standard error.
+The gap Tr(H) - Tr(F) is estimated directly, as Hutchinson on the residual sum_k r_k grad^2 z_k
+with r = p - q held fixed: its noise scales with |p - q|, so it shrinks with the KL, unlike the
+difference of two independent estimates.
+
+Double backward needs eager attention (the SDPA kernels have no second derivative, also on
+CUDA): a BERT is switched to ``attn_implementation="eager"`` for the measurement and back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from transformers import BertForMaskedLM
+
+from flatlm.measure.curvature import (
+    FlatnessConfig,
+    eval_mode,
+    masked_inputs,
+    mean_se,
+    model_device_dtype,
+    selected_parameters,
+)
+from flatlm.models.bert import model_layout, word_logits
+
+
+@contextlib.contextmanager
+def eager_attention(model: nn.Module):
+    """BERT with ``attn_implementation="eager"`` inside the block (double backward and forward-
+    mode AD through attention); the previous implementation is restored after."""
+    inner = getattr(model, "_orig_mod", model)
+    old = getattr(getattr(inner, "config", None), "_attn_implementation", None)
+    if not isinstance(inner, BertForMaskedLM) or old == "eager":
+        yield model
+        return
+    inner.set_attn_implementation("eager")
+    try:
+        yield model
+    finally:
+        inner.set_attn_implementation(old)
+
+
+def _rademacher(params: list[torch.Tensor], g: torch.Generator) -> list[torch.Tensor]:
+    return [torch.randint(0, 2, p.shape, generator=g, device=p.device).to(p.dtype) * 2 - 1
+            for p in params]
+
+
+def _quadratic(grads, v, params) -> torch.Tensor:
+    """v^T (d grads / d params) v by a second backward."""
+    gv = sum((gr * vi).sum() for gr, vi in zip(grads, v, strict=True))
+    hv = torch.autograd.grad(gv, params, retain_graph=True, allow_unused=True)
+    return sum((h * vi).sum() for h, vi in zip(hv, v, strict=True) if h is not None).double()
+
+
+def hutchinson_batch(
+    model: nn.Module, params: list[nn.Parameter], batch, q: torch.Tensor, n_probes: int,
+    g: torch.Generator, *, with_gap: bool = False,
+) -> tuple[float, float]:
+    """(v^T H_b v, v^T R_b v) for one batch, averaged over ``n_probes`` vectors v; H_b and R_b
+    are summed over the batch's inputs (R_b the residual, H_b - F_b; 0.0 without ``with_gap``)."""
+    z = word_logits(model, batch.input_ids, batch.attention_mask, batch.positions)  # (B, V)
+    log_p = z.log_softmax(-1)
+    loss = -(q.to(z.dtype) * log_p).sum()
+    grads = torch.autograd.grad(loss, params, create_graph=True)
+    if with_gap:
+        r = (log_p.exp() - q.to(z.dtype)).detach()  # (B, V) p - q, held fixed
+        grads_r = torch.autograd.grad((r * z).sum(), params, create_graph=True)
+    h_sum, r_sum = 0.0, 0.0
+    for _ in range(n_probes):
+        v = _rademacher(params, g)
+        h_sum += float(_quadratic(grads, v, params))
+        if with_gap:
+            r_sum += float(_quadratic(grads_r, v, params))
+    return h_sum / n_probes, r_sum / n_probes
+
+
+def trace_hessian(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    cfg: FlatnessConfig,
+    *,
+    soft_labels: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    device: str | torch.device | None = None,
+    with_gap: bool = False,
+) -> dict:
+    """Hutchinson estimate of Tr(H) of the loss with labels ``soft_labels`` over the first
+    ``cfg.n_inputs`` sentences, one masked word each.
+
+    ``soft_labels`` (n, V): the label distribution at each input's masked word (rows sum to 1),
+    e.g. the source's ``conditionals`` at ``positions``; None: the one-hot data labels.
+    ``positions`` (n,): the masked words; None draws them from ``cfg.seed`` exactly as
+    ``trace_fisher`` does, so both measure the same inputs.
+    Returns ``{"mean", "se", "n", "n_batches"}``, and ``"gap_mean", "gap_se"`` (an estimate of
+    Tr(H) - Tr(F), see the module docstring) with ``with_gap``.
+    """
+    x = masked_inputs(tokens, lengths, cfg.seed, n=cfg.n_inputs, positions=positions)
+    if soft_labels is not None and soft_labels.shape[0] != len(x):
+        raise ValueError(f"soft_labels has {soft_labels.shape[0]} rows for {len(x)} inputs")
+    device = device or model_device_dtype(model)[0]
+    params = list(selected_parameters(model, cfg.exclude).values())
+    g = torch.Generator(device=device).manual_seed(cfg.seed + 2)
+    h_vals, r_vals, counts = [], [], []
+    with eval_mode(model), eager_attention(model):
+        for start in range(0, len(x), cfg.hutchinson_batch_size):
+            batch = x.batch(start, start + cfg.hutchinson_batch_size, device)
+            if soft_labels is None:
+                q = nn.functional.one_hot(batch.targets, model_layout(model).n_words)
+            else:
+                q = soft_labels[start : start + cfg.hutchinson_batch_size].to(device)
+            h, r = hutchinson_batch(model, params, batch, q, cfg.hutchinson_probes, g,
+                                    with_gap=with_gap)
+            h_vals.append(h)
+            r_vals.append(r)
+            counts.append(len(batch))
+    mean, se = mean_se(h_vals, cfg.se_groups, counts=counts)
+    out = {"mean": mean, "se": se, "n": len(x), "n_batches": len(counts)}
+    if with_gap:
+        out["gap_mean"], out["gap_se"] = mean_se(r_vals, cfg.se_groups, counts=counts)
+    return out
