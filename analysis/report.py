@@ -1,0 +1,150 @@
+"""Sweep report: figures, correlation table and summary tables of one MLflow experiment.
+
+    python analysis/report.py --experiment NAME --out DIR [--tracking-uri URI] [--task TASK]
+        [--kl-threshold X | --loss-tolerance Y] [--n-boot N] [--seed S] [--no-log]
+
+Writes to DIR: ``fig1_accuracy_scatter.png``, ``fig2_over_steps.png``, ``fig3_over_size.png``,
+``correlations.md`` / ``.csv``, ``table1_by_algorithm.md`` / ``.csv``,
+``table2_by_preset.md`` / ``.csv`` and ``runs.csv`` (the tidy table); prints the correlation
+table; and logs every file as an artifact of a new run named ``report`` in the same experiment
+(tagged ``flatlm.report=1``, so ``load_runs`` skips it). Without ``--tracking-uri`` it uses
+``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: the repo root holds `analysis` and `flatlm`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from analysis.correlate import (  # noqa: E402
+    X_KEYS,
+    correlation_markdown,
+    correlation_table,
+    saturated,
+    saturation_rule,
+)
+from analysis.figures import (  # noqa: E402
+    accuracy_scatter,
+    metrics_over_size,
+    metrics_over_steps,
+    summary_markdown,
+    summary_table,
+)
+from analysis.runs import load_runs  # noqa: E402
+from flatlm.measure import KL, LOSS, TRACE_FISHER, probe_keys  # noqa: E402
+from flatlm.track import TAG_REPORT, MlflowTracker, default_tracking_uri  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--experiment", required=True, help="MLflow experiment name")
+    p.add_argument("--out", required=True, type=Path, help="directory for the outputs")
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI")
+    p.add_argument("--task", default=None,
+                   help="probe task: accuracy column probe/<task>/acc_mean (a full column name "
+                        "with '/' is used as is); default: the first probe/*/acc_mean column")
+    rule = p.add_mutually_exclusive_group()
+    rule.add_argument("--kl-threshold", type=float, default=None,
+                      help="saturation regime: pretrain/kl < X")
+    rule.add_argument("--loss-tolerance", type=float, default=None,
+                      help="saturation regime: pretrain/loss - pretrain/entropy <= Y")
+    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--source", choices=("auto", "artifact", "history"), default="auto",
+                   help="per-checkpoint metrics from metrics.jsonl artifacts or histories")
+    p.add_argument("--no-log", action="store_true", help="do not log the report run to MLflow")
+    return p.parse_args(argv)
+
+
+def accuracy_key(columns, task: str | None) -> str:
+    if task is not None:
+        return task if "/" in task else probe_keys(task)[0]
+    probes = sorted(c for c in columns if c.startswith("probe/") and c.endswith("/acc_mean"))
+    if not probes:
+        raise SystemExit("no probe/<task>/acc_mean column in the runs; pass --task")
+    return probes[0]
+
+
+def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_tolerance=None,
+                 n_boot: int = 1000, seed: int = 0) -> tuple[list[Path], str]:
+    """Write every output under ``out``; returns (paths, correlation Markdown)."""
+    out.mkdir(parents=True, exist_ok=True)
+    rule = dict(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)
+    regime = saturated(df, **rule)
+    table = correlation_table(df, acc_key, n_boot=n_boot, seed=seed, **rule)
+    corr_md = correlation_markdown(table)
+    paths = [
+        accuracy_scatter(df, acc_key, out / "fig1_accuracy_scatter.png", regime=regime,
+                         title=f"{acc_key}; regime: {saturation_rule(**rule)}"),
+        metrics_over_steps(df, out / "fig2_over_steps.png",
+                           keys=(LOSS, KL, TRACE_FISHER, acc_key)),
+        metrics_over_size(df, out / "fig3_over_size.png", keys=(acc_key, LOSS, TRACE_FISHER)),
+    ]
+    texts = {"correlations.md": corr_md + "\n"}
+    table.to_csv(out / "correlations.csv", index=False)
+    paths.append(out / "correlations.csv")
+    for name, by in (("table1_by_algorithm", ("algorithm",)),
+                     ("table2_by_preset", ("preset", "algorithm"))):
+        summary = summary_table(df, acc_key, by=by, keys=(LOSS, KL, *X_KEYS[:2]))
+        summary.to_csv(out / f"{name}.csv", index=False)
+        paths.append(out / f"{name}.csv")
+        texts[f"{name}.md"] = (f"Final checkpoint of each run: mean ± std over runs.\n\n"
+                               f"{summary_markdown(summary)}\n")
+    df.to_csv(out / "runs.csv", index=False)
+    paths.append(out / "runs.csv")
+    for name, text in texts.items():
+        (out / name).write_text(text)
+        paths.append(out / name)
+    return sorted(paths), corr_md
+
+
+def log_report(tracking_uri: str, experiment: str, paths, params: dict) -> str | None:
+    """A new run ``report`` (tag ``flatlm.report=1``) holding ``paths`` as artifacts."""
+    with tempfile.TemporaryDirectory() as outbox:
+        tracker = MlflowTracker(tracking_uri, outbox, experiment_name=experiment,
+                                run_name="report", params=params, tags={TAG_REPORT: "1"})
+        for path in paths:
+            tracker.log_artifact(path)
+        ok = tracker.finish("FINISHED")
+    if not ok:
+        print("warning: MLflow unreachable; the report is only on disk", file=sys.stderr)
+    return tracker.run_id
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    uri = (args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+           or default_tracking_uri(Path.cwd()))
+    df = load_runs(uri, args.experiment, source=args.source)
+    if df.empty:
+        print(f"no runs in experiment {args.experiment!r} at {uri}", file=sys.stderr)
+        return 1
+    acc_key = accuracy_key(df.columns, args.task)
+    if acc_key not in df:
+        raise SystemExit(f"column {acc_key!r} not in the runs")
+    rule = dict(kl_threshold=args.kl_threshold, loss_tolerance=args.loss_tolerance)
+    paths, corr_md = write_report(df, args.out, acc_key, n_boot=args.n_boot, seed=args.seed,
+                                  **rule)
+    n_regime = int(saturated(df, **rule).sum())
+    print(f"{df['run_id'].nunique()} runs, {len(df)} checkpoints, {n_regime} in the regime\n")
+    print(corr_md)
+    print("\nTable 1:\n" + (args.out / "table1_by_algorithm.md").read_text())
+    if not args.no_log:
+        params = {"experiment": args.experiment, "accuracy": acc_key,
+                  "rule": saturation_rule(**rule), "n_boot": args.n_boot, "seed": args.seed,
+                  "runs": df["run_id"].nunique(), "checkpoints": len(df),
+                  "checkpoints_in_regime": n_regime}
+        run_id = log_report(uri, args.experiment, paths, params)
+        print(f"logged to MLflow run {run_id} ('report')")
+    print(f"wrote {len(paths)} files to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""MLflow runs -> one tidy table, one row per trial and checkpoint. The only MLflow import here.
+
+Per-checkpoint metrics come from each run's ``metrics.jsonl`` artifact when present (the trial
+writes one JSON object per checkpoint with ``step`` and the metric keys: one download per run),
+else from ``MlflowClient.get_metric_history`` (one call per run and key). ``search_runs`` alone
+would give only each metric's latest value. Params arrive as strings and are cast back to numbers
+where every value of a column is numeric. Runs tagged ``flatlm.report=1`` (the analysis report's
+own runs) are skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from flatlm.track import TAG_ALGORITHM, TAG_N_PARAMS, TAG_PRESET, TAG_REPORT, TAG_SWEEP
+
+METRICS_ARTIFACT = "metrics.jsonl"
+ID_COLUMNS = ("run_id", "trial", "status")
+TAG_COLUMNS = (TAG_SWEEP, TAG_PRESET, TAG_ALGORITHM, TAG_N_PARAMS)
+_MISSING = {"None", "none", "null", "nan", "NaN", ""}
+
+
+def load_runs(tracking_uri: str, experiment: str, *, source: str = "auto") -> pd.DataFrame:
+    """One row per (run, checkpoint) of ``experiment``.
+
+    Columns: ``run_id, trial, status, sweep, preset, algorithm, n_params``, every param (dotted
+    name, cast to numbers where numeric), ``step``, and every metric key at that step
+    (``pretrain/loss``, ...). ``df.attrs["params"]`` and ``df.attrs["metrics"]`` list the param
+    and metric columns.
+
+    Args:
+        source: ``"auto"`` (``metrics.jsonl`` when a run has it, else histories), ``"artifact"``
+            (runs without the file are skipped) or ``"history"``.
+    """
+    from mlflow import MlflowClient
+
+    if source not in ("auto", "artifact", "history"):
+        raise ValueError(f"source must be auto, artifact or history, not {source!r}")
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ValueError(f"no experiment {experiment!r} at {tracking_uri}")
+
+    records, param_names, metric_names = [], set(), set()
+    for run in _all_runs(client, exp.experiment_id):
+        tags = run.data.tags
+        if tags.get(TAG_REPORT) == "1":
+            continue
+        steps = None
+        if source in ("auto", "artifact"):
+            steps = _artifact_steps(client, run.info.run_id)
+        if steps is None and source in ("auto", "history"):
+            steps = _history_steps(client, run.info.run_id, run.data.metrics)
+        if steps is None:
+            continue
+        base = {"run_id": run.info.run_id, "trial": run.info.run_name, "status": run.info.status}
+        base.update({t: tags.get(t) for t in TAG_COLUMNS})
+        params = {_param_column(k): v for k, v in run.data.params.items()}
+        param_names.update(params)
+        for step in sorted(steps):
+            metric_names.update(steps[step])
+            records.append({**base, **params, "step": step, **steps[step]})
+
+    params = sorted(param_names)
+    metrics = sorted(metric_names)
+    columns = [*ID_COLUMNS, *TAG_COLUMNS, *params, "step", *metrics]
+    df = pd.DataFrame.from_records(records, columns=columns)
+    for col in [*TAG_COLUMNS, *params]:
+        df[col] = _cast(df[col])
+    df["step"] = df["step"].astype("int64")
+    for col in metrics:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    df = df.sort_values(["trial", "run_id", "step"], kind="stable").reset_index(drop=True)
+    df.attrs["params"] = params
+    df.attrs["metrics"] = metrics
+    return df
+
+
+def _all_runs(client, experiment_id: str) -> list:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _artifact_steps(client, run_id: str) -> dict[int, dict[str, float]] | None:
+    """step -> {key: value} from the run's ``metrics.jsonl``; None if it has none."""
+    try:
+        names = {f.path for f in client.list_artifacts(run_id)}
+    except Exception:  # noqa: BLE001 - an unreadable artifact store: fall back to histories
+        return None
+    if METRICS_ARTIFACT not in names:
+        return None
+    with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
+        path = Path(client.download_artifacts(run_id, METRICS_ARTIFACT, tmp))
+        return parse_metrics_jsonl(path.read_text())
+
+
+@contextlib.contextmanager
+def _no_progress_bar():
+    """MLflow draws a progress bar per download; one per run clutters the report's output."""
+    name = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    old = os.environ.get(name)
+    os.environ[name] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def parse_metrics_jsonl(text: str) -> dict[int, dict[str, float]]:
+    """step -> {key: value} from ``metrics.jsonl`` text: numeric fields only; for a step reported
+    twice (a resumed trial) the first report wins, as in the tracker."""
+    steps: dict[int, dict[str, float]] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a torn last line
+            continue
+        if "step" not in row:
+            continue
+        values = steps.setdefault(int(row["step"]), {})
+        for k, v in row.items():
+            if k != "step" and _is_number(v):
+                values.setdefault(k, float(v))
+    return steps
+
+
+def _history_steps(client, run_id: str, latest: dict) -> dict[int, dict[str, float]]:
+    """step -> {key: value} from each key's metric history (the earliest value per step)."""
+    steps: dict[int, dict[str, float]] = {}
+    for key in latest:
+        for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp):
+            steps.setdefault(int(m.step), {}).setdefault(key, float(m.value))
+    return steps
+
+
+def _param_column(name: str) -> str:
+    clash = {*ID_COLUMNS, *TAG_COLUMNS, "step"}
+    return f"params.{name}" if name in clash else name
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _cast(col: pd.Series) -> pd.Series:
+    """Strings -> integers, floats or booleans when every present value parses; else unchanged.
+    ``None``/``nan``/empty count as missing."""
+    text = col.map(lambda v: None if _missing(v) else str(v))
+    present = text.dropna()
+    if present.empty:
+        return text
+    if present.isin(["True", "False"]).all():
+        return text.map({"True": True, "False": False})
+    numbers = pd.to_numeric(text, errors="coerce")
+    if numbers[present.index].isna().any():
+        return col
+    if present.str.fullmatch(r"[+-]?\d+").all():
+        return numbers.astype("Int64")
+    return numbers.astype("float64")
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or str(v) in _MISSING

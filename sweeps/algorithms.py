@@ -1,0 +1,34 @@
+"""Pre-training algorithms at the same loss (paper Tables 1 / 2): AdamW, SGD, SAM, no
+regularisation and the adversarial objective, with the lookup table (the probe on the true
+conditionals, ``lookup/<task>/acc``) measured in every trial. No arguments: 4 tiny CPU trials.
+
+    python sweeps/algorithms.py
+    python sweeps/algorithms.py --preset paper --address auto --gpus-per-trial 1
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _tune import Sweep, main, tune  # noqa: E402
+from presets import base_for  # noqa: E402
+
+from flatlm.config import apply_overrides  # noqa: E402
+
+ALL = ["adamw", "sgd", "sam", "noreg", "adversarial"]
+
+
+def build(args) -> Sweep:
+    algorithms = ["adamw", "sgd", "sam", "adversarial"] if args.preset == "tiny" else ALL
+    base = base_for(args.preset)
+    if args.preset == "tiny":  # the adversary attacks the probed task, on a small pool
+        base = apply_overrides(base, {"train.adversarial_task": "B", "train.adversarial_d1": 32,
+                                      "train.adversarial_d2": 32, "train.adversarial_pool": 256})
+    return Sweep(name="algorithms", base=base,
+                 space={"train.algorithm": tune.grid_search(algorithms)},
+                 gpus_per_trial=0.0 if args.preset == "tiny" else 1.0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(build, __doc__.splitlines()[0]))

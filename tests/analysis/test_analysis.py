@@ -1,0 +1,300 @@
+"""analysis/: MLflow -> tidy table, saturation rules, correlations, figures and the report CLI.
+
+A synthetic store (12 runs x 4 checkpoints) is built so that in the saturation regime (the two
+late checkpoints, KL < 0.01) accuracy has Pearson correlation exactly -RHO with the Fisher trace
+and exactly 0 with the loss, while the early checkpoints tie accuracy to the loss.
+"""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("mlflow")
+pytest.importorskip("scipy")
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # `analysis` is a top-level directory, not an installed package
+    sys.path.insert(0, str(REPO))
+
+from mlflow import MlflowClient  # noqa: E402
+from mlflow.entities import Metric, Param  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from analysis.correlate import (  # noqa: E402
+    correlation_markdown,
+    correlation_table,
+    partial_corr,
+    saturated,
+)
+from analysis.figures import (  # noqa: E402
+    accuracy_scatter,
+    metrics_over_size,
+    metrics_over_steps,
+    summary_markdown,
+    summary_table,
+)
+from analysis.runs import load_runs, parse_metrics_jsonl  # noqa: E402
+from flatlm.measure import ENTROPY, KL, LOSS, TRACE_FISHER, TRACE_HESSIAN  # noqa: E402
+from flatlm.track import default_tracking_uri, ensure_experiment  # noqa: E402
+
+RHO = 0.7
+ACC = "probe/A/acc_mean"
+H_RAW = -RHO * 12 / math.sqrt(12**2 + 2**2)  # corr(acc, trace_hessian) before the partial
+STEPS = (100, 200, 300, 400)
+ALGORITHMS = ("adamw", "sam", "sgd")
+PRESETS = (("tiny", 10_000), ("small", 40_000))
+EXPERIMENT = "synth"
+WITH_ARTIFACT = 8  # runs 0-7 also carry metrics.jsonl; 8-11 only metric histories
+
+
+def _orthonormal(n: int, k: int, seed: int) -> np.ndarray:
+    """k columns of length n: mean 0, sample std 1, mutually uncorrelated (exactly)."""
+    a = np.random.default_rng(seed).normal(size=(n, k))
+    a = np.column_stack([np.ones(n), a])
+    q, _ = np.linalg.qr(a)
+    return q[:, 1:] * math.sqrt(n - 1)
+
+
+def synthetic_rows() -> list[dict]:
+    """48 rows (12 runs x 4 steps) of params, tags and metrics; see the module docstring."""
+    f0, e, k = _orthonormal(24, 3, seed=0).T  # saturated rows: 12 runs x steps 300, 400
+    early_kl = np.random.default_rng(1).uniform(0.2, 0.8, size=24)
+    early_f = np.random.default_rng(2).uniform(50, 150, size=24)
+    rows, i = [], 0
+    for preset, n_params in PRESETS:
+        for algorithm in ALGORITHMS:
+            for seed in (0, 1):
+                run = {"trial": f"{algorithm}-{preset}-s{seed}", "algorithm": algorithm,
+                       "preset": preset, "n_params": n_params, "sweep": "synth",
+                       "params": {"train.lr": "0.0003" if algorithm != "sgd" else "0.1",
+                                  "seed": str(seed), "train.sam_rho":
+                                  "0.05" if algorithm == "sam" else "None",
+                                  "train.warmup": "True"}}
+                for j, step in enumerate(STEPS):
+                    late = j >= 2
+                    r = 2 * (i % 12) + (j - 2 if late else j)
+                    kl = 0.005 + 0.0015 * k[r] if late else early_kl[r]
+                    acc = (0.8 + 0.05 * (-RHO * f0[r] + math.sqrt(1 - RHO**2) * e[r]) if late
+                           else 0.5 - 0.3 * kl)
+                    metrics = {ENTROPY: 2.0, KL: kl, LOSS: 2.0 + kl, ACC: acc,
+                               "probe/A/acc_std": 0.01,
+                               TRACE_FISHER: 100 + 10 * f0[r] if late else early_f[r],
+                               TRACE_HESSIAN: (120 + 12 * f0[r] + 2 * k[r]) if late
+                               else 1.2 * early_f[r]}
+                    rows.append({**run, "step": step, "metrics": metrics})
+                i += 1
+    return rows
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """(tracking_uri, rows): the synthetic experiment in a sqlite store."""
+    root = tmp_path_factory.mktemp("analysis_store")
+    uri = default_tracking_uri(root)
+    eid = ensure_experiment(uri, EXPERIMENT)
+    client = MlflowClient(uri)
+    rows = synthetic_rows()
+    by_trial: dict[str, list[dict]] = {}
+    for row in rows:
+        by_trial.setdefault(row["trial"], []).append(row)
+    for n, (trial, trial_rows) in enumerate(by_trial.items()):
+        first = trial_rows[0]
+        tags = {t: str(first[t]) for t in ("algorithm", "preset", "n_params", "sweep")}
+        run_id = client.create_run(eid, tags=tags, run_name=trial).info.run_id
+        client.log_batch(run_id, params=[Param(k, v) for k, v in first["params"].items()])
+        for row in trial_rows:
+            client.log_batch(run_id, metrics=[Metric(k, v, 0, row["step"])
+                                              for k, v in row["metrics"].items()])
+        if n < WITH_ARTIFACT:
+            path = root / f"m{n}" / "metrics.jsonl"
+            path.parent.mkdir()
+            path.write_text("".join(json.dumps({"step": r["step"], **r["metrics"]}) + "\n"
+                                    for r in trial_rows))
+            client.log_artifact(run_id, str(path))
+        client.set_terminated(run_id, "FINISHED")
+    return uri, rows
+
+
+@pytest.fixture(scope="module")
+def runs(store):
+    return load_runs(store[0], EXPERIMENT)
+
+
+# -- runs.py ----------------------------------------------------------------------------------
+
+def test_load_runs_is_tidy_and_casts_params(runs):
+    assert len(runs) == 48 and runs["run_id"].nunique() == 12
+    assert list(runs.columns[:7]) == ["run_id", "trial", "status", "sweep", "preset",
+                                      "algorithm", "n_params"]
+    assert all(tuple(s) == STEPS for s in runs.groupby("run_id")["step"].apply(list))
+    assert runs["n_params"].dtype == "Int64" and set(runs["n_params"]) == {10_000, 40_000}
+    assert runs["train.lr"].dtype == "float64" and set(runs["train.lr"]) == {3e-4, 0.1}
+    assert runs["seed"].dtype == "Int64"
+    assert runs["train.warmup"].eq(True).all()
+    sam = runs["algorithm"] == "sam"
+    assert runs.loc[sam, "train.sam_rho"].eq(0.05).all()
+    assert runs.loc[~sam, "train.sam_rho"].isna().all()  # "None" is missing, not a string
+    assert set(runs.attrs["metrics"]) == {ENTROPY, KL, LOSS, ACC, "probe/A/acc_std",
+                                          TRACE_FISHER, TRACE_HESSIAN}
+    assert runs["status"].eq("FINISHED").all()
+
+
+def test_artifact_and_history_sources_agree(store, runs):
+    uri, rows = store
+    from_history = load_runs(uri, EXPERIMENT, source="history")
+    pd.testing.assert_frame_equal(runs, from_history, check_like=True)
+    assert load_runs(uri, EXPERIMENT, source="artifact")["run_id"].nunique() == WITH_ARTIFACT
+    expected = sorted((r["trial"], r["step"], r["metrics"][ACC]) for r in rows)
+    assert sorted(zip(runs["trial"], runs["step"], runs[ACC], strict=True)) == expected
+
+
+def test_parse_metrics_jsonl_first_report_wins():
+    text = ('{"step": 1, "a": 1.0, "name": "x"}\n{"step": 2, "a": 2.0}\n'
+            '{"step": 2, "a": 9.0, "b": 3}\n{"step": 3, "a"')
+    assert parse_metrics_jsonl(text) == {1: {"a": 1.0}, 2: {"a": 2.0, "b": 3.0}}
+
+
+# -- correlate.py -----------------------------------------------------------------------------
+
+def test_saturation_rules_select_the_late_checkpoints(runs):
+    by_kl = saturated(runs, kl_threshold=0.01)
+    by_loss = saturated(runs, loss_tolerance=0.01)
+    assert by_kl.sum() == 24 and runs.loc[by_kl, "step"].isin([300, 400]).all()
+    assert by_kl.equals(by_loss)
+    assert saturated(runs).all()
+    with pytest.raises(ValueError):
+        saturated(runs, kl_threshold=0.01, loss_tolerance=0.01)
+
+
+def _row(table, x, method):
+    (row,) = table[(table["x"] == x) & (table["method"] == method)].itertuples()
+    return row
+
+
+def test_recovers_the_known_correlations(runs):
+    table = correlation_table(runs, ACC, kl_threshold=0.01, n_boot=400, seed=0)
+    assert set(table["n"]) == {24}
+    assert len(table) == 3 * 3 + 2 * 2  # 3 methods per x; partials for the two flatness keys
+    fisher = _row(table, TRACE_FISHER, "pearson")
+    assert fisher.r == pytest.approx(-RHO, abs=1e-9)
+    assert fisher.ci_low < -RHO < fisher.ci_high < 0 and fisher.p < 1e-3
+    for method in ("spearman", "kendall"):
+        row = _row(table, TRACE_FISHER, method)
+        assert row.r < 0 and row.ci_low < row.r < row.ci_high < 0
+    loss = _row(table, LOSS, "pearson")
+    assert loss.r == pytest.approx(0, abs=1e-9) and loss.ci_low < 0 < loss.ci_high
+    hessian = _row(table, TRACE_HESSIAN, "pearson")
+    assert hessian.r == pytest.approx(H_RAW, abs=1e-9)
+    # Controlling for the loss removes the loss-driven part of trace_hessian: back to -RHO.
+    assert _row(table, TRACE_HESSIAN, "partial_pearson").r == pytest.approx(-RHO, abs=1e-9)
+    assert _row(table, TRACE_FISHER, "partial_pearson").r == pytest.approx(-RHO, abs=1e-9)
+    part = _row(table, TRACE_FISHER, "partial_spearman")
+    assert part.ci_low < part.r < part.ci_high < 0
+    md = correlation_markdown(table)
+    assert "pretrain/kl < 0.01" in md and "| y | x | method |" in md
+
+
+def test_outside_the_regime_the_loss_dominates(runs):
+    """Without the rule the early checkpoints (accuracy tied to the loss) swamp the result."""
+    table = correlation_table(runs, ACC, n_boot=100)
+    assert _row(table, LOSS, "pearson").r < -0.9
+
+
+def test_bootstrap_is_seeded(runs):
+    a = correlation_table(runs, ACC, kl_threshold=0.01, n_boot=200, seed=3)
+    b = correlation_table(runs, ACC, kl_threshold=0.01, n_boot=200, seed=3)
+    c = correlation_table(runs, ACC, kl_threshold=0.01, n_boot=200, seed=4)
+    pd.testing.assert_frame_equal(a, b)
+    assert not np.allclose(a["ci_low"], c["ci_low"])
+
+
+@pytest.mark.parametrize("method", ["pearson", "spearman"])
+def test_partial_corr_matches_the_textbook_formula(method):
+    rng = np.random.default_rng(7)
+    z = rng.normal(size=40)
+    x = z + rng.normal(size=40)
+    y = -0.5 * z + 0.3 * x + rng.normal(size=40)
+    corr = stats.pearsonr if method == "pearson" else stats.spearmanr
+    rxy, rxz, ryz = (corr(a, b).statistic for a, b in ((x, y), (x, z), (y, z)))
+    expected = (rxy - rxz * ryz) / math.sqrt((1 - rxz**2) * (1 - ryz**2))
+    assert partial_corr(x, y, z, method=method)[0] == pytest.approx(expected, abs=1e-12)
+
+
+def test_partial_corr_removes_a_confounder():
+    z, u, v = _orthonormal(30, 3, seed=5).T
+    x, y = z + 0.1 * u, -z + 0.1 * v  # both driven by z only
+    assert stats.pearsonr(x, y).statistic < -0.95
+    r, p = partial_corr(x, y, z)
+    assert r == pytest.approx(0, abs=1e-9) and p > 0.9
+
+
+# -- figures.py -------------------------------------------------------------------------------
+
+def _assert_png(path: Path):
+    from matplotlib.image import imread
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    img = imread(path)
+    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+
+
+def test_figures_are_valid_pngs(runs, tmp_path):
+    regime = saturated(runs, kl_threshold=0.01)
+    paths = [
+        accuracy_scatter(runs, ACC, tmp_path / "f1.png", regime=regime),
+        metrics_over_steps(runs, tmp_path / "f2.png", keys=(LOSS, KL, TRACE_FISHER, ACC)),
+        metrics_over_size(runs, tmp_path / "f3.png", keys=(ACC, LOSS), color_by="algorithm"),
+        accuracy_scatter(runs.iloc[:0], ACC, tmp_path / "empty.png"),  # "no data", no crash
+    ]
+    for path in paths:
+        _assert_png(path)
+
+
+def test_summary_tables(runs):
+    table = summary_table(runs, ACC, by=("algorithm",))
+    assert list(table["algorithm"]) == list(ALGORITHMS) and table["runs"].eq(4).all()
+    final = runs[runs["step"] == 400]
+    sam = final[final["algorithm"] == "sam"][ACC]
+    row = table[table["algorithm"] == "sam"].iloc[0]
+    assert row[f"{ACC} mean"] == pytest.approx(sam.mean())
+    assert row[f"{ACC} std"] == pytest.approx(sam.std())
+    md = summary_markdown(summary_table(runs, ACC, by=("preset", "algorithm")))
+    assert md.count("\n") == 1 + 6 and " ± " in md and "| preset | algorithm | runs |" in md
+
+
+# -- report.py --------------------------------------------------------------------------------
+
+def test_report_cli_writes_outputs_and_logs_a_report_run(store, tmp_path):
+    uri, _ = store
+    out = tmp_path / "report"
+    cmd = [sys.executable, "analysis/report.py", "--experiment", EXPERIMENT, "--out", str(out),
+           "--tracking-uri", uri, "--task", "A", "--kl-threshold", "0.01", "--n-boot", "200"]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "| y | x | method |" in res.stdout and "24 in the regime" in res.stdout
+    expected = {"fig1_accuracy_scatter.png", "fig2_over_steps.png", "fig3_over_size.png",
+                "correlations.md", "correlations.csv", "table1_by_algorithm.md",
+                "table1_by_algorithm.csv", "table2_by_preset.md", "table2_by_preset.csv",
+                "runs.csv"}
+    assert {p.name for p in out.iterdir()} == expected
+    for name in expected:
+        if name.endswith(".png"):
+            _assert_png(out / name)
+    csv = pd.read_csv(out / "correlations.csv")
+    fisher = csv[(csv["x"] == TRACE_FISHER) & (csv["method"] == "pearson")].iloc[0]
+    assert fisher["r"] == pytest.approx(-RHO, abs=1e-9)
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    reports = client.search_runs([exp.experiment_id], "tags.`flatlm.report` = '1'")
+    assert len(reports) == 1 and reports[0].info.run_name == "report"
+    assert reports[0].info.status == "FINISHED"
+    logged = {f.path for f in client.list_artifacts(reports[0].info.run_id)}
+    assert logged == expected
+    assert load_runs(uri, EXPERIMENT)["run_id"].nunique() == 12  # the report run is skipped

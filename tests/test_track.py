@@ -1,0 +1,318 @@
+"""flatlm.track: one MLflow run per trial, params, metrics by step, artifacts, and outages.
+
+Stores are sqlite files in tmp_path, copied from one migrated template (a fresh store's first use
+runs MLflow's migrations: 5-20 s here). The outage test runs a real ``mlflow server``.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mlflow")
+
+from mlflow import MlflowClient  # noqa: E402
+
+from flatlm.track import (  # noqa: E402
+    MlflowTracker,
+    default_artifact_location,
+    default_tracking_uri,
+    ensure_experiment,
+    flatten_params,
+)
+
+
+@pytest.fixture(scope="session")
+def template_db(tmp_path_factory):
+    """A migrated, empty MLflow sqlite store."""
+    d = tmp_path_factory.mktemp("mlflow_template")
+    MlflowClient(default_tracking_uri(d)).search_experiments()
+    return d / "mlflow.db"
+
+
+@pytest.fixture
+def store(tmp_path, template_db):
+    """(tracking_uri, experiment_id) of a fresh store with experiment ``exp``."""
+    shutil.copy(template_db, tmp_path / "mlflow.db")
+    uri = default_tracking_uri(tmp_path)
+    return uri, ensure_experiment(uri, "exp", default_artifact_location(tmp_path))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def history(client, run_id, key):
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+@dataclass(frozen=True)
+class _Train:
+    lr: float = 3e-4
+    betas: tuple = (0.9, 0.98)
+
+
+@dataclass(frozen=True)
+class _Cfg:
+    train: _Train = field(default_factory=_Train)
+    seed: int = 0
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+def test_default_uri_is_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert default_tracking_uri("w") == f"sqlite:///{tmp_path / 'w' / 'mlflow.db'}"
+    assert default_tracking_uri("w").startswith("sqlite:////")
+    assert default_artifact_location("w") == str(tmp_path / "w" / "mlruns")
+
+
+def test_flatten_params_nested_dict_and_dataclass():
+    assert flatten_params({"train": {"lr": 0.001, "algo": "sam"}, "model": {"d": 32}}) == {
+        "train.lr": "0.001", "train.algo": "sam", "model.d": "32"}
+    assert flatten_params(_Cfg()) == {"train.lr": "0.0003", "train.betas": "[0.9, 0.98]",
+                                      "seed": "0"}
+
+
+def test_ensure_experiment_is_idempotent(store):
+    uri, eid = store
+    assert ensure_experiment(uri, "exp") == eid
+
+
+# -- one run per trial ------------------------------------------------------------------------
+
+def test_params_tags_and_metrics_by_step(store, tmp_path):
+    uri, eid = store
+    tags = {"sweep": "scaling", "preset": "tiny", "n_params": 12345, "algorithm": "adamw"}
+    tr = MlflowTracker(uri, tmp_path / "t0", experiment_id=eid, run_name="t0",
+                       params={"train": {"lr": 1e-3}, "model": {"d": 32}}, tags=tags)
+    for step in (10, 20, 30):
+        assert tr.report(step, {"pretrain/loss": 1.0 / step, "flat/trace_fisher": float(step)})
+    assert tr.finish("FINISHED")
+
+    client = MlflowClient(uri)
+    run = client.get_run(tr.run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "t0"
+    assert run.data.params == {"train.lr": "0.001", "model.d": "32"}
+    assert {k: run.data.tags[k] for k in tags} == {k: str(v) for k, v in tags.items()}
+    assert history(client, tr.run_id, "pretrain/loss") == [(10, 0.1), (20, 0.05), (30, 1 / 30)]
+    assert history(client, tr.run_id, "flat/trace_fisher") == [(10, 10.0), (20, 20.0), (30, 30.0)]
+    rows = read_jsonl(tmp_path / "t0" / "pending.jsonl")
+    assert [r["step"] for r in rows] == [10, 20, 30]  # every row also on disk
+
+
+def test_failed_status_and_context_manager(store, tmp_path):
+    uri, eid = store
+    with pytest.raises(RuntimeError), MlflowTracker(uri, tmp_path / "t", experiment_id=eid) as tr:
+        tr.report(1, {"pretrain/loss": 1.0})
+        raise RuntimeError("trial crashed")
+    assert MlflowClient(uri).get_run(tr.run_id).info.status == "FAILED"
+
+
+def test_reattach_by_run_id_gives_one_run_and_no_duplicates(store, tmp_path):
+    """A retry on another node: new outbox dir, run id from the checkpoint; it re-reports the
+    step after its checkpoint (already sent by the dead attempt), which must not duplicate."""
+    uri, eid = store
+    first = MlflowTracker(uri, tmp_path / "a", experiment_id=eid, run_name="t1", params={"x": 1})
+    first.report(1, {"pretrain/loss": 1.0})
+    first.report(2, {"pretrain/loss": 0.5})  # crash here, no finish
+    run_id = first.run_id
+
+    retry = MlflowTracker(uri, tmp_path / "b", experiment_id=eid, run_id=run_id,
+                          run_name="t1", params={"x": 1})
+    assert retry.run_id == run_id
+    client = MlflowClient(uri)
+    assert client.get_run(run_id).info.status == "RUNNING"
+    retry.report(2, {"pretrain/loss": 0.49})  # resumed from the step-1 checkpoint
+    retry.report(3, {"pretrain/loss": 0.25})
+    assert retry.finish()
+
+    assert len(client.search_runs([eid])) == 1
+    assert history(client, run_id, "pretrain/loss") == [(1, 1.0), (2, 0.5), (3, 0.25)]
+    assert client.get_run(run_id).info.status == "FINISHED"
+
+
+def test_same_outbox_reattaches_and_resends_after_crash(store, tmp_path):
+    """Crash after a send but before its ``sent`` marker: the fresh tracker re-sends the
+    pending row only where the run's history lacks it."""
+    uri, eid = store
+    out = tmp_path / "t"
+    tr = MlflowTracker(uri, out, experiment_id=eid)
+    tr.report(1, {"a": 1.0, "b": 2.0})
+    tr.report(2, {"a": 3.0, "b": 4.0})
+    lines = (out / "sent.jsonl").read_text().splitlines()
+    (out / "sent.jsonl").write_text(lines[0] + "\n")  # lose step 2's marker
+    with open(out / "pending.jsonl", "a") as f:  # and a row that never left (plus a torn line)
+        f.write(json.dumps({"kind": "metrics", "step": 3, "time": 0, "metrics": {"a": 5.0}})
+                + "\n" + '{"kind": "metr')
+
+    again = MlflowTracker(uri, out, experiment_id=eid)  # no run id: read from the outbox
+    assert again.run_id == tr.run_id
+    again.finish()
+    client = MlflowClient(uri)
+    assert history(client, tr.run_id, "a") == [(1, 1.0), (2, 3.0), (3, 5.0)]
+    assert history(client, tr.run_id, "b") == [(1, 2.0), (2, 4.0)]
+
+
+def test_bad_input_never_blocks_the_metrics(store, tmp_path, caplog):
+    """A changed param on resume, an invalid metric name and a non-number are warnings."""
+    uri, eid = store
+    first = MlflowTracker(uri, tmp_path / "a", experiment_id=eid, params={"lr": 0.1})
+    first.report(1, {"a": 1.0})
+    retry = MlflowTracker(uri, tmp_path / "b", run_id=first.run_id,
+                          params={"lr": 0.2, "new": 1})  # lr changed: kept; new: added
+    assert retry.report(2, {"a": 2.0, "bad key!?": 1.0, "text": "n/a"})
+    assert retry.report(3, {"a": 3.0})
+    client = MlflowClient(uri)
+    assert client.get_run(first.run_id).data.params == {"lr": "0.1", "new": "1"}
+    assert history(client, first.run_id, "a") == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    assert "bad key!?" not in client.get_run(first.run_id).data.metrics
+    warned = caplog.text
+    assert "params changed" in warned and "rejected metric bad key!?" in warned
+    assert "text='n/a' is not a number" in warned
+
+
+def test_outbox_of_another_run_is_set_aside(store, tmp_path):
+    uri, eid = store
+    one = MlflowTracker(uri, tmp_path / "t", experiment_id=eid)
+    one.report(1, {"a": 1.0})
+    two = MlflowTracker(uri, tmp_path / "other", experiment_id=eid)
+    reused = MlflowTracker(uri, tmp_path / "t", run_id=two.run_id)  # same dir, other run
+    assert reused.report(1, {"a": 5.0})  # not suppressed by run one's sent markers
+    assert history(MlflowClient(uri), two.run_id, "a") == [(1, 5.0)]
+    assert (tmp_path / "t" / f"pending.jsonl.run-{one.run_id}").exists()
+
+
+def test_artifacts_land(store, tmp_path):
+    uri, eid = store
+    out = tmp_path / "trial"
+    (out / "figures").mkdir(parents=True)
+    (out / "measure.json").write_text('{"pretrain/loss": 1.0}')
+    (out / "figures" / "curve.png").write_bytes(b"\x89PNG fake")
+    (out / "model.safetensors").write_bytes(b"weights")  # not an artifact pattern
+    tr = MlflowTracker(uri, out, experiment_id=eid)
+    tr.log_artifact(out / "measure.json", artifact_path="explicit")
+    assert tr.sync_artifacts(out)
+    client = MlflowClient(uri)
+    top = {f.path for f in client.list_artifacts(tr.run_id)}
+    assert top == {"explicit", "figures", "measure.json"}  # no outbox files, no weights
+    assert [f.path for f in client.list_artifacts(tr.run_id, "figures")] == ["figures/curve.png"]
+
+    n_rows = len((out / "pending.jsonl").read_text().splitlines())
+    tr.sync_artifacts(out)  # nothing changed: nothing queued
+    assert len((out / "pending.jsonl").read_text().splitlines()) == n_rows
+    (out / "measure.json").write_text('{"pretrain/loss": 0.5}')
+    tr.sync_artifacts(out)
+    local = client.download_artifacts(tr.run_id, "measure.json", str(tmp_path / "dl"))
+    assert json.loads(Path(local).read_text()) == {"pretrain/loss": 0.5}
+    tr.finish()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_server_never_raises_and_keeps_rows(tmp_path):
+    uri = f"http://127.0.0.1:{_free_port()}"
+    t0 = time.monotonic()
+    tr = MlflowTracker(uri, tmp_path / "t", experiment_id="0", http_max_retries=0)
+    assert tr.run_id is None  # creation deferred until the server answers
+    assert tr.report(1, {"pretrain/loss": 1.0}) is False
+    assert tr.finish("FINISHED") is False
+    assert time.monotonic() - t0 < 30
+    rows = read_jsonl(tmp_path / "t" / "pending.jsonl")
+    assert rows[0]["metrics"] == {"pretrain/loss": 1.0}
+    assert not (tmp_path / "t" / "sent.jsonl").exists()
+
+
+# -- a real tracking server going down and coming back ----------------------------------------
+
+def _start_server(root: Path, port: int) -> subprocess.Popen:
+    mlflow_bin = Path(sys.executable).parent / "mlflow"
+    cmd = [str(mlflow_bin), "server", "--backend-store-uri", f"sqlite:///{root / 'server.db'}",
+           "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
+           "--port", str(port), "--workers", "1"]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    log = root / f"server-{time.monotonic_ns()}.log"
+    with open(log, "w") as f:  # the child keeps its own descriptor
+        proc = subprocess.Popen(["setsid", *cmd], env=env, stdout=f, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mlflow server exited: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.5)
+    _stop_server(proc)
+    raise RuntimeError("mlflow server did not become healthy in 120 s")
+
+
+def _stop_server(proc: subprocess.Popen) -> None:
+    """Kill the whole process group (the server's helpers outlive a SIGTERM to the CLI)."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=15)
+
+
+@pytest.mark.slow
+def test_outage_with_real_server_loses_and_duplicates_nothing(tmp_path, template_db):
+    root = tmp_path / "server"
+    root.mkdir()
+    shutil.copy(template_db, root / "server.db")
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    proc = _start_server(root, port)
+    try:
+        eid = ensure_experiment(uri, "outage")
+        tr = MlflowTracker(uri, tmp_path / "trial", experiment_id=eid, run_name="t",
+                           params={"train": {"lr": 0.1}})
+        assert tr.report(1, {"pretrain/loss": 1.0, "pretrain/kl": 0.5})
+        (tmp_path / "trial" / "fig.png").write_bytes(b"png")
+
+        _stop_server(proc)
+        for step in (2, 3):
+            t0 = time.monotonic()
+            row = {"pretrain/loss": 1.0 / step, "pretrain/kl": 0.5 / step}
+            assert tr.report(step, row) is False
+            assert time.monotonic() - t0 < 8, "a dead server must not block the trial"
+        assert tr.sync_artifacts(tmp_path / "trial") is False
+        late = MlflowTracker(uri, tmp_path / "late", experiment_id=eid, run_name="late")
+        assert late.run_id is None
+
+        proc = _start_server(root, port)  # same store
+        assert tr.report(4, {"pretrain/loss": 0.25, "pretrain/kl": 0.125})
+        assert tr.finish("FINISHED")
+        assert late.finish()
+        assert late.run_id is not None
+
+        client = MlflowClient(uri)
+        assert history(client, tr.run_id, "pretrain/loss") == [
+            (1, 1.0), (2, 0.5), (3, 1 / 3), (4, 0.25)]
+        assert history(client, tr.run_id, "pretrain/kl") == [
+            (1, 0.5), (2, 0.25), (3, 0.5 / 3), (4, 0.125)]
+        run = client.get_run(tr.run_id)
+        assert run.info.status == "FINISHED" and run.data.params == {"train.lr": "0.1"}
+        assert [f.path for f in client.list_artifacts(tr.run_id)] == ["fig.png"]
+        assert len(client.search_runs([eid])) == 2
+    finally:
+        _stop_server(proc)
