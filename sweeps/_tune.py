@@ -69,8 +69,15 @@ class Sweep:
 # ---------------------------------------------------------------------------- the trainable
 
 
+OUTBOX = ("pending.jsonl", "sent.jsonl", "tracker.json")  # the tracker's files (flatlm.track)
+
+
 def _restore_checkpoint(out_dir: Path) -> str | None:
-    """Copies Tune's latest checkpoint (if any) into ``out_dir``; returns its MLflow run id."""
+    """Copies Tune's latest checkpoint (if any) into ``out_dir``; returns its MLflow run id.
+
+    On a fresh node (a retry after a node was lost) the tracker's outbox comes back from the
+    checkpoint too, so rows that had not reached MLflow yet are still sent.
+    """
     ckpt = tune.get_checkpoint()
     if ckpt is None:
         return None
@@ -78,8 +85,21 @@ def _restore_checkpoint(out_dir: Path) -> str | None:
         info = json.loads((Path(d) / "tracking.json").read_text())
         target = out_dir / "checkpoints" / f"step-{info['step']}"
         if not target.exists():
-            shutil.copytree(d, target)
+            shutil.copytree(d, target, ignore=shutil.ignore_patterns("outbox"))
+        if not (out_dir / "tracker.json").exists():
+            for name in OUTBOX:
+                if (Path(d) / "outbox" / name).exists():
+                    shutil.copy2(Path(d) / "outbox" / name, out_dir / name)
         return info.get("run_id")
+
+
+def _save_tracking(ckpt_dir: Path, out_dir: Path, run_id: str | None, step: int) -> None:
+    """The run id and a copy of the outbox travel in the checkpoint Tune persists."""
+    (ckpt_dir / "tracking.json").write_text(json.dumps({"run_id": run_id, "step": step}))
+    (ckpt_dir / "outbox").mkdir(exist_ok=True)
+    for name in OUTBOX:
+        if (out_dir / name).exists():
+            shutil.copy2(out_dir / name, ckpt_dir / "outbox" / name)
 
 
 def _tags(cfg: TrialConfig, sweep: dict) -> dict:
@@ -109,10 +129,9 @@ def trainable(config: dict) -> None:
                             run_id=run_id, run_name=name, params=cfg, tags=_tags(cfg, sweep))
 
     def report(step: int, metrics: dict, ckpt_dir: Path) -> None:
-        (ckpt_dir / "tracking.json").write_text(json.dumps({"run_id": tracker.run_id,
-                                                            "step": step}))
         tracker.report(step, metrics)  # before Tune's report: a kill after it loses nothing
         tracker.sync_artifacts(out_dir, patterns=("metrics.jsonl", "config.json"))
+        _save_tracking(ckpt_dir, out_dir, tracker.run_id, step)
         tune.report({**metrics, "step": step},
                     checkpoint=tune.Checkpoint.from_directory(str(ckpt_dir)))
 

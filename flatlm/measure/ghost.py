@@ -127,6 +127,35 @@ def _sq_norm(module: nn.Module, kind: str, a: torch.Tensor, g: torch.Tensor) -> 
     return (g * xhat).sum(1).square().sum(1)
 
 
+def _tied_cross(emb: nn.Embedding, ids, g_e, a, g_d) -> torch.Tensor:
+    """<G_emb, G_dec> per example for an embedding and a Linear sharing one (N, d) weight:
+    sum_{t,s} g_d[s, id_t] (a_s . g_e[t]), t over the embedded ids (not padding), s over the
+    decoder's positions."""
+    ids = ids.reshape(ids.shape[0], -1)  # (B, T)
+    g_e = g_e.reshape(g_e.shape[0], -1, g_e.shape[-1])  # (B, T, d)
+    a, g_d = _flat(a, g_d)  # (B, S, d), (B, S, N)
+    g_e = g_e.to(a.dtype)
+    if emb.padding_idx is not None:
+        g_e = g_e * (ids != emb.padding_idx)[:, :, None]
+    at_ids = g_d.gather(2, ids[:, None, :].expand(-1, g_d.shape[1], -1))  # (B, S, T)
+    return (at_ids * (a @ g_e.transpose(1, 2))).sum((1, 2))
+
+
+def _shared_sq(pieces: list) -> torch.Tensor:
+    """||sum of the users' per-example gradients||^2 of one shared parameter (B,)."""
+    kinds = sorted((type(m).__name__, kind) for m, kind, _, _ in pieces)
+    if kinds == [("Embedding", "weight"), ("Linear", "weight")]:  # tied embedding / decoder
+        (emb, _, ids, g_e), (_, _, a, g_d) = sorted(
+            pieces, key=lambda piece: not isinstance(piece[0], nn.Embedding))
+        return (_sq_norm(emb, "weight", ids, g_e) + _linear_weight_sq(a, g_d)
+                + 2 * _tied_cross(emb, ids, g_e, a, g_d))
+    total = None
+    for module, kind, a, g in pieces:  # any other sharing: materialise (B, *shape)
+        pe = _per_example_grad(module, kind, a, g)
+        total = pe if total is None else total + pe
+    return total.flatten(1).square().sum(1)
+
+
 class GhostNorms:
     """Hooks that give per-example squared gradient norms of ``params`` after each backward.
 
@@ -164,7 +193,7 @@ class GhostNorms:
         self._handles: list = []
         self._outputs: list[torch.Tensor] = []
         self._sq: torch.Tensor | None = None
-        self._pe: dict[int, torch.Tensor] = {}
+        self._pieces: dict[int, list] = {}  # shared parameter -> its users' (module, kind, a, g)
 
     def __enter__(self) -> GhostNorms:
         for module in self._kinds:
@@ -189,8 +218,7 @@ class GhostNorms:
             raise RuntimeError(f"{type(module).__name__} does not see the batch in dimension 0")
         for kind, key in self._kinds[module]:
             if key in self._shared:
-                pe = _per_example_grad(module, kind, a, g)
-                self._pe[key] = pe if key not in self._pe else self._pe[key] + pe
+                self._pieces.setdefault(key, []).append((module, kind, a, g))
             else:
                 sq = _sq_norm(module, kind, a, g)
                 self._sq = sq if self._sq is None else self._sq + sq
@@ -204,10 +232,10 @@ class GhostNorms:
     def pop(self) -> torch.Tensor:
         """(B,) per-example squared norms since the last ``pop``; resets for the next backward."""
         total = self._sq
-        for pe in self._pe.values():
-            sq = pe.flatten(1).square().sum(1)
+        for pieces in self._pieces.values():
+            sq = _shared_sq(pieces)
             total = sq if total is None else total + sq
-        self._sq, self._pe = None, {}
+        self._sq, self._pieces = None, {}
         if total is None:
             raise RuntimeError("no gradient reached a hooked layer")
         return total
