@@ -10,8 +10,9 @@ glue a fan-out to Ray Tune and the MLflow tracker. Under ``out_dir`` (absolute: 
     checkpoints/step-<N>/        model (save_pretrained layout + flatlm.json), training state,
                                  and metrics.json (that checkpoint's measurements)
 
-Re-running with the same ``out_dir`` resumes from the newest checkpoint; a checkpoint whose
-measurements were lost (a crash between saving and measuring) is measured first.
+Re-running with the same ``out_dir`` resumes from the newest checkpoint; that checkpoint is
+measured first if a crash lost its measurements, and reported again either way (a crash may have
+fallen between measuring and reporting; the sinks keep one value per step).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
         if report is not None:
             report(step, metrics, Path(ckpt_dir))
 
-    _measure_unmeasured(out_dir, done, on_checkpoint, device)
+    _catch_up(out_dir, done, on_checkpoint, report, device)
     train(cfg.train, source, model_cfg, out_dir, device=device, on_checkpoint=on_checkpoint,
           progress=progress, resume=True)
     return done
@@ -111,8 +112,13 @@ def _record(out_dir: Path, ckpt_dir: Path, step: int, metrics: dict) -> None:
         f.write(row + "\n")
 
 
-def _measure_unmeasured(out_dir: Path, done: dict, on_checkpoint, device) -> None:
-    """Measures the newest checkpoint if a crash lost its measurements (train won't re-hook it)."""
+def _catch_up(out_dir: Path, done: dict, on_checkpoint, report, device) -> None:
+    """Measures and reports the newest checkpoint again if a crash may have cut that short.
+
+    ``train`` does not call the hook for the checkpoint it resumes from, yet a crash can fall
+    between saving it and measuring it, or between measuring it and reporting it. Re-reporting
+    is safe: the sinks keep the first value of a step (``flatlm.track``).
+    """
     from flatlm.models.checkpoint import load_checkpoint
     from flatlm.train.state import newest_checkpoint
 
@@ -121,8 +127,9 @@ def _measure_unmeasured(out_dir: Path, done: dict, on_checkpoint, device) -> Non
         return
     step = int(Path(ckpt).name.split("-")[-1])
     if step not in done:
-        model = load_checkpoint(ckpt)[0].to(device)
-        on_checkpoint(step, model, Path(ckpt))
+        on_checkpoint(step, load_checkpoint(ckpt)[0].to(device), Path(ckpt))
+    elif report is not None:
+        report(step, {k: v for k, v in done[step].items() if k != "step"}, Path(ckpt))
 
 
 def printer(step: int, metrics: dict, ckpt_dir: Path) -> None:
