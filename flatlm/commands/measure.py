@@ -1,0 +1,80 @@
+"""``flatlm measure CHECKPOINT``: every measurement of one saved model, as one JSON object.
+
+    flatlm measure out/checkpoints/step-1000 --what loss,fisher,hessian,probe,lookup --json
+    flatlm measure CKPT --source pcfg:paper --n-inputs 10000 --set probe.seeds=5
+
+The source defaults to the one recorded in the checkpoint's ``flatlm.json``. The object is printed
+(``--json``: only it) and saved as ``measure.json`` next to the checkpoint (or ``--out``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from flatlm.measure.run import WHAT
+
+
+def register(sub) -> None:
+    p = sub.add_parser("measure", help="measure a checkpoint (loss, KL, flatness, probes)",
+                       description=__doc__)
+    p.add_argument("checkpoint", help="a checkpoint directory (with flatlm.json)")
+    p.add_argument("--source", help="source spec; default: the checkpoint's")
+    p.add_argument("--what", default="loss,fisher,hessian,probe,lookup",
+                   help=f"comma-separated, from {','.join(WHAT)}")
+    p.add_argument("--n-inputs", type=int, help="validation sentences (loss and flatness)")
+    p.add_argument("--n-downstream", type=int, help="labelled sentences per task")
+    p.add_argument("--tasks", help="comma-separated downstream tasks (default: all)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="any MeasureConfig key, e.g. probe.seeds=5 or flatness.estimator=sampled")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="where to save the JSON (default CHECKPOINT/measure.json)")
+    p.add_argument("--json", action="store_true", help="print only the JSON object")
+    p.set_defaults(run=run)
+
+
+def _config(args):
+    from flatlm.config import apply_overrides
+    from flatlm.measure.run import MeasureConfig
+
+    overrides = {"what": [w.strip() for w in args.what.split(",") if w.strip()],
+                 "seed": args.seed}
+    if args.n_inputs is not None:
+        overrides["n_eval"] = args.n_inputs
+    if args.n_downstream is not None:
+        overrides["n_downstream"] = args.n_downstream
+    if args.tasks:
+        overrides["tasks"] = [t.strip() for t in args.tasks.split(",")]
+    for pair in args.overrides:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--set {pair!r}: write KEY=VALUE, e.g. probe.seeds=5")
+        overrides[key.strip()] = value.strip()
+    return apply_overrides(MeasureConfig(), overrides)
+
+
+def run(args) -> int:
+    from flatlm.measure.run import eval_data, measure_model
+    from flatlm.models.checkpoint import load_checkpoint
+    from flatlm.sources import load
+
+    ckpt = Path(args.checkpoint)
+    if not (ckpt / "flatlm.json").is_file():
+        raise ValueError(f"{ckpt} is not a flatlm checkpoint (no flatlm.json)")
+    cfg = _config(args)  # bad options fail before the model loads
+    model, info = load_checkpoint(ckpt)
+    source = load(args.source or info["source"])
+    model = model.to(args.device)
+    metrics = measure_model(model, source, eval_data(source, cfg), cfg, args.device)
+    out = {"checkpoint": str(ckpt.absolute()), "source": source.spec, **metrics}
+    path = Path(args.out) if args.out else ckpt / "measure.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for key, value in metrics.items():
+            if not key.startswith("time/"):
+                print(f"{key:32s} {value:.6g}")
+        print(f"saved {path}")
+    return 0

@@ -1,0 +1,49 @@
+"""`flatlm measure CHECKPOINT`: one JSON object with every metric key the issue names."""
+
+import json
+
+import pytest
+
+from flatlm.cli import main
+from flatlm.models import build_model, parse_model, save_checkpoint
+from flatlm.sources import load
+
+SOURCE = {"kind": "pcfg", "random": {"vocab": 8, "depth": 2, "nonterminals_per_level": 2,
+                                     "roots": 2}, "seed": 0}
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    src = load(SOURCE)
+    cfg = parse_model("d16-h2-l1-i32")
+    model = build_model(cfg, src.V, src.max_length, seed=0)
+    return save_checkpoint(model, tmp_path / "ckpt", source_spec=src.spec, model_cfg=cfg)
+
+
+def test_measure_prints_and_saves_every_key(checkpoint, capsys):
+    rc = main(["measure", str(checkpoint), "--what", "loss,fisher,hessian,probe,finetune,lookup",
+               "--n-inputs", "48", "--n-downstream", "40", "--tasks", "B", "--json",
+               "--set", "probe.epochs=3", "--set", "probe.seeds=2", "--set", "finetune.epochs=1",
+               "--set", "finetune.seeds=2", "--set", "finetune.warmup_steps=2",
+               "--set", "flatness.batch_size=16", "--set", "flatness.hutchinson_batch_size=16"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    keys = ["pretrain/loss", "pretrain/entropy", "pretrain/kl", "flat/trace_fisher",
+            "flat/trace_hessian"]
+    for key in keys + [k + "_se" for k in keys] + ["probe/B/acc_mean", "probe/B/acc_std",
+                                                   "finetune/B/acc_mean", "lookup/B/acc"]:
+        assert isinstance(out[key], float), key
+    assert out["pretrain/loss"] == pytest.approx(out["pretrain/entropy"] + out["pretrain/kl"],
+                                                 abs=1e-6)
+    assert json.loads((checkpoint / "measure.json").read_text())["pretrain/kl"] == out[
+        "pretrain/kl"]
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--what", "loss,sharpness"], "sharpness"),
+    (["--tasks", "Q"], "measure.tasks"),
+    (["--set", "probe.epoch=3"], "probe.epoch"),
+])
+def test_bad_options_fail_with_a_message(checkpoint, capsys, args, match):
+    assert main(["measure", str(checkpoint), *args]) == 2
+    assert match in capsys.readouterr().err
