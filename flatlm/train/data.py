@@ -99,12 +99,12 @@ def read_corpus(path: str | Path, source: Source | None = None,
 
     With ``source``, the corpus must have been made from that language (its fingerprint).
     """
-    from flatlm.corpus import corpus_tensors, load_corpus  # here: it pulls in datasets
-
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"train.data={str(path)!r}: not a directory; use 'fresh' or a corpus "
                          "directory written by `flatlm data make`")
+    from flatlm.corpus import corpus_tensors, load_corpus  # here: it pulls in datasets
+
     splits, _ = load_corpus(path, source=source)
     return corpus_tensors(splits[split])
 

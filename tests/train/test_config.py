@@ -1,0 +1,84 @@
+"""TrainConfig: defaults per algorithm, and bad fields rejected up front with the field named."""
+
+import dataclasses
+
+import pytest
+
+from flatlm.train import ALGORITHMS, TrainConfig, resolve, train
+
+
+@pytest.mark.parametrize(("algorithm", "weight_decay", "dropout", "warmup"), [
+    ("adamw", 0.01, 0.1, 1000),  # A.5: dropout 0.1, weight decay 0.01, 1000 warmup steps
+    ("sgd", 0.01, 0.1, 1200),  # warmup over 12% of the 10,000 steps
+    ("noreg", 0.0, 0.0, 1000),
+    ("sam", 0.0, 0.0, 1000),  # the paper runs SAM without dropout and weight decay
+    ("adversarial", 0.01, 0.1, 1000),
+])
+def test_algorithm_defaults(algorithm, weight_decay, dropout, warmup):
+    cfg = resolve(TrainConfig(algorithm=algorithm, steps=10_000))
+    assert (cfg.weight_decay, cfg.dropout, cfg.warmup_steps) == (weight_decay, dropout, warmup)
+    assert (cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.batch_size) == (1e-3, 0.9, 0.98, 1e-6, 4096)
+
+
+def test_explicit_values_override_the_defaults():
+    cfg = resolve(TrainConfig(algorithm="noreg", steps=200, weight_decay=0.1, dropout=0.2,
+                              warmup_proportion=0.06))
+    assert (cfg.weight_decay, cfg.dropout, cfg.warmup_steps) == (0.1, 0.2, 12)
+
+
+def test_checkpoint_steps_are_sorted_and_unique():
+    assert TrainConfig(steps=10, checkpoint_steps=[10, 0, 5, 5]).checkpoint_steps == (0, 5, 10)
+
+
+@pytest.mark.parametrize(("fields", "named"), [
+    ({"algorithm": "adam"}, "train.algorithm='adam'"),
+    ({"lr": -1e-3}, "train.lr=-0.001"),
+    ({"lr": 0.0}, "train.lr=0.0"),
+    ({"steps": 10, "checkpoint_steps": (0, 11)}, "train.checkpoint_steps"),
+    ({"checkpoint_steps": (-1,)}, "train.checkpoint_steps"),
+    ({"steps": 0}, "train.steps=0"),
+    ({"batch_size": 64, "micro_batch_size": 10}, "train.micro_batch_size=10"),
+    ({"algorithm": "sam", "batch_size": 64, "micro_batch_size": 64}, "train.micro_batch_size"),
+    ({"algorithm": "sam", "batch_size": 7}, "train.batch_size=7"),
+    ({"beta2": 1.0}, "train.beta2=1.0"),
+    ({"eps": 0.0}, "train.eps"),
+    ({"weight_decay": -0.1}, "train.weight_decay"),
+    ({"dropout": 1.0}, "train.dropout"),
+    ({"warmup_steps": 10, "warmup_proportion": 0.1}, "train.warmup_steps"),
+    ({"warmup_proportion": 1.5}, "train.warmup_proportion"),
+    ({"mask": "all"}, "train.mask='all'"),
+    ({"mask": 1.5}, "train.mask=1.5"),
+    ({"sam_rho": 0.0}, "train.sam_rho"),
+    ({"adversarial_d1": 256, "adversarial_d2": 256, "adversarial_pool": 100},
+     "train.adversarial_pool"),
+    ({"precision": "fp16"}, "train.precision"),
+])
+def test_bad_fields_are_named(fields, named):
+    with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(".", r"\.")):
+        TrainConfig(**fields)
+
+
+def test_every_field_is_a_documented_algorithm_input():
+    assert set(ALGORITHMS) == {"adamw", "sgd", "noreg", "sam", "adversarial"}
+    assert TrainConfig.from_dict(TrainConfig(steps=5, checkpoint_steps=(5,)).to_dict()) == \
+        TrainConfig(steps=5, checkpoint_steps=(5,))
+
+
+def test_train_rejects_an_unknown_preset_before_writing(src, tmp_path):
+    with pytest.raises(ValueError, match="model 'bert-3m' is neither a preset"):
+        train(TrainConfig(steps=2), src, "bert-3m", tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_rejects_an_unknown_task_before_writing(src, tiny_model, tmp_path):
+    cfg = TrainConfig(algorithm="adversarial", steps=2, batch_size=8, adversarial_task="Z",
+                      adversarial_d1=8, adversarial_d2=8, adversarial_pool=64)
+    with pytest.raises(ValueError, match="train.adversarial_task='Z'"):
+        train(cfg, src, tiny_model, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_rejects_a_missing_corpus(src, tiny_model, tmp_path):
+    cfg = dataclasses.replace(TrainConfig(steps=2), data=str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match="train.data="):
+        train(cfg, src, tiny_model, tmp_path / "run", progress=False)

@@ -1,0 +1,113 @@
+"""Checkpoints: stopping and resuming gives the run that never stopped, bit for bit on the CPU;
+a checkpoint is a transformers checkpoint."""
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import BertForMaskedLM
+
+from flatlm.models import encode, load_checkpoint
+from flatlm.train import TrainConfig, train
+
+
+class _StopError(Exception):
+    pass
+
+
+def _stop_at(step):
+    def hook(s, model, ckpt_dir):
+        if s == step:
+            raise _StopError  # the process dies right after writing checkpoint `step`
+    return hook
+
+
+def _draw_rng(s, model, ckpt_dir):
+    torch.rand(100)  # a measurement that consumes the global RNG must not change training
+
+
+RESUME_CASES = {
+    # dropout on (its RNG state must be restored); log windows straddle the checkpoint
+    "adamw": dict(algorithm="adamw", log_every=4),
+    "sam-accumulated": dict(algorithm="sam", micro_batch_size=8),
+    "adversarial": dict(algorithm="adversarial", adversarial_d1=16, adversarial_d2=16,
+                        adversarial_pool=128),
+    "sgd-rate": dict(algorithm="sgd", lr=0.1, mask=0.3),
+    "lstm": dict(algorithm="adamw"),
+}
+
+
+@pytest.mark.parametrize("name", RESUME_CASES)
+def test_stop_and_resume_equals_never_stopping(name, src, tiny_model, tmp_path):
+    N = 6
+    model = "lstm-h16-l2" if name == "lstm" else tiny_model
+    cfg = TrainConfig(steps=2 * N, batch_size=32, warmup_steps=4, checkpoint_steps=(N, 2 * N),
+                      seed=7, **RESUME_CASES[name])
+    straight = train(cfg, src, model, tmp_path / "a", progress=False, on_checkpoint=_draw_rng)
+    with pytest.raises(_StopError):
+        train(cfg, src, model, tmp_path / "b", progress=False, on_checkpoint=_stop_at(N))
+    resumed = train(cfg, src, model, tmp_path / "b", progress=False, resume=True)
+    for (k, a), b in zip(straight.model.state_dict().items(),
+                         resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k  # bit for bit
+    assert resumed.history == straight.history
+    assert list(resumed.checkpoints) == [N, 2 * N]
+
+
+def test_resume_extends_a_finished_run(src, tiny_model, tmp_path):
+    """`--steps N` then `--steps 2N --resume` equals `--steps 2N` (fixed-length warmup)."""
+    cfg = TrainConfig(steps=10, batch_size=32, warmup_steps=3, checkpoint_steps=(5, 10), seed=2)
+    straight = train(cfg, src, tiny_model, tmp_path / "a", progress=False)
+    short = dataclasses.replace(cfg, steps=5, checkpoint_steps=(5,))
+    train(short, src, tiny_model, tmp_path / "b", progress=False)
+    extended = train(cfg, src, tiny_model, tmp_path / "b", progress=False, resume=True)
+    for a, b in zip(straight.model.parameters(), extended.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_corpus_run_resumes_exactly(src, tiny_model, tmp_path):
+    corpus = src.sample(40, seed=5)  # 40 sentences, batches of 16: epochs end mid-batch
+    cfg = TrainConfig(steps=8, batch_size=16, warmup_steps=2, checkpoint_steps=(3, 8),
+                      data="in-memory")
+    straight = train(cfg, src, tiny_model, tmp_path / "a", progress=False, corpus=corpus)
+    with pytest.raises(_StopError):
+        train(cfg, src, tiny_model, tmp_path / "b", progress=False, corpus=corpus,
+              on_checkpoint=_stop_at(3))
+    resumed = train(cfg, src, tiny_model, tmp_path / "b", progress=False, corpus=corpus,
+                    resume=True)
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_checkpoint_loads_with_from_pretrained(src, tiny_model, eval_sentences, tmp_path):
+    cfg = TrainConfig(steps=3, batch_size=16, warmup_steps=1, checkpoint_steps=(3,))
+    result = train(cfg, src, tiny_model, tmp_path, progress=False)
+    ckpt = tmp_path / "checkpoints" / "step-3"
+    assert result.checkpoints == {3: ckpt}
+    loaded = BertForMaskedLM.from_pretrained(ckpt, local_files_only=True).eval()
+    ids, mask = encode(*eval_sentences)
+    with torch.no_grad():
+        expected = result.model.eval()(input_ids=ids, attention_mask=mask).logits
+        torch.testing.assert_close(loaded(input_ids=ids, attention_mask=mask).logits, expected,
+                                   rtol=0, atol=0)
+    _, info = load_checkpoint(ckpt)
+    assert info["extra"]["step"] == 3 and info["extra"]["train"]["dropout"] == 0.1
+    assert info["source"] == src.spec
+
+
+def test_existing_checkpoints_need_resume(src, tiny_model, tmp_path):
+    cfg = TrainConfig(steps=2, batch_size=8, warmup_steps=1, checkpoint_steps=(0,))
+    train(cfg, src, tiny_model, tmp_path, progress=False)
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        train(cfg, src, tiny_model, tmp_path, progress=False)
+
+
+def test_resume_refuses_a_changed_run(src, tiny_model, tmp_path):
+    cfg = TrainConfig(steps=4, batch_size=8, warmup_steps=1, checkpoint_steps=(2,))
+    train(cfg, src, tiny_model, tmp_path, progress=False)
+    with pytest.raises(ValueError, match=r"train\.lr=0\.001 -> 0\.002"):
+        train(dataclasses.replace(cfg, lr=2e-3), src, tiny_model, tmp_path, progress=False,
+              resume=True)
+    with pytest.raises(ValueError, match="past train.steps=1"):
+        train(dataclasses.replace(cfg, steps=1, checkpoint_steps=()), src, tiny_model, tmp_path,
+              progress=False, resume=True)
