@@ -157,12 +157,17 @@ def inside(tokens: torch.Tensor, plan: Plan) -> Chart:
 
 
 def _accumulate(chart: Chart, w: int, start: int, p_new, s_new) -> None:
-    """Adds scaled contributions (p_new (N_w, n, B), s_new (n, B)) to cells [start, start+n)."""
+    """Adds scaled contributions (p_new (N_w, n, B), s_new (n, B)) to cells [start, start+n).
+
+    The sum keeps the larger of the two log scales and is not renormalised here (values may
+    exceed 1); ``outside`` renormalises each width once, when all its contributions are in.
+    """
     n = p_new.shape[1]
     p_old, s_old = chart.p[w][:, start : start + n], chart.s[w][start : start + n]
-    m = _finite_or_zero(torch.maximum(s_old, s_new))
-    val = p_old * (s_old - m).exp() + p_new * (s_new - m).exp()
-    chart.p[w][:, start : start + n], chart.s[w][start : start + n] = _normalised(val, m)
+    m = torch.maximum(s_old, s_new)
+    m_safe = _finite_or_zero(m)
+    val = p_old * (s_old - m_safe).exp() + p_new * (s_new - m_safe).exp()
+    chart.p[w][:, start : start + n], chart.s[w][start : start + n] = val, m
 
 
 def _init_root(out: Chart, lengths: torch.Tensor, plan: Plan) -> None:
@@ -185,6 +190,7 @@ def outside(chart: Chart, lengths: torch.Tensor, plan: Plan) -> Chart:
     _init_root(out, lengths, plan)
     for w in range(T, 1, -1):
         nI = T - w + 1
+        out.p[w], out.s[w] = _normalised(out.p[w], _finite_or_zero(out.s[w]))
         parent, parent_s = out.p[w], out.s[w]  # (N_w, nI, B), (nI, B)
         for r in plan.splits[w]:
             left = chart.p[r.k][:, :nI]
@@ -196,6 +202,7 @@ def outside(chart: Chart, lengths: torch.Tensor, plan: Plan) -> Chart:
                 0, r.right, torch.index_select(left, 0, r.left).mul_(top))
             _accumulate(out, r.k, 0, to_left, parent_s + chart.s[w - r.k][r.k : r.k + nI])
             _accumulate(out, w - r.k, r.k, to_right, parent_s + chart.s[r.k][:nI])
+    out.p[1], out.s[1] = _normalised(out.p[1], _finite_or_zero(out.s[1]))
     return out
 
 
