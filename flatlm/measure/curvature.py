@@ -88,8 +88,25 @@ class MaskedInputs:
         return len(self.positions)
 
     def batch(self, start: int, stop: int, device) -> MaskedInputs:
-        return MaskedInputs(*(x[start:stop].to(device) for x in (
-            self.input_ids, self.attention_mask, self.positions, self.targets)))
+        """Inputs start..stop on ``device``, trailing all-padding columns cut."""
+        mask = self.attention_mask[start:stop]
+        width = int(mask.sum(1).max()) if len(mask) else mask.shape[1]
+        return MaskedInputs(
+            self.input_ids[start:stop, :width].to(device),
+            self.attention_mask[start:stop, :width].to(device),
+            self.positions[start:stop].to(device), self.targets[start:stop].to(device))
+
+    def sorted_batches(self, batch_size: int, device):
+        """Yields (rows, batch): inputs of similar length together, trailing all-padding columns
+        cut (about a third of the work on the paper's PCFG). Rows index this object."""
+        lengths = self.attention_mask.sum(1)
+        order = torch.argsort(lengths, stable=True)
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            width = int(lengths[rows].max())
+            yield rows, MaskedInputs(
+                self.input_ids[rows, :width].to(device), self.attention_mask[rows, :width].to(
+                    device), self.positions[rows].to(device), self.targets[rows].to(device))
 
 
 def masked_inputs(

@@ -19,8 +19,9 @@ logit space with E[u u^T] = diag p - p p^T:
   Its variance is lower: it never lands on a rare label with a huge gradient.
 
 ||J^T u_i||^2 for every input i of a batch comes from one forward and one backward of
-sum_i <u_i, z_i> (``measure.ghost``) for BERT; ``method="loop"`` is the per-example backward loop
-it replaces (the reference in tests and benchmarks), and the fallback for other models.
+sum_i <u_i, z_i> (``measure.ghost``) for BERT; ``method="vmap"`` is ``torch.func.vmap(grad)`` over
+an unrolled BiLSTM (``measure.per_example``); ``method="loop"`` is the per-example backward loop
+they replace (the reference in tests and benchmarks), and the fallback for any other model.
 
 >>> import torch
 >>> from flatlm.models import build_model, parse_model
@@ -38,7 +39,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flatlm.measure import ghost
+from flatlm.measure import ghost, per_example
 from flatlm.measure.curvature import (
     FlatnessConfig,
     MaskedInputs,
@@ -50,7 +51,7 @@ from flatlm.measure.curvature import (
 )
 from flatlm.models.bert import word_logits
 
-METHODS = ("auto", "ghost", "loop")
+METHODS = ("auto", "ghost", "vmap", "loop")
 
 
 def output_directions(
@@ -87,6 +88,15 @@ def _ghost_values(model, params, x: MaskedInputs, cfg: FlatnessConfig, g) -> tor
     return torch.stack(out)
 
 
+def _vmap_values(model, params, x: MaskedInputs, cfg: FlatnessConfig, g) -> torch.Tensor:
+    """The same (k, B) by ``vmap(grad)`` over an unrolled BiLSTM (``measure.per_example``)."""
+    with torch.no_grad():
+        logits = word_logits(model, x.input_ids, x.attention_mask, x.positions)  # (B, V)
+    u = output_directions(logits, cfg.labels_per_input, cfg.estimator, g).to(logits.dtype)
+    return per_example.per_example_sq_norms(model, params, x.input_ids, x.attention_mask,
+                                            x.positions, u)
+
+
 def _loop_values(model, params, x: MaskedInputs, cfg: FlatnessConfig, g) -> torch.Tensor:
     """The same (k, B) by one forward and backward per example and direction."""
     with torch.no_grad():
@@ -108,21 +118,22 @@ def per_input_values(
     model: nn.Module, x: MaskedInputs, cfg: FlatnessConfig, *, device=None, method: str = "auto"
 ) -> torch.Tensor:
     """(n,) float64: per masked input, the mean over ``cfg.labels_per_input`` directions of
-    ||J^T u||^2; each is unbiased for Tr(J^T (diag p - p p^T) J) at that input."""
+    ||J^T u||^2; each is unbiased for Tr(J^T (diag p - p p^T) J) at that input. Inputs are
+    batched by length (``MaskedInputs.sorted_batches``); values come back in input order."""
     if method not in METHODS:
         raise ValueError(f"method={method!r}: use one of {METHODS}")
     if method == "auto":
-        method = "ghost" if ghost.supports(model) else "loop"
+        method = ("ghost" if ghost.supports(model) else
+                  "vmap" if per_example.supports(model) else "loop")
     device = device or model_device_dtype(model)[0]
     params = selected_parameters(model, cfg.exclude)
     g = torch.Generator(device=device).manual_seed(cfg.seed + 1)
-    values = []
-    fn = _ghost_values if method == "ghost" else _loop_values
+    values = torch.zeros(len(x), dtype=torch.float64)
+    fn = {"ghost": _ghost_values, "vmap": _vmap_values, "loop": _loop_values}[method]
     with eval_mode(model):
-        for start in range(0, len(x), cfg.batch_size):
-            batch = x.batch(start, start + cfg.batch_size, device)
-            values.append(fn(model, params, batch, cfg, g).double().mean(0))
-    return torch.cat(values).cpu()
+        for rows, batch in x.sorted_batches(cfg.batch_size, device):
+            values[rows] = fn(model, params, batch, cfg, g).double().mean(0).cpu()
+    return values
 
 
 def trace_fisher(
@@ -138,7 +149,8 @@ def trace_fisher(
     """Estimate Tr(F) over the first ``cfg.n_inputs`` sentences, one masked word each.
 
     ``device``: where to compute (default: the model's; the model must already be there).
-    ``method``: "ghost" (one batched backward, BERT), "loop" (per-example backward), "auto".
+    ``method``: "ghost" (one batched backward; BERT), "vmap" (BiLSTM), "loop" (per-example
+    backward; any model), or "auto" (the first of these the model supports).
     Returns ``{"mean", "se", "n", "n_params"}`` and, with ``per_example``, the (n,) per-input
     values (each the mean over ``cfg.labels_per_input`` directions). ``se`` is the batch-means
     standard error over ``cfg.se_groups`` groups (``curvature.mean_se``).

@@ -50,13 +50,14 @@ __all__ = ["FlatnessConfig", "measure_flatness", "soft_labels", "trace_fisher", 
 
 def soft_labels(
     source: Source, tokens: torch.Tensor, lengths: torch.Tensor, positions: torch.Tensor,
-    *, batch_size: int = 1024,
+    *, batch_size: int = 1024, device: str | torch.device | None = None,
 ) -> torch.Tensor:
-    """(n, V) float64: the true conditional Pr(x_t = . | x_{-t}) at each sentence's position."""
+    """(n, V) float64 on the CPU: the true conditional Pr(x_t = . | x_{-t}) at each sentence's
+    position, computed on ``device`` in chunks of ``batch_size`` sentences."""
     out = []
     for i in range(0, len(tokens), batch_size):
         probs = source.conditionals(tokens[i : i + batch_size], lengths[i : i + batch_size],
-                                    dtype=torch.float64)  # (b, T, V)
+                                    dtype=torch.float64, device=device)  # (b, T, V)
         pos = positions[i : i + batch_size].to(probs.device)
         out.append(probs[torch.arange(len(pos), device=probs.device), pos].cpu())
     return torch.cat(out) if out else torch.zeros(0, source.V, dtype=torch.float64)
@@ -81,7 +82,7 @@ def measure_flatness(
     x = masked_inputs(tokens, lengths, cfg.seed, n=cfg.n_inputs)
     n = len(x)
     fisher = trace_fisher(model, tokens, lengths, cfg, device=device)
-    q = soft_labels(source, tokens[:n], lengths[:n], x.positions)
+    q = soft_labels(source, tokens[:n], lengths[:n], x.positions, device=device)
     hessian = trace_hessian(model, tokens, lengths, cfg, soft_labels=q, positions=x.positions,
                             device=device, with_gap=True)
     out = {

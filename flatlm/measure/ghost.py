@@ -15,8 +15,9 @@ term 2 <G_emb, G_dec>; for those the per-example gradient is materialised, (B, *
 its users and then squared: cheap for a vocabulary of a few hundred words. A parameter reachable
 under two names (the head's aliased output bias) is one object and counts once.
 
-Backward passes use ``torch.autograd.grad`` with respect to the hooked layers' outputs, so no
-parameter gradient is computed and ``.grad`` is untouched. Every hooked layer must see the batch in
+Backward passes use ``torch.autograd.grad`` with respect to the embeddings' outputs, so no
+parameter gradient is computed and ``.grad`` is untouched (every hooked layer must lie on the path
+to an embedding, which is checked). Every hooked layer must see the batch in
 dimension 0: BERT is run with explicit (B, T) position and token-type ids (``word_logits_b``),
 since transformers' default broadcast (1, T) position ids would sum their gradient over the batch.
 
@@ -73,13 +74,19 @@ def _flat(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
                                                                        g.shape[-1]).to(dtype)
 
 
-def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+def _gram(x: torch.Tensor) -> torch.Tensor:
+    return x @ x.transpose(1, 2)  # (B, S, S)
+
+
+def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, gram=_gram) -> torch.Tensor:
+    """``gram`` computes a's Gram matrix: a cache shares it between layers reading one input
+    (query, key and value)."""
     a, g = _flat(a, g)  # (B, S, i), (B, S, o)
     S, i, o = a.shape[1], a.shape[2], g.shape[2]
     if S == 1:
         return a.square().sum((1, 2)) * g.square().sum((1, 2))
     if S * (i + o) <= i * o:  # Gram form: B S^2 (i + o) flops
-        return ((a @ a.transpose(1, 2)) * (g @ g.transpose(1, 2))).sum((1, 2))
+        return (gram(a) * _gram(g)).sum((1, 2))
     return torch.einsum("bso,bsi->boi", g, a).square().sum((1, 2))
 
 
@@ -115,14 +122,16 @@ def _per_example_grad(module: nn.Module, kind: str, a: torch.Tensor, g: torch.Te
     return (g * a).sum(1)  # LayerNorm weight
 
 
-def _sq_norm(module: nn.Module, kind: str, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+def _sq_norm(
+    module: nn.Module, kind: str, a: torch.Tensor, g: torch.Tensor, gram=_gram
+) -> torch.Tensor:
     """||per-example gradient||^2 (B,) of ``module``'s ``kind`` without materialising it."""
     if isinstance(module, nn.Embedding):
         return _embedding_sq(a, g, module.padding_idx)
     if kind == "bias":
         return _flat(g, g)[1].sum(1).square().sum(1)
     if isinstance(module, nn.Linear):
-        return _linear_weight_sq(a, g)
+        return _linear_weight_sq(a, g, gram)
     xhat, g = _flat(_layernorm_xhat(module, a), g)
     return (g * xhat).sum(1).square().sum(1)
 
@@ -192,6 +201,9 @@ class GhostNorms:
                 self._kinds.setdefault(module, []).append((kind, key))
         self._handles: list = []
         self._outputs: list[torch.Tensor] = []
+        self._inputs_side: list[torch.Tensor] = []  # the embeddings' outputs
+        self._grams: dict = {}  # saved input -> its Gram matrix, for the current forward
+        self._expected = self._fired = 0
         self._sq: torch.Tensor | None = None
         self._pieces: dict[int, list] = {}  # shared parameter -> its users' (module, kind, a, g)
 
@@ -204,30 +216,49 @@ class GhostNorms:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        self._outputs.clear()
+        self.new_forward()
 
     def _save(self, module: nn.Module, inputs, output) -> None:
         if not (torch.is_grad_enabled() and output.requires_grad):
             return
         a = inputs[0].detach()
         self._outputs.append(output)
+        if isinstance(module, nn.Embedding):
+            self._inputs_side.append(output)
+        self._expected += 1
         output.register_hook(lambda g, m=module, a=a: self._accumulate(m, a, g.detach()))
 
     def _accumulate(self, module: nn.Module, a: torch.Tensor, g: torch.Tensor) -> None:
+        self._fired += 1
         if a.shape[0] != g.shape[0] or (self._sq is not None and g.shape[0] != len(self._sq)):
             raise RuntimeError(f"{type(module).__name__} does not see the batch in dimension 0")
         for kind, key in self._kinds[module]:
             if key in self._shared:
                 self._pieces.setdefault(key, []).append((module, kind, a, g))
             else:
-                sq = _sq_norm(module, kind, a, g)
+                sq = _sq_norm(module, kind, a, g, self._cached_gram)
                 self._sq = sq if self._sq is None else self._sq + sq
+
+    def _cached_gram(self, a: torch.Tensor) -> torch.Tensor:
+        """Gram matrix of a saved input, once per forward (shared by query, key and value, and
+        by the backward passes of several directions)."""
+        key = (a.data_ptr(), a.shape, a.stride(), a.dtype)
+        if key not in self._grams:  # holding ``a`` keeps its address from being reused
+            self._grams[key] = (a, _gram(a))
+        return self._grams[key][1]
 
     def backward(self, scalar: torch.Tensor, *, retain_graph: bool = False) -> None:
         """Backward of ``scalar`` through the hooked layers only (no parameter gradients)."""
         if not self._outputs:
             raise RuntimeError("no hooked layer ran with gradients enabled since entering")
-        torch.autograd.grad(scalar, self._outputs, retain_graph=retain_graph, allow_unused=True)
+        # Asking for the embeddings' outputs only sends the gradient through every layer above
+        # them (firing their hooks) without capturing a copy at each; no weight gradient is formed.
+        self._fired = 0
+        torch.autograd.grad(scalar, self._inputs_side or self._outputs,
+                            retain_graph=retain_graph, allow_unused=True)
+        if self._fired != self._expected:
+            raise RuntimeError(f"{self._expected - self._fired} hooked layer outputs got no "
+                               "gradient; they lie off the path to the embeddings")
 
     def pop(self) -> torch.Tensor:
         """(B,) per-example squared norms since the last ``pop``; resets for the next backward."""
@@ -243,3 +274,6 @@ class GhostNorms:
     def new_forward(self) -> None:
         """Forget the previous forward's outputs (call before each new batch)."""
         self._outputs.clear()
+        self._inputs_side.clear()
+        self._grams.clear()
+        self._expected = 0

@@ -17,7 +17,9 @@ with r = p - q held fixed: its noise scales with |p - q|, so it shrinks with the
 difference of two independent estimates.
 
 Double backward needs eager attention (the SDPA kernels have no second derivative, also on
-CUDA): a BERT is switched to ``attn_implementation="eager"`` for the measurement and back.
+CUDA): a BERT is switched to ``attn_implementation="eager"`` for the measurement and back. The
+BiLSTM runs unrolled in plain tensor ops (``measure.per_example``), since the fused cuDNN LSTM has
+no second derivative either.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from torch import nn
 from transformers import BertForMaskedLM
 
+from flatlm.measure import per_example
 from flatlm.measure.curvature import (
     FlatnessConfig,
     eval_mode,
@@ -73,7 +76,8 @@ def hutchinson_batch(
 ) -> tuple[float, float]:
     """(v^T H_b v, v^T R_b v) for one batch, averaged over ``n_probes`` vectors v; H_b and R_b
     are summed over the batch's inputs (R_b the residual, H_b - F_b; 0.0 without ``with_gap``)."""
-    z = word_logits(model, batch.input_ids, batch.attention_mask, batch.positions)  # (B, V)
+    logits = per_example.lstm_word_logits_unrolled if per_example.supports(model) else word_logits
+    z = logits(model, batch.input_ids, batch.attention_mask, batch.positions)  # (B, V)
     log_p = z.log_softmax(-1)
     loss = -(q.to(z.dtype) * log_p).sum()
     grads = torch.autograd.grad(loss, params, create_graph=True)
