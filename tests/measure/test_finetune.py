@@ -6,26 +6,12 @@ import torch
 from flatlm.measure import finetune_keys
 from flatlm.measure.finetune import FinetuneConfig, finetune_accuracy, finetune_lr
 from flatlm.models import build_model, parse_model
-from flatlm.sources import load
 
 FAST = FinetuneConfig(lr=3e-3, warmup_steps=10, epochs=5, seeds=2)
 TINY_PCFG = {"kind": "pcfg", "random": {"vocab": 6, "depth": 2, "nonterminals_per_level": 2,
                                         "roots": 2}, "seed": 0}  # 2-4 words; 1548 sentences
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread, and OpenMP threads competing with other
-    processes on a 2-core machine make them up to 50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def src():
-    return load(TINY_PCFG)
 
 
 class FirstWordSource:

@@ -8,26 +8,12 @@ import torch
 from flatlm.measure import lookup_key
 from flatlm.measure.lookup import lookup_features, lookup_table_accuracy
 from flatlm.measure.probe import ProbeConfig, linear_probe_accuracy
-from flatlm.sources import load
 
 CFG = ProbeConfig(epochs=20, seeds=2, lr=1e-2)
 TINY_PCFG = {"kind": "pcfg", "random": {"vocab": 6, "depth": 2, "nonterminals_per_level": 2,
                                         "roots": 2}, "seed": 0}  # 2-4 words; 1548 sentences
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread, and OpenMP threads competing with other
-    processes on a 2-core machine make them up to 50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def src():
-    return load(TINY_PCFG)
 
 
 class NextWordSource:

@@ -24,19 +24,6 @@ TINY_PCFG = {"kind": "pcfg", "random": {"vocab": 6, "depth": 2, "nonterminals_pe
                                         "roots": 2}, "seed": 0}  # 2-4 words; 1548 sentences
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread, and OpenMP threads competing with other
-    processes on a 2-core machine make them up to 50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def src():
-    return load(TINY_PCFG)
 
 
 def _blobs(seed, n=300, D=20, C=4, noise=0.1):

@@ -1,19 +1,8 @@
 """Shared tiny setting for the training tests: a 12-word random PCFG and a one-layer BERT."""
 
 import pytest
-import torch
 
 from flatlm.sources import load
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread, and OpenMP threads competing with other
-    processes on a 2-core machine make them up to 50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")

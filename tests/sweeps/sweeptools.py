@@ -1,0 +1,233 @@
+"""Helpers of the sweep tests: the tiny scaling sweep as a subprocess, process clean-up by
+session, a real ``mlflow server`` and the exactly-once checks on an MLflow store.
+
+Every Ray instance these tests start gets its own short ``RAY_TMPDIR`` (the ``ray_tmpdir`` fixture
+in conftest.py): Ray looks for a cluster to join in ``<tmp>/ray/ray_current_cluster`` (which
+``ray.cluster_utils.Cluster`` writes), so a shared ``/tmp/ray`` would let these tests and other
+Ray users on the machine find each other's clusters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCALING = REPO / "sweeps" / "scaling.py"
+
+# The tiny sweep: 3 trials (sweeps/scaling.py's grid over TINY_MODELS), a few seconds each.
+TINY = {"train.steps": "20", "train.checkpoint_steps": "[10,20]", "measure.n_eval": "64",
+        "measure.n_downstream": "60", "measure.probe.epochs": "5"}
+# What every trial's MLflow run must hold once per checkpoint step.
+KEYS = ("pretrain/loss", "pretrain/kl", "pretrain/entropy", "flat/trace_fisher",
+        "flat/trace_fisher_se", "probe/B/acc_mean")
+RESULT_LINE = re.compile(r"^\[(\w+)\] step (\d+):")  # _tune.OneLinePerResult
+
+
+def set_args(overrides: dict[str, str]) -> list[str]:
+    return [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
+
+
+def sweep_env(ray_tmpdir: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "RAY_TMPDIR": str(ray_tmpdir), "PYTHONUNBUFFERED": "1", **extra}
+
+
+# -- processes ------------------------------------------------------------------------------
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, session id) of a process, or None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], int(fields[3])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace")
+
+
+def own_processes(sid: int | None, marker: str | None = None) -> list[int]:
+    """Live processes of session ``sid``, or whose command line holds ``marker`` (a private temp
+    directory): what one test started, never other users' processes."""
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        stat = _proc_stat(pid)
+        if stat is None or stat[0] == "Z":
+            continue
+        if (sid is not None and stat[1] == sid) or (marker and marker in _cmdline(pid)):
+            found.append(pid)
+    return found
+
+
+def kill_own(sid: int | None, marker: str | None = None, timeout: float = 30) -> None:
+    """SIGKILLs ``own_processes(sid, marker)`` until none is left."""
+    deadline = time.monotonic() + timeout
+    while pids := own_processes(sid, marker):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"processes {pids} survived SIGKILL")
+        time.sleep(0.2)
+
+
+class Sweep:
+    """``python sweeps/scaling.py ARGS`` in its own session; stdout read line by line."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str]):
+        self.stderr_path = cwd / f"stderr-{time.monotonic_ns()}.txt"
+        self.lines: list[str] = []
+        self.first_result = threading.Event()
+        with open(self.stderr_path, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, str(SCALING), *args], cwd=cwd, env=env,
+                                         stdout=subprocess.PIPE, stderr=err, text=True,
+                                         start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if RESULT_LINE.match(line):
+                self.first_result.set()
+
+    @property
+    def stdout(self) -> str:
+        return "".join(self.lines)
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def results(self) -> list[tuple[str, int]]:
+        return [(m[1], int(m[2])) for m in map(RESULT_LINE.match, self.lines) if m]
+
+    def wait(self, timeout: float) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"sweep still running after {timeout} s\n{self.tail()}") from None
+        self._reader.join(timeout=10)
+        return rc
+
+    def kill(self) -> None:
+        """SIGKILL to the driver's whole session (Ray's processes included)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        kill_own(self.proc.pid)
+        self._reader.join(timeout=10)
+
+    def tail(self, n: int = 4000) -> str:
+        return f"--- stdout\n{self.stdout[-n:]}\n--- stderr\n{self.stderr[-n:]}"
+
+
+# -- MLflow ---------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real ``mlflow server`` on 127.0.0.1 (sqlite store, proxied artifacts), in its own
+    session so that stopping it stops its helper processes too."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        cmd = [str(Path(sys.executable).parent / "mlflow"), "server",
+               "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+               "--artifacts-destination", str(self.root / "artifacts"),
+               "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        with open(self.root / f"server-{time.monotonic_ns()}.log", "w") as log:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    def wait_healthy(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}")
+            with contextlib.suppress(OSError), \
+                    urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+            time.sleep(0.5)
+        raise RuntimeError(f"mlflow server not healthy after {timeout} s")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        kill_own(self.proc.pid)  # the CLI's helpers outlive a SIGTERM
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+
+def read_metrics(trial_dir: Path) -> list[dict]:
+    path = trial_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def assert_exactly_once(uri: str, experiment: str, trials_dir: Path, steps: list[int],
+                        n_trials: int) -> list:
+    """One FINISHED run per trial, each holding every checkpoint's metrics once, equal to what
+    the trial measured (its ``metrics.jsonl``, itself one row per checkpoint)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no experiment {experiment!r} at {uri}"
+    runs = client.search_runs([exp.experiment_id])
+    names = sorted(r.info.run_name for r in runs)
+    assert len(runs) == n_trials, f"{len(runs)} runs for {n_trials} trials: {names}"
+    assert len(set(names)) == n_trials, f"two runs for one trial: {names}"
+    assert sorted(p.name for p in trials_dir.iterdir() if p.is_dir()) == names
+    for run in runs:
+        name = run.info.run_name
+        assert run.info.status == "FINISHED", f"{name}: {run.info.status}"
+        rows = read_metrics(trials_dir / name)
+        assert [r["step"] for r in rows] == steps, f"{name}: metrics.jsonl steps"
+        measured = {r["step"]: r for r in rows}
+        for key in KEYS:
+            history = client.get_metric_history(run.info.run_id, key)
+            got = sorted((m.step, m.value) for m in history)
+            assert [s for s, _ in got] == steps, f"{name} {key}: steps {[s for s, _ in got]}"
+            for step, value in got:
+                assert value == pytest.approx(measured[step][key], rel=1e-6), (name, key, step)
+    return runs

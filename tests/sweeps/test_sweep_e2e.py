@@ -1,0 +1,78 @@
+"""``python sweeps/scaling.py`` end to end: real Ray, a real MLflow sqlite store, the closing table.
+
+The sweep runs as a subprocess in an empty directory, shrunk with ``--set`` (3 trials of 20 steps,
+checkpoints at 10 and 20). Bad configurations must fail with exit code 2 and a message naming the
+fix before any trial starts.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweeptools (any --import-mode)
+pytest.importorskip("ray")
+pytest.importorskip("mlflow")
+
+from mlflow import MlflowClient  # noqa: E402
+from sweeptools import TINY, Sweep, assert_exactly_once, kill_own, set_args, sweep_env  # noqa: E402
+
+STEPS = [10, 20]
+
+
+@pytest.mark.slow
+def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
+    sweep = Sweep(set_args(TINY), tmp_path, sweep_env(ray_tmpdir))
+    try:
+        rc = sweep.wait(timeout=600)
+    finally:
+        kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
+    assert rc == 0, sweep.tail()
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    runs = assert_exactly_once(uri, "scaling", tmp_path / "trials" / "scaling", STEPS, n_trials=3)
+    assert sorted(r.data.tags["preset"] for r in runs) == sorted(
+        ["d16-h1-l1-i64", "d32-h2-l1-i128", "d64-h2-l2-i256"])
+    assert all(r.data.tags["sweep"] == "scaling" for r in runs)
+    assert all(r.data.params["train.steps"] == "20" for r in runs)
+    assert sorted(sweep.results()) == sorted((r.info.run_name.removeprefix("trainable_"), s)
+                                             for r in runs for s in STEPS)
+    out = sweep.stdout
+    assert "Correlations with downstream accuracy" in out and "pearson" in out
+    assert f"cd {tmp_path} && mlflow ui --backend-store-uri {uri}" in out
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    pytest.param(["--set", "model=bert-3m"],
+                 ["model 'bert-3m' is neither a preset nor a shape", "Presets: bert-2m"],
+                 id="unknown-preset"),
+    pytest.param(["--set", "model=d16-h1-l1-i64"],
+                 ["--set model: this sweep varies model", "drop the --set"],
+                 id="swept-key"),
+    pytest.param(["--set", "train.lrr=1"],
+                 ["unknown config key 'train.lrr'", "TrainConfig has", " lr,"],
+                 id="unknown-key"),
+    pytest.param(["--gpus-per-trial", "1"],
+                 ["each trial asks for 1.0 CPU and 1.0 GPU", "lower --cpus-per-trial / "
+                  "--gpus-per-trial"],
+                 id="no-node-has-a-gpu", marks=pytest.mark.slow),
+])
+def test_bad_configurations_fail_before_any_trial(tmp_path, ray_tmpdir, args, expected):
+    sweep = Sweep([*set_args(TINY), *args], tmp_path, sweep_env(ray_tmpdir))
+    try:
+        rc = sweep.wait(timeout=300)
+    finally:
+        kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
+    assert rc == 2, sweep.tail()
+    err = sweep.stderr
+    assert err.startswith("error: ") or "\nerror: " in err, err
+    for text in expected:
+        assert text in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "trials").exists()
+    assert not (tmp_path / "ray_results").exists()
+    assert sweep.results() == []
+    if (tmp_path / "mlflow.db").exists():  # the resource check runs after the experiment exists
+        client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        assert client.search_runs(experiments) == []
