@@ -115,3 +115,24 @@ def test_every_field_is_commented(name):
         if "#" not in line and not above.startswith("#"):
             missing.append(f"{i + 1}: {line.strip()}")
     assert not missing, "uncommented fields:\n" + "\n".join(missing)
+
+
+COMMAND_FIELDS = ("initialization_commands", "setup_commands", "head_setup_commands",
+                  "worker_setup_commands", "head_start_ray_commands", "worker_start_ray_commands")
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_command_is_well_formed_shell(name):
+    """A plain YAML scalar ends at " #": a cut command has an unclosed quote (ray up fails)."""
+    import shlex
+
+    cfg = load(name)
+    for command in commands(cfg, *COMMAND_FIELDS):
+        shlex.split(command, comments=True)  # raises on an unclosed quote
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_submitted_scripts_find_the_sweep_modules(name):
+    """`ray submit` runs the uploaded script from ~/, so sweeps/ must be on PYTHONPATH."""
+    text = " ".join(commands(load(name), "setup_commands"))
+    assert "PYTHONPATH=" in text and "flatlm/sweeps" in text

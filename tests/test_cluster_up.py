@@ -42,6 +42,8 @@ head's MLflow server as tracking URI; afterwards the server's store must hold 3 
 from __future__ import annotations
 
 import contextlib
+import getpass
+import hashlib
 import os
 import shlex
 import shutil
@@ -148,6 +150,7 @@ class Head:
 
     def __init__(self, base: Path):
         self.base = base
+        self.cluster_name = f"flatlm-test-{uuid.uuid4().hex[:8]}"
         ssh = base / "ssh"
         ssh.mkdir()
         self.home = base / "home"
@@ -240,10 +243,10 @@ def _local_leftovers(base: Path) -> list[int]:
 # ------------------------------------------------------------------------------- the config
 
 
-def make_config(head: Head, cluster_name: str) -> dict:
+def make_config(head: Head) -> dict:
     """cluster-local.yaml with the changes listed in the module docstring, and nothing else."""
     cfg = yaml.safe_load((REPO / "cluster-local.yaml").read_text())
-    cfg["cluster_name"] = cluster_name
+    cfg["cluster_name"] = head.cluster_name
     cfg["provider"].update(head_ip="127.0.0.1", worker_ips=[])
     cfg["auth"].update(ssh_user="root", ssh_private_key=str(head.key),
                        ssh_proxy_command=str(head.proxy))
@@ -284,6 +287,14 @@ def head():
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(base, ignore_errors=True)
+        if h is not None:  # the launcher's SSH control directory for this cluster name
+            shutil.rmtree(_ssh_control_dir(h.cluster_name), ignore_errors=True)
+
+
+def _ssh_control_dir(cluster_name: str) -> Path:
+    """Where Ray's SSHCommandRunner keeps its ControlMaster sockets for a cluster."""
+    user = hashlib.sha256(getpass.getuser().encode()).hexdigest()[:10]
+    return Path(f"/tmp/ray_ssh_{user}") / hashlib.sha256(cluster_name.encode()).hexdigest()[:10]
 
 
 def _ray(*args: str, env: dict, timeout: float) -> subprocess.CompletedProcess:
@@ -306,9 +317,8 @@ def _wait_for(condition, timeout: float, interval: float = 1.0):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_ray_up_submit_down_on_this_machine(head: Head):
-    cluster_name = f"flatlm-test-{uuid.uuid4().hex[:8]}"
     config = head.base / "cluster.yaml"
-    config.write_text(yaml.safe_dump(make_config(head, cluster_name), sort_keys=False))
+    config.write_text(yaml.safe_dump(make_config(head), sort_keys=False))
     local_tmp = head.base / "local"  # the launcher's own Ray temp dir (lock and state files)
     local_tmp.mkdir()
     env = {**os.environ, "RAY_TMPDIR": str(local_tmp), "RAY_USAGE_STATS_ENABLED": "0"}
