@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -115,8 +117,11 @@ def main() -> None:
     ap.add_argument("--n-nltk", type=int, default=40, help="sentences NLTK parses")
     ap.add_argument("--n-slow", type=int, default=2, help="sentences for the slow route")
     ap.add_argument("--skip-baselines", action="store_true")
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     ap.add_argument("--out", default="bench/results/truth_cpu.json")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = str(torch.device(args.device))
     desc = (torch.cuda.get_device_name() if device.startswith("cuda")
             else f"{platform.processor() or 'cpu'} x{torch.get_num_threads()} threads")
@@ -125,7 +130,9 @@ def main() -> None:
     pcfg_fast = flatlm_rate(pcfg, args.n, device, args.batch_size)
     hmm_fast = flatlm_rate(hmm, args.n, device, args.batch_size)
     rows = []
-    common = {"unit": unit, "hardware": desc, "torch": torch.__version__}
+    common = {"unit": unit, "hardware": desc, "torch": torch.__version__,
+              "command": "python bench/truth.py " + " ".join(sys.argv[1:]),
+              "load_average_1min": os.getloadavg()[0]}
     if args.skip_baselines:
         rows += [row("pcfg_paper_conditionals", pcfg_fast, float("nan"), "none", device, **common),
                  row("hmm_default_conditionals", hmm_fast, float("nan"), "none", device, **common)]
