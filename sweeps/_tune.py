@@ -23,7 +23,8 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -70,6 +71,8 @@ class Sweep:
 
 
 OUTBOX = ("pending.jsonl", "sent.jsonl", "tracker.json")  # the tracker's files (flatlm.track)
+FINISH_WAIT_S = 300.0  # how long a trial ending in a tracking outage waits for MLflow
+#   (env FLATLM_FINISH_WAIT_S overrides it)
 
 
 def _restore_checkpoint(out_dir: Path) -> str | None:
@@ -142,7 +145,44 @@ def trainable(config: dict) -> None:
         tracker.finish("FAILED")
         raise
     tracker.sync_artifacts(out_dir, patterns=("metrics.jsonl", "config.json", "*.png"))
-    tracker.finish("FINISHED")
+    _finish(tracker, "FINISHED", float(os.environ.get("FLATLM_FINISH_WAIT_S", FINISH_WAIT_S)))
+
+
+def _finish(tracker, status: str, wait_s: float) -> bool:
+    """Ends the trial's MLflow run, waiting up to ``wait_s`` through a tracking outage.
+
+    ``finish`` never raises: while the server is down it returns False, and a trial that simply
+    returned then would leave its run RUNNING with its last rows unsent in the outbox. The driver
+    re-sends what is still undelivered after ``fit`` (``_finish_undelivered``, for the outboxes it
+    can see); on a cluster, ``MlflowTracker(uri, out_dir).finish()`` on the trial's node does.
+    """
+    deadline = time.monotonic() + wait_s
+    while not tracker.finish(status):
+        if time.monotonic() >= deadline:
+            print(f"MLflow unreachable for {wait_s:.0f} s: run {tracker.run_id} not ended; its "
+                  f"unsent rows stay in {tracker.outbox_dir}", file=sys.stderr, flush=True)
+            return False
+        time.sleep(min(5.0, max(deadline - time.monotonic(), 0.0)))
+    return True
+
+
+def _finish_undelivered(trials_dir: Path, uri: str, experiment_id: str) -> None:
+    """Ends the runs whose trials could not deliver their end (or last rows) to MLflow."""
+    from flatlm.track import STATE_FILE, MlflowTracker
+
+    for state_file in sorted(trials_dir.glob(f"*/{STATE_FILE}")):
+        try:
+            state = json.loads(state_file.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if state.get("pending_status"):
+            out_dir = state_file.parent
+            tracker = MlflowTracker(uri, out_dir, experiment_id=experiment_id,
+                                    run_name=out_dir.name)
+            if not tracker.finish():
+                print(f"MLflow still unreachable: run of trial {out_dir.name} not ended; "
+                      f"re-send with MlflowTracker({uri!r}, {str(out_dir)!r}).finish()",
+                      file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------- the driver
@@ -207,8 +247,13 @@ def _tune_config(sweep: Sweep):
 
 
 def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address: str | None,
-              resume: bool, show: tuple[str, ...]) -> Path:
-    """Runs (or resumes) the sweep; returns the Ray experiment directory."""
+              resume: bool, show: tuple[str, ...],
+              callbacks: Sequence[tune.Callback] = ()) -> Path:
+    """Runs (or resumes) the sweep; returns the Ray experiment directory.
+
+    ``callbacks``: extra Tune callbacks for a new sweep (tests inject faults with one); a resumed
+    sweep keeps the callbacks it was started with.
+    """
     from flatlm.track import default_artifact_location, default_tracking_uri, ensure_experiment
 
     check_sweep(sweep)
@@ -225,6 +270,7 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
         trainable_ = tune.with_resources(trainable, {"cpu": sweep.cpus_per_trial,
                                                      "gpu": sweep.gpus_per_trial})
         path = storage / sweep.name
+        trials_dir = workdir / "trials" / sweep.name
         if resume and tune.Tuner.can_restore(str(path)):
             tuner = tune.Tuner.restore(str(path), trainable=trainable_, resume_errored=True,
                                        resume_unfinished=True)
@@ -233,7 +279,7 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
                 raise ValueError(f"{path} holds an earlier sweep named {sweep.name!r}: pass "
                                  "--resume to continue it, or --name to start another")
             sweep_info = {"name": sweep.name, "tracking_uri": uri, "experiment_id": experiment_id,
-                          "trials_dir": str(workdir / "trials" / sweep.name)}
+                          "trials_dir": str(trials_dir)}
             tuner = tune.Tuner(
                 trainable_,
                 param_space={"base": to_dict(sweep.base), "overrides": dict(sweep.space),
@@ -242,8 +288,9 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
                 run_config=tune.RunConfig(
                     name=sweep.name, storage_path=str(storage), verbose=0,
                     failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
-                    callbacks=[OneLinePerResult(show)]))
+                    callbacks=[OneLinePerResult(show), *callbacks]))
         results = tuner.fit()
+        _finish_undelivered(trials_dir, uri, experiment_id)
         errors = [r.error for r in results if r.error]
         if errors:
             raise RuntimeError(f"{len(errors)} trial(s) failed after retries: {errors[0]}")
@@ -292,11 +339,18 @@ def main(build: Callable[[argparse.Namespace], Sweep], description: str,
     args = p.parse_args()
     try:
         sweep = build(args)
-        sweep = replace(sweep, base=apply_overrides(sweep.base, parse_overrides(args.overrides)),
+        overrides = parse_overrides(args.overrides)
+        swept = sorted(set(overrides) & set(sweep.space))
+        sweep = replace(sweep, base=apply_overrides(sweep.base, overrides),
                         **{k: v for k, v in (("name", args.name),
                                              ("cpus_per_trial", args.cpus_per_trial),
                                              ("gpus_per_trial", args.gpus_per_trial),
                                              ("max_failures", args.max_failures)) if v is not None})
+        if swept:  # the search space would silently replace the value
+            validate_trial(sweep.base)  # a bad value is named as such first
+            raise ValueError(f"--set {', '.join(swept)}: this sweep varies {', '.join(swept)} "
+                             "itself (its search space), so the value would be ignored; drop "
+                             "the --set, or use a sweep script that does not vary it")
         workdir = Path(args.workdir)
         run_sweep(sweep, workdir=workdir, tracking_uri=args.tracking_uri, address=args.address,
                   resume=args.resume, show=_shown_metrics(sweep))

@@ -124,6 +124,16 @@ class Sweep:
     def results(self) -> list[tuple[str, int]]:
         return [(m[1], int(m[2])) for m in map(RESULT_LINE.match, self.lines) if m]
 
+    def wait_for_result(self, step: int, timeout: float) -> bool:
+        """Waits until some trial has reported checkpoint ``step`` (False: timed out, or the
+        sweep ended first)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if any(s == step for _, s in self.results()):
+                return True
+            time.sleep(0.2)
+        return any(s == step for _, s in self.results())
+
     def wait(self, timeout: float) -> int:
         try:
             rc = self.proc.wait(timeout=timeout)

@@ -1,0 +1,59 @@
+"""A trial that ends while MLflow is unreachable: its end and last rows are delivered later.
+
+``MlflowTracker.finish`` never raises; while the server is down it returns False and keeps the
+status and the unsent rows in the trial's outbox. ``_tune._finish`` retries it for a bounded time
+inside the trial, and the driver's ``_tune._finish_undelivered`` sends what is still pending after
+``fit`` (the end-to-end case is ``test_faults.py::test_mlflow_server_outage...``).
+"""
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("mlflow")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sweeps"))
+
+import _tune  # noqa: E402
+from mlflow import MlflowClient  # noqa: E402
+
+from flatlm.track import MlflowTracker, default_tracking_uri, ensure_experiment  # noqa: E402
+
+
+def _dead_uri() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_undelivered_end_is_sent_by_the_driver(tmp_path, capsys):
+    uri = default_tracking_uri(tmp_path)
+    eid = ensure_experiment(uri, "scaling")
+    trials = tmp_path / "trials" / "scaling"
+    out = trials / "trainable_0_00000"
+    tracker = MlflowTracker(_dead_uri(), out, experiment_id=eid, run_name=out.name,
+                            http_max_retries=0)
+    assert not tracker.report(10, {"pretrain/loss": 1.5})
+    t0 = time.monotonic()
+    assert not _tune._finish(tracker, "FINISHED", wait_s=0.5)  # bounded: gives up
+    assert time.monotonic() - t0 < 30
+    assert "not ended" in capsys.readouterr().err
+
+    done = trials / "trainable_0_00001"  # a trial whose end was delivered: left alone
+    finished = MlflowTracker(uri, done, experiment_id=eid, run_name=done.name)
+    finished.report(10, {"pretrain/loss": 2.0})
+    assert finished.finish("FINISHED")
+
+    _tune._finish_undelivered(trials, uri, eid)
+    client = MlflowClient(uri)
+    runs = {r.info.run_name: r for r in client.search_runs([eid])}
+    assert sorted(runs) == [out.name, done.name]
+    assert {r.info.status for r in runs.values()} == {"FINISHED"}
+    history = client.get_metric_history(runs[out.name].info.run_id, "pretrain/loss")
+    assert [(m.step, m.value) for m in history] == [(10, 1.5)]
+    _tune._finish_undelivered(trials, uri, eid)  # nothing left to do: no second run
+    assert len(client.search_runs([eid])) == 2
