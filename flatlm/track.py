@@ -102,6 +102,25 @@ def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | Non
     return exp.experiment_id
 
 
+def find_run(tracking_uri: str, experiment_id: str, run_name: str) -> str | None:
+    """The id of the newest run named ``run_name`` in the experiment, or None (also when the
+    store cannot be reached: the caller then starts a new run, as it would have anyway).
+
+    A trial restarted on a new node before Tune stored its first checkpoint has no run id; its
+    name (unique per trial in a sweep) finds the run it had opened, so it keeps one run.
+    """
+    from mlflow import MlflowClient
+
+    try:
+        runs = MlflowClient(tracking_uri).search_runs(
+            [experiment_id], filter_string=f"attributes.run_name = '{run_name}'",
+            order_by=["attributes.start_time DESC"], max_results=1)
+    except Exception as e:  # noqa: BLE001 - an outage must not stop the trial
+        log.warning("could not look up run %r: %s", run_name, _first_line(e))
+        return None
+    return runs[0].info.run_id if runs else None
+
+
 def flatten_params(config: Any) -> dict[str, str]:
     """A config (dataclass or nested mapping) as MLflow params: ``{"train.lr": "0.0003"}``."""
     if dataclasses.is_dataclass(config) and not isinstance(config, type):

@@ -69,9 +69,13 @@ def validate_trial(cfg: TrialConfig):
 
 
 def read_metrics(out_dir: Path) -> dict[int, dict]:
-    """step -> metrics from ``metrics.jsonl`` (the last row of a step wins)."""
+    """step -> metrics from ``metrics.jsonl`` (the last row of a step wins), and from the
+    ``metrics.json`` of checkpoints it lacks (one restored from elsewhere)."""
     path = out_dir / "metrics.jsonl"
     rows = {}
+    for ckpt_metrics in (out_dir / "checkpoints").glob("step-*/metrics.json"):
+        row = json.loads(ckpt_metrics.read_text())
+        rows[int(row["step"])] = row
     if path.exists():
         for line in path.read_text().splitlines():
             if line.strip():

@@ -71,6 +71,7 @@ class Sweep:
 
 
 OUTBOX = ("pending.jsonl", "sent.jsonl", "tracker.json")  # the tracker's files (flatlm.track)
+TRAVELLING = (*OUTBOX, "metrics.jsonl")  # trial files a checkpoint carries to a new node
 FINISH_WAIT_S = 300.0  # how long a trial ending in a tracking outage waits for MLflow
 #   (env FLATLM_FINISH_WAIT_S overrides it)
 
@@ -90,17 +91,18 @@ def _restore_checkpoint(out_dir: Path) -> str | None:
         if not target.exists():
             shutil.copytree(d, target, ignore=shutil.ignore_patterns("outbox"))
         if not (out_dir / "tracker.json").exists():
-            for name in OUTBOX:
+            for name in TRAVELLING:
                 if (Path(d) / "outbox" / name).exists():
                     shutil.copy2(Path(d) / "outbox" / name, out_dir / name)
         return info.get("run_id")
 
 
 def _save_tracking(ckpt_dir: Path, out_dir: Path, run_id: str | None, step: int) -> None:
-    """The run id and a copy of the outbox travel in the checkpoint Tune persists."""
+    """The run id, the outbox and metrics.jsonl travel in the checkpoint Tune persists (a new
+    node then re-sends what MLflow missed and keeps the trial's full metrics.jsonl artifact)."""
     (ckpt_dir / "tracking.json").write_text(json.dumps({"run_id": run_id, "step": step}))
     (ckpt_dir / "outbox").mkdir(exist_ok=True)
-    for name in OUTBOX:
+    for name in TRAVELLING:
         if (out_dir / name).exists():
             shutil.copy2(out_dir / name, ckpt_dir / "outbox" / name)
 
@@ -119,7 +121,7 @@ def trainable(config: dict) -> None:
     """Tune function trainable: one ``run_trial`` with MLflow logging and Tune checkpoints."""
     import torch
 
-    from flatlm.track import MlflowTracker
+    from flatlm.track import MlflowTracker, find_run
     from flatlm.trial import run_trial
 
     sweep = config["sweep"]
@@ -128,6 +130,8 @@ def trainable(config: dict) -> None:
     out_dir = Path(sweep["trials_dir"]) / name
     out_dir.mkdir(parents=True, exist_ok=True)
     run_id = _restore_checkpoint(out_dir)
+    if run_id is None and not (out_dir / "tracker.json").exists():
+        run_id = find_run(sweep["tracking_uri"], sweep["experiment_id"], name)
     tracker = MlflowTracker(sweep["tracking_uri"], out_dir, experiment_id=sweep["experiment_id"],
                             run_id=run_id, run_name=name, params=cfg, tags=_tags(cfg, sweep))
 

@@ -46,6 +46,7 @@ def test_resume_continues_and_remeasures_a_lost_checkpoint(tmp_path):
     run_trial(tiny(**{"train.steps": 2, "train.checkpoint_steps": [2]}), part)
     lines = (part / "metrics.jsonl").read_text().splitlines()
     (part / "metrics.jsonl").write_text("")  # the measurement of step 2 was lost
+    (part / "checkpoints" / "step-2" / "metrics.json").unlink()
     resumed = run_trial(tiny(**{"train.steps": 4, "train.checkpoint_steps": [2, 4]}), part)
     assert sorted(resumed) == [2, 4]
     assert json.loads(lines[0])["pretrain/kl"] == resumed[2]["pretrain/kl"]
