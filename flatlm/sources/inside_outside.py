@@ -150,7 +150,8 @@ def inside(tokens: torch.Tensor, plan: Plan) -> Chart:
         for r, wt in zip(plan.splits[w], weight, strict=True):
             left = chart.p[r.k][:, :nI]  # (N_k, nI, B)
             right = chart.p[w - r.k][:, r.k : r.k + nI]  # (N_{w-k}, nI, B)
-            terms = _rule_terms(left, r.left, right, r.right, r.prob[:, None, None] * wt)
+            # the split's weight scales the N_k left rows, not the R_k rule terms
+            terms = _rule_terms(left * wt, r.left, right, r.right, r.prob[:, None, None])
             val.index_add_(0, r.parent, terms)
         chart.p[w], chart.s[w] = _normalised(val, M)
     return chart
