@@ -118,20 +118,27 @@ class Source(ABC):
         Work runs on ``device`` (default: the tokens' device) in chunks of ``batch_size``
         sentences; the result stays on that device.
         """
-        tokens, lengths = as_tokens(tokens, lengths)
-        device = torch.device(device) if device is not None else tokens.device
-        tokens, lengths = tokens.to(device), lengths.to(device)
-        if tokens.shape[0] and (int(lengths.min()) < 1 or int(lengths.max()) > tokens.shape[1]):
-            raise ValueError("lengths must lie in 1..T (the tokens' second dimension)")
-        if tokens.shape[0] and int(tokens.max()) >= self.V:
-            raise ValueError(f"token id {int(tokens.max())} is outside the vocabulary (V={self.V})")
+        tokens, lengths = self._prepare(tokens, lengths, device)
         parts = [
             self._conditionals_batch(tokens[i : i + batch_size], lengths[i : i + batch_size], dtype)
             for i in range(0, tokens.shape[0], batch_size)
         ]
         if not parts:
-            return torch.zeros(0, tokens.shape[1], self.V, device=device, dtype=dtype)
+            return torch.zeros(0, tokens.shape[1], self.V, device=tokens.device, dtype=dtype)
         return torch.cat(parts)
+
+    def _prepare(self, tokens, lengths, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Checked int64 tokens and lengths on ``device`` (default: the tokens' own)."""
+        tokens, lengths = as_tokens(tokens, lengths)
+        device = torch.device(device) if device is not None else tokens.device
+        tokens, lengths = tokens.to(device), lengths.to(device)
+        if tokens.shape[0] and (int(lengths.min()) < 1 or int(lengths.max()) > tokens.shape[1]):
+            raise ValueError("lengths must lie in 1..T (the tokens' second dimension)")
+        real = padding_mask(lengths, tokens.shape[1])
+        if tokens.shape[0] and (int(tokens.max()) >= self.V or bool((tokens[real] < 0).any())):
+            raise ValueError(f"token ids must lie in 0..{self.V - 1} at real positions (padding "
+                             "-1 only past a sentence's length)")
+        return tokens, lengths
 
     def entropy(
         self,

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flatlm.sources.base import Source, SourceError, as_tokens, padding_mask
+from flatlm.sources.base import Source, SourceError, as_tokens
 from flatlm.sources.grammar import (
     Grammar,
     RandomGrammarConfig,
@@ -136,32 +136,32 @@ class PCFG(Source):
 
     def conditionals(self, tokens, lengths, *, device=None, dtype=torch.float32,
                      batch_size: int = 4096) -> torch.Tensor:
-        """As ``Source.conditionals``; sentences are sorted by length first, so that each batch
-        holds few distinct lengths and each length group is large (per-op overhead amortised)."""
-        tokens, lengths = as_tokens(tokens, lengths)
-        order = torch.argsort(lengths, stable=True)
-        done = super().conditionals(tokens[order], lengths[order], device=device, dtype=dtype,
-                                    batch_size=batch_size)
-        out = torch.empty_like(done)
-        out[order.to(out.device)] = done
-        return out
-
-    def _conditionals_batch(self, tokens, lengths, dtype):
-        """Sentences are grouped by length so each group's chart is only as wide as it needs
-        (the work grows like T^3)."""
+        """As ``Source.conditionals``. Sentences are grouped by length over the whole input, so
+        each chart is only as wide as its sentences (the work grows like T^3) and each group is
+        large (per-op overhead amortised); results are written in place, no reordering copies."""
+        tokens, lengths = self._prepare(tokens, lengths, device)
         probs = torch.zeros(*tokens.shape, self.V, device=tokens.device, dtype=dtype)
         for L in lengths.unique().tolist():
-            rows = (lengths == L).nonzero().squeeze(-1)
+            group = (lengths == L).nonzero().squeeze(-1)
             plan = self.plan(L, tokens.device, dtype)
-            chart = inside(tokens[rows, :L], plan)
-            probs[rows, :L] = word_conditionals(outside(chart, lengths[rows], plan), plan)
-        real = padding_mask(lengths, tokens.shape[1])
-        impossible = real & (probs.sum(-1) == 0)
+            for rows in group.split(batch_size):
+                chart = inside(tokens[rows, :L], plan)
+                probs[rows, :L] = self._checked(
+                    word_conditionals(outside(chart, lengths[rows], plan), plan), rows)
+        return probs
+
+    def _conditionals_batch(self, tokens, lengths, dtype):
+        return self.conditionals(tokens, lengths, dtype=dtype)
+
+    @staticmethod
+    def _checked(probs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Refuses a position no word can fill (the sentence is not in the language)."""
+        impossible = probs.sum(-1) == 0
         if impossible.any():
             b, t = (int(i) for i in impossible.nonzero()[0])
-            raise ValueError(f"sentence {b}: no word at position {t} makes it a sentence of this "
-                             "grammar, so its conditional is undefined")
-        return probs * real[..., None]
+            raise ValueError(f"sentence {int(rows[b])}: no word at position {t} makes it a "
+                             "sentence of this grammar, so its conditional is undefined")
+        return probs
 
     def sentence_logprob(self, tokens, lengths, *, dtype=torch.float64) -> torch.Tensor:
         """log Pr(x) under the grammar (without the length filter's renormalisation)."""
