@@ -72,6 +72,8 @@ class Sweep:
 
 OUTBOX = ("pending.jsonl", "sent.jsonl", "tracker.json")  # the tracker's files (flatlm.track)
 TRAVELLING = (*OUTBOX, "metrics.jsonl")  # trial files a checkpoint carries to a new node
+# Artifacts of a trial's MLflow run: its config, every checkpoint's measurements, its curves.
+TRIAL_ARTIFACTS = ("metrics.jsonl", "metrics.json", "trial_config.json", "*.png")
 FINISH_WAIT_S = 300.0  # how long a trial ending in a tracking outage waits for MLflow
 #   (env FLATLM_FINISH_WAIT_S overrides it)
 
@@ -137,7 +139,7 @@ def trainable(config: dict) -> None:
 
     def report(step: int, metrics: dict, ckpt_dir: Path) -> None:
         tracker.report(step, metrics)  # before Tune's report: a kill after it loses nothing
-        tracker.sync_artifacts(out_dir, patterns=("metrics.jsonl", "config.json"))
+        tracker.sync_artifacts(out_dir, patterns=TRIAL_ARTIFACTS)
         _save_tracking(ckpt_dir, out_dir, tracker.run_id, step)
         tune.report({**metrics, "step": step},
                     checkpoint=tune.Checkpoint.from_directory(str(ckpt_dir)))
@@ -148,8 +150,31 @@ def trainable(config: dict) -> None:
     except BaseException:
         tracker.finish("FAILED")
         raise
-    tracker.sync_artifacts(out_dir, patterns=("metrics.jsonl", "config.json", "*.png"))
+    try:
+        _plot_trial(out_dir, name, cfg)
+    except Exception as e:  # noqa: BLE001 - a figure is not worth failing a finished trial
+        print(f"trial {name}: could not plot its curves: {e}", file=sys.stderr, flush=True)
+    tracker.sync_artifacts(out_dir, patterns=TRIAL_ARTIFACTS)
     _finish(tracker, "FINISHED", float(os.environ.get("FLATLM_FINISH_WAIT_S", FINISH_WAIT_S)))
+
+
+def _plot_trial(out_dir: Path, name: str, cfg: TrialConfig) -> None:
+    """``curves.png``: the trial's measurements over training steps (a figure to look at in the
+    MLflow UI), and ``trial_config.json`` (a copy of config.json under an unambiguous name)."""
+    import pandas as pd
+
+    from analysis.figures import metrics_over_steps
+    from flatlm.trial import read_metrics
+
+    rows = pd.DataFrame(list(read_metrics(out_dir).values()))
+    if rows.empty:
+        return
+    rows["run_id"], rows["algorithm"] = name, cfg.train.algorithm
+    keys = [k for k in ("pretrain/loss", "pretrain/kl", "flat/trace_fisher", "flat/trace_hessian")
+            if k in rows] + sorted(k for k in rows if k.startswith("probe/")
+                                   and k.endswith("acc_mean"))
+    metrics_over_steps(rows, out_dir / "curves.png", keys=keys, title=name)
+    shutil.copy2(out_dir / "config.json", out_dir / "trial_config.json")
 
 
 def _finish(tracker, status: str, wait_s: float) -> bool:
