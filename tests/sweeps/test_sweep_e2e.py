@@ -37,6 +37,12 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
     assert all(r.data.params["train.steps"] == "20" for r in runs)
     assert sorted(sweep.results()) == sorted((r.info.run_name.removeprefix("trainable_"), s)
                                              for r in runs for s in STEPS)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    for r in runs:  # the trial's curves and its measurements are artifacts of its run
+        names = {a.path for a in client.list_artifacts(r.info.run_id)}
+        assert {"curves.png", "metrics.jsonl", "trial_config.json"} <= names, names
     out = sweep.stdout
     assert "Correlations with downstream accuracy" in out and "pearson" in out
     assert f"cd {tmp_path} && mlflow ui --backend-store-uri {uri}" in out
