@@ -190,7 +190,7 @@ class GhostNorms:
                     users.setdefault(id(p), []).append((module, kind))
         missing = [name for key, name in wanted.items() if key not in users]
         if missing or not supports(model):
-            raise NotImplementedError(
+            raise TypeError(
                 f"ghost norms need BertForMaskedLM with every parameter in {LAYERS}; "
                 f"got {type(_unwrap(model)).__name__}, unsupported: {missing[:5]}"
             )

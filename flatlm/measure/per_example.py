@@ -51,7 +51,7 @@ def lstm_encode_unrolled(model: BiLSTMForMaskedLM, input_ids, attention_mask) ->
     positions hold the forward direction's state instead of zeros (never read)."""
     lstm = model.lstm
     if lstm.proj_size or not lstm.bidirectional or not lstm.batch_first:
-        raise NotImplementedError("unrolled LSTM: batch_first, bidirectional, no projection")
+        raise TypeError("unrolled LSTM: batch_first, bidirectional, no projection")
     real = attention_mask.bool()
     x = model.embed(input_ids)  # (B, T+2, h)
     for layer in range(lstm.num_layers):
@@ -79,7 +79,7 @@ def per_example_sq_norms(
     numbers, 0.5 GB in float32)."""
     model = getattr(model, "_orig_mod", model)
     if not supports(model):
-        raise NotImplementedError(f"vmap route covers BiLSTMForMaskedLM, not {type(model)}")
+        raise TypeError(f"vmap route covers BiLSTMForMaskedLM, not {type(model)}")
     wrapper = _UnrolledLSTM(model)
     theta = {f"m.{name}": p.detach() for name, p in params.items()}
 

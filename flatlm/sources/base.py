@@ -100,9 +100,9 @@ class Source(ABC):
     def _fingerprint_arrays(self) -> list[np.ndarray]:
         """The arrays that define the language, hashed by ``fingerprint``."""
 
+    @abstractmethod
     def num_classes(self, task: str) -> int:
         """Number of label classes of ``task`` (labels are 0..num_classes-1, or -1)."""
-        raise NotImplementedError(f"{type(self).__name__} does not define classes for {task!r}")
 
     def conditionals(
         self,

@@ -180,7 +180,7 @@ def test_lstm_vmap_route_equals_per_example_loop(layers):
         lstm_encode_unrolled(model, ids, mask)[mask.bool()],
         model.encode(ids, mask)[mask.bool()], rtol=1e-10, atol=1e-12)
     fc = FlatnessConfig(n_inputs=10, batch_size=6, labels_per_input=2)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(TypeError, match="ghost norms need BertForMaskedLM"):
         trace_fisher(model, tokens, lengths, fc, method="ghost")
     auto = trace_fisher(model, tokens, lengths, fc, per_example=True)  # vmap
     loop = trace_fisher(model, tokens, lengths, fc, per_example=True, method="loop")
