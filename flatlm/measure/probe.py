@@ -26,10 +26,8 @@ that every model, the lookup table and fine-tuning see the same split.
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -37,6 +35,7 @@ from flatlm.measure import probe_keys
 from flatlm.models.bert import encoder_features
 from flatlm.models.tokens import encode
 from flatlm.sources.base import PAD, Source, as_tokens
+from flatlm.train.data import derive_seed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,12 +62,6 @@ class ProbeConfig:
             raise ValueError(f"probe.project_dim={self.project_dim}: use None or an int >= 1")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"probe.batch_size={self.batch_size}: use None or an int >= 1")
-
-
-def derive_seed(seed: int, stream: str, index: int = 0) -> int:
-    """A 63-bit seed for item ``index`` of the named random ``stream`` under base ``seed``."""
-    entropy = [seed % 2**63, zlib.crc32(stream.encode()), index]
-    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> np.uint64(1))
 
 
 def split_indices(n: int, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

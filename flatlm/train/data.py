@@ -29,7 +29,7 @@ from flatlm.sources.base import Source
 from flatlm.train.config import TrainConfig
 
 
-def derive_seed(seed: int, stream: str, index: int) -> int:
+def derive_seed(seed: int, stream: str, index: int = 0) -> int:
     """A 63-bit seed for item ``index`` of the named random ``stream`` of a run seeded ``seed``.
 
     >>> derive_seed(0, "data", 5) == derive_seed(0, "data", 5) != derive_seed(0, "mask", 5)

@@ -33,15 +33,6 @@ POOL_LENGTHS = (POOL >= 0).sum(1)
 NO_EXCLUSION = FlatnessConfig(exclude=())
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread; OpenMP threads competing with other
-    processes on a 2-core machine make them up to 20x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def tiny_bert(shape: str, seed: int, *, scale: float = 0.3) -> nn.Module:
     """A float64 BERT without dropout, its weights moved off initialisation (peaked predictions,
