@@ -25,10 +25,11 @@ import torch
 from torch import nn
 
 from flatlm.measure import finetune_keys
-from flatlm.measure.probe import derive_seed, downstream_classes, split_indices
+from flatlm.measure.probe import downstream_classes, split_indices
 from flatlm.models.bert import cls_features
 from flatlm.models.tokens import encode
 from flatlm.sources.base import Source, as_tokens
+from flatlm.train.data import derive_seed
 
 SCHEDULES = ("linear", "constant")
 
