@@ -51,8 +51,9 @@ import torch
 from tqdm.auto import tqdm
 
 import flatlm
-from flatlm.models import tokens as token_layout
-from flatlm.sources.base import PAD, Source, entropy_rows, ratio_mean_se
+from flatlm import tokens as token_layout
+from flatlm.sources.base import PAD, Source, entropy_rows
+from flatlm.stats import ratio_mean_se
 
 log = logging.getLogger(__name__)
 

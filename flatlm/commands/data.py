@@ -103,7 +103,7 @@ def _pm(mean: float, se: float | None) -> str:
 
 
 def run_entropy(args) -> int:
-    from flatlm.sources.base import ratio_mean_se
+    from flatlm.stats import ratio_mean_se
 
     _positive("--n", args.n)
     _positive("--batch-size", args.batch_size)

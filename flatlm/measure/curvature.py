@@ -22,8 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from flatlm.models.tokens import encode, mask_positions
-from flatlm.sources.base import as_tokens, ratio_mean_se
+from flatlm.tokens import encode, mask_positions, uniform_positions
+from flatlm.sources.base import as_tokens
+from flatlm.stats import ratio_mean_se
 
 ESTIMATORS = ("probe", "sampled")
 
@@ -126,9 +127,7 @@ def masked_inputs(
             raise ValueError(f"asked for {n} inputs but got {len(tokens)} sentences")
         tokens, lengths = tokens[:n], lengths[:n]
     if positions is None:
-        g = torch.Generator().manual_seed(seed)
-        u = torch.rand(len(tokens), generator=g, dtype=torch.float64)
-        positions = (u * lengths).long().clamp(max=lengths - 1)  # (n,) uniform over 0..L-1
+        positions = uniform_positions(lengths, torch.Generator().manual_seed(seed))  # (n,)
     positions = torch.as_tensor(positions, dtype=torch.int64).cpu()
     if positions.shape != lengths.shape:
         raise ValueError(f"positions must be [n] = {tuple(lengths.shape)}")

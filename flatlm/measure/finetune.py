@@ -26,10 +26,10 @@ from torch import nn
 
 from flatlm.measure import finetune_keys
 from flatlm.measure.probe import downstream_classes, split_indices
-from flatlm.models.bert import cls_features
-from flatlm.models.tokens import encode
+from flatlm.models.bert import cls_features, unwrap
+from flatlm.tokens import encode
 from flatlm.sources.base import Source, as_tokens
-from flatlm.train.data import derive_seed
+from flatlm.seeds import derive_seed
 
 SCHEDULES = ("linear", "constant")
 
@@ -103,7 +103,7 @@ def finetuned_accuracy(
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        tuned = copy.deepcopy(getattr(model, "_orig_mod", model)).to(device).train()  # uncompiled
+        tuned = copy.deepcopy(unwrap(model)).to(device).train()  # uncompiled
         with torch.no_grad():
             d = cls_features(tuned.eval(), train[0][:1], train[1][:1]).shape[-1]
         tuned.train()

@@ -33,20 +33,16 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BertForMaskedLM
 
-from flatlm.models.bert import word_logits
-from flatlm.models.tokens import WORD_OFFSET
+from flatlm.models.bert import unwrap, word_logits
+from flatlm.tokens import WORD_OFFSET
 
 LAYERS = (nn.Linear, nn.Embedding, nn.LayerNorm)
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    return getattr(model, "_orig_mod", model)
 
 
 def supports(model: nn.Module) -> bool:
     """Whether ``GhostNorms`` handles this model (every parameter in a Linear/Embedding/LayerNorm
     that sees the batch in dimension 0)."""
-    return isinstance(_unwrap(model), BertForMaskedLM)
+    return isinstance(unwrap(model), BertForMaskedLM)
 
 
 def word_logits_b(
@@ -54,7 +50,7 @@ def word_logits_b(
 ) -> torch.Tensor:
     """``word_logits`` at one word per sentence (n, V), with explicit (n, T+2) position and
     token-type ids for BERT so that every embedding's output has the batch dimension."""
-    inner = _unwrap(model)
+    inner = unwrap(model)
     if not isinstance(inner, BertForMaskedLM):
         return word_logits(model, input_ids, attention_mask, positions)
     n, T = input_ids.shape
@@ -192,7 +188,7 @@ class GhostNorms:
         if missing or not supports(model):
             raise TypeError(
                 f"ghost norms need BertForMaskedLM with every parameter in {LAYERS}; "
-                f"got {type(_unwrap(model)).__name__}, unsupported: {missing[:5]}"
+                f"got {type(unwrap(model)).__name__}, unsupported: {missing[:5]}"
             )
         self._shared = {key for key, u in users.items() if len(u) > 1}
         self._kinds: dict[nn.Module, list[tuple[str, int]]] = {}

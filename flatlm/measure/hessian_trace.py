@@ -39,14 +39,14 @@ from flatlm.measure.curvature import (
     model_device_dtype,
     selected_parameters,
 )
-from flatlm.models.bert import model_layout, word_logits
+from flatlm.models.bert import model_layout, unwrap, word_logits
 
 
 @contextlib.contextmanager
 def eager_attention(model: nn.Module):
     """BERT with ``attn_implementation="eager"`` inside the block (double backward and forward-
     mode AD through attention); the previous implementation is restored after."""
-    inner = getattr(model, "_orig_mod", model)
+    inner = unwrap(model)
     old = getattr(getattr(inner, "config", None), "_attn_implementation", None)
     if not isinstance(inner, BertForMaskedLM) or old == "eager":
         yield model

@@ -33,7 +33,7 @@ from torch import nn
 
 from flatlm.measure import ENTROPY, KL, LOSS, LOSS_DATA, se_key
 from flatlm.models.bert import word_logits
-from flatlm.models.tokens import encode, mask_positions
+from flatlm.tokens import encode, mask_positions, uniform_positions
 from flatlm.sources.base import Source, as_tokens
 
 POSITIONS = ("one", "all")
@@ -63,10 +63,7 @@ def masked_pairs(lengths: torch.Tensor, cfg: LossConfig) -> tuple[torch.Tensor, 
     lengths = lengths.cpu()
     n = len(lengths)
     if cfg.positions == "one":
-        g = torch.Generator().manual_seed(cfg.seed)
-        u = torch.rand(n, generator=g, dtype=torch.float64)  # (n,)
-        pos = (u * lengths).floor().long().clamp(max=lengths - 1)
-        return torch.arange(n), pos
+        return torch.arange(n), uniform_positions(lengths, torch.Generator().manual_seed(cfg.seed))
     rows = torch.repeat_interleave(torch.arange(n), lengths)  # (P,)
     starts = torch.cumsum(lengths, 0) - lengths  # (n,)
     return rows, torch.arange(len(rows)) - starts[rows]

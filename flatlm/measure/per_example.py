@@ -20,12 +20,13 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from flatlm.models.bert import unwrap
 from flatlm.models.lstm import BiLSTMForMaskedLM
-from flatlm.models.tokens import WORD_OFFSET
+from flatlm.tokens import WORD_OFFSET
 
 
 def supports(model: nn.Module) -> bool:
-    return isinstance(getattr(model, "_orig_mod", model), BiLSTMForMaskedLM)
+    return isinstance(unwrap(model), BiLSTMForMaskedLM)
 
 
 def _lstm_direction(x, real, w_ih, w_hh, b_ih, b_hh, reverse: bool) -> torch.Tensor:
@@ -77,7 +78,7 @@ def per_example_sq_norms(
 
     ``chunk`` examples at a time (default: as many as keep the per-example gradients near 2^27
     numbers, 0.5 GB in float32)."""
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap(model)
     if not supports(model):
         raise TypeError(f"vmap route covers BiLSTMForMaskedLM, not {type(model)}")
     wrapper = _UnrolledLSTM(model)

@@ -1,7 +1,7 @@
 """Building masked LMs by config, and the helpers training and measurement code call on them.
 
 ``build_model`` returns a ``transformers.BertForMaskedLM`` (arch "bert") or a
-``BiLSTMForMaskedLM`` (arch "lstm"); both read ``encode``'s layout (``flatlm.models.tokens``).
+``BiLSTMForMaskedLM`` (arch "lstm"); both read ``encode``'s layout (``flatlm.tokens``).
 The helpers work on either, so callers never branch on the architecture:
 
 - ``encoder_features`` -> (n, T+2, d) final-layer states (d = d_model, or 2 d_hidden for the LSTM);
@@ -11,7 +11,7 @@ The helpers work on either, so callers never branch on the architecture:
 
 >>> import torch
 >>> from flatlm.models.presets import parse_model
->>> from flatlm.models.tokens import encode
+>>> from flatlm.tokens import encode
 >>> model = build_model(parse_model("d64-h1-l1-i256"), vocab_size=10, max_length=5, seed=0)
 >>> ids, mask = encode(torch.tensor([[3, 1, -1, -1, -1]]), torch.tensor([2]))
 >>> word_logits(model, ids, mask).shape, word_logits(model, ids, mask, torch.tensor([0])).shape
@@ -28,7 +28,7 @@ from transformers import BertConfig, BertForMaskedLM
 
 from flatlm.models.lstm import BiLSTMForMaskedLM, build_lstm
 from flatlm.models.presets import ModelConfig
-from flatlm.models.tokens import PAD_ID, WORD_OFFSET, TokenLayout, token_layout
+from flatlm.tokens import PAD_ID, WORD_OFFSET, TokenLayout, token_layout
 
 
 def bert_config(cfg: ModelConfig, vocab_size: int, max_length: int) -> BertConfig:
@@ -69,13 +69,17 @@ def build_model(
         return BertForMaskedLM._from_config(config, attn_implementation=cfg.attention).train()
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    # torch.compile wraps the module; its submodules (bert, cls) are the uncompiled originals
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module ``torch.compile`` wrapped (``model`` itself when it is not compiled).
+
+    A compiled module's submodules (bert, cls) are the uncompiled originals, so code that reads
+    parameters, names or types works on the unwrapped module.
+    """
     return getattr(model, "_orig_mod", model)
 
 
 def _encoder_and_head(model: nn.Module) -> tuple[Callable, Callable]:
-    model = _unwrap(model)
+    model = unwrap(model)
     if isinstance(model, BertForMaskedLM):
         def encoder(ids, mask):
             return model.bert(input_ids=ids, attention_mask=mask).last_hidden_state
@@ -131,7 +135,7 @@ def count_parameters(model: nn.Module) -> int:
 
 def model_layout(model: nn.Module) -> TokenLayout:
     """The token layout a built model reads, from its own sizes."""
-    model = _unwrap(model)
+    model = unwrap(model)
     if isinstance(model, BiLSTMForMaskedLM):
         return model.layout
     if isinstance(model, BertForMaskedLM):

@@ -19,7 +19,7 @@ from pathlib import Path
 from torch import nn
 from transformers import BertForMaskedLM
 
-from flatlm.models.bert import count_parameters, model_layout
+from flatlm.models.bert import count_parameters, model_layout, unwrap
 from flatlm.models.lstm import BiLSTMForMaskedLM
 from flatlm.models.presets import ModelConfig, shape_string
 
@@ -40,7 +40,7 @@ def save_checkpoint(
     ``source_spec`` is the dict that rebuilds the source (``Source.spec``); ``extra`` is any
     JSON-serialisable data (step, metrics, vocabulary). Both go to ``flatlm.json`` unchanged.
     """
-    model = getattr(model, "_orig_mod", model)
+    model = unwrap(model)
     expected = BiLSTMForMaskedLM if model_cfg.arch == "lstm" else BertForMaskedLM
     if not isinstance(model, expected):
         raise ValueError(

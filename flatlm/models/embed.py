@@ -50,7 +50,7 @@ with respect to the new blocks; B.4 compares traces over the shared parameters.
 >>> import torch
 >>> from flatlm.models.bert import build_model
 >>> from flatlm.models.presets import parse_model
->>> from flatlm.models.tokens import encode
+>>> from flatlm.tokens import encode
 >>> small = build_model(parse_model("d64-h1-l1-i256"), vocab_size=10, max_length=5, seed=0).eval()
 >>> big = grow(small, parse_model("d128-h2-l2-i512"))
 >>> ids, mask = encode(torch.tensor([[3, 1, 4, -1, -1]]), torch.tensor([3]))
@@ -71,10 +71,10 @@ import torch
 from torch import nn
 from transformers import BertForMaskedLM
 
-from flatlm.models.bert import build_model, model_layout
+from flatlm.models.bert import build_model, model_layout, unwrap
 from flatlm.models.checkpoint import load_checkpoint, save_checkpoint
 from flatlm.models.presets import ModelConfig, parse_model, shape_string
-from flatlm.models.tokens import encode
+from flatlm.tokens import encode
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -158,7 +158,7 @@ def grow(model: nn.Module, target: ModelConfig, *, seed: int = 0) -> BertForMask
     parameters the construction leaves free (query, key, value and MLP up-projection of added
     blocks). The result has ``model``'s device, dtype and train/eval mode.
     """
-    small = getattr(model, "_orig_mod", model)
+    small = unwrap(model)
     if not isinstance(small, BertForMaskedLM):
         raise ValueError(f"model.arch: only a BertForMaskedLM can grow, got {type(small).__name__}")
     g = growth(bert_shape(small), target)

@@ -31,7 +31,7 @@ ATTENTIONS = ("sdpa", "eager")
 PAPER_VOCAB = 30_522  # bert-large-uncased's WordPiece vocabulary (A.2)
 PAPER_POSITIONS = 512  # BERT-base max_position_embeddings
 PAPER_TOKEN_TYPES = 2  # BERT-base type_vocab_size (sentence A / B)
-N_SPECIAL = 4  # [PAD] [MASK] [CLS] [SEP]; see flatlm.models.tokens
+N_SPECIAL = 4  # [PAD] [MASK] [CLS] [SEP]; see flatlm.tokens
 
 
 @dataclass(frozen=True, kw_only=True)

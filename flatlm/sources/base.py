@@ -16,11 +16,12 @@ exactly. Every source gives, with word ids 0..V-1 and padding -1:
 from __future__ import annotations
 
 import hashlib
-import math
 from abc import ABC, abstractmethod
 
 import numpy as np
 import torch
+
+from flatlm.stats import ratio_mean_se
 
 PAD = -1
 
@@ -44,24 +45,6 @@ def as_tokens(tokens, lengths) -> tuple[torch.Tensor, torch.Tensor]:
 def padding_mask(lengths: torch.Tensor, T: int) -> torch.Tensor:
     """[n, T] bool, True on real positions."""
     return torch.arange(T, device=lengths.device)[None, :] < lengths[:, None]
-
-
-def ratio_mean_se(sums: np.ndarray, counts: np.ndarray) -> tuple[float, float]:
-    """Mean of per-token values pooled over sentences, with a sentence-clustered standard error.
-
-    Every token weighs the same: mean = sum(sums) / sum(counts). Tokens of one sentence are not
-    independent, so the standard error treats sentences as the sampling unit (delta method for a
-    ratio estimator): se^2 = sum_i (s_i - mean n_i)^2 / (n (n - 1) nbar^2).
-    """
-    sums = np.asarray(sums, dtype=np.float64)
-    counts = np.asarray(counts, dtype=np.float64)
-    n = len(sums)
-    mean = sums.sum() / counts.sum()
-    if n < 2:
-        return float(mean), float("nan")
-    resid = sums - mean * counts
-    se = math.sqrt((resid**2).sum() / (n * (n - 1) * counts.mean() ** 2))
-    return float(mean), se
 
 
 def entropy_rows(probs: torch.Tensor) -> torch.Tensor:

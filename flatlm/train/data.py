@@ -16,7 +16,6 @@ run would have:
 
 from __future__ import annotations
 
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -24,24 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flatlm.models.tokens import MASK_ID, encode, mask_positions
+from flatlm.seeds import derive_seed, generator
+from flatlm.tokens import MASK_ID, encode, mask_positions, uniform_positions
 from flatlm.sources.base import Source
 from flatlm.train.config import TrainConfig
-
-
-def derive_seed(seed: int, stream: str, index: int = 0) -> int:
-    """A 63-bit seed for item ``index`` of the named random ``stream`` of a run seeded ``seed``.
-
-    >>> derive_seed(0, "data", 5) == derive_seed(0, "data", 5) != derive_seed(0, "mask", 5)
-    True
-    """
-    entropy = [seed % 2**63, zlib.crc32(stream.encode()), index]
-    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> np.uint64(1))
-
-
-def generator(seed: int, stream: str, index: int) -> torch.Generator:
-    """A CPU ``torch.Generator`` seeded by ``derive_seed``."""
-    return torch.Generator().manual_seed(derive_seed(seed, stream, index))
 
 
 # ------------------------------------------------------------------------------ sentence streams
@@ -168,8 +153,7 @@ def mask_batch(tokens: torch.Tensor, lengths: torch.Tensor, mask: str | float,
     input_ids, attention_mask = encode(tokens, lengths)
     n, T = tokens.shape
     if mask == "one":
-        u = torch.rand(n, generator=gen, dtype=torch.float64)
-        positions = (u * lengths).long().clamp(max=lengths - 1)  # uniform over 0..L-1
+        positions = uniform_positions(lengths, gen)  # (n,)
         targets = tokens.gather(1, positions[:, None]).squeeze(1)
         return MLMBatch(mask_positions(input_ids, positions, check=False), attention_mask,
                         positions, targets)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from flatlm.models.bert import word_logits
-from flatlm.models.tokens import encode, mask_positions
+from flatlm.tokens import encode, mask_positions
 from flatlm.sources.base import Source
 
 

@@ -96,3 +96,17 @@ def mask_positions(
     if check and bool((input_ids.gather(1, index) < WORD_OFFSET).any()):
         raise ValueError("mask_positions: a position points past the sentence (not a word)")
     return input_ids.scatter(1, index, MASK_ID)
+
+
+def uniform_positions(lengths: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One word position per sentence, uniform over its words 0..L-1: [n] int64 (CPU).
+
+    The one draw every stage uses (training's one-word masking, the loss, the flatness inputs),
+    so that the same generator state gives the same positions everywhere.
+
+    >>> uniform_positions(torch.tensor([1, 3]), torch.Generator().manual_seed(0)).tolist()
+    [0, 2]
+    """
+    lengths = lengths.cpu()
+    u = torch.rand(len(lengths), generator=gen, dtype=torch.float64)  # (n,)
+    return (u * lengths).long().clamp(max=lengths - 1)
