@@ -37,8 +37,8 @@ import torch
 from transformers import BertForMaskedLM
 
 from flatlm.models import bert_config, build_model, count_parameters, parse_model
-from flatlm.tokens import WORD_OFFSET
 from flatlm.sources import load
+from flatlm.tokens import WORD_OFFSET
 from flatlm.train.algorithms import StepContext, build_optimizer, mlm_loss_sum, standard_step
 from flatlm.train.config import TrainConfig, resolve
 from flatlm.train.data import StepInputs, generator, mask_batch

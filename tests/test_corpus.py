@@ -15,10 +15,10 @@ from flatlm.corpus import (
     load_corpus,
     make_corpus,
 )
-from flatlm.tokens import SPECIAL_TOKENS, WORD_OFFSET
 from flatlm.sources import load
 from flatlm.sources.base import entropy_rows
 from flatlm.stats import ratio_mean_se
+from flatlm.tokens import SPECIAL_TOKENS, WORD_OFFSET
 
 TINY_PCFG = {"kind": "pcfg", "random": {"vocab": 10, "depth": 2, "nonterminals_per_level": 3},
              "seed": 1}

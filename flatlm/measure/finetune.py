@@ -27,9 +27,9 @@ from torch import nn
 from flatlm.measure import finetune_keys
 from flatlm.measure.probe import downstream_classes, split_indices
 from flatlm.models.bert import cls_features, unwrap
-from flatlm.tokens import encode
-from flatlm.sources.base import Source, as_tokens
 from flatlm.seeds import derive_seed
+from flatlm.sources.base import Source, as_tokens
+from flatlm.tokens import encode
 
 SCHEDULES = ("linear", "constant")
 

@@ -33,8 +33,8 @@ from torch import nn
 
 from flatlm.measure import ENTROPY, KL, LOSS, LOSS_DATA, se_key
 from flatlm.models.bert import word_logits
-from flatlm.tokens import encode, mask_positions, uniform_positions
 from flatlm.sources.base import Source, as_tokens
+from flatlm.tokens import encode, mask_positions, uniform_positions
 
 POSITIONS = ("one", "all")
 

@@ -33,9 +33,9 @@ from torch import nn
 
 from flatlm.measure import probe_keys
 from flatlm.models.bert import encoder_features
-from flatlm.tokens import encode
-from flatlm.sources.base import PAD, Source, as_tokens
 from flatlm.seeds import derive_seed
+from flatlm.sources.base import PAD, Source, as_tokens
+from flatlm.tokens import encode
 
 
 @dataclass(frozen=True, kw_only=True)

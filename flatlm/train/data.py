@@ -20,14 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from flatlm.seeds import derive_seed, generator
-from flatlm.tokens import MASK_ID, encode, mask_positions, uniform_positions
 from flatlm.sources.base import Source
+from flatlm.tokens import MASK_ID, encode, mask_positions, uniform_positions
 from flatlm.train.config import TrainConfig
-
 
 # ------------------------------------------------------------------------------ sentence streams
 

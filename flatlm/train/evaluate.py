@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from flatlm.models.bert import word_logits
-from flatlm.tokens import encode, mask_positions
 from flatlm.sources.base import Source
+from flatlm.tokens import encode, mask_positions
 
 
 @torch.no_grad()
