@@ -52,7 +52,7 @@ from tqdm.auto import tqdm
 
 import flatlm
 from flatlm import tokens as token_layout
-from flatlm.sources.base import PAD, Source, entropy_rows
+from flatlm.sources.base import PAD, Source
 from flatlm.stats import ratio_mean_se
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class CorpusConfig:
     n_validation: int | None = None  # held-out pre-training sentences; None = n_train // 10
     n_downstream: int | None = None  # labelled sentences; None = n_train // 10 (paper: 0.1M/task)
     seed: int = 0  # >= 0; the split and chunk seeds derive from it (module docstring)
-    label_rule: str | None = None  # None = the source's default (label_rules(src)[0])
+    label_rule: str | None = None  # None = the source's default (src.label_rules[0])
     tasks: tuple[str, ...] | None = None  # downstream tasks to label; None = all of src.tasks
     n_entropy: int | None = 20_000  # first validation sentences whose exact conditionals give
     #   the metadata's entropy; None = all; capped at n_validation (20k: se ~ 0.004 nats, minutes
@@ -118,66 +118,14 @@ def chunk_seeds(seed: int, split: str, n: int, chunk_size: int) -> list[int]:
             for k in range(count)]
 
 
-def label_rules(src: Source) -> tuple[str, ...]:
-    """The downstream label rules ``src`` supports, its default first."""
-    from flatlm.sources.dyck import Dyck
-    from flatlm.sources.hmm import HMM, RULES
-    from flatlm.sources.pcfg import LABEL_RULES, PCFG
-
-    if isinstance(src, PCFG):
-        return (src.label_rule, *(r for r in LABEL_RULES if r != src.label_rule))
-    if isinstance(src, HMM):
-        return ("sampled", *(r for r in RULES if r != "sampled"))
-    if isinstance(src, Dyck):
-        return ("count",)  # g* is a function of the string: nothing to choose
-    return ("default",)
-
-
-def label_offset(src: Source, task: str) -> int:
-    """What ``make_corpus`` adds to ``src.labels`` to get a class index (Dyck: T, else 0)."""
-    return int(getattr(src, "label_offset", 0))
-
-
-def labelled_sample(src: Source, m: int, seed: int, rule: str, tasks, device=None):
-    """m downstream sentences with their raw ``src.labels`` per task (-1 = undefined), on CPU.
-
-    The downstream distribution is the source's: Dyck strings are i.i.d. brackets
-    (``sample_downstream``), HMM sentences come with the hidden states the sampler drew (rule
-    "sampled" labels by them), PCFG sentences are labelled by ``rule``.
-    """
-    from flatlm.sources.dyck import Dyck
-    from flatlm.sources.hmm import HMM
-    from flatlm.sources.pcfg import PCFG
-
-    options, states = {}, None
-    if isinstance(src, Dyck):
-        tokens, lengths = src.sample_downstream(m, seed)
-    elif isinstance(src, HMM):
-        tokens, lengths, states = src.sample_with_states(m, seed)
-        options = {"rule": rule, "states": states.to(device) if rule == "sampled" else None}
-    else:
-        tokens, lengths = src.sample(m, seed)
-        options = {"rule": rule} if isinstance(src, PCFG) else {}
-    tok, ln = tokens.to(device), lengths.to(device)
-    labels = {task: src.labels(tok, ln, task, **options).cpu() for task in tasks}
-    return tokens, lengths, labels
-
-
-def _downstream_chunk(src: Source, m: int, seed: int, rule: str, tasks, device):
-    """m labelled sentences: tokens, lengths and {task: class index [m] int64} (CPU)."""
-    tokens, lengths, raw = labelled_sample(src, m, seed, rule, tasks, device)
-    labels = {task: torch.where(y == PAD, y, y + label_offset(src, task))
-              for task, y in raw.items()}
-    return tokens, lengths, labels
-
-
 def _generate_split(src, split, n, seeds, cfg, rule, tasks, device, bar) -> dict[str, np.ndarray]:
     """All rows of one split as numpy columns, chunk by chunk (``bar`` counts sentences)."""
     parts: dict[str, list[np.ndarray]] = {}
     for k, seed in enumerate(seeds):
         m = min(cfg.chunk_size, n - k * cfg.chunk_size)
         if split == "downstream":
-            tokens, lengths, labels = _downstream_chunk(src, m, seed, rule, tasks, device)
+            tokens, lengths, labels = src.sample_downstream(m, seed, rule=rule, tasks=tasks,
+                                                            device=device)
         else:
             (tokens, lengths), labels = src.sample(m, seed), {}
         cols = {"tokens": tokens.numpy().astype(np.int32),
@@ -204,15 +152,6 @@ def _dataset(columns: dict[str, np.ndarray], split: str, T: int, fingerprint: st
                             split=datasets.NamedSplit(split), fingerprint=fingerprint)
 
 
-def _entropy_terms(src, tokens, lengths, device, batch_size=2048):
-    """Per-sentence sums of H(x_t | x_{-t}) (float64) over given sentences, and their lengths."""
-    sums = [entropy_rows(src.conditionals(tokens[i : i + batch_size], lengths[i : i + batch_size],
-                                          device=device, dtype=torch.float64, batch_size=batch_size)
-                         ).sum(-1).cpu().numpy()
-            for i in range(0, len(tokens), batch_size)]
-    return np.concatenate(sums) if sums else np.zeros(0), lengths.numpy().astype(np.float64)
-
-
 def _validation_entropy(src, columns, n_entropy, device, progress) -> dict:
     n = len(columns["length"]) if n_entropy is None else min(n_entropy, len(columns["length"]))
     if n == 0:
@@ -220,14 +159,9 @@ def _validation_entropy(src, columns, n_entropy, device, progress) -> dict:
                 "entropy_n_tokens": 0}
     tokens = torch.from_numpy(columns["tokens"][:n].astype(np.int64))
     lengths = torch.from_numpy(columns["length"][:n].astype(np.int64))
-    sums, counts = [], []
-    with tqdm(total=n, desc="entropy (validation)", unit="sent", disable=not progress) as bar:
-        for i in range(0, n, 8192):
-            s, c = _entropy_terms(src, tokens[i : i + 8192], lengths[i : i + 8192], device)
-            sums.append(s)
-            counts.append(c)
-            bar.update(len(s))
-    mean, se = ratio_mean_se(np.concatenate(sums), np.concatenate(counts))
+    sums = src.sentence_entropies(tokens, lengths, batch_size=8192, device=device,
+                                  progress=progress)
+    mean, se = ratio_mean_se(sums, lengths.numpy().astype(np.float64))
     return {"entropy": round(mean, 10), "entropy_se": round(se, 10) if se == se else None,
             "entropy_n_sentences": n, "entropy_n_tokens": int(lengths.sum())}
 
@@ -260,15 +194,10 @@ def _datasets_progress(enabled: bool):
 
 
 def _resolve(src: Source, cfg: CorpusConfig) -> tuple[str, tuple[str, ...]]:
-    rules = label_rules(src)
-    rule = cfg.label_rule or rules[0]
-    if rule not in rules:
-        raise ValueError(f"label rule {rule!r} is not one of this source's: {', '.join(rules)}")
-    tasks = cfg.tasks if cfg.tasks is not None else tuple(src.tasks)
-    unknown = [t for t in tasks if t not in src.tasks]
-    if unknown:
-        raise ValueError(f"unknown task(s) {unknown}; this source's tasks are {list(src.tasks)}")
-    return rule, tasks
+    try:
+        return src.check_downstream(cfg.label_rule, cfg.tasks)
+    except ValueError as e:
+        raise ValueError(f"corpus: {e}") from None
 
 
 def make_corpus(src: Source, cfg: CorpusConfig, out_dir, *, device=None,
@@ -329,20 +258,14 @@ def _metadata(src: Source, cfg, rule, tasks, seeds) -> dict:
         "seed": cfg.seed,
         "config": dataclasses.asdict(cfg),
         "splits": {s: {"n": n, "chunk_seeds": seeds[s],
-                       "sampler": _sampler_name(src, s)} for s, n in cfg.sizes.items()},
+                       "sampler": "sample_downstream" if s == "downstream" else "sample"}
+                   for s, n in cfg.sizes.items()},
         "label_rule": rule,
         "tasks": list(tasks),
         "num_classes": {t: src.num_classes(t) for t in tasks},
-        "label_offset": {t: label_offset(src, t) for t in tasks},
+        "label_offset": {t: src.label_offset for t in tasks},
         "label_columns": {t: f"label_{t}" for t in tasks},
     }
-
-
-def _sampler_name(src, split) -> str:
-    if split != "downstream":
-        return "sample"
-    return "sample_downstream" if hasattr(src, "sample_downstream") else (
-        "sample_with_states" if hasattr(src, "sample_with_states") else "sample")
 
 
 def load_corpus(path, *, verify: bool = True, source: Source | None = None):

@@ -2,13 +2,17 @@
 
 Keys are ``<stage>/<quantity>[_<stat>]``. Each estimate comes with its standard error (``_se``).
 
-Pre-training (exact on a synthetic source, over a validation set; see ``measure.loss``):
+Pre-training (exact on a synthetic source, over a validation set; see ``measure.loss``), per
+token (every masked word weighs the same, as ``Source.entropy`` and the paper's code weigh them):
     pretrain/loss       cross-entropy of the model at masked positions (nats) =
                         pretrain/entropy + pretrain/kl
     pretrain/entropy    mean entropy of the true conditional Pr(. | x_{-t})
     pretrain/kl         mean KL(Pr(. | x_{-t}) || p_theta(. | x_{-t}))
     pretrain/loss_data  mean one-hot -log p_theta(x_t | x_{-t}) of the data's words (the usual
                         validation loss; same expectation as pretrain/loss, higher variance)
+    pretrain/<q>_per_sentence   the same quantities with every sentence weighing the same
+                        (the mean over its words first); differs from the per-token value when
+                        the quantity varies with sentence length
 Flatness (see ``measure.flatness``):
     flat/trace_fisher   Tr(F) = E_{x_{-t}} E_{c ~ p_theta} ||grad_theta log p_theta(c | x_{-t})||^2
     flat/trace_hessian  Tr of the Hessian of the population loss (labels = the true conditional)
@@ -29,6 +33,11 @@ TRACE_FISHER = "flat/trace_fisher"
 TRACE_HESSIAN = "flat/trace_hessian"
 TRACE_HESSIAN_DATA = "flat/trace_hessian_data"
 HESSIAN_FISHER_GAP = "flat/hessian_fisher_gap"
+
+
+def per_sentence_key(key: str) -> str:
+    """The sentence-weighted twin of a per-token ``pretrain/`` key."""
+    return f"{key}_per_sentence"
 
 
 def se_key(key: str) -> str:

@@ -135,16 +135,16 @@ def finetune_accuracy(
     source: Source,
     tokens: torch.Tensor,
     lengths: torch.Tensor,
-    labels: torch.Tensor | None,
+    classes: torch.Tensor,
     task: str,
     cfg: FinetuneConfig,
     device: str | torch.device | None = None,
 ) -> dict[str, float]:
     """``finetune/<task>/acc_mean`` and ``finetune/<task>/acc_std`` over ``cfg.seeds`` runs on the
-    downstream sentences (labels None: ``source.labels``). Runs on ``device`` (default: the
-    model's); run s is seeded derive_seed(cfg.seed, "finetune", s)."""
+    downstream sentences with their class ids (``sample_downstream``). Runs on ``device``
+    (default: the model's); run s is seeded derive_seed(cfg.seed, "finetune", s)."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    keep, classes, num_classes = downstream_classes(source, tokens, lengths, labels, task)
+    keep, classes, num_classes = downstream_classes(source, classes, task)
     tokens, lengths = as_tokens(tokens, lengths)
     keep = keep.to(tokens.device)
     ids, mask = encode(tokens[keep].to(device), lengths[keep].to(device))  # (k, T+2)

@@ -30,14 +30,14 @@ def lookup_table_accuracy(
     source: Source,
     tokens: torch.Tensor,
     lengths: torch.Tensor,
-    labels: torch.Tensor | None,
+    classes: torch.Tensor,
     task: str,
     cfg: ProbeConfig,
     device: str | torch.device = "cpu",
 ) -> dict[str, float]:
-    """``lookup/<task>/acc`` (mean over the probe's seeds) and ``lookup/<task>/acc_std``
-    (labels None: ``source.labels``)."""
-    keep, classes, num_classes = downstream_classes(source, tokens, lengths, labels, task)
+    """``lookup/<task>/acc`` (mean over the probe's seeds) and ``lookup/<task>/acc_std`` on the
+    downstream sentences with their class ids (``sample_downstream``)."""
+    keep, classes, num_classes = downstream_classes(source, classes, task)
     tokens, lengths = as_tokens(tokens, lengths)
     keep = keep.to(tokens.device)
     features = lookup_features(source, tokens[keep], lengths[keep], device=device)

@@ -18,22 +18,30 @@ Positions (``LossConfig.positions``):
 - ``"all"``: every real position of every sentence, each masked alone (sentences are replicated
   once per position and batched); a sentence's value is the mean over its L_i positions.
 
-Either way each sentence weighs the same (the mean over positions first, then over sentences, so
-both modes estimate E_x E_{t ~ Unif} [.]), and the standard errors (``_se``) are std / sqrt(n) over
-the n per-sentence values. All arithmetic after the model's logits is in float64.
+Two weightings, each under its own keys (``flatlm.measure``):
+
+- per token (``pretrain/loss`` ...; the default, as in ``Source.entropy``, the README and the
+  paper's code): every masked word weighs the same, E_x[sum_t CE_t] / E_x[L]. With "all" it is the
+  pooled mean over every position; with "one" each sentence's value is weighted by its length L
+  (L CE_t is unbiased for the sentence's sum). Standard error clustered by sentence
+  (``flatlm.stats.ratio_mean_se``).
+- per sentence (``pretrain/loss_per_sentence`` ...): each sentence weighs the same,
+  E_x E_{t ~ Unif}[CE_t]; standard error std / sqrt(n) over the n per-sentence values.
+
+All arithmetic after the model's logits is in float64.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from flatlm.measure import ENTROPY, KL, LOSS, LOSS_DATA, se_key
+from flatlm.measure import ENTROPY, KL, LOSS, LOSS_DATA, per_sentence_key, se_key
 from flatlm.models.bert import word_logits
 from flatlm.sources.base import Source, as_tokens
+from flatlm.stats import mean_se, ratio_mean_se
 from flatlm.tokens import encode, mask_positions, uniform_positions
 
 POSITIONS = ("one", "all")
@@ -128,13 +136,6 @@ def loss_terms(
     return {key: s / count for key, s in sums.items()}
 
 
-def mean_se(values: torch.Tensor) -> tuple[float, float]:
-    """Mean and its standard error std(ddof=1) / sqrt(n) (nan for n < 2)."""
-    n = len(values)
-    se = float(values.std() / math.sqrt(n)) if n > 1 else float("nan")
-    return float(values.mean()), se
-
-
 def pretrain_loss(
     model: nn.Module,
     source: Source,
@@ -144,11 +145,21 @@ def pretrain_loss(
     *,
     device: str | torch.device | None = None,
 ) -> dict[str, float]:
-    """``pretrain/loss``, ``pretrain/entropy``, ``pretrain/kl``, ``pretrain/loss_data`` (nats)
-    and their ``_se`` twins over the validation sentences ``tokens`` [n, T], ``lengths`` [n]
-    (the module docstring gives the definitions). ``device`` as in ``loss_terms``.
+    """``pretrain/loss``, ``pretrain/entropy``, ``pretrain/kl``, ``pretrain/loss_data`` (nats,
+    per token) and their ``_per_sentence`` twins, each with its ``_se``, over the validation
+    sentences ``tokens`` [n, T], ``lengths`` [n] (the module docstring gives the definitions).
+    ``device`` as in ``loss_terms``.
     """
     out = {}
+    L = as_tokens(tokens, lengths)[1].cpu().double().numpy()  # (n,)
     for key, values in loss_terms(model, source, tokens, lengths, cfg, device=device).items():
-        out[key], out[se_key(key)] = mean_se(values)
+        out[key], out[se_key(key)] = ratio_mean_se(values.numpy() * L, L)
+        sentence_key = per_sentence_key(key)
+        out[sentence_key], out[se_key(sentence_key)] = mean_se(values)
     return out
+
+
+def kl_to_truth(model: nn.Module, source: Source, tokens, lengths) -> float:
+    """Per-token KL(truth || model) in nats over every word of the given sentences, each masked
+    alone: the check training tests use to see that an algorithm learns the language."""
+    return pretrain_loss(model, source, tokens, lengths, LossConfig(positions="all"))[KL]

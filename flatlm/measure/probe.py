@@ -17,10 +17,10 @@ Not stated in the paper, chosen here: minibatches of 64, weight decay 0.01 (Adam
 feature standardisation (optional), and the split below.
 
 Downstream data (``downstream_classes``, ``split_indices``; also used by ``measure.lookup`` and
-``measure.finetune``): sentences whose label is -1 (undefined) are dropped; a label's class index
-is label + ``source.label_offset`` (Dyck's signed g*; 0 for sources without one); the kept
-sentences are split at random, ``test_fraction`` (default 20%) for testing, by ``seed`` alone, so
-that every model, the lookup table and fine-tuning see the same split.
+``measure.finetune``): class ids as ``Source.sample_downstream`` gives them; sentences whose id is
+-1 (undefined) are dropped; the kept sentences are split at random, ``test_fraction`` (default
+20%) for testing, by ``seed`` alone, so that every model, the lookup table and fine-tuning see the
+same split.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from flatlm.measure import probe_keys
-from flatlm.models.bert import encoder_features
+from flatlm.models.bert import sentence_features
 from flatlm.seeds import derive_seed
 from flatlm.sources.base import PAD, Source, as_tokens
 from flatlm.tokens import encode
@@ -80,15 +80,13 @@ def split_indices(n: int, test_fraction: float, seed: int) -> tuple[torch.Tensor
 
 
 def downstream_classes(
-    source: Source, tokens, lengths, labels: torch.Tensor | None, task: str
+    source: Source, classes: torch.Tensor, task: str
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(keep [n] bool, classes [k] int64, num_classes) for ``task``: labels -1 dropped, the rest
-    shifted by ``source.label_offset`` (if any). ``labels`` None: ``source.labels(...)``."""
-    if labels is None:
-        labels = source.labels(tokens, lengths, task)
-    labels = torch.as_tensor(labels, dtype=torch.int64).cpu()
-    keep = labels != PAD
-    classes = labels[keep] + int(getattr(source, "label_offset", 0))
+    """(keep [n] bool, classes [k] int64, num_classes) for ``task``: the class ids that
+    ``source.sample_downstream`` gave, with the undefined ones (-1) dropped and the rest checked."""
+    classes = torch.as_tensor(classes, dtype=torch.int64).cpu()
+    keep = classes != PAD
+    classes = classes[keep]
     num_classes = source.num_classes(task)
     if len(classes) and (int(classes.min()) < 0 or int(classes.max()) >= num_classes):
         raise ValueError(f"task {task!r}: class indices must lie in 0..{num_classes - 1}, got "
@@ -194,8 +192,7 @@ def encoder_probe_features(
         for i in range(0, len(tokens), batch_size):
             ids, mask = encode(tokens[i : i + batch_size].to(device),
                                lengths[i : i + batch_size].to(device))  # (B, T+2)
-            h = encoder_features(model, ids, mask) * mask[..., None]  # (B, T+2, d)
-            parts.append(h.flatten(1).float())
+            parts.append(sentence_features(model, ids, mask).float())  # (B, (T+2) d)
     finally:
         model.train(was_training)
     return torch.cat(parts)
@@ -206,14 +203,14 @@ def probe(
     source: Source,
     tokens: torch.Tensor,
     lengths: torch.Tensor,
-    labels: torch.Tensor | None,
+    classes: torch.Tensor,
     task: str,
     cfg: ProbeConfig,
     device: str | torch.device | None = None,
 ) -> dict[str, float]:
     """``probe/<task>/acc_mean`` and ``probe/<task>/acc_std``: the linear probe on the model's
-    frozen features of the downstream sentences (labels None: ``source.labels``)."""
-    keep, classes, num_classes = downstream_classes(source, tokens, lengths, labels, task)
+    frozen features of the downstream sentences with their class ids (``sample_downstream``)."""
+    keep, classes, num_classes = downstream_classes(source, classes, task)
     tokens, lengths = as_tokens(tokens, lengths)
     keep = keep.to(tokens.device)
     features = encoder_probe_features(model, tokens[keep], lengths[keep], device=device,

@@ -64,29 +64,27 @@ class EvalData:
 
     tokens: torch.Tensor  # (n_eval, T) validation sentences
     lengths: torch.Tensor
-    downstream: dict  # task -> (tokens, lengths, raw labels)
+    downstream: dict  # task -> (tokens, lengths, class ids)
     lookup: dict = field(default_factory=dict)  # cached lookup-table metrics
 
 
 def check_tasks(source: Source, cfg: MeasureConfig) -> tuple[str, ...]:
-    tasks = cfg.tasks or tuple(source.tasks)
-    bad = [t for t in tasks if t not in source.tasks]
-    if bad:
-        raise ValueError(f"measure.tasks: {bad} are not tasks of this source; it has "
-                         f"{', '.join(source.tasks)}")
-    return tasks
+    """The tasks ``cfg`` measures on ``source`` (its label rule checked too), or a ValueError
+    naming the field."""
+    try:
+        return source.check_downstream(cfg.label_rule, cfg.tasks)[1]
+    except ValueError as e:
+        raise ValueError(f"measure.tasks / measure.label_rule: {e}") from None
 
 
 def eval_data(source: Source, cfg: MeasureConfig) -> EvalData:
     """Draws the validation and downstream sentences from seeds derived from ``cfg.seed``."""
-    from flatlm.corpus import label_rules, labelled_sample
-
     seeds = np.random.SeedSequence(cfg.seed, spawn_key=(7,)).generate_state(2)
     tokens, lengths = source.sample(cfg.n_eval, int(seeds[0]))
     tasks = check_tasks(source, cfg)
-    rule = cfg.label_rule or label_rules(source)[0]
-    dtok, dlen, labels = labelled_sample(source, cfg.n_downstream, int(seeds[1]), rule, tasks)
-    return EvalData(tokens, lengths, {t: (dtok, dlen, labels[t]) for t in tasks})
+    dtok, dlen, classes = source.sample_downstream(cfg.n_downstream, int(seeds[1]),
+                                                   rule=cfg.label_rule, tasks=tasks)
+    return EvalData(tokens, lengths, {t: (dtok, dlen, classes[t]) for t in tasks})
 
 
 def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: MeasureConfig,

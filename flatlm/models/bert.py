@@ -98,6 +98,17 @@ def encoder_features(
     return encoder(input_ids, attention_mask)
 
 
+def sentence_features(model: nn.Module, input_ids: torch.Tensor,
+                      attention_mask: torch.Tensor) -> torch.Tensor:
+    """Final-layer states of every position, concatenated: (n, (T+2) d), zero on padding.
+
+    The linear probe's representation (A.5: "we concatenate embeddings of all the tokens"), and
+    the adversarial algorithm's head's.
+    """
+    h = encoder_features(model, input_ids, attention_mask)  # (n, T+2, d)
+    return (h * attention_mask[..., None].to(h.dtype)).flatten(1)
+
+
 def cls_features(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:

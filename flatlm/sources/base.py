@@ -6,8 +6,13 @@ exactly. Every source gives, with word ids 0..V-1 and padding -1:
 - ``sample(n, seed)`` -> ``(tokens [n, T] int64, lengths [n] int64)``, T = ``max_length``;
 - ``conditionals(tokens, lengths)`` -> ``[n, T, V]``: row (i, t) is Pr(x_t = . | x_{-t}) for a real
   position t (sums to 1), zero on padding;
-- ``labels(tokens, lengths, task)`` -> ``[n]`` int64 downstream labels (-1: not defined for that
-  sentence, e.g. a span longer than the sentence);
+- ``labels(tokens, lengths, task, rule=...)`` -> ``[n]`` int64 raw downstream labels of given
+  sentences (-1: not defined for that sentence, e.g. a span longer than the sentence);
+- ``sample_downstream(n, seed, rule=, tasks=, device=)`` -> ``(tokens, lengths, {task: ids})``:
+  the one way every stage (corpus, measurements, the adversarial pool) gets labelled data. It draws
+  from the source's downstream distribution, labels by ``rule`` (default ``label_rules[0]``) and
+  returns class ids 0..num_classes-1 (raw label + ``label_offset``; -1 stays -1);
+- ``tasks``, ``label_rules`` (default first), ``num_classes(task)``, ``label_offset``;
 - ``entropy(n, seed)`` -> (mean per-token conditional entropy in nats, its standard error);
 - ``vocab`` (list of V words), ``tasks`` (task names), ``spec`` (the dict that rebuilds it),
   ``fingerprint()`` (a hash of the parameters that define the language).
@@ -54,12 +59,20 @@ def entropy_rows(probs: torch.Tensor) -> torch.Tensor:
 
 
 class Source(ABC):
-    """Base class: subclasses implement ``sample``, ``_conditionals_batch`` and ``labels``."""
+    """Base class: subclasses implement ``sample``, ``_conditionals_batch``, ``labels``,
+    ``num_classes``, ``label_rules`` and ``_fingerprint_arrays``; ``_labelled_sample`` where the
+    downstream distribution or labelling needs more than ``sample`` + ``labels``."""
 
     spec: dict
     vocab: list[str]
     max_length: int
     tasks: tuple[str, ...]
+    label_offset: int = 0  # added to a raw label to give its class id (Dyck's signed g*: T)
+
+    @property
+    @abstractmethod
+    def label_rules(self) -> tuple[str, ...]:
+        """The downstream label rules this source supports, its default first."""
 
     @property
     def V(self) -> int:
@@ -78,6 +91,47 @@ class Source(ABC):
     @abstractmethod
     def labels(self, tokens, lengths, task: str, **options) -> torch.Tensor:
         """Downstream labels [n] int64 for ``task`` (one of ``self.tasks``); -1 = undefined."""
+
+    def sample_downstream(
+        self,
+        n: int,
+        seed: int,
+        *,
+        rule: str | None = None,
+        tasks: tuple[str, ...] | None = None,
+        device: str | torch.device | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """n labelled sentences: tokens [n, T], lengths [n] and {task: class ids [n]} (int64,
+        CPU; -1 where the task is undefined for a sentence).
+
+        ``rule`` None is the source's default (``label_rules[0]``), ``tasks`` None all of
+        ``self.tasks``; ``device`` runs the labelling (the exact inference), not the sampling.
+        """
+        rule, tasks = self.check_downstream(rule, tasks)
+        tokens, lengths, raw = self._labelled_sample(n, seed, rule, tasks, device)
+        classes = {task: torch.where(y == PAD, y, y + self.label_offset).cpu()
+                   for task, y in raw.items()}
+        return tokens, lengths, classes
+
+    def check_downstream(self, rule: str | None, tasks) -> tuple[str, tuple[str, ...]]:
+        """(rule, tasks) resolved to the defaults and checked against this source's."""
+        rule = rule or self.label_rules[0]
+        if rule not in self.label_rules:
+            raise ValueError(f"label rule {rule!r} is not one of this {type(self).__name__} "
+                             f"source's; use one of {', '.join(self.label_rules)}")
+        tasks = tuple(self.tasks if tasks is None or not len(tasks) else tasks)
+        unknown = [t for t in tasks if t not in self.tasks]
+        if unknown:
+            raise ValueError(f"unknown task(s) {unknown}: this {type(self).__name__} source's "
+                             f"tasks are {', '.join(self.tasks)}")
+        return rule, tasks
+
+    def _labelled_sample(self, n, seed, rule, tasks, device):
+        """(tokens, lengths, {task: raw labels}) of n downstream sentences: by default ``sample``
+        labelled by ``labels``. Sources whose downstream distribution differs override this."""
+        tokens, lengths = self.sample(n, seed)
+        tok, ln = tokens.to(device or "cpu"), lengths.to(device or "cpu")
+        return tokens, lengths, {task: self.labels(tok, ln, task, rule=rule) for task in tasks}
 
     @abstractmethod
     def _fingerprint_arrays(self) -> list[np.ndarray]:
@@ -143,19 +197,26 @@ class Source(ABC):
 
     def entropy_terms(self, n, seed, *, batch_size=2048, device=None, progress=False):
         """Per-sentence (sum of token entropies, length) arrays over n sentences from ``seed``."""
+        tokens, lengths = self.sample(n, seed)
+        sums = self.sentence_entropies(tokens, lengths, batch_size=batch_size, device=device,
+                                       progress=progress)
+        return sums, lengths.numpy().astype(np.float64)
+
+    def sentence_entropies(self, tokens, lengths, *, batch_size=2048, device=None,
+                           progress=False) -> np.ndarray:
+        """sum_t H(x_t | x_{-t}) of each given sentence: [n] float64 (computed in float64)."""
         from tqdm.auto import tqdm
 
-        tokens, lengths = self.sample(n, seed)
+        n = len(tokens)
         sums = np.zeros(n)
-        bar = tqdm(total=n, desc="entropy", unit="sent", disable=not progress)
-        for i in range(0, n, batch_size):
-            tok, ln = tokens[i : i + batch_size], lengths[i : i + batch_size]
-            probs = self.conditionals(tok, ln, device=device, dtype=torch.float64,
-                                      batch_size=batch_size)
-            sums[i : i + len(tok)] = entropy_rows(probs).sum(-1).cpu().numpy()
-            bar.update(len(tok))
-        bar.close()
-        return sums, lengths.numpy().astype(np.float64)
+        with tqdm(total=n, desc="entropy", unit="sent", disable=not progress) as bar:
+            for i in range(0, n, batch_size):
+                tok, ln = tokens[i : i + batch_size], lengths[i : i + batch_size]
+                probs = self.conditionals(tok, ln, device=device, dtype=torch.float64,
+                                          batch_size=batch_size)
+                sums[i : i + len(tok)] = entropy_rows(probs).sum(-1).cpu().numpy()
+                bar.update(len(tok))
+        return sums
 
     def fingerprint(self) -> str:
         """sha256 of the defining arrays (grammar rules or matrices), in a fixed byte layout."""

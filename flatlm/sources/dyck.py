@@ -10,7 +10,7 @@ and a context with any other count has probability 0 under P; its row is all zer
 source, a zero row marks a context the language cannot produce).
 
 Downstream (task ``g_star``): g*(x) = #">" - #"<" on strings whose brackets are i.i.d. uniform
-(``sample_downstream``). Labels are g* itself, in -T..T with the parity of T, so they can be
+(``sample_downstream``). Raw labels are g* itself, in -T..T with the parity of T, so they can be
 negative; the class index is ``g* + label_offset`` (``label_offset = T``) in 0..2T, and
 ``num_classes`` is 2T + 1 (only the T + 1 even-offset classes occur). For even-length strings g*
 is even, so it never collides with the "undefined" label -1.
@@ -72,11 +72,15 @@ class Dyck(Source):
         tokens = (rank >= T // 2).astype(np.int64)
         return torch.from_numpy(tokens), torch.full((n,), T, dtype=torch.int64)
 
-    def sample_downstream(self, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """n strings of T i.i.d. uniform brackets (the paper's downstream distribution P_ds)."""
+    label_rules = ("count",)  # g* is a function of the string: nothing to choose
+
+    def _labelled_sample(self, n, seed, rule, tasks, device):
+        """n strings of T i.i.d. uniform brackets (the paper's downstream distribution P_ds)
+        labelled by g*."""
         T = self.max_length
         tokens = np.random.default_rng(seed).integers(0, 2, size=(n, T), dtype=np.int64)
-        return torch.from_numpy(tokens), torch.full((n,), T, dtype=torch.int64)
+        tokens, lengths = torch.from_numpy(tokens), torch.full((n,), T, dtype=torch.int64)
+        return tokens, lengths, {task: self.labels(tokens, lengths, task) for task in tasks}
 
     def _conditionals_batch(self, tokens, lengths, dtype) -> torch.Tensor:
         """One-hot rows [B, T, 2] from the count o of "<" among the others (module docstring).

@@ -308,6 +308,16 @@ class HMM(Source):
         self._position(task)
         return self.S
 
+    label_rules = ("sampled", "posterior")  # the paper classifies the hidden variable it drew
+
+    def _labelled_sample(self, n, seed, rule, tasks, device):
+        """Sentences with the states the sampler drew: rule "sampled" labels by them."""
+        tokens, lengths, states = self.sample_with_states(n, seed)
+        tok, ln = tokens.to(device or "cpu"), lengths.to(device or "cpu")
+        drawn = states if rule == "sampled" else None
+        return tokens, lengths, {task: self.labels(tok, ln, task, rule, states=drawn)
+                                 for task in tasks}
+
     def labels(self, tokens, lengths, task: str, rule: str = "posterior", states=None):
         """Hidden state at position k for ``task-k``: [n] int64, -1 where k > length.
 

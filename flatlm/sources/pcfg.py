@@ -169,6 +169,11 @@ class PCFG(Source):
         plan = self.plan(tokens.shape[1], tokens.device, dtype)
         return sentence_logprob(inside(tokens, plan), lengths, plan)
 
+    @property
+    def label_rules(self) -> tuple[str, ...]:
+        """The spec's ``label_rule`` first, then the others."""
+        return (self.label_rule, *(r for r in LABEL_RULES if r != self.label_rule))
+
     def num_classes(self, task: str) -> int:
         self._check_task(task)
         return len(self.grammar.root_symbols()) if task == "A" else self.grammar.N + 1

@@ -8,8 +8,6 @@
 - ``data``: batch streams whose position is one integer, masking, the adversarial D pool.
 - ``state``: ``TrainState`` and the checkpoint layout ``OUT/checkpoints/step-<N>/``.
 - ``loop``: ``train(cfg, source, model_cfg, out_dir, *, device, on_checkpoint, ...)``.
-- ``evaluate``: ``kl_to_truth`` (a small check of training; ``flatlm.measure`` has the official
-  measurements).
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ _EXPORTS = {
     "algorithms": "STEPS build_optimizer ridge_head_loss sentence_features",
     "state": "TrainState checkpoint_dir find_checkpoints newest_checkpoint",
     "loop": "TrainResult train",
-    "evaluate": "kl_to_truth",
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
 __all__ = sorted(_WHERE)

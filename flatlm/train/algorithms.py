@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flatlm.models.bert import encoder_features, word_logits
+from flatlm.models.bert import sentence_features, word_logits
 from flatlm.train.config import ALGORITHMS, TrainConfig
 from flatlm.train.data import MLMBatch, StepInputs
 
@@ -123,16 +123,6 @@ def sam_step(ctx: StepContext, inputs: StepInputs) -> dict[str, torch.Tensor]:
             p.copy_(saved)  # back to theta exactly (theta + eps - eps would round)
     ctx.optimizer.step()
     return {"train/loss": loss, "train/sam_loss_perturbed": loss_perturbed}
-
-
-def sentence_features(model: nn.Module, input_ids: torch.Tensor,
-                      attention_mask: torch.Tensor) -> torch.Tensor:
-    """Final-layer states of every position, concatenated: (n, (T+2) d), zero on padding.
-
-    The linear probe's representation (A.5: "we concatenate embeddings of all the tokens").
-    """
-    h = encoder_features(model, input_ids, attention_mask)  # (n, T+2, d)
-    return (h * attention_mask[..., None].to(h.dtype)).flatten(1)
 
 
 def ridge_head_loss(H1: torch.Tensor, y1: torch.Tensor, H2: torch.Tensor, y2: torch.Tensor,

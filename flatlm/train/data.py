@@ -189,13 +189,12 @@ class DownstreamPool:
         if task not in source.tasks:
             raise ValueError(f"train.adversarial_task={task!r}: the source's tasks are "
                              f"{list(source.tasks)}")
-        # the downstream distribution where it differs (Dyck: i.i.d. brackets, paper Section 5)
-        sample = getattr(source, "sample_downstream", source.sample)
-        tokens, lengths = sample(size, derive_seed(seed, "pool", 0))
-        y = source.labels(tokens.to(device), lengths.to(device), task).cpu()
-        labels = y + int(getattr(source, "label_offset", 0))  # class index (Dyck: g* + T)
+        # the source's downstream data and default label rule: what the probe is measured on
+        tokens, lengths, classes = source.sample_downstream(
+            size, derive_seed(seed, "pool", 0), tasks=(task,), device=device)
+        labels = classes[task]
         self.n_classes = source.num_classes(task)
-        keep = (labels >= 0) & (labels < self.n_classes)  # PCFG, HMM: -1 = undefined
+        keep = labels >= 0  # -1 = undefined for that sentence
         if int(keep.sum()) < d1 + d2:
             raise ValueError(f"train.adversarial_pool={size}: only {int(keep.sum())} sentences "
                              f"have a task-{task} label, fewer than d1 + d2 = {d1 + d2}")

@@ -38,7 +38,8 @@ def model():
 def test_finetuning_learns_an_easy_task_far_above_chance(model):
     src = FirstWordSource()
     tokens, lengths = src.sample(400, seed=0)
-    out = finetune_accuracy(model, src, tokens, lengths, None, "first", FAST)
+    out = finetune_accuracy(model, src, tokens, lengths, src.labels(tokens, lengths, "first"),
+                            "first", FAST)
     mean_key, std_key = finetune_keys("first")
     assert set(out) == {mean_key, std_key}
     assert out[mean_key] >= 0.9  # chance 0.5
@@ -61,7 +62,8 @@ def test_pcfg_task_with_undefined_labels_runs(src):
     model = build_model(parse_model("d16-h2-l1-i32"), src.V, src.max_length, seed=0)
     tokens, lengths = src.sample(40, seed=3)
     cfg = FinetuneConfig(epochs=1, seeds=1, batch_size=16)
-    out = finetune_accuracy(model, src, tokens, lengths, None, "B", cfg)
+    out = finetune_accuracy(model, src, tokens, lengths, src.labels(tokens, lengths, "B"), "B",
+                            cfg)
     assert 0.0 <= out["finetune/B/acc_mean"] <= 1.0 and out["finetune/B/acc_std"] == 0.0
 
 

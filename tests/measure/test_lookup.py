@@ -52,7 +52,8 @@ class NextWordSource:
 def test_labels_that_are_a_function_of_the_truth_are_read_off_the_lookup_table():
     src = NextWordSource()
     tokens, lengths = src.sample(600, seed=0)
-    out = lookup_table_accuracy(src, tokens, lengths, None, "next", CFG)
+    out = lookup_table_accuracy(src, tokens, lengths, src.labels(tokens, lengths, "next"),
+                                "next", CFG)
     assert set(out) == {lookup_key("next"), lookup_key("next") + "_std"}
     assert out[lookup_key("next")] >= 0.99 and src.calls == 1
 
@@ -60,7 +61,8 @@ def test_labels_that_are_a_function_of_the_truth_are_read_off_the_lookup_table()
 def test_shuffled_truth_control_is_at_chance():
     src = NextWordSource(shuffle=True)
     tokens, lengths = src.sample(600, seed=0)
-    out = lookup_table_accuracy(src, tokens, lengths, None, "next", CFG)
+    out = lookup_table_accuracy(src, tokens, lengths, src.labels(tokens, lengths, "next"),
+                                "next", CFG)
     assert out[lookup_key("next")] < 0.4  # chance 0.25; the tokens alone would give 1.0
     assert src.calls == 1
 

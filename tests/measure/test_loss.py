@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from flatlm.measure import ENTROPY, KL, LOSS, se_key
+from flatlm.measure import ENTROPY, KL, LOSS, per_sentence_key, se_key
 from flatlm.measure.loss import LOSS_DATA, LossConfig, loss_terms, masked_pairs, pretrain_loss
 from flatlm.models import MASK_ID, WORD_OFFSET, build_model, encode, parse_model
 from flatlm.sources import load
@@ -46,9 +46,26 @@ def test_loss_is_entropy_plus_kl_per_sentence_and_on_average(src, model, positio
     assert bool((terms[KL] > 0).all()) and bool((terms[ENTROPY] > 0).all())
     out = pretrain_loss(model, src, tokens, lengths, cfg)
     assert abs(out[LOSS] - out[ENTROPY] - out[KL]) < 1e-6
-    for key in KEYS:  # standard errors over sentences
-        assert out[key] == pytest.approx(float(terms[key].mean()), abs=1e-12)
-        assert out[se_key(key)] == pytest.approx(float(terms[key].std()) / 8, abs=1e-12)
+    L = lengths.double()
+    for key in KEYS:  # per token: length-weighted; per sentence: plain mean, s.e. over sentences
+        assert out[key] == pytest.approx(float((terms[key] * L).sum() / L.sum()), abs=1e-12)
+        sentence_key = per_sentence_key(key)
+        assert out[sentence_key] == pytest.approx(float(terms[key].mean()), abs=1e-12)
+        assert out[se_key(sentence_key)] == pytest.approx(float(terms[key].std()) / 8,
+                                                          abs=1e-12)
+
+
+def test_per_token_entropy_is_the_sources_and_loss_is_entropy_plus_kl_exactly(src, model,
+                                                                               language):
+    """Over every sentence of the language (each once), the per-token entropy with all positions
+    masked is exactly ``Source.sentence_entropies`` pooled by token, and loss = entropy + KL."""
+    tokens, lengths = language[0], language[1]
+    out = pretrain_loss(model, src, tokens, lengths, LossConfig(positions="all",
+                                                                batch_size=4096))
+    sums = src.sentence_entropies(tokens, lengths)
+    assert out[ENTROPY] == pytest.approx(sums.sum() / float(lengths.sum()), abs=1e-12)
+    assert out[LOSS] == pytest.approx(out[ENTROPY] + out[KL], abs=1e-12)
+    assert out[ENTROPY] != pytest.approx(out[per_sentence_key(ENTROPY)], abs=1e-3)
 
 
 def test_expected_loss_equals_one_hot_loss_over_the_whole_language(src, model, language):

@@ -82,20 +82,20 @@ def test_split_is_seeded_and_covers_every_sentence():
     assert not torch.equal(test, split_indices(101, 0.2, seed=5)[1])
 
 
-def test_undefined_labels_are_dropped_and_signed_labels_offset(src):
+def test_undefined_labels_are_dropped_and_signed_labels_come_offset(src):
     tokens, lengths = src.sample(50, seed=0)
     labels = src.labels(tokens, lengths, "B")
-    keep, classes, n_classes = downstream_classes(src, tokens, lengths, None, "B")
+    keep, classes, n_classes = downstream_classes(src, labels, "B")
     assert torch.equal(keep, labels != -1) and torch.equal(classes, labels[labels != -1])
     assert n_classes == src.num_classes("B") and not bool(keep.all())  # some sentences are short
     dyck = load("dyck:4")
-    tokens, lengths = dyck.sample_downstream(40, seed=0)
+    tokens, lengths, class_ids = dyck.sample_downstream(40, seed=0)
     g_star = dyck.labels(tokens, lengths)
-    keep, classes, n_classes = downstream_classes(dyck, tokens, lengths, g_star, "g_star")
+    keep, classes, n_classes = downstream_classes(dyck, class_ids["g_star"], "g_star")
     assert bool(keep.all()) and torch.equal(classes, g_star + 4) and n_classes == 9
     assert int(g_star.min()) < 0
     with pytest.raises(ValueError, match="class indices"):
-        downstream_classes(src, tokens, lengths, torch.full((40,), 99), "A")
+        downstream_classes(src, torch.full((40,), 99), "A")
 
 
 def test_encoder_features_are_every_state_concatenated_with_padding_zero(src):
@@ -116,9 +116,10 @@ def test_probe_reports_its_keys_deterministically(src):
     model = build_model(parse_model("d16-h2-l1-i32"), src.V, src.max_length, seed=0)
     tokens, lengths = src.sample(120, seed=2)
     cfg = dataclasses.replace(FAST, epochs=5)
-    out = probe(model, src, tokens, lengths, None, "A", cfg)
+    labels = src.labels(tokens, lengths, "A")
+    out = probe(model, src, tokens, lengths, labels, "A", cfg)
     assert set(out) == set(probe_keys("A")) and 0.0 <= out["probe/A/acc_mean"] <= 1.0
-    assert out == probe(model, src, tokens, lengths, src.labels(tokens, lengths, "A"), "A", cfg)
+    assert out == probe(model, src, tokens, lengths, labels, "A", cfg)
 
 
 def test_config_rejects_bad_values():

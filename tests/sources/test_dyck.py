@@ -52,7 +52,7 @@ def test_g_star_labels():
 def test_encoding_matches_paper():
     T = 8
     src = Dyck(T)
-    tokens, lengths = src.sample_downstream(200, seed=1)
+    tokens, lengths, _ = src.sample_downstream(200, seed=1)
     x = src.encode(tokens)
     assert tuple(x.shape) == (200, T, 2 * T) and x.dtype == torch.float32
     # g*(x) = -<1_T, [sum_t x_t]_{1:T}>
@@ -95,7 +95,7 @@ def test_sampler_uniform_over_balanced_strings():
 
 
 def test_downstream_sampler_is_uniform():
-    tokens, _ = Dyck(8).sample_downstream(20_000, seed=4)
+    tokens, _, _ = Dyck(8).sample_downstream(20_000, seed=4)
     assert abs(tokens.double().mean() - 0.5) < 0.01
     assert tokens.sum(1).unique().numel() == 9  # every count 0..8 occurs
 

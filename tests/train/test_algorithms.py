@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from flatlm.measure.loss import kl_to_truth
 from flatlm.models import build_model, parse_model, word_logits
-from flatlm.train import TrainConfig, kl_to_truth, resolve, train
+from flatlm.train import TrainConfig, resolve, train
 from flatlm.train.algorithms import (
     StepContext,
     build_optimizer,
