@@ -79,7 +79,7 @@ def test_metadata_records_the_source_and_layout(tmp_path):
     assert meta["padding"] == -1 and meta["seed"] == 3
     assert {s: v["n"] for s, v in meta["splits"].items()} == {
         "train": 60, "validation": 20, "downstream": 30}
-    assert meta["label_rule"] == "inside" and meta["tasks"] == ["A", "B", "C"]
+    assert meta["label_rule"] == "posterior" and meta["tasks"] == ["A", "B", "C"]
     assert meta["num_classes"] == {t: src.num_classes(t) for t in src.tasks}
     assert meta["config"]["n_entropy"] == 20_000 and meta["entropy_n_sentences"] == 20
     arrows = [name for name in meta["files"] if name.endswith(".arrow")]

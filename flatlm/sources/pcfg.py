@@ -9,18 +9,30 @@ Spec fields (``flatlm.sources.load``):
   paper's grammar never yields more than 16 words, so its T is 16.
 - ``spans``: the downstream tasks other than A, task name -> span length L (default
   ``{"B": 4, "C": 2}``, the released code's spans).
-- ``label_rule``: ``"inside"`` (default) or ``"posterior"``, see ``PCFG.labels``.
+- ``label_rule``: the default downstream label rule, ``"posterior"`` (default), ``"span"`` or
+  ``"inside"``; see below.
+- ``downstream_min_length``: downstream sentences have at least this many words (the released code
+  keeps 5..31); default 5, or the grammar's longest sentence if that is shorter.
 - ``strict``: make an unreachable symbol an error (default false: reported and kept, since the
   paper's grammar has one, A1_9).
 
 Downstream tasks label the nonterminal over the span of the first L words: task A the whole
-sentence (root symbols only), B and C the first ``spans[task]`` words. Two rules:
+sentence (root symbols only), B and C the first ``spans[task]`` words. Three rules:
 
-- ``"inside"`` (default; the paper's released code): argmax_A inside(A, [0, L)) =
-  argmax_A Pr(A =>* x_1..x_L), whether or not A can sit over that span in a parse of the whole
-  sentence. Class N ("no constituent") when no nonterminal derives the span.
-- ``"posterior"``: argmax over A of Pr(A spans [0, L) | x) in a random parse of x, plus an explicit
-  "no constituent" class N with probability 1 - sum_A Pr(A spans [0, L) | x).
+- ``"posterior"`` (default): argmax over A of Pr(A spans [0, L) | x) in a random parse of the whole
+  sentence x, plus an explicit "no constituent" class N with probability
+  1 - sum_A Pr(A spans [0, L) | x).
+- ``"span"`` (the paper's text, A.1: y = argmax_s Pr(s | x_1..x_L)): conditioned on the span's words
+  only, the rest of the sentence summed out: Pr(A spans [0, L), x_1..x_L) =
+  LC(A) inside(A, [0, L)), where LC(A) = expected number of times A sits on the left spine of a
+  tree (LC = root + P_L^T LC, P_L[B, A] = sum_C Pr(B -> A C)). Class N when no nonterminal derives
+  the span. Exact for the language without the length filter (the paper's grammar never reaches
+  it).
+- ``"inside"`` (the paper's released code): argmax_A inside(A, [0, L)) = argmax_A
+  Pr(A =>* x_1..x_L), with no prior over A and whether or not A can sit over that span in a parse
+  of the whole sentence. Class N when no nonterminal derives the span.
+
+For task A, "posterior" and "span" coincide (the span is the sentence).
 
 Labels are nonterminal ids (root symbols come first, so task A's labels are 0..roots-1); a
 sentence shorter than L gets -1.
@@ -36,6 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from flatlm.seeds import derive_seed
 from flatlm.sources.base import Source, SourceError, as_tokens
 from flatlm.sources.grammar import (
     Grammar,
@@ -52,8 +65,10 @@ from flatlm.sources.inside_outside import (
 )
 from flatlm.sources.pcfg_sampler import RuleTable, sample_sentences
 
-LABEL_RULES = ("inside", "posterior")
-_FIELDS = {"kind", "grammar", "random", "seed", "max_length", "spans", "label_rule", "strict"}
+LABEL_RULES = ("posterior", "span", "inside")
+_FIELDS = {"kind", "grammar", "random", "seed", "max_length", "spans", "label_rule", "strict",
+           "downstream_min_length"}
+DOWNSTREAM_MIN_LENGTH = 5  # the released code keeps downstream sentences of 5..31 words
 
 
 def paper_grammar_path() -> Path:
@@ -84,7 +99,8 @@ class PCFG(Source):
     """A PCFG language; see the module docstring for the spec and the task labels."""
 
     def __init__(self, grammar: Grammar, *, spec: dict, max_length: int = 32,
-                 spans: dict | None = None, label_rule: str = "inside"):
+                 spans: dict | None = None, label_rule: str = "posterior",
+                 downstream_min_length: int | None = None):
         self.grammar = grammar
         self.spec = spec
         self.vocab = list(grammar.words)
@@ -93,6 +109,13 @@ class PCFG(Source):
         self.spans = dict(spans if spans is not None else {"B": 4, "C": 2})
         self.label_rule = label_rule
         self.tasks = ("A", *self.spans)
+        if downstream_min_length is None:
+            downstream_min_length = min(DOWNSTREAM_MIN_LENGTH, self.max_length)
+        if not 1 <= downstream_min_length <= self.max_length:
+            raise SourceError(f"pcfg spec field downstream_min_length={downstream_min_length}: "
+                              f"this grammar's sentences have 1..{self.max_length} words; use a "
+                              "value in that range")
+        self.downstream_min_length = int(downstream_min_length)
         self._plans: dict = {}
 
     @classmethod
@@ -109,14 +132,18 @@ class PCFG(Source):
                 isinstance(v, int) and v >= 1 for v in spans.values()):
             raise SourceError("pcfg spec field spans must map task names (not 'A') to span "
                               "lengths >= 1, e.g. {\"B\": 4, \"C\": 2}")
-        rule = spec.get("label_rule", "inside")
+        rule = spec.get("label_rule", LABEL_RULES[0])
         if rule not in LABEL_RULES:
             raise SourceError(f"pcfg spec field label_rule={rule!r}: use one of {LABEL_RULES}")
+        min_length = spec.get("downstream_min_length")
+        if min_length is not None and (not isinstance(min_length, int) or min_length < 1):
+            raise SourceError(f"pcfg spec field downstream_min_length={min_length!r}: use an "
+                              "int >= 1 (the released code: 5)")
         spec = dict(spec)
         if spec.get("grammar") not in (None, "paper"):
             spec["grammar"] = str(Path(spec["grammar"]).absolute())  # Ray may chdir
         return cls(_grammar_from_spec(spec), spec=spec, max_length=max_length,
-                   spans=spans, label_rule=rule)
+                   spans=spans, label_rule=rule, downstream_min_length=min_length)
 
     @cached_property
     def _table(self) -> RuleTable:
@@ -185,29 +212,84 @@ class PCFG(Source):
     def labels(self, tokens, lengths, task: str, rule: str | None = None, *,
                batch_size: int = 1024) -> torch.Tensor:
         """Nonterminal labels for ``task`` by ``rule`` (default: the spec's ``label_rule``)."""
-        self._check_task(task)
+        return self.labels_of_tasks(tokens, lengths, (task,), rule, batch_size=batch_size)[task]
+
+    def labels_of_tasks(self, tokens, lengths, tasks, rule: str | None = None, *,
+                        batch_size: int = 1024) -> dict[str, torch.Tensor]:
+        """{task: labels [n]} for several tasks from one inside (and outside) pass per batch."""
+        for task in tasks:
+            self._check_task(task)
         rule = rule or self.label_rule
         if rule not in LABEL_RULES:
             raise ValueError(f"label rule {rule!r}: use one of {LABEL_RULES}")
         tokens, lengths = as_tokens(tokens, lengths)
         parts = [self._labels_batch(tokens[i : i + batch_size], lengths[i : i + batch_size],
-                                    task, rule) for i in range(0, len(tokens), batch_size)]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+                                    tasks, rule) for i in range(0, len(tokens), batch_size)]
+        if not parts:
+            return {task: torch.zeros(0, dtype=torch.int64) for task in tasks}
+        return {task: torch.cat([p[task] for p in parts]) for task in tasks}
 
-    def _labels_batch(self, tokens, lengths, task, rule):
+    def _labelled_sample(self, n, seed, rule, tasks, device):
+        """Sentences of at least ``downstream_min_length`` words, labelled for all tasks at
+        once."""
+        tokens, lengths = self.downstream_sentences(n, seed)
+        tok, ln = tokens.to(device or "cpu"), lengths.to(device or "cpu")
+        labels = self.labels_of_tasks(tok, ln, tasks, rule)
+        return tokens, lengths, {task: y.cpu() for task, y in labels.items()}
+
+    def downstream_sentences(self, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """n sentences of the pre-training distribution conditioned on at least
+        ``downstream_min_length`` words: rejection sampling, round k drawing from
+        derive_seed(seed, "downstream", k), so the result is a function of (n, seed)."""
+        if self.downstream_min_length <= 1:
+            return self.sample(n, seed)
+        kept_tokens, kept_lengths, have, drawn, accepted = [], [], 0, 0, 0
+        for k in range(64):
+            rate = (accepted + 1) / (drawn + 2)  # smoothed acceptance so far
+            m = int(min(4 * n, (n - have) / rate * 1.1)) + 64
+            tokens, lengths = self.sample(m, derive_seed(seed, "downstream", k))
+            keep = lengths >= self.downstream_min_length
+            drawn, accepted = drawn + m, accepted + int(keep.sum())
+            kept_tokens.append(tokens[keep])
+            kept_lengths.append(lengths[keep])
+            have += int(keep.sum())
+            if have >= n:
+                return torch.cat(kept_tokens)[:n], torch.cat(kept_lengths)[:n]
+        raise SourceError(f"downstream_min_length={self.downstream_min_length}: only {accepted} "
+                          f"of {drawn} sampled sentences are that long; lower it")
+
+    @cached_property
+    def log_left_corner(self) -> torch.Tensor:
+        """log LC(A): expected occurrences of A on the left spine of a tree (module docstring),
+        [N] float64; -inf where A never starts a sentence."""
+        g = self.grammar
+        P = np.zeros((g.N, g.N))
+        np.add.at(P, (g.binary_parent, g.binary_left), g.binary_prob)
+        lc = np.linalg.solve(np.eye(g.N) - P.T, g.root)  # lc = root + P^T lc
+        with np.errstate(divide="ignore"):
+            return torch.from_numpy(np.log(np.clip(lc, 0.0, None)))
+
+    def _labels_batch(self, tokens, lengths, tasks, rule) -> dict[str, torch.Tensor]:
         plan = self.plan(tokens.shape[1], tokens.device, torch.float64)
         chart = inside(tokens, plan)
-        L = lengths if task == "A" else torch.full_like(lengths, self.spans.get(task, 0))
-        L_cell = L.clamp(max=tokens.shape[1])
-        span_in = chart.log(0, L_cell)  # (B, N)
-        if rule == "inside":
-            score = span_in
-        else:
-            span_out = outside(chart, lengths, plan).log(0, L_cell)
-            score = span_in + span_out - sentence_logprob(chart, lengths, plan)[:, None]
+        if rule == "posterior":
+            out_chart = outside(chart, lengths, plan)
+            log_px = sentence_logprob(chart, lengths, plan)[:, None]  # (B, 1)
+        labels = {}
+        for task in tasks:
+            L = lengths if task == "A" else torch.full_like(lengths, self.spans[task])
+            L_cell = L.clamp(max=tokens.shape[1])
+            score = chart.log(0, L_cell)  # (B, N): log inside(A, [0, L))
+            if rule == "posterior":
+                score = score + out_chart.log(0, L_cell) - log_px
+            elif rule == "span":
+                score = score + self.log_left_corner.to(score.device)
+            labels[task] = self._argmax_label(score, task, rule, lengths, L)
+        return labels
+
+    def _argmax_label(self, score, task, rule, lengths, L) -> torch.Tensor:
         if task == "A":
-            roots = len(self.grammar.root_symbols())
-            return score[:, :roots].argmax(-1)
+            return score[:, : len(self.grammar.root_symbols())].argmax(-1)
         none = torch.log1p(-score.exp().sum(-1).clamp(max=1)) if rule == "posterior" else \
             torch.where(torch.isfinite(score).any(-1), -math.inf, 0.0).to(score.dtype)
         label = torch.cat([score, none[:, None]], -1).argmax(-1)  # class N = no constituent

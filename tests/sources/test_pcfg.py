@@ -217,3 +217,67 @@ def test_paper_grammar_file_is_the_shipped_copy():
     assert src.num_classes("A") == 9 and src.num_classes("B") == 50
     again = parse_grammar(src.grammar.report["file"])
     assert np.array_equal(again.emission, src.grammar.emission)
+
+
+def test_left_corner_counts_match_brute_force():
+    """LC(A) = E[number of spans (A, 0, j) in a random parse], summed over the finite language."""
+    src = random_tiny(3)
+    g = src.grammar
+    joint = enumerate_yields(g, src.max_length)
+    assert sum(joint.values()) == pytest.approx(1.0, abs=1e-12)  # finite language: all of it
+    lc = np.zeros(g.N)
+    for y in joint:
+        for p, spans in enumerate_parses(g, y):
+            for A, i, _ in spans:
+                lc[A] += p if i == 0 else 0.0
+    got = src.log_left_corner.exp().numpy()
+    np.testing.assert_allclose(got, lc, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("seed", [3, 7])
+def test_span_rule_matches_brute_force_over_prefixes(seed):
+    """"span": argmax_A Pr(A spans [0, L), x_1..x_L), the rest of the sentence summed out, by
+    enumerating every sentence with that prefix and every parse of it."""
+    src = random_tiny(seed)
+    g = src.grammar
+    joint = enumerate_yields(g, src.max_length)
+    sentences, tokens, lengths = all_sentences(joint, src.max_length)
+    L = 2
+    by_prefix = {}
+    for y in joint:
+        if len(y) < L:
+            continue
+        score = by_prefix.setdefault(tuple(y[:L]), np.zeros(g.N))
+        for p, spans in enumerate_parses(g, y):
+            for A in range(g.N):
+                score[A] += p if (A, 0, L) in spans else 0.0
+    src.spans = {"B": L}  # the tiny grammar's sentences are short: B over the first 2 words
+    got = src.labels(tokens, lengths, "B", rule="span").tolist()
+    for y, label in zip(sentences, got, strict=True):
+        if len(y) < L:
+            assert label == -1
+            continue
+        score = list(by_prefix[tuple(y[:L])])
+        score = score + [1.0] if max(score) == 0 else score + [0.0]
+        assert score[label] == pytest.approx(max(score), rel=1e-9), y
+    posterior = src.labels(tokens, lengths, "B", rule="posterior")
+    assert not torch.equal(torch.tensor(got), posterior)  # a different rule on this grammar
+
+
+def test_task_a_span_and_posterior_rules_agree(toy):
+    tokens, lengths = toy.sample(300, seed=1)
+    a = toy.labels_of_tasks(tokens, lengths, ("A",), "span")["A"]
+    assert torch.equal(a, toy.labels(tokens, lengths, "A", rule="posterior"))
+
+
+def test_downstream_sentences_have_the_minimum_length():
+    src = load({"kind": "pcfg", "grammar": "paper"})
+    assert src.downstream_min_length == 5 and src.label_rules[0] == "posterior"
+    tokens, lengths, classes = src.sample_downstream(400, seed=0)
+    assert int(lengths.min()) >= 5 and len(tokens) == 400
+    assert torch.equal(src.sample_downstream(400, seed=0)[0], tokens)
+    pre = src.sample(4000, seed=0)[1]
+    assert int(pre.min()) < 5  # pre-training keeps short sentences
+    assert load("pcfg:paper,downstream_min_length=1").downstream_sentences(5, 0)[1].min() >= 1
+    with pytest.raises(ValueError, match="downstream_min_length"):
+        load("pcfg:paper,downstream_min_length=17")
