@@ -7,12 +7,12 @@ The pre-trained model is never modified. Reported: mean and std (ddof=1; 0 for o
 the seeds.
 
 After warmup the rate decays linearly (Devlin et al.'s protocol; ``schedule="linear"``, the
-default) or stays constant (``schedule="constant"``); ``finetune_lr`` gives the table. Not stated
-in the paper, chosen here: weight decay 0.01 (BERT's), 5 seeds by default as for the probe
-(A.5 reports 5; sweeps may lower ``seeds`` for cost). Labels and the split are those of
-``measure.probe`` (``downstream_classes``, ``split_indices`` with ``seed``), so a fine-tuned model
-and its linear probe are tested on the same sentences. Seed s fixes the head, the batch order and
-the dropout masks (the global RNG is forked, so the caller's is untouched).
+default) or stays constant (``schedule="constant"``); ``flatlm.schedules.learning_rate`` gives
+the table. Not stated in the paper, chosen here: weight decay 0.01 (BERT's), 5 seeds by default as
+for the probe (A.5 reports 5; sweeps may lower ``seeds`` for cost). Labels and the split are
+those of ``measure.probe`` (``downstream_classes``, ``split_indices`` with ``seed``), so a
+fine-tuned model and its linear probe are tested on the same sentences. Seed s fixes the head, the
+batch order and the dropout masks (the global RNG is forked, so the caller's is untouched).
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from torch import nn
 from flatlm.measure import finetune_keys
 from flatlm.measure.probe import downstream_classes, split_indices
 from flatlm.models.bert import cls_features, unwrap
+from flatlm.schedules import SCHEDULES, learning_rate
 from flatlm.seeds import derive_seed
 from flatlm.sources.base import Source, as_tokens
 from flatlm.tokens import encode
-
-SCHEDULES = ("linear", "constant")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,25 +57,6 @@ class FinetuneConfig:
             raise ValueError("finetune.warmup_steps must be >= 0 and finetune.lr > 0")
         if not 0.0 < self.test_fraction < 1.0:
             raise ValueError(f"finetune.test_fraction={self.test_fraction}: use a value in (0, 1)")
-
-
-def finetune_lr(step: int, *, peak: float, warmup_steps: int, total_steps: int,
-                schedule: str = "linear") -> float:
-    """Rate of update ``step`` (0-based) of ``total_steps``: ``peak * (step + 1) / warmup_steps``
-    while warming up, then ``peak`` ("constant") or ``peak * (total - step) / (total - warmup)``
-    ("linear", never above ``peak``, last update at ``peak / (total - warmup)``).
-
-    >>> [finetune_lr(s, peak=1.0, warmup_steps=2, total_steps=6) for s in range(6)]
-    [0.5, 1.0, 1.0, 0.75, 0.5, 0.25]
-    >>> [finetune_lr(s, peak=1.0, warmup_steps=2, total_steps=6, schedule="constant")
-    ...  for s in range(6)]
-    [0.5, 1.0, 1.0, 1.0, 1.0, 1.0]
-    """
-    if step + 1 < warmup_steps:
-        return peak * (step + 1) / warmup_steps
-    if schedule == "constant":
-        return peak
-    return peak * min(1.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
 
 @torch.no_grad()
@@ -119,7 +99,7 @@ def finetuned_accuracy(
             for i in range(0, n, cfg.batch_size):
                 idx = order[i : i + cfg.batch_size]  # (B,)
                 for group in opt.param_groups:
-                    group["lr"] = finetune_lr(step, peak=cfg.lr, warmup_steps=cfg.warmup_steps,
+                    group["lr"] = learning_rate(step, peak=cfg.lr, warmup_steps=cfg.warmup_steps,
                                               total_steps=total, schedule=cfg.schedule)
                 logits = head(cls_features(tuned, train[0][idx], train[1][idx]))  # (B, C)
                 loss = nn.functional.cross_entropy(logits, train[2][idx])

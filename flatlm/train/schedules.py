@@ -9,6 +9,8 @@ steps can be compared and pre-training continued from any of them (A.5).
 
 from __future__ import annotations
 
+from flatlm.schedules import learning_rate
+
 
 def warmup_constant(step: int, *, peak: float, warmup_steps: int) -> float:
     """Rate for update ``step`` (0-based): ``peak * (step + 1) / warmup_steps`` while warming up,
@@ -17,8 +19,5 @@ def warmup_constant(step: int, *, peak: float, warmup_steps: int) -> float:
     The first update already moves (rate ``peak / warmup_steps``) and update ``warmup_steps - 1``
     is the first at the peak; ``warmup_steps = 0`` starts at the peak.
     """
-    if step < 0:
-        raise ValueError(f"step={step}: updates are numbered from 0")
-    if warmup_steps <= 0 or step + 1 >= warmup_steps:
-        return peak
-    return peak * (step + 1) / warmup_steps
+    return learning_rate(step, peak=peak, warmup_steps=warmup_steps, total_steps=step + 1,
+                         schedule="constant")
