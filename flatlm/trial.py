@@ -93,7 +93,7 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
     out_dir = Path(out_dir).absolute()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
-    data = eval_data(source, cfg.measure)
+    data = eval_data(source, cfg.measure, model_cfg)
     done = read_metrics(out_dir)
 
     def on_checkpoint(step: int, model, ckpt_dir: Path) -> None:

@@ -1,6 +1,6 @@
 """Pre-training algorithms at the same loss (paper Tables 1 / 2): AdamW, SGD, SAM, no
 regularisation and the adversarial objective, with the lookup table (the probe on the true
-conditionals, ``lookup/<task>/acc``) measured in every trial. No arguments: 4 tiny CPU trials.
+conditionals, ``lookup/<task>/acc_mean``) measured in every trial. No arguments: 4 tiny CPU trials.
 
     python sweeps/algorithms.py
     python sweeps/algorithms.py --preset paper --address auto --gpus-per-trial 1

@@ -30,7 +30,7 @@ def test_trial_measures_every_checkpoint_and_reports(tmp_path):
     for step, metrics, ckpt in seen:
         for key in ("pretrain/loss", "pretrain/kl", "pretrain/entropy", "flat/trace_fisher",
                     "flat/trace_fisher_se", "flat/trace_hessian", "probe/B/acc_mean",
-                    "lookup/B/acc"):
+                    "lookup/B/acc_mean"):
             assert key in metrics, key
         assert metrics["pretrain/loss"] == pytest.approx(
             metrics["pretrain/entropy"] + metrics["pretrain/kl"], abs=1e-6)

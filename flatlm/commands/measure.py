@@ -57,6 +57,7 @@ def _config(args):
 def run(args) -> int:
     from flatlm.measure.run import eval_data, measure_model
     from flatlm.models.checkpoint import load_checkpoint
+    from flatlm.models.presets import ModelConfig
     from flatlm.sources import load
 
     ckpt = Path(args.checkpoint)
@@ -66,7 +67,8 @@ def run(args) -> int:
     model, info = load_checkpoint(ckpt)
     source = load(args.source or info["source"])
     model = model.to(args.device)
-    metrics = measure_model(model, source, eval_data(source, cfg), cfg, args.device)
+    data = eval_data(source, cfg, ModelConfig(**info["model"]))  # random-features reference
+    metrics = measure_model(model, source, data, cfg, args.device)
     out = {"checkpoint": str(ckpt.absolute()), "source": source.spec, **metrics}
     path = Path(args.out) if args.out else ckpt / "measure.json"
     path.write_text(json.dumps(out, indent=2) + "\n")

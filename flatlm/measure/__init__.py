@@ -18,11 +18,17 @@ Flatness (see ``measure.flatness``):
     flat/trace_hessian  Tr of the Hessian of the population loss (labels = the true conditional)
     flat/trace_hessian_data   Tr of the Hessian of the loss with one-hot data labels
     flat/hessian_fisher_gap   flat/trace_hessian - flat/trace_fisher
-Downstream (see ``measure.probe``, ``measure.finetune``, ``measure.lookup``):
-    probe/<task>/acc_mean, probe/<task>/acc_std   linear probe on frozen features, over seeds
-    finetune/<task>/acc_mean, finetune/<task>/acc_std
-    lookup/<task>/acc, lookup/<task>/acc_std   linear probe on the concatenated true
-                        conditionals of every position (the paper's "lookup table")
+Downstream (see ``measure.probe``, ``measure.finetune``, ``measure.lookup``), per task, each on
+the same held-out sentences, labelled as ``Source.sample_downstream`` labels them:
+    probe/<task>/<stat>      linear probe on the model's frozen features
+    random_init/<task>/<stat>  the same probe on a randomly initialised model of the same shape
+                        (reference row, measured once per trial)
+    lookup/<task>/<stat>     the same probe on the concatenated true conditionals of every
+                        position (the paper's "lookup table"; reference row, once per trial)
+    finetune/<task>/acc_mean, finetune/<task>/acc_std   the whole model fine-tuned, over seeds
+  with <stat> one of PROBE_STATS: acc_mean, acc_std (over head seeds), acc_se (honest standard
+  error: test-set sampling and the seed spread), train_acc, majority_acc (reference row: the
+  training split's most frequent class), n_train, n_test, num_classes.
 """
 
 LOSS = "pretrain/loss"
@@ -45,8 +51,18 @@ def se_key(key: str) -> str:
     return f"{key}_se"
 
 
+PROBE_STATS = ("acc_mean", "acc_std", "acc_se", "train_acc", "majority_acc", "n_train", "n_test",
+               "num_classes")
+PROBE_STAGES = ("probe", "random_init", "lookup")
+
+
+def probe_key(task: str, stat: str = "acc_mean", stage: str = "probe") -> str:
+    """``<stage>/<task>/<stat>``: ``probe_key("B")`` -> ``probe/B/acc_mean``."""
+    return f"{stage}/{task}/{stat}"
+
+
 def probe_keys(task: str) -> tuple[str, str]:
-    return f"probe/{task}/acc_mean", f"probe/{task}/acc_std"
+    return probe_key(task), probe_key(task, "acc_std")
 
 
 def finetune_keys(task: str) -> tuple[str, str]:
@@ -54,4 +70,4 @@ def finetune_keys(task: str) -> tuple[str, str]:
 
 
 def lookup_key(task: str) -> str:
-    return f"lookup/{task}/acc"
+    return probe_key(task, "acc_mean", "lookup")

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import torch
 
-from flatlm.measure import lookup_key
-from flatlm.measure.probe import ProbeConfig, downstream_classes, linear_probe_accuracy
+from flatlm.measure.probe import (
+    ProbeConfig,
+    downstream_classes,
+    linear_probe_accuracy,
+    probe_metrics,
+)
 from flatlm.sources.base import Source, as_tokens
 
 
@@ -35,11 +39,11 @@ def lookup_table_accuracy(
     cfg: ProbeConfig,
     device: str | torch.device = "cpu",
 ) -> dict[str, float]:
-    """``lookup/<task>/acc`` (mean over the probe's seeds) and ``lookup/<task>/acc_std`` on the
-    downstream sentences with their class ids (``sample_downstream``)."""
+    """``lookup/<task>/<stat>`` (the probe's statistics, ``flatlm.measure``) on the downstream
+    sentences with their class ids (``sample_downstream``)."""
     keep, classes, num_classes = downstream_classes(source, classes, task)
     tokens, lengths = as_tokens(tokens, lengths)
     keep = keep.to(tokens.device)
     features = lookup_features(source, tokens[keep], lengths[keep], device=device)
     result = linear_probe_accuracy(features, classes, num_classes, cfg)
-    return {lookup_key(task): result["acc_mean"], f"{lookup_key(task)}_std": result["acc_std"]}
+    return probe_metrics("lookup", task, result, num_classes)

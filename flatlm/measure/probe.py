@@ -6,15 +6,28 @@ concatenated into one vector of (T + 2) d numbers per sentence (padded positions
 input is not masked. Optionally a fixed Gaussian projection to ``project_dim`` (A.5 uses 512 and
 finds it changes nothing; the default is the plain probe, as reported there).
 
-Head: a linear layer trained with AdamW (lr 1e-3, 100 epochs, A.5) on features computed once. The
-heads of all ``seeds`` are trained at once as one batched linear layer [S, D, C]: seed s has its own
+Head: a linear layer trained with AdamW on features computed once: by default as the paper's text
+has it (lr 1e-3, 100 epochs, A.5), in minibatches of 64, weight decay 0.01, 50 warmup updates and
+gradient-norm clip 1.0 as in the released code, constant rate after warmup. ``RELEASED`` holds the
+released code's settings (batch 512, 50 epochs, linear ("polynomial", power 1) decay): they suit
+its 10^5 sentences; on a few thousand they leave a few hundred updates, most of them warmup, and
+the probe underfits (tests/measure/test_probe.py shows it on separable data). The
+features are standardised with the training split's mean and std (the released code does not; raw
+features let the lookup table's probabilities underfit and wide BERT states dominate). The heads
+of all ``seeds`` are trained at once as one batched linear layer [S, D, C]: seed s has its own
 initialisation (``nn.Linear``'s uniform(-1/sqrt(D), 1/sqrt(D))) and its own minibatch order, the
-summed loss gives each head only its own gradient, and AdamW acts elementwise, so each head is the
-one it would be if trained alone (checked in tests/measure/test_probe.py). Reported: test accuracy
-mean and std (ddof=1; 0 for one seed) over the seeds.
+summed loss gives each head only its own gradient, clipping is per head, and AdamW acts
+elementwise, so each head is the one it would be if trained alone (tests/measure/test_probe.py).
 
-Not stated in the paper, chosen here: minibatches of 64, weight decay 0.01 (AdamW's default), no
-feature standardisation (optional), and the split below.
+Reported with every accuracy (``linear_probe_accuracy``; keys in ``flatlm.measure``):
+
+- ``acc_mean``, ``acc_std``: test accuracy, mean and std (ddof=1; 0 for one seed) over the seeds;
+- ``acc_se``: its standard error, sqrt(se_test^2 + acc_std^2 / S), where se_test is the standard
+  error over test sentences of each sentence's correctness averaged over the seeds (the binomial
+  error of a finite test set, which the seed spread alone hides). Conservative: the two terms
+  share some seed noise; the draw of the training split is not included;
+- ``train_acc``: training accuracy (mean over seeds): underfitting or memorising shows here;
+- ``majority_acc``: the reference row "always the training split's most frequent class".
 
 Downstream data (``downstream_classes``, ``split_indices``; also used by ``measure.lookup`` and
 ``measure.finetune``): class ids as ``Source.sample_downstream`` gives them; sentences whose id is
@@ -31,26 +44,34 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from flatlm.measure import probe_keys
+from flatlm.measure import probe_key
 from flatlm.models.bert import sentence_features
+from flatlm.schedules import SCHEDULES, learning_rate
 from flatlm.seeds import derive_seed
 from flatlm.sources.base import PAD, Source, as_tokens
 from flatlm.tokens import encode
+
+RELEASED = {"batch_size": 512, "epochs": 50, "lr": 1e-3, "weight_decay": 0.01,
+            "schedule": "linear", "warmup_steps": 50, "grad_clip": 1.0, "standardize": False}
+# the released code's probe settings (pcfg/generate_downstream.py), as ProbeConfig overrides
 
 
 @dataclass(frozen=True, kw_only=True)
 class ProbeConfig:
     """Linear-probe training; the features, labels and device are arguments."""
 
-    epochs: int = 100  # passes over the training split; paper 100
-    lr: float = 1e-3  # AdamW learning rate, constant; paper 1e-3
-    weight_decay: float = 0.01  # AdamW decoupled weight decay; not stated in the paper
+    epochs: int = 100  # passes over the training split; paper's text 100, released code 50
+    lr: float = 1e-3  # AdamW peak learning rate; paper 1e-3
+    weight_decay: float = 0.01  # AdamW decoupled weight decay; released code 0.01
     seeds: int = 5  # heads trained (each its own init and batch order); paper 5
     seed: int = 0  # base seed: the split, the projection and the heads derive from it
     project_dim: int | None = None  # fixed Gaussian projection to this size (paper: 512); None
-    batch_size: int | None = 64  # examples per update; None = the whole training split
+    batch_size: int | None = 64  # examples per update (released code 512); None = all
+    schedule: str = "constant"  # after warmup: "constant" or "linear" decay to 0 (released)
+    warmup_steps: int = 50  # linear warmup updates (released code 50); >= 0
+    grad_clip: float | None = 1.0  # clip each head's gradient norm (released code 1.0); None
     test_fraction: float = 0.2  # share of the (labelled) sentences held out for accuracy; (0, 1)
-    standardize: bool = False  # z-score each feature with training-split statistics
+    standardize: bool = True  # z-score each feature with training-split statistics
     forward_batch_size: int = 256  # sentences per forward pass when computing model features
 
     def __post_init__(self):
@@ -62,6 +83,12 @@ class ProbeConfig:
             raise ValueError(f"probe.project_dim={self.project_dim}: use None or an int >= 1")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"probe.batch_size={self.batch_size}: use None or an int >= 1")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"probe.schedule={self.schedule!r}: use one of {SCHEDULES}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"probe.warmup_steps={self.warmup_steps}: use an int >= 0")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"probe.grad_clip={self.grad_clip}: use None or a value > 0")
 
 
 def split_indices(n: int, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,26 +138,45 @@ def train_heads(
     W, b = _heads(D, num_classes, gens, x.device, x.dtype)
     opt = torch.optim.AdamW([W, b], lr=cfg.lr, weight_decay=cfg.weight_decay)
     bs = N if cfg.batch_size is None else min(cfg.batch_size, N)
+    total = cfg.epochs * math.ceil(N / bs)
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    step = 0
     with torch.enable_grad():
         for _ in range(cfg.epochs):
-            if bs == N:  # full batch: every head sees all of x, no gather needed
-                logits = torch.einsum("nd,sdc->snc", x, W) + b[:, None]  # (S, N, C)
-                loss = loss_fn(logits.flatten(0, 1), y.repeat(len(seeds))) / N
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                continue
-            perms = torch.stack([torch.randperm(N, generator=g) for g in gens]).to(x.device)
-            for i in range(0, N, bs):
-                idx = perms[:, i : i + bs]  # (S, B)
-                logits = torch.baddbmm(b[:, None], x[idx], W)  # (S, B, C)
+            if bs == N:  # full batch: every head sees all of x in order, no gather needed
+                batches = [None]
+            else:
+                perms = torch.stack([torch.randperm(N, generator=g) for g in gens]).to(x.device)
+                batches = [perms[:, i : i + bs] for i in range(0, N, bs)]  # each (S, B)
+            for idx in batches:
+                if idx is None:
+                    logits = torch.einsum("nd,sdc->snc", x, W) + b[:, None]  # (S, N, C)
+                    targets, size = y.repeat(len(seeds)), N
+                else:
+                    logits = torch.baddbmm(b[:, None], x[idx], W)  # (S, B, C)
+                    targets, size = y[idx].flatten(), idx.shape[1]
                 # sum over heads of each head's mean loss: head s gets only its own gradient
-                loss = loss_fn(logits.flatten(0, 1), y[idx].flatten()) / idx.shape[1]
+                loss = loss_fn(logits.flatten(0, 1), targets) / size
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
+                _clip_per_head(W, b, cfg.grad_clip)
+                for group in opt.param_groups:
+                    group["lr"] = learning_rate(step, peak=cfg.lr, warmup_steps=cfg.warmup_steps,
+                                                total_steps=total, schedule=cfg.schedule)
                 opt.step()
+                step += 1
     return W.detach(), b.detach()
+
+
+def _clip_per_head(W: nn.Parameter, b: nn.Parameter, max_norm: float | None) -> None:
+    """Scales each head's gradient (W[s], b[s]) to norm at most ``max_norm``, as clipping one
+    head's parameters alone would."""
+    if max_norm is None:
+        return
+    norm = (W.grad.square().sum((1, 2)) + b.grad.square().sum(1)).sqrt()  # (S,)
+    scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    W.grad.mul_(scale[:, None, None])
+    b.grad.mul_(scale[:, None])
 
 
 def _projection(D: int, k: int, seed: int, device, dtype) -> torch.Tensor:
@@ -143,8 +189,9 @@ def _projection(D: int, k: int, seed: int, device, dtype) -> torch.Tensor:
 def linear_probe_accuracy(
     features: torch.Tensor, labels: torch.Tensor, num_classes: int, cfg: ProbeConfig
 ) -> dict:
-    """Test accuracy of linear heads on ``features`` [n, D] with class ``labels`` [n] in
-    0..num_classes-1, over ``cfg.seeds`` seeds: ``{"acc_mean", "acc_std", "accs"}``.
+    """Linear heads on ``features`` [n, D] with class ``labels`` [n] in 0..num_classes-1, over
+    ``cfg.seeds`` seeds: ``acc_mean``, ``acc_std``, ``acc_se``, ``train_acc``, ``majority_acc``,
+    ``n_train``, ``n_test`` and the per-seed ``accs`` (module docstring).
 
     Runs on the features' device. The split comes from ``cfg.seed``, head s from seed
     derive_seed(cfg.seed, "head", s).
@@ -165,10 +212,18 @@ def linear_probe_accuracy(
         x = (x - mu) / torch.where(sd > 0, sd, torch.ones_like(sd))
     seeds = [derive_seed(cfg.seed, "head", s) for s in range(cfg.seeds)]
     W, b = train_heads(x[train], y[train], num_classes, seeds, cfg)
-    logits = torch.einsum("nd,sdc->snc", x[test], W) + b[:, None]  # (S, n_test, C)
-    accs = (logits.argmax(-1) == y[test]).double().mean(1)  # (S,)
+    correct = {split: (torch.einsum("nd,sdc->snc", x[rows], W) + b[:, None]).argmax(-1)
+               == y[rows] for split, rows in (("train", train), ("test", test))}  # (S, n)
+    accs = correct["test"].double().mean(1)  # (S,)
     std = float(accs.std()) if len(accs) > 1 else 0.0
-    return {"acc_mean": float(accs.mean()), "acc_std": std, "accs": accs.tolist()}
+    per_sentence = correct["test"].double().mean(0)  # (n_test,): correct, averaged over seeds
+    se_test = float(per_sentence.std() / math.sqrt(len(test))) if len(test) > 1 else math.nan
+    majority = torch.bincount(y[train], minlength=num_classes).argmax()
+    return {"acc_mean": float(accs.mean()), "acc_std": std,
+            "acc_se": math.sqrt(se_test**2 + std**2 / len(accs)),
+            "train_acc": float(correct["train"].double().mean()),
+            "majority_acc": float((y[test] == majority).double().mean()),
+            "n_train": len(train), "n_test": len(test), "accs": accs.tolist()}
 
 
 @torch.no_grad()
@@ -216,5 +271,11 @@ def probe(
     features = encoder_probe_features(model, tokens[keep], lengths[keep], device=device,
                                       batch_size=cfg.forward_batch_size)
     result = linear_probe_accuracy(features, classes, num_classes, cfg)
-    mean_key, std_key = probe_keys(task)
-    return {mean_key: result["acc_mean"], std_key: result["acc_std"]}
+    return probe_metrics("probe", task, result, num_classes)
+
+
+def probe_metrics(stage: str, task: str, result: dict, num_classes: int) -> dict[str, float]:
+    """``<stage>/<task>/<stat>`` for every statistic of a ``linear_probe_accuracy`` result, with
+    the class count beside it (keys in ``flatlm.measure``)."""
+    stats = {**{k: v for k, v in result.items() if k != "accs"}, "num_classes": num_classes}
+    return {probe_key(task, k, stage): float(v) for k, v in stats.items()}

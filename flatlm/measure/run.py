@@ -3,7 +3,9 @@
 The evaluation data (validation sentences for the pre-training loss and flatness, labelled
 downstream sentences for the probes) are drawn once per trial by ``eval_data``, so every
 checkpoint of a run is measured on the same sentences and differences between checkpoints are not
-sampling noise. The lookup-table accuracy depends on the source only: computed once and cached.
+sampling noise. Every probe result comes with its reference rows (``flatlm.measure``): the majority
+class (in the probe's own result), the lookup table and the same probe on a randomly initialised
+model of the trial's shape; the last two do not change during a trial: computed once and cached.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from flatlm.measure.flatness import measure_flatness
 from flatlm.measure.lookup import lookup_table_accuracy
 from flatlm.measure.loss import LossConfig, pretrain_loss
 from flatlm.measure.probe import ProbeConfig, probe
+from flatlm.models.bert import build_model
+from flatlm.seeds import derive_seed
 from flatlm.sources.base import Source
 
 log = logging.getLogger(__name__)
@@ -65,7 +69,8 @@ class EvalData:
     tokens: torch.Tensor  # (n_eval, T) validation sentences
     lengths: torch.Tensor
     downstream: dict  # task -> (tokens, lengths, class ids)
-    lookup: dict = field(default_factory=dict)  # cached lookup-table metrics
+    random_model: nn.Module | None = None  # the trial's shape, randomly initialised
+    reference: dict = field(default_factory=dict)  # (stage, task) -> cached reference metrics
 
 
 def check_tasks(source: Source, cfg: MeasureConfig) -> tuple[str, ...]:
@@ -77,14 +82,19 @@ def check_tasks(source: Source, cfg: MeasureConfig) -> tuple[str, ...]:
         raise ValueError(f"measure.tasks / measure.label_rule: {e}") from None
 
 
-def eval_data(source: Source, cfg: MeasureConfig) -> EvalData:
-    """Draws the validation and downstream sentences from seeds derived from ``cfg.seed``."""
+def eval_data(source: Source, cfg: MeasureConfig, model_cfg=None) -> EvalData:
+    """Draws the validation and downstream sentences from seeds derived from ``cfg.seed``; with
+    ``model_cfg`` (a ``ModelConfig``) also builds the random-features reference model."""
     seeds = np.random.SeedSequence(cfg.seed, spawn_key=(7,)).generate_state(2)
     tokens, lengths = source.sample(cfg.n_eval, int(seeds[0]))
     tasks = check_tasks(source, cfg)
     dtok, dlen, classes = source.sample_downstream(cfg.n_downstream, int(seeds[1]),
                                                    rule=cfg.label_rule, tasks=tasks)
-    return EvalData(tokens, lengths, {t: (dtok, dlen, classes[t]) for t in tasks})
+    random_model = None
+    if model_cfg is not None and "probe" in cfg.what:
+        random_model = build_model(model_cfg, source.V, source.max_length,
+                                   seed=derive_seed(cfg.seed, "random-features")).eval()
+    return EvalData(tokens, lengths, {t: (dtok, dlen, classes[t]) for t in tasks}, random_model)
 
 
 def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: MeasureConfig,
@@ -107,11 +117,25 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
             with timer(out, f"finetune_{task}"):
                 out.update(finetune_accuracy(model, source, tok, ln, y, task, cfg.finetune,
                                              device))
-        if "lookup" in what and task not in data.lookup:
-            data.lookup[task] = lookup_table_accuracy(source, tok, ln, y, task, cfg.probe,
-                                                      device)
-        out.update(data.lookup.get(task, {}))
+        out.update(_references(source, data, cfg, task, device, what))
     return out
+
+
+def _references(source, data: EvalData, cfg: MeasureConfig, task: str, device, what) -> dict:
+    """The lookup table's and the random model's probe results for ``task`` (once per trial)."""
+    tok, ln, y = data.downstream[task]
+    if "lookup" in what and ("lookup", task) not in data.reference:
+        data.reference["lookup", task] = lookup_table_accuracy(source, tok, ln, y, task,
+                                                               cfg.probe, device)
+    if "probe" in what and data.random_model is not None and ("random", task) not in \
+            data.reference:
+        model = data.random_model.to(device)
+        result = probe(model, source, tok, ln, y, task, cfg.probe, device)
+        data.reference["random", task] = {k.replace("probe/", "random_init/", 1): v
+                                          for k, v in result.items()}
+        data.random_model = model.cpu()  # keep device memory for the trained model
+    return {k: v for (_, t), metrics in data.reference.items() if t == task
+            for k, v in metrics.items()}
 
 
 def _flatness(model, source, data, cfg, device, what) -> dict[str, float]:

@@ -31,7 +31,7 @@ def test_measure_prints_and_saves_every_key(checkpoint, capsys):
     keys = ["pretrain/loss", "pretrain/entropy", "pretrain/kl", "flat/trace_fisher",
             "flat/trace_hessian"]
     for key in keys + [k + "_se" for k in keys] + ["probe/B/acc_mean", "probe/B/acc_std",
-                                                   "finetune/B/acc_mean", "lookup/B/acc"]:
+                                                   "finetune/B/acc_mean", "lookup/B/acc_mean"]:
         assert isinstance(out[key], float), key
     assert out["pretrain/loss"] == pytest.approx(out["pretrain/entropy"] + out["pretrain/kl"],
                                                  abs=1e-6)

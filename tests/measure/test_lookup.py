@@ -54,7 +54,7 @@ def test_labels_that_are_a_function_of_the_truth_are_read_off_the_lookup_table()
     tokens, lengths = src.sample(600, seed=0)
     out = lookup_table_accuracy(src, tokens, lengths, src.labels(tokens, lengths, "next"),
                                 "next", CFG)
-    assert set(out) == {lookup_key("next"), lookup_key("next") + "_std"}
+    assert lookup_key("next") in out and "lookup/next/acc_se" in out
     assert out[lookup_key("next")] >= 0.99 and src.calls == 1
 
 

@@ -6,8 +6,9 @@ import dataclasses
 import pytest
 import torch
 
-from flatlm.measure import probe_keys
+from flatlm.measure import PROBE_STATS, probe_key
 from flatlm.measure.probe import (
+    RELEASED,
     ProbeConfig,
     downstream_classes,
     encoder_probe_features,
@@ -36,7 +37,7 @@ def _blobs(seed, n=300, D=20, C=4, noise=0.1):
 
 
 @pytest.mark.parametrize("cfg", [
-    ProbeConfig(),  # the paper's protocol: AdamW lr 1e-3, 100 epochs, 5 seeds
+    ProbeConfig(standardize=False),  # the paper: AdamW lr 1e-3, 100 epochs, 5 seeds, raw
     dataclasses.replace(FAST, batch_size=None, lr=1e-2, epochs=100),
     dataclasses.replace(FAST, lr=1e-2, project_dim=8, standardize=True),
 ], ids=["paper", "full-batch", "projected-standardized"])
@@ -44,7 +45,8 @@ def test_separable_features_are_probed_perfectly(cfg):
     x, y = _blobs(0)
     out = linear_probe_accuracy(x, y, 4, cfg)
     assert out["acc_mean"] >= 0.98 and len(out["accs"]) == cfg.seeds
-    assert out["acc_std"] == pytest.approx(float(torch.tensor(out["accs"]).std()), abs=1e-12)
+    accs = torch.tensor(out["accs"], dtype=torch.float64)
+    assert out["acc_std"] == pytest.approx(float(accs.std()), abs=1e-12)
 
 
 def test_random_labels_are_at_chance():
@@ -118,7 +120,8 @@ def test_probe_reports_its_keys_deterministically(src):
     cfg = dataclasses.replace(FAST, epochs=5)
     labels = src.labels(tokens, lengths, "A")
     out = probe(model, src, tokens, lengths, labels, "A", cfg)
-    assert set(out) == set(probe_keys("A")) and 0.0 <= out["probe/A/acc_mean"] <= 1.0
+    assert set(out) == {probe_key("A", stat) for stat in PROBE_STATS}
+    assert 0.0 <= out["probe/A/acc_mean"] <= 1.0
     assert out == probe(model, src, tokens, lengths, labels, "A", cfg)
 
 
@@ -127,3 +130,26 @@ def test_config_rejects_bad_values():
         ProbeConfig(test_fraction=1.0)
     with pytest.raises(ValueError, match="project_dim"):
         ProbeConfig(project_dim=0)
+
+
+def test_every_result_reports_its_error_training_accuracy_and_majority():
+    x, y = _blobs(4, n=400, noise=2.0)  # noisy: accuracy well below 1
+    y[:200] = 0  # class 0 is the majority
+    out = linear_probe_accuracy(x, y, 4, dataclasses.replace(FAST, seeds=4))
+    n_test = out["n_test"]
+    assert out["n_train"] + n_test == 400 and n_test == 80
+    binomial = (out["acc_mean"] * (1 - out["acc_mean"]) / n_test) ** 0.5
+    assert out["acc_se"] >= 0.8 * binomial > out["acc_std"] / 2  # the test set's error counts
+    assert out["acc_se"] ** 2 >= out["acc_std"] ** 2 / 4 - 1e-12
+    assert out["train_acc"] > out["acc_mean"]
+    train, test = split_indices(400, 0.2, seed=0)
+    assert out["majority_acc"] == pytest.approx(float((y[test] == 0).double().mean()))
+
+
+def test_released_protocol_underfits_a_small_separable_set():
+    """Why the default is not the released code's batch 512: on 240 training sentences that is
+    50 updates, all warmup."""
+    x, y = _blobs(0)
+    released = linear_probe_accuracy(x, y, 4, ProbeConfig(**RELEASED))
+    default = linear_probe_accuracy(x, y, 4, ProbeConfig(standardize=False))
+    assert released["train_acc"] < 0.9 < default["train_acc"]

@@ -1,0 +1,32 @@
+"""measure_model: every probe result comes with its reference rows, computed once per trial."""
+
+import dataclasses
+
+from flatlm.measure import PROBE_STATS, probe_key
+from flatlm.measure.probe import ProbeConfig
+from flatlm.measure.run import MeasureConfig, eval_data, measure_model
+from flatlm.models import build_model, parse_model
+from flatlm.sources import load
+
+
+def test_probe_results_come_with_majority_random_and_lookup_rows():
+    src = load("dyck:4")
+    shape = parse_model("d16-h1-l1-i32")
+    cfg = MeasureConfig(what=("probe", "lookup"), n_eval=4, n_downstream=60,
+                        probe=ProbeConfig(epochs=2, seeds=2))
+    data = eval_data(src, cfg, shape)
+    model = build_model(shape, src.V, src.max_length, seed=1)
+    first = measure_model(model, src, data, cfg, "cpu")
+    for stage in ("probe", "random_init", "lookup"):
+        assert {probe_key("g_star", stat, stage) for stat in PROBE_STATS} <= set(first), stage
+    assert first[probe_key("g_star", "num_classes")] == 9
+    random_model = data.random_model
+    second = measure_model(model, src, data, cfg, "cpu")
+    assert data.random_model is random_model  # built once
+    reference = {k: v for k, v in first.items() if k.startswith(("random_init/", "lookup/"))}
+    assert all(second[k] == v for k, v in reference.items())
+    no_random = measure_model(model, src, eval_data(src, cfg), cfg, "cpu")
+    assert not any(k.startswith("random_init/") for k in no_random)
+    # the random model is a different initialisation than the one measured
+    assert first[probe_key("g_star")] == no_random[probe_key("g_star")]
+    assert dataclasses.replace(cfg).what == ("probe", "lookup")
