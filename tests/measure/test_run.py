@@ -1,6 +1,5 @@
 """measure_model: every probe result comes with its reference rows, computed once per trial."""
 
-import dataclasses
 
 from flatlm.measure import PROBE_STATS, probe_key
 from flatlm.measure.probe import ProbeConfig
@@ -29,4 +28,3 @@ def test_probe_results_come_with_majority_random_and_lookup_rows():
     assert not any(k.startswith("random_init/") for k in no_random)
     # the random model is a different initialisation than the one measured
     assert first[probe_key("g_star")] == no_random[probe_key("g_star")]
-    assert dataclasses.replace(cfg).what == ("probe", "lookup")
