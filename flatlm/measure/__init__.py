@@ -14,6 +14,9 @@ Flatness (see ``measure.flatness``):
     flat/trace_hessian  Tr of the Hessian of the population loss (labels = the true conditional)
     flat/trace_hessian_data   Tr of the Hessian of the loss with one-hot data labels
     flat/hessian_fisher_gap   flat/trace_hessian - flat/trace_fisher
+    flat/<quantity>_grown     the same of the model grown into one common shape (``measure.grown``,
+                        ``MeasureConfig.grow_to``), so that models of different sizes are compared
+                        in one parameterisation (paper Fig. 5, B.3-B.4)
 Downstream (see ``measure.probe``, ``measure.finetune``, ``measure.lookup``):
     probe/<task>/acc_mean, probe/<task>/acc_std   linear probe on frozen features, over seeds
     finetune/<task>/acc_mean, finetune/<task>/acc_std
@@ -29,11 +32,19 @@ TRACE_FISHER = "flat/trace_fisher"
 TRACE_HESSIAN = "flat/trace_hessian"
 TRACE_HESSIAN_DATA = "flat/trace_hessian_data"
 HESSIAN_FISHER_GAP = "flat/hessian_fisher_gap"
+TRACE_FISHER_GROWN = "flat/trace_fisher_grown"
+TRACE_HESSIAN_GROWN = "flat/trace_hessian_grown"
 
 
 def se_key(key: str) -> str:
     """The standard-error twin of a metric key: ``pretrain/kl`` -> ``pretrain/kl_se``."""
     return f"{key}_se"
+
+
+def grown_key(key: str) -> str:
+    """The key of a flatness metric measured in the grown shape: ``flat/trace_fisher`` ->
+    ``flat/trace_fisher_grown``."""
+    return f"{key}_grown"
 
 
 def probe_keys(task: str) -> tuple[str, str]:
