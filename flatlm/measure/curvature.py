@@ -39,7 +39,7 @@ class FlatnessConfig:
     # output directions (labels c, or probes) per input, from one forward and this many backward
     # passes; the per-input value is their mean. Per-input values are heavy-tailed across inputs,
     # and a variance-based s.e. understates when the sample misses the rare large ones; averaging
-    # labels cuts the tail: kurtosis 374 (1 label) -> 93 (8) on that bert-2m, 755 for 1 probe.
+    # labels cuts the tail: kurtosis 376 (1 label) -> 97 (8) on that bert-2m, 778 for 1 probe.
     # The paper's B.1 used 10^4 inputs x 50 labels.
     labels_per_input: int = 8
     # "sampled": c ~ p_theta, the paper's B.1; "probe": output-space Rademacher probe
@@ -178,7 +178,9 @@ def mean_se(values, n_groups: int | None = None, *, counts=None) -> tuple[float,
     Per-input squared gradient norms are heavy-tailed, and then any variance-based s.e. tends to
     understate in the typical sample (it misses the rare large values). Measured coverage of
     mean +- 1.96 se for Tr(F) on a partly trained bert-2m (``bench/flatness_se.py``): with 8
-    sampled labels per input 0.87 / 0.93 / 0.93 at 100 / 500 / 2,000 inputs; keep >= 500.
+    sampled labels per input 0.87 / 0.91 / 0.93 at 100 / 500 / 2,000 inputs (median reported /
+    true s.e. 0.84 / 0.95 / 0.99); the old default (1 probe, 32 batch means) 0.83 / 0.89 / -,
+    ratio 0.66 / 0.82 / 0.90. Use >= 500 inputs.
 
     With ``counts``, ``values[j]`` is a sum over ``counts[j]`` inputs (a Hutchinson batch) and the
     mean is sum(values) / sum(counts).

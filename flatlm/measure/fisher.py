@@ -17,8 +17,8 @@ logit space with E[u u^T] = diag p - p p^T:
 - ``"probe"``: u = sqrt(p) * xi - p <sqrt(p), xi>, xi Rademacher. Then
   u = (I - p 1^T) diag(sqrt p) xi and E[u u^T] = (I - p 1^T) diag(p) (I - 1 p^T) = diag p - p p^T.
   It never lands on a rare label with a huge gradient, so its variance per input is lower on tiny
-  models; on a trained BERT its values across inputs were the more heavy-tailed (kurtosis 755 vs
-  374 for one sampled label), which makes its standard error less trustworthy.
+  models; on a trained BERT its values across inputs were the more heavy-tailed (kurtosis 778 vs
+  376 for one sampled label), which makes its standard error less trustworthy.
 
 The per-input value averages ``cfg.labels_per_input`` directions (default 8), which thins the tail
 that a variance-based standard error misses (``curvature.mean_se``).
