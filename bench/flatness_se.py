@@ -9,7 +9,7 @@ the per-input kurtosis, the coverage of mean +- t se (nominal 95%) and the media
 reported s.e. / true s.e. (true: sd of all values / sqrt(n)), for the batch-means s.e. over 32
 groups (the old default) and the i.i.d. s.e. (the new one).
 
-    python bench/flatness_se.py   # ~2 min on one CPU thread; writes bench/results/flatness_se_cpu.json
+    python bench/flatness_se.py   # ~3 min, one CPU thread; bench/results/flatness_se_cpu.json
 """
 
 from __future__ import annotations
