@@ -1,36 +1,52 @@
 """Does flatness explain downstream accuracy once the pre-training loss has saturated?
 
-1. **Saturation regime**, by a stated rule on each checkpoint (row):
+1. **Saturation regime**, by a stated rule on each checkpoint (row), which is required:
    ``pretrain/kl < kl_threshold`` (the model is within ``kl_threshold`` nats of the true
    conditionals), or ``pretrain/loss - pretrain/entropy <= loss_tolerance`` (the same in terms of
-   the loss; ``loss = entropy + KL`` on an exact source).
+   the loss; ``loss = entropy + KL`` on an exact source). Early checkpoints tie accuracy to the
+   loss and would swamp the result. When no row qualifies the table is empty and a warning
+   names the rule and the smallest KL seen.
 2. **Correlations** of a downstream accuracy (``probe/<task>/acc_mean``) with
-   ``flat/trace_fisher``, ``flat/trace_hessian`` and ``pretrain/loss``: Pearson, Spearman and
-   Kendall (scipy.stats), each with a seeded percentile-bootstrap confidence interval that
-   resamples rows.
+   ``flat/trace_fisher``, ``flat/trace_hessian`` (and their ``_grown`` twins, measured in one
+   common shape across model sizes, when present) and ``pretrain/loss``: Pearson, Spearman and
+   Kendall (scipy.stats).
 3. **Partial correlation** of accuracy with each flatness measure controlling for the loss:
    regress both on the loss (least squares with intercept), correlate the residuals. The Pearson
    version uses the values, the Spearman version their ranks. Its p-value uses n - 3 degrees of
    freedom.
 
-Rows are checkpoints, so several rows come from one run; the row bootstrap treats them as
-independent, which narrows the intervals when runs contribute several saturated checkpoints.
+Rows are checkpoints and several come from one run, so they are not independent: the confidence
+interval and the p-value come from a **cluster bootstrap** that resamples runs (``run_id``) with
+all their saturated checkpoints. The interval is the percentile interval; the two-sided p-value
+is 2 min(P*(r <= 0), P*(r >= 0)) over the resamples (+1 smoothed), the test that inverts it (p <
+1 - level exactly when the interval excludes 0). Below ``min_runs`` runs a warning says so.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from flatlm.measure import ENTROPY, KL, LOSS, TRACE_FISHER, TRACE_HESSIAN
+from flatlm.measure import (
+    ENTROPY,
+    KL,
+    LOSS,
+    TRACE_FISHER,
+    TRACE_FISHER_GROWN,
+    TRACE_HESSIAN,
+    TRACE_HESSIAN_GROWN,
+)
 
-X_KEYS = (TRACE_FISHER, TRACE_HESSIAN, LOSS)
+X_KEYS = (TRACE_FISHER, TRACE_HESSIAN, TRACE_FISHER_GROWN, TRACE_HESSIAN_GROWN, LOSS)
 METHODS = ("pearson", "spearman", "kendall")
 PARTIAL_METHODS = ("partial_pearson", "partial_spearman")
-TABLE_COLUMNS = ("y", "x", "method", "control", "n", "r", "p", "ci_low", "ci_high")
+TABLE_COLUMNS = ("y", "x", "method", "control", "n", "runs", "r", "p", "ci_low", "ci_high")
+MIN_RUNS = 5  # fewer runs in the regime than this: a warning (cluster bootstrap on few clusters)
+RUN = "run_id"
 
 
 def saturation_rule(*, kl_threshold: float | None = None,
@@ -41,7 +57,7 @@ def saturation_rule(*, kl_threshold: float | None = None,
         return f"{KL} < {kl_threshold:g}"
     if loss_tolerance is not None:
         return f"{LOSS} - {ENTROPY} <= {loss_tolerance:g}"
-    return "all checkpoints (no saturation rule)"
+    return "all checkpoints (no saturation rule)"  # for figures; correlations need a rule
 
 
 def saturated(df: pd.DataFrame, *, kl_threshold: float | None = None,
@@ -57,40 +73,68 @@ def saturated(df: pd.DataFrame, *, kl_threshold: float | None = None,
 
 def correlation_table(df: pd.DataFrame, acc_key: str, *, x_keys=X_KEYS, control: str = LOSS,
                       kl_threshold: float | None = None, loss_tolerance: float | None = None,
-                      n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> pd.DataFrame:
+                      n_boot: int = 1000, level: float = 0.95, seed: int = 0,
+                      min_runs: int = MIN_RUNS) -> pd.DataFrame:
     """Tidy table of correlations of ``acc_key`` with each of ``x_keys`` in the saturated rows.
 
-    One row per (x, method): columns ``y, x, method, control, n, r, p, ci_low, ci_high``;
-    methods ``pearson, spearman, kendall`` and, for x other than ``control``,
-    ``partial_pearson, partial_spearman`` (controlling for ``control``). Keys missing from
-    ``df`` are skipped. ``table.attrs["rule"]`` states the saturation rule.
+    A saturation rule (``kl_threshold`` or ``loss_tolerance``) is required. One row per
+    (x, method): columns ``y, x, method, control, n, runs, r, p, ci_low, ci_high``; methods
+    ``pearson, spearman, kendall`` and, for x other than ``control``, ``partial_pearson,
+    partial_spearman`` (controlling for ``control``). ``p`` and the interval come from the
+    cluster bootstrap over ``df["run_id"]`` (module docstring). Keys missing from ``df`` are
+    skipped. ``table.attrs``: ``rule``, ``level``, and ``note`` when the regime is empty or has
+    fewer than ``min_runs`` runs (also issued as a warning).
     """
+    if kl_threshold is None and loss_tolerance is None:
+        raise ValueError("correlation_table needs a saturation rule: pass kl_threshold (e.g. "
+                         "0.01: pretrain/kl < 0.01) or loss_tolerance; correlating every "
+                         "checkpoint lets the early ones, where the loss decides, swamp the rest")
+    if RUN not in df:
+        raise ValueError(f"df has no {RUN!r} column: the bootstrap resamples runs; build df "
+                         "with analysis.runs.load_runs")
+    rule = saturation_rule(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)
     rows = df[saturated(df, kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)]
+    note = _regime_note(df, rows, rule, min_runs)
     rng = np.random.default_rng(seed)
     out = []
-    for x in x_keys:
+    for x in x_keys if len(rows) else ():
         if x not in rows or acc_key not in rows:
             continue
-        pair = rows[[acc_key, x]].dropna()
-        y_, x_ = pair[acc_key].to_numpy(float), pair[x].to_numpy(float)
+        pair = rows[[acc_key, x, RUN]].dropna()
+        y_, x_, runs = pair[acc_key].to_numpy(float), pair[x].to_numpy(float), pair[RUN]
         for method in METHODS:
-            r, p = _corr(method, x_, y_)
-            lo, hi = _bootstrap_ci(method, x_, y_, None, n_boot, level, rng)
-            out.append((acc_key, x, method, "", len(y_), r, p, lo, hi))
+            r = _stat(method, x_, y_, None)
+            p, lo, hi = _cluster_bootstrap(method, x_, y_, None, runs, n_boot, level, rng)
+            out.append((acc_key, x, method, "", len(y_), runs.nunique(), r, p, lo, hi))
         if x == control or control not in rows:
             continue
-        trio = rows[[acc_key, x, control]].dropna()
+        trio = rows[[acc_key, x, control, RUN]].dropna()
         y_, x_, z_ = (trio[c].to_numpy(float) for c in (acc_key, x, control))
         for method in PARTIAL_METHODS:
-            r, p = partial_corr(x_, y_, z_, method=method.removeprefix("partial_"))
-            lo, hi = _bootstrap_ci(method, x_, y_, z_, n_boot, level, rng)
-            out.append((acc_key, x, method, control, len(y_), r, p, lo, hi))
+            r = _stat(method, x_, y_, z_)
+            p, lo, hi = _cluster_bootstrap(method, x_, y_, z_, trio[RUN], n_boot, level, rng)
+            out.append((acc_key, x, method, control, len(y_), trio[RUN].nunique(), r, p, lo, hi))
     table = pd.DataFrame(out, columns=list(TABLE_COLUMNS))
-    table["n"] = table["n"].astype("int64")
-    table.attrs["rule"] = saturation_rule(kl_threshold=kl_threshold,
-                                          loss_tolerance=loss_tolerance)
-    table.attrs["level"] = level
+    table[["n", "runs"]] = table[["n", "runs"]].astype("int64")
+    table.attrs.update(rule=rule, level=level)
+    if note:
+        table.attrs["note"] = note
+        warnings.warn(note, stacklevel=2)
     return table
+
+
+def _regime_note(df: pd.DataFrame, rows: pd.DataFrame, rule: str, min_runs: int) -> str:
+    """Why the table is empty or thin ("" when neither)."""
+    if rows.empty:
+        smallest = df[KL].min() if KL in df else math.nan
+        return (f"no checkpoint satisfies the saturation rule {rule} (smallest {KL} seen: "
+                f"{smallest:.3g}, over {len(df)} checkpoints): no correlations. Train longer or "
+                f"loosen the rule")
+    n_runs = rows[RUN].nunique()
+    if n_runs < min_runs:
+        return (f"only {n_runs} run(s) in the regime {rule} (fewer than {min_runs}): with so "
+                f"few clusters the bootstrap intervals and p-values are unreliable")
+    return ""
 
 
 def partial_corr(x, y, z, *, method: str = "pearson") -> tuple[float, float]:
@@ -133,8 +177,11 @@ def correlation_markdown(table: pd.DataFrame, digits: int = 3) -> str:
     """The correlation table with its rule and interval level stated above it."""
     level = table.attrs.get("level", 0.95)
     rule = table.attrs.get("rule", "")
-    note = (f"Saturation regime: {rule}. r with {level:.0%} bootstrap CI (rows resampled); "
+    note = (f"Saturation regime: {rule}. r with {level:.0%} CI and p from a cluster bootstrap "
+            f"(runs resampled with all their checkpoints; n = checkpoints, runs = clusters); "
             f"partial_*: controlling for the column `control`.")
+    if table.attrs.get("note"):
+        note += f"\n\n**Note:** {table.attrs['note']}."
     return note + "\n\n" + to_markdown(table, digits, formats={"p": ".2g"})
 
 
@@ -171,32 +218,39 @@ def _partial_r(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> np.ndarray:
     return _pearson_rows(_residuals(x, z), _residuals(y, z))
 
 
-def _bootstrap_ci(method: str, x, y, z, n_boot: int, level: float,
-                  rng: np.random.Generator) -> tuple[float, float]:
-    """Percentile interval of the statistic over ``n_boot`` row resamples."""
-    n = len(x)
-    if n < 3 or n_boot <= 0:
-        return math.nan, math.nan
-    idx = rng.integers(0, n, size=(n_boot, n))  # (B, n)
-    xb, yb = x[idx], y[idx]
-    if method == "pearson":
-        boot = _pearson_rows(xb, yb)
-    elif method == "spearman":
-        boot = _pearson_rows(stats.rankdata(xb, axis=1), stats.rankdata(yb, axis=1))
-    elif method == "kendall":
-        boot = np.array([_corr("kendall", a, b)[0] for a, b in zip(xb, yb, strict=True)])
-    elif method == "partial_pearson":
-        boot = _partial_r(xb, yb, z[idx])
-    elif method == "partial_spearman":
-        boot = _partial_r(*(stats.rankdata(a, axis=1) for a in (xb, yb, z[idx])))
-    else:
-        raise ValueError(method)
+def _stat(method: str, x: np.ndarray, y: np.ndarray, z: np.ndarray | None) -> float:
+    """The correlation ``method`` of x and y (controlling for z for the partial ones)."""
+    if method in METHODS:
+        return _corr(method, x, y)[0]
+    if method in PARTIAL_METHODS:
+        if len(x) < 4:
+            return math.nan
+        return partial_corr(x, y, z, method=method.removeprefix("partial_"))[0]
+    raise ValueError(method)
+
+
+def _cluster_bootstrap(method: str, x, y, z, clusters, n_boot: int, level: float,
+                       rng: np.random.Generator) -> tuple[float, float, float]:
+    """(p, ci_low, ci_high) of the statistic over ``n_boot`` resamples of whole clusters (runs):
+    each resample draws as many clusters as there are, with replacement, and keeps all their
+    rows. Percentile interval; p = 2 min(P*(r <= 0), P*(r >= 0)), +1 smoothed, at most 1."""
+    codes, _ = pd.factorize(pd.Series(clusters).to_numpy())
+    members = [np.flatnonzero(codes == c) for c in range(codes.max() + 1)] if len(codes) else []
+    if len(members) < 2 or n_boot <= 0:
+        return math.nan, math.nan, math.nan
+    idx = rng.integers(0, len(members), size=(n_boot, len(members)))  # (B, clusters)
+    boot = np.empty(n_boot)
+    for b, pick in enumerate(idx):
+        rows = np.concatenate([members[c] for c in pick])
+        boot[b] = _stat(method, x[rows], y[rows], None if z is None else z[rows])
     boot = boot[np.isfinite(boot)]
     if boot.size == 0:
-        return math.nan, math.nan
+        return math.nan, math.nan, math.nan
     alpha = (1 - level) / 2
     lo, hi = np.quantile(boot, [alpha, 1 - alpha])
-    return float(lo), float(hi)
+    tail = min((boot <= 0).sum(), (boot >= 0).sum())
+    p = min(1.0, 2 * (tail + 1) / (boot.size + 1))
+    return float(p), float(lo), float(hi)
 
 
 def _check_rule(kl_threshold: float | None, loss_tolerance: float | None) -> None:

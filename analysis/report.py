@@ -1,7 +1,7 @@
 """Sweep report: figures, correlation table and summary tables of one MLflow experiment.
 
-    python analysis/report.py --experiment NAME --out DIR [--tracking-uri URI] [--task TASK]
-        [--kl-threshold X | --loss-tolerance Y] [--n-boot N] [--seed S] [--no-log]
+    python analysis/report.py --experiment NAME --out DIR (--kl-threshold X | --loss-tolerance Y)
+        [--tracking-uri URI] [--task TASK] [--n-boot N] [--seed S] [--no-log]
 
 Writes to DIR: ``fig1_accuracy_scatter.png``, ``fig2_over_steps.png``, ``fig3_over_size.png``,
 ``correlations.md`` / ``.csv``, ``table1_by_algorithm.md`` / ``.csv``,
@@ -37,7 +37,7 @@ from analysis.figures import (  # noqa: E402
     summary_table,
 )
 from analysis.runs import load_runs  # noqa: E402
-from flatlm.measure import KL, LOSS, TRACE_FISHER, probe_keys  # noqa: E402
+from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN, probe_keys  # noqa: E402
 from flatlm.track import TAG_REPORT, MlflowTracker, default_tracking_uri  # noqa: E402
 
 
@@ -49,12 +49,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--task", default=None,
                    help="probe task: accuracy column probe/<task>/acc_mean (a full column name "
                         "with '/' is used as is); default: the first probe/*/acc_mean column")
-    rule = p.add_mutually_exclusive_group()
+    rule = p.add_mutually_exclusive_group(required=True)
     rule.add_argument("--kl-threshold", type=float, default=None,
-                      help="saturation regime: pretrain/kl < X")
+                      help="saturation regime (one of the two is required): pretrain/kl < X")
     rule.add_argument("--loss-tolerance", type=float, default=None,
                       help="saturation regime: pretrain/loss - pretrain/entropy <= Y")
-    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples")
+    p.add_argument("--n-boot", type=int, default=1000,
+                   help="cluster-bootstrap resamples (runs resampled)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--source", choices=("auto", "artifact", "history"), default="auto",
                    help="per-checkpoint metrics from metrics.jsonl artifacts or histories")
@@ -84,7 +85,8 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
                          title=f"{acc_key}; regime: {saturation_rule(**rule)}"),
         metrics_over_steps(df, out / "fig2_over_steps.png",
                            keys=(LOSS, KL, TRACE_FISHER, acc_key)),
-        metrics_over_size(df, out / "fig3_over_size.png", keys=(acc_key, LOSS, TRACE_FISHER)),
+        metrics_over_size(df, out / "fig3_over_size.png",
+                          keys=(acc_key, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN)),
     ]
     texts = {"correlations.md": corr_md + "\n"}
     table.to_csv(out / "correlations.csv", index=False)

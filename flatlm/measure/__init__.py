@@ -18,6 +18,9 @@ Flatness (see ``measure.flatness``):
     flat/trace_hessian  Tr of the Hessian of the population loss (labels = the true conditional)
     flat/trace_hessian_data   Tr of the Hessian of the loss with one-hot data labels
     flat/hessian_fisher_gap   flat/trace_hessian - flat/trace_fisher
+    flat/<quantity>_grown     the same of the model grown into one common shape (``measure.grown``,
+                        ``MeasureConfig.grow_to``), so that models of different sizes are compared
+                        in one parameterisation (paper Fig. 5, B.3-B.4)
 Downstream (see ``measure.probe``, ``measure.finetune``, ``measure.lookup``), per task, each on
 the same held-out sentences, labelled as ``Source.sample_downstream`` labels them:
     probe/<task>/<stat>      linear probe on the model's frozen features
@@ -39,6 +42,8 @@ TRACE_FISHER = "flat/trace_fisher"
 TRACE_HESSIAN = "flat/trace_hessian"
 TRACE_HESSIAN_DATA = "flat/trace_hessian_data"
 HESSIAN_FISHER_GAP = "flat/hessian_fisher_gap"
+TRACE_FISHER_GROWN = "flat/trace_fisher_grown"
+TRACE_HESSIAN_GROWN = "flat/trace_hessian_grown"
 
 
 def per_sentence_key(key: str) -> str:
@@ -49,6 +54,12 @@ def per_sentence_key(key: str) -> str:
 def se_key(key: str) -> str:
     """The standard-error twin of a metric key: ``pretrain/kl`` -> ``pretrain/kl_se``."""
     return f"{key}_se"
+
+
+def grown_key(key: str) -> str:
+    """The key of a flatness metric measured in the grown shape: ``flat/trace_fisher`` ->
+    ``flat/trace_fisher_grown``."""
+    return f"{key}_grown"
 
 
 PROBE_STATS = ("acc_mean", "acc_std", "acc_se", "train_acc", "majority_acc", "n_train", "n_test",

@@ -50,6 +50,9 @@ class MeasureConfig:
     flatness: FlatnessConfig = field(default_factory=lambda: FlatnessConfig(n_inputs=None))
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     finetune: FinetuneConfig = field(default_factory=lambda: FinetuneConfig(seeds=2))
+    # also measure flatness in this BERT shape (flat/*_grown; ``measure.grown``): the common shape
+    # of a sweep over sizes, shape_string(lcm_shape(models)); None = native shape only
+    grow_to: str | None = None
 
     def __post_init__(self):
         unknown = set(self.what) - set(WHAT)
@@ -60,6 +63,10 @@ class MeasureConfig:
             raise ValueError(f"measure.n_eval={self.n_eval}: use at least 2 sentences")
         if self.n_downstream < 10:
             raise ValueError(f"measure.n_downstream={self.n_downstream}: use at least 10")
+        if self.grow_to is not None:
+            from flatlm.measure.grown import check_grow_to
+
+            check_grow_to(self.grow_to)
 
 
 @dataclass
@@ -109,6 +116,12 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
     if "fisher" in what or "hessian" in what:
         with timer(out, "flatness"):
             out.update(_flatness(model, source, data, cfg, device, what))
+        if cfg.grow_to is not None:
+            from flatlm.measure.grown import grown_flatness
+
+            with timer(out, "flatness_grown"):
+                out.update(grown_flatness(model, cfg.grow_to, source, data.tokens, data.lengths,
+                                          cfg.flatness, device, hessian="hessian" in what))
     for task, (tok, ln, y) in data.downstream.items():
         if "probe" in what:
             with timer(out, f"probe_{task}"):

@@ -27,6 +27,7 @@ from mlflow.entities import Metric, Param  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from analysis.correlate import (  # noqa: E402
+    TABLE_COLUMNS,
     correlation_markdown,
     correlation_table,
     partial_corr,
@@ -179,11 +180,11 @@ def _row(table, x, method):
 
 def test_recovers_the_known_correlations(runs):
     table = correlation_table(runs, ACC, kl_threshold=0.01, n_boot=400, seed=0)
-    assert set(table["n"]) == {24}
+    assert set(table["n"]) == {24} and set(table["runs"]) == {12}
     assert len(table) == 3 * 3 + 2 * 2  # 3 methods per x; partials for the two flatness keys
     fisher = _row(table, TRACE_FISHER, "pearson")
     assert fisher.r == pytest.approx(-RHO, abs=1e-9)
-    assert fisher.ci_low < -RHO < fisher.ci_high < 0 and fisher.p < 1e-3
+    assert fisher.ci_low < -RHO < fisher.ci_high < 0 and fisher.p < 0.01  # >= 2/401 by design
     for method in ("spearman", "kendall"):
         row = _row(table, TRACE_FISHER, method)
         assert row.r < 0 and row.ci_low < row.r < row.ci_high < 0
@@ -201,9 +202,44 @@ def test_recovers_the_known_correlations(runs):
 
 
 def test_outside_the_regime_the_loss_dominates(runs):
-    """Without the rule the early checkpoints (accuracy tied to the loss) swamp the result."""
-    table = correlation_table(runs, ACC, n_boot=100)
+    """A rule admitting every checkpoint lets the early ones (accuracy tied to the loss) swamp
+    the result, which is why a rule is required."""
+    with pytest.raises(ValueError, match="needs a saturation rule"):
+        correlation_table(runs, ACC, n_boot=100)
+    table = correlation_table(runs, ACC, kl_threshold=math.inf, n_boot=100)
     assert _row(table, LOSS, "pearson").r < -0.9
+
+
+def test_empty_regime_gives_an_empty_table_and_the_reason(runs):
+    with pytest.warns(UserWarning, match=r"no checkpoint satisfies .*pretrain/kl < 1e-06 "
+                                         r"\(smallest pretrain/kl seen: 0.00[0-9]+"):
+        table = correlation_table(runs, ACC, kl_threshold=1e-6, n_boot=10)
+    assert table.empty and list(table.columns) == list(TABLE_COLUMNS)
+    smallest = f"{runs[KL].min():.3g}"
+    assert smallest in table.attrs["note"] and smallest in correlation_markdown(table)
+
+
+def test_few_runs_warn(runs):
+    few = runs[runs["run_id"].isin(runs["run_id"].unique()[:3])]
+    with pytest.warns(UserWarning, match=r"only 3 run\(s\) in the regime"):
+        table = correlation_table(few, ACC, kl_threshold=0.01, n_boot=50)
+    assert set(table["runs"]) == {3} and set(table["n"]) == {6}
+    with pytest.raises(ValueError, match="no 'run_id' column"):
+        correlation_table(runs.drop(columns="run_id"), ACC, kl_threshold=0.01)
+
+
+def test_bootstrap_resamples_runs_not_checkpoints(runs):
+    """Repeating every checkpoint of a run 5 times adds no information: with runs resampled,
+    Pearson's r, p and interval are exactly those of the table without the copies. (A row
+    bootstrap would shrink the interval by about sqrt(5).)"""
+    regime = runs[saturated(runs, kl_threshold=0.01)]
+    copies = pd.concat([regime] * 5, ignore_index=True)
+    one, five = (correlation_table(d, ACC, kl_threshold=0.01, n_boot=300, seed=1,
+                                   x_keys=(TRACE_FISHER,)) for d in (regime, copies))
+    a, b = _row(one, TRACE_FISHER, "pearson"), _row(five, TRACE_FISHER, "pearson")
+    assert b.n == 5 * a.n and a.runs == b.runs == 12
+    assert (a.r, a.p, a.ci_low, a.ci_high) == pytest.approx((b.r, b.p, b.ci_low, b.ci_high),
+                                                            abs=1e-12)
 
 
 def test_bootstrap_is_seeded(runs):
@@ -298,3 +334,12 @@ def test_report_cli_writes_outputs_and_logs_a_report_run(store, tmp_path):
     logged = {f.path for f in client.list_artifacts(reports[0].info.run_id)}
     assert logged == expected
     assert load_runs(uri, EXPERIMENT)["run_id"].nunique() == 12  # the report run is skipped
+
+
+def test_report_cli_requires_a_rule():
+    run = [sys.executable, "analysis/report.py"]
+    res = subprocess.run([*run, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "--kl-threshold" in res.stdout
+    res = subprocess.run([*run, "--experiment", "x", "--out", "y"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--kl-threshold" in res.stderr

@@ -223,6 +223,29 @@ def test_probe_beats_sampled_labels_on_the_tiny_model():
     assert se["probe"] < se["sampled"]
 
 
+def test_standard_error_covers_the_exact_trace():
+    """The default estimator's mean +- 1.96 se covers the dense Tr(F) in 90-99% of 200
+    independent estimates of 200 inputs each (sentences drawn from the pool, so the population is
+    exactly the one ``Exact`` weighs), and the s.e. is not biased low in the typical sample.
+    Per-input values are i.i.d., so disjoint slices of one long run are independent repeats.
+    Measured here: 0.935 for the default (8 sampled labels, i.i.d. s.e.; median s.e. / true 0.99);
+    the old default (1 probe, 32 batch means) also passes on this light-tailed tiny model (0.945):
+    the difference shows on trained BERTs, whose tails are heavy (bench/flatness_se.py)."""
+    model = tiny_bert("d16-h2-l1-i32", seed=5)
+    cfg = FlatnessConfig(n_inputs=None, batch_size=4000, seed=13)
+    exact = float(Exact(model, cfg.exclude).fisher().trace())
+    reps, n = 200, 200
+    rows = torch.randint(0, len(POOL), (reps * n,), generator=torch.Generator().manual_seed(0))
+    values = trace_fisher(model, POOL[rows], POOL_LENGTHS[rows], cfg, per_example=True)
+    values = values["per_example"].view(reps, n)
+    estimates = [mean_se(chunk, cfg.se_groups) for chunk in values]
+    covered = sum(abs(m - exact) <= 1.96 * se for m, se in estimates) / reps
+    assert 0.90 <= covered <= 0.99, covered
+    true_se = float(values.std()) / n**0.5
+    ratio = torch.tensor([se for _, se in estimates]).median() / true_se
+    assert 0.85 < ratio < 1.15, ratio
+
+
 @pytest.fixture(scope="module")
 def small_exact():
     """d8 model, its dense Fisher, dense Hessians with soft labels q and with q = p_theta."""

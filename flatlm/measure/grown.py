@@ -1,0 +1,112 @@
+"""Flatness across model sizes (paper Fig. 5, B.3-B.4): Tr(F) and Tr(H) in one common shape.
+
+A trace over parameters depends on the parameterisation, not only on the function: growing a
+d128 BERT to d256 with ``flatlm.models.embed.grow`` keeps its logits (to float rounding) but
+changes Tr(F), since replication rescales weights (``W' = tile(W) / m``) and adds parameters.
+Comparing the native traces of models of different sizes therefore compares parameterisations.
+B.3 instead views every model as a point of one large architecture, the smallest that each of
+them grows into (``lcm_shape``: Table 4's widths have least common multiple 1920), and compares
+the traces there.
+
+``grown_flatness`` grows a checkpoint's model into that shape and measures it with the estimators
+of ``measure.flatness`` on the same inputs and seeds, under the keys ``grown_key(key)``:
+``flat/trace_fisher_grown`` and, with ``hessian=True``, ``flat/trace_hessian_grown`` and
+``flat/hessian_fisher_gap_grown`` (each with its ``_se``). The parameters the growth leaves free
+(query, key, value and MLP up-projection of added blocks) are drawn from ``seed``; they reach the
+traces through the zeroed output projections of added blocks, so fix ``seed`` across a sweep.
+
+>>> from flatlm.models import TABLE4, shape_string
+>>> shape_string(lcm_shape(TABLE4))
+'d1920-h30-l20-i7680'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from flatlm.measure import TRACE_FISHER, grown_key, se_key
+from flatlm.measure.curvature import FlatnessConfig
+from flatlm.models.presets import ModelConfig, parse_model
+from flatlm.sources.base import Source
+
+
+def lcm_shape(shapes: Iterable[str | ModelConfig]) -> ModelConfig:
+    """The smallest BERT shape every one of ``shapes`` grows into (``embed.grow``, Table 4):
+    d_model and d_inter the least common multiples, n_layers the largest, and the common head
+    size d_model / n_heads. A ValueError names the shape that does not fit."""
+    cfgs = [parse_model(s) for s in shapes]
+    if not cfgs:
+        raise ValueError("measure.grow_to: give at least one model shape")
+    for cfg in cfgs:
+        if cfg.arch != "bert":
+            raise ValueError(f"model {cfg}: only BERTs can grow (B.4); measure.grow_to needs "
+                             "every model of the sweep to be a BERT")
+    head = {c.d_model // c.n_heads for c in cfgs}
+    if len(head) > 1:
+        raise ValueError(f"head sizes {sorted(head)} differ: growth keeps the head size "
+                         "(d_model / n_heads), so the shapes have no common grown shape")
+    d_model = math.lcm(*(c.d_model for c in cfgs))
+    return ModelConfig(arch="bert", d_model=d_model, n_heads=d_model // head.pop(),
+                       n_layers=max(c.n_layers for c in cfgs),
+                       d_inter=math.lcm(*(c.d_inter for c in cfgs)), dropout=0.0)
+
+
+def check_grow_to(target: str | ModelConfig) -> ModelConfig:
+    """``measure.grow_to`` as a ``ModelConfig`` (dropout 0); a ValueError names the field."""
+    try:
+        cfg = parse_model(target)
+    except ValueError as err:
+        raise ValueError(f"measure.grow_to={target!r}: {err}") from err
+    if cfg.arch != "bert":
+        raise ValueError(f"measure.grow_to={target!r}: only BERT shapes (B.4); use e.g. "
+                         "'d256-h4-l4-i1024'")
+    return dataclasses.replace(cfg, dropout=0.0)
+
+
+def grown_model(model: nn.Module, target: str | ModelConfig, *, seed: int = 0) -> nn.Module:
+    """``model`` grown into the shape ``target`` (a preset or shape string), dropout 0.
+    A ValueError names ``measure.grow_to`` when ``model`` cannot grow into it."""
+    from flatlm.models.embed import grow
+
+    cfg = check_grow_to(target)
+    try:
+        return grow(model, cfg, seed=seed)
+    except ValueError as err:
+        raise ValueError(f"measure.grow_to={target!r}: {err}. Use a shape every model of the "
+                         "sweep grows into, e.g. shape_string(lcm_shape(shapes))") from err
+
+
+def grown_flatness(
+    model: nn.Module,
+    target: str | ModelConfig,
+    source: Source,
+    tokens: torch.Tensor,
+    lengths: torch.Tensor,
+    cfg: FlatnessConfig,
+    device: str | torch.device | None = None,
+    *,
+    hessian: bool = False,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Tr(F) (and with ``hessian`` Tr(H) and the gap) of ``model`` grown into ``target``, on the
+    inputs and seeds ``measure_flatness`` would use, under ``grown_key`` keys."""
+    from flatlm.measure.fisher import trace_fisher
+    from flatlm.measure.flatness import measure_flatness
+
+    big = grown_model(model, target, seed=seed).eval()
+    if hessian:
+        out = measure_flatness(big, source, tokens, lengths, cfg, device)
+    else:
+        fisher = trace_fisher(big, tokens, lengths, cfg, device=device)
+        out = {TRACE_FISHER: fisher["mean"], se_key(TRACE_FISHER): fisher["se"]}
+    return {_grown(k): v for k, v in out.items()}
+
+
+def _grown(key: str) -> str:
+    """``flat/trace_fisher_se`` -> ``flat/trace_fisher_grown_se``."""
+    return se_key(grown_key(key[:-3])) if key.endswith("_se") else grown_key(key)

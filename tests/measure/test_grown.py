@@ -1,0 +1,108 @@
+"""Flatness in the grown shape (``measure.grown``) against dense brute force on tiny float64 BERTs.
+
+The dense references (``Exact``) and the 6-sentence pool come from ``test_flatness.py``.
+"""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # test modules are not a package (importlib mode)
+from test_flatness import Exact, replicated_pool, tiny_bert  # noqa: E402
+
+from flatlm.measure import (  # noqa: E402
+    HESSIAN_FISHER_GAP,
+    TRACE_FISHER,
+    TRACE_FISHER_GROWN,
+    TRACE_HESSIAN,
+    TRACE_HESSIAN_GROWN,
+    grown_key,
+    se_key,
+)
+from flatlm.measure.curvature import FlatnessConfig  # noqa: E402
+from flatlm.measure.grown import grown_flatness, grown_model, lcm_shape  # noqa: E402
+from flatlm.measure.run import EvalData, MeasureConfig, measure_model  # noqa: E402
+from flatlm.models import TABLE4, build_model, parse_model, shape_string, word_logits  # noqa: E402
+from flatlm.models.embed import bert_shape  # noqa: E402
+
+SMALL, BIG = "d8-h2-l1-i16", "d16-h4-l1-i32"  # head size 4; width x2, MLP x2
+DEEPER = "d16-h4-l2-i32"  # ... and one added block
+
+
+def test_lcm_shape_of_table4_is_its_largest_row():
+    assert shape_string(lcm_shape(TABLE4)) == shape_string(parse_model("bert-950m"))
+    assert shape_string(lcm_shape(["d128-h2-l4-i512", "d192-h3-l5-i768"])) == "d384-h6-l5-i1536"
+    assert shape_string(lcm_shape([SMALL])) == SMALL  # one shape: itself
+
+
+@pytest.mark.parametrize("shapes, match", [
+    ([], "at least one"), (["d64-h1-l1-i256", "lstm-h8-l1"], "only BERTs"),
+    (["d64-h1-l1-i256", "d64-h2-l1-i256"], "head sizes"),
+])
+def test_lcm_shape_errors(shapes, match):
+    with pytest.raises(ValueError, match=match):
+        lcm_shape(shapes)
+
+
+def test_grow_to_is_checked_when_the_config_is_built():
+    with pytest.raises(ValueError, match="measure.grow_to='lstm-h8-l1': only BERT shapes"):
+        MeasureConfig(grow_to="lstm-h8-l1")
+    with pytest.raises(ValueError, match="measure.grow_to='d7'"):
+        MeasureConfig(grow_to="d7")
+    small = tiny_bert(SMALL, seed=0)
+    with pytest.raises(ValueError, match=r"measure.grow_to='d12-h3-l1-i16'.*not a multiple"):
+        grown_model(small, "d12-h3-l1-i16")
+
+
+@pytest.fixture(scope="module")
+def grown():
+    small = tiny_bert(SMALL, seed=7, scale=0.5)
+    return small, grown_model(small, BIG, seed=3)
+
+
+@pytest.mark.parametrize("target", [BIG, DEEPER])
+def test_grown_model_keeps_the_function(target):
+    small = tiny_bert(SMALL, seed=7, scale=0.5)
+    big = grown_model(small, target, seed=3)
+    x = Exact(small).x  # every (sentence, position) of the pool, masked
+    with torch.no_grad():
+        a = word_logits(small.eval(), x.input_ids, x.attention_mask, x.positions)
+        b = word_logits(big, x.input_ids, x.attention_mask, x.positions)
+    assert shape_string(bert_shape(big)) == target
+    torch.testing.assert_close(b, a, rtol=0, atol=1e-9)
+
+
+def test_grown_trace_fisher_is_measured_in_the_grown_shape(grown):
+    """Same function, another parameterisation: the dense Tr(F) of the grown model differs from
+    the native one, and ``grown_flatness`` converges to the grown one (not the native)."""
+    small, big = grown
+    exclude = FlatnessConfig().exclude
+    native = Exact(small, exclude).fisher_trace_by_labels()
+    dense_grown = Exact(big, exclude).fisher_trace_by_labels()
+    assert abs(dense_grown - native) > 0.1 * native  # 72.7 vs 86.2
+    tokens, lengths = replicated_pool(400)  # 2400 inputs
+    cfg = FlatnessConfig(n_inputs=len(tokens), batch_size=800, seed=5)
+    out = grown_flatness(small, BIG, None, tokens, lengths, cfg, seed=3)
+    assert set(out) == {TRACE_FISHER_GROWN, se_key(TRACE_FISHER_GROWN)}
+    est, se = out[TRACE_FISHER_GROWN], out[se_key(TRACE_FISHER_GROWN)]
+    assert abs(est - dense_grown) < 3 * se < 0.1 * dense_grown, (est, se, dense_grown, native)
+    assert abs(est - native) > 3 * se
+
+
+def test_measure_model_logs_native_and_grown_keys(src):
+    model = build_model(dataclasses.replace(parse_model(SMALL), dropout=0.0), src.V,
+                        src.max_length, seed=0).double()
+    tokens, lengths = src.sample(96, seed=1)
+    cfg = MeasureConfig(what=("hessian",), grow_to=BIG,
+                        flatness=FlatnessConfig(n_inputs=None, batch_size=48,
+                                                hutchinson_batch_size=24))
+    out = measure_model(model, src, EvalData(tokens, lengths, {}), cfg, "cpu")
+    for key in (TRACE_FISHER, TRACE_HESSIAN, HESSIAN_FISHER_GAP):
+        assert key in out and grown_key(key) in out and se_key(grown_key(key)) in out
+    assert grown_key(TRACE_HESSIAN) == TRACE_HESSIAN_GROWN and "time/flatness_grown_s" in out
+    # growing into the model's own shape is the identity: the same estimate as the native one
+    same = grown_flatness(model, SMALL, src, tokens, lengths, cfg.flatness)
+    assert same[TRACE_FISHER_GROWN] == pytest.approx(out[TRACE_FISHER], rel=1e-10)
