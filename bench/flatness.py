@@ -48,8 +48,8 @@ from torch import nn
 
 from flatlm.measure.curvature import (
     FlatnessConfig,
+    grouped_mean_se,
     masked_inputs,
-    mean_se,
     selected_parameters,
 )
 from flatlm.measure.fisher import per_input_values
@@ -106,14 +106,14 @@ def train(model, src, args) -> list[float]:
 
 def inputs_needed(values: torch.Tensor, target: float, groups: int) -> float:
     """Inputs for a relative s.e. of ``target``, from per-input values: n (rse / target)^2."""
-    mean, se = mean_se(values, groups)
+    mean, se = grouped_mean_se(values, groups)
     return len(values) * (se / abs(mean) / target) ** 2
 
 
 def flatlm_run(model, x, cfg, args):
     values, seconds = timed(lambda: per_input_values(model, x, cfg, device=args.device),
                             args.device)
-    mean, se = mean_se(values, cfg.se_groups)
+    mean, se = grouped_mean_se(values, cfg.se_groups)
     return {"values": values, "seconds": seconds, "mean": mean, "se": se, "n": len(values)}
 
 
@@ -147,7 +147,7 @@ def curvlinops_run(model, x, cfg, args, B: int, n_probes: int):
 
     with eager_attention(model), torch.no_grad():
         _, seconds = timed(run, args.device)
-    mean, se = mean_se(estimates, len(estimates))
+    mean, se = grouped_mean_se(estimates, len(estimates))
     needed_units = len(estimates) * (se / abs(mean) / args.target) ** 2
     return {"seconds": seconds, "mean": mean, "se": se, "n": len(estimates) * B,
             "seconds_to_target": seconds / len(estimates) * needed_units,

@@ -28,8 +28,8 @@ from flatlm.measure import fisher
 from flatlm.measure.curvature import (
     FlatnessConfig,
     eval_mode,
+    grouped_mean_se,
     masked_inputs,
-    mean_se,
     selected_parameters,
 )
 from flatlm.models import build_model, parse_model
@@ -53,7 +53,7 @@ def coverage(values: np.ndarray, truth: float, n: int, se_groups: int | None) ->
     true_se = values.std() / math.sqrt(n)
     hits, ratios = [], []
     for chunk in values[: reps * n].reshape(reps, n):
-        mean, se = mean_se(chunk, se_groups)
+        mean, se = grouped_mean_se(chunk, se_groups)
         q = stats.t.ppf(0.975, (n if se_groups is None else min(se_groups, n)) - 1)
         hits.append(abs(mean - truth) <= q * se)
         ratios.append(se / true_se)

@@ -4,7 +4,7 @@ masked inputs x_{-t}, which parameters count, and the standard error.
 - ``FlatnessConfig``: budget, estimator, excluded parameters, seed.
 - ``masked_inputs(tokens, lengths, seed)``: one uniformly random masked word per sentence.
 - ``selected_parameters(model, exclude)``: the parameters whose curvature counts, each once.
-- ``mean_se(values, n_groups)``: mean and standard error of per-input values.
+- ``grouped_mean_se(values, n_groups)``: mean and standard error of per-input values.
 
 >>> cfg = FlatnessConfig(n_inputs=100, batch_size=50)
 >>> cfg.estimator, cfg.labels_per_input, cfg.exclude
@@ -61,7 +61,7 @@ class FlatnessConfig:
     # LSTM's top-level "bias").
     exclude: tuple[str, ...] = ("*pooler*", "cls.predictions.bias", "bias")
     # None: the standard error treats every input (Hutchinson: every batch) as its own i.i.d. unit,
-    # which they are; an integer >= 2: batch means over that many groups. See ``mean_se``.
+    # which they are; an integer >= 2: batch means over that many groups. See ``grouped_mean_se``.
     se_groups: int | None = None
     # seeds the masked positions, the labels / probes and the Hutchinson vectors
     seed: int = 0
@@ -165,7 +165,7 @@ def selected_parameters(
     return out
 
 
-def mean_se(values, n_groups: int | None = None, *, counts=None) -> tuple[float, float]:
+def grouped_mean_se(values, n_groups: int | None = None, *, counts=None) -> tuple[float, float]:
     """Mean of per-input values and its standard error.
 
     ``n_groups=None``: the plain s.e. sd / sqrt(n) of i.i.d. values (one sentence is one input,
@@ -184,9 +184,9 @@ def mean_se(values, n_groups: int | None = None, *, counts=None) -> tuple[float,
     With ``counts``, ``values[j]`` is a sum over ``counts[j]`` inputs (a Hutchinson batch) and the
     mean is sum(values) / sum(counts).
 
-    >>> mean_se([1.0, 3.0, 1.0, 3.0], n_groups=2)
+    >>> grouped_mean_se([1.0, 3.0, 1.0, 3.0], n_groups=2)
     (2.0, 0.0)
-    >>> mean_se([1.0, 3.0, 1.0, 3.0])[1] == (4 / 3) ** 0.5 / 2
+    >>> grouped_mean_se([1.0, 3.0, 1.0, 3.0])[1] == (4 / 3) ** 0.5 / 2
     True
     """
     values = np.asarray(torch.as_tensor(values, dtype=torch.float64).cpu(), dtype=np.float64)

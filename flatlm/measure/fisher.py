@@ -21,7 +21,7 @@ logit space with E[u u^T] = diag p - p p^T:
   376 for one sampled label), which makes its standard error less trustworthy.
 
 The per-input value averages ``cfg.labels_per_input`` directions (default 8), which thins the tail
-that a variance-based standard error misses (``curvature.mean_se``).
+that a variance-based standard error misses (``curvature.grouped_mean_se``).
 
 ||J^T u_i||^2 for every input i of a batch comes from one forward and one backward of
 sum_i <u_i, z_i> (``measure.ghost``) for BERT; ``method="vmap"`` is ``torch.func.vmap(grad)`` over
@@ -49,8 +49,8 @@ from flatlm.measure.curvature import (
     FlatnessConfig,
     MaskedInputs,
     eval_mode,
+    grouped_mean_se,
     masked_inputs,
-    mean_se,
     model_device_dtype,
     selected_parameters,
 )
@@ -159,11 +159,11 @@ def trace_fisher(
     Returns ``{"mean", "se", "n", "n_params"}`` and, with ``per_example``, the (n,) per-input
     values (each the mean over ``cfg.labels_per_input`` directions). ``se`` is the standard error
     of the mean of these i.i.d. values, or batch means over ``cfg.se_groups`` groups
-    (``curvature.mean_se``).
+    (``curvature.grouped_mean_se``).
     """
     x = masked_inputs(tokens, lengths, cfg.seed, n=cfg.n_inputs)
     values = per_input_values(model, x, cfg, device=device, method=method)
-    mean, se = mean_se(values, cfg.se_groups)
+    mean, se = grouped_mean_se(values, cfg.se_groups)
     n_params = sum(p.numel() for p in selected_parameters(model, cfg.exclude).values())
     out = {"mean": mean, "se": se, "n": len(values), "n_params": n_params}
     if per_example:

@@ -12,7 +12,7 @@ inputs x_{-t} (the first ``cfg.n_inputs`` sentences given, one uniformly random 
 - ``flat/trace_hessian_data`` (``data_labels=True``): the Hessian with one-hot data labels, which
   the paper's released code and PyHessian measure.
 
-Every value comes with its standard error (``<key>_se``, ``curvature.mean_se``). Which
+Every value comes with its standard error (``<key>_se``, ``curvature.grouped_mean_se``). Which
 parameters count is ``cfg.exclude`` (default: the paper's, without the pooler and the MLM output
 bias).
 

@@ -34,8 +34,8 @@ from flatlm.measure import per_example
 from flatlm.measure.curvature import (
     FlatnessConfig,
     eval_mode,
+    grouped_mean_se,
     masked_inputs,
-    mean_se,
     model_device_dtype,
     selected_parameters,
 )
@@ -133,8 +133,8 @@ def trace_hessian(
             h_vals.append(h)
             r_vals.append(r)
             counts.append(len(batch))
-    mean, se = mean_se(h_vals, cfg.se_groups, counts=counts)
+    mean, se = grouped_mean_se(h_vals, cfg.se_groups, counts=counts)
     out = {"mean": mean, "se": se, "n": len(x), "n_batches": len(counts)}
     if with_gap:
-        out["gap_mean"], out["gap_se"] = mean_se(r_vals, cfg.se_groups, counts=counts)
+        out["gap_mean"], out["gap_se"] = grouped_mean_se(r_vals, cfg.se_groups, counts=counts)
     return out

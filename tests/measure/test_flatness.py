@@ -18,7 +18,12 @@ from torch import nn
 from torch.func import functional_call, hessian, jacrev
 
 from flatlm.measure import HESSIAN_FISHER_GAP, TRACE_FISHER, TRACE_HESSIAN, se_key
-from flatlm.measure.curvature import FlatnessConfig, masked_inputs, mean_se, selected_parameters
+from flatlm.measure.curvature import (
+    FlatnessConfig,
+    grouped_mean_se,
+    masked_inputs,
+    selected_parameters,
+)
 from flatlm.measure.fisher import output_directions, trace_fisher
 from flatlm.measure.flatness import measure_flatness, soft_labels
 from flatlm.measure.hessian_trace import eager_attention, trace_hessian
@@ -238,7 +243,7 @@ def test_standard_error_covers_the_exact_trace():
     rows = torch.randint(0, len(POOL), (reps * n,), generator=torch.Generator().manual_seed(0))
     values = trace_fisher(model, POOL[rows], POOL_LENGTHS[rows], cfg, per_example=True)
     values = values["per_example"].view(reps, n)
-    estimates = [mean_se(chunk, cfg.se_groups) for chunk in values]
+    estimates = [grouped_mean_se(chunk, cfg.se_groups) for chunk in values]
     covered = sum(abs(m - exact) <= 1.96 * se for m, se in estimates) / reps
     assert 0.90 <= covered <= 0.99, covered
     true_se = float(values.std()) / n**0.5
@@ -341,7 +346,7 @@ def test_measure_flatness_keys_and_consistency():
 
 def test_mean_se_batch_means():
     values = torch.arange(100, dtype=torch.float64)
-    mean, se = mean_se(values, n_groups=4)
+    mean, se = grouped_mean_se(values, n_groups=4)
     assert mean == pytest.approx(49.5)
     group_means = values.view(4, 25).mean(1)
     assert se == pytest.approx(float(group_means.std() / 2))
