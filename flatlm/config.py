@@ -240,17 +240,18 @@ def to_flat_dict(cfg, prefix: str = "") -> dict[str, Any]:
         elif isinstance(value, ConfigValue):
             out[key] = str(value)
         elif isinstance(value, dict):
-            out.update({f"{key}.{k}": v for k, v in _flatten_dict(value).items()})
+            out.update({f"{key}.{k}": v for k, v in flatten_dict(value).items()})
         else:
             out[key] = value
     return out
 
 
-def _flatten_dict(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten_dict(d: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (a saved config's flat view)."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flatten_dict(v, f"{prefix}{k}."))
+            out.update(flatten_dict(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
