@@ -116,3 +116,22 @@ def test_algorithm_settings_by_dotted_keys():
 def test_old_flat_keys_name_the_new_key(old, new):
     with pytest.raises(ConfigError, match=f"'{old}' was renamed: use '{new}'"):
         apply_overrides(TrainConfig(), {old: "1"})
+
+
+def test_a_checkpoint_saved_with_the_old_flat_keys_still_resumes(src, tiny_model, tmp_path):
+    from flatlm.train.state import load_state, newest_checkpoint, save_state
+
+    cfg = TrainConfig(algorithm="sam", steps=4, batch_size=8, checkpoint_steps=(2,),
+                      sam=SamConfig(rho=0.1))
+    train(dataclasses.replace(cfg, steps=2), src, tiny_model, tmp_path, progress=False)
+    ckpt = newest_checkpoint(tmp_path)
+    state = load_state(ckpt)
+    old = {k: v for k, v in state.config.items() if k not in ("sam", "adversarial")}
+    old.update({"sam_rho": 0.1, **{f"adversarial_{k}": v
+                                   for k, v in state.config["adversarial"].items()}})
+    save_state(dataclasses.replace(state, config=old), ckpt)
+    assert train(cfg, src, tiny_model, tmp_path, progress=False, resume=True).step == 4
+    old["sam_rho"] = 0.2  # a real change is still caught, under its new name
+    save_state(dataclasses.replace(state, config=old), ckpt)
+    with pytest.raises(ValueError, match=r"train\.sam\.rho=0\.2 -> 0\.1"):
+        train(cfg, src, tiny_model, tmp_path, progress=False, resume=True)
