@@ -27,8 +27,8 @@ import torch
 
 from flatlm.config import to_dict
 from flatlm.measure.run import EvalData, MeasureConfig, check_tasks, eval_data, measure_model
-from flatlm.models.presets import parse_model
-from flatlm.sources import load
+from flatlm.models.presets import ModelSpec, parse_model
+from flatlm.sources import SourceSpec, load
 from flatlm.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -43,24 +43,36 @@ def _default_train() -> TrainConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class TrialConfig:
-    """A trial = source + model + pre-training + measurements (each stage gets its own part)."""
+    """A trial = source + model + pre-training + measurements (each stage gets its own part).
 
-    source: str = "pcfg:paper"  # a source spec: short form (pcfg:paper) or a JSON object
-    model: str = "bert-2m"  # a preset (bert-41m, lstm-h512-l8) or a shape (d64-h1-l1-i256)
+    ``source`` and ``model`` may be given as strings (or a source dict); they are checked and
+    stored as ``SourceSpec`` / ``ModelSpec`` on construction.
+    """
+
+    source: SourceSpec = field(default_factory=SourceSpec)  # short form (pcfg:paper, hmm:seed=0,
+    #   dyck:8) or a JSON object; default pcfg:paper
+    model: ModelSpec = field(default_factory=ModelSpec)  # a preset (bert-41m, lstm-h512-l8) or
+    #   a shape (d64-h1-l1-i256); default bert-2m
     train: TrainConfig = field(default_factory=_default_train)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
+
+    def __post_init__(self):
+        for name, kind in (("source", SourceSpec), ("model", ModelSpec)):
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                try:
+                    object.__setattr__(self, name, kind(value))
+                except ValueError as e:
+                    raise ValueError(f"{name}={value!r}: {e}") from None
 
 
 def validate_trial(cfg: TrialConfig):
     """Builds what the trial needs, failing on a bad config before any work: (source, model)."""
     try:
         source = load(cfg.source)
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # the spec was valid when made; a file may have gone
         raise ValueError(f"source: {e}") from None
-    try:
-        model_cfg = parse_model(cfg.model)
-    except ValueError as e:
-        raise ValueError(f"model: {e}") from None
+    model_cfg = parse_model(cfg.model)
     if not cfg.train.checkpoint_steps:
         raise ValueError("train.checkpoint_steps is empty: a trial measures at checkpoints; "
                          "give at least one step, e.g. [0, 100]")

@@ -23,8 +23,8 @@ def build(args) -> Sweep:
     algorithms = ["adamw", "sgd", "sam", "adversarial"] if args.preset == "tiny" else ALL
     base = base_for(args.preset)
     if args.preset == "tiny":  # the adversary attacks the probed task, on a small pool
-        base = apply_overrides(base, {"train.adversarial_task": "B", "train.adversarial_d1": 32,
-                                      "train.adversarial_d2": 32, "train.adversarial_pool": 256})
+        base = apply_overrides(base, {"train.adversarial.task": "B", "train.adversarial.d1": 32,
+                                      "train.adversarial.d2": 32, "train.adversarial.pool": 256})
     return Sweep(name="algorithms", base=base,
                  space={"train.algorithm": tune.grid_search(algorithms)},
                  gpus_per_trial=0.0 if args.preset == "tiny" else 1.0)

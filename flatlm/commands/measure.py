@@ -35,22 +35,19 @@ def register(sub) -> None:
 
 
 def _config(args):
-    from flatlm.config import apply_overrides
+    """The MeasureConfig of the options: the named flags first, then ``--set`` (same path as
+    ``flatlm.config.apply_overrides``, so ``--set tasks=B,C`` and ``--tasks B,C`` agree)."""
+    from flatlm.config import apply_overrides, parse_assignments
     from flatlm.measure.run import MeasureConfig
 
-    overrides = {"what": [w.strip() for w in args.what.split(",") if w.strip()],
-                 "seed": args.seed}
+    overrides = {"what": args.what, "seed": args.seed}
     if args.n_inputs is not None:
         overrides["n_eval"] = args.n_inputs
     if args.n_downstream is not None:
         overrides["n_downstream"] = args.n_downstream
     if args.tasks:
-        overrides["tasks"] = [t.strip() for t in args.tasks.split(",")]
-    for pair in args.overrides:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ValueError(f"--set {pair!r}: write KEY=VALUE, e.g. probe.seeds=5")
-        overrides[key.strip()] = value.strip()
+        overrides["tasks"] = args.tasks
+    overrides.update(parse_assignments(args.overrides))
     return apply_overrides(MeasureConfig(), overrides)
 
 
@@ -58,14 +55,14 @@ def run(args) -> int:
     from flatlm.measure.run import eval_data, measure_model
     from flatlm.models.checkpoint import load_checkpoint
     from flatlm.models.presets import ModelConfig
-    from flatlm.sources import load
+    from flatlm.sources import SourceSpec, load
 
     ckpt = Path(args.checkpoint)
     if not (ckpt / "flatlm.json").is_file():
         raise ValueError(f"{ckpt} is not a flatlm checkpoint (no flatlm.json)")
     cfg = _config(args)  # bad options fail before the model loads
     model, info = load_checkpoint(ckpt)
-    source = load(args.source or info["source"])
+    source = load(SourceSpec(args.source) if args.source else info["source"])
     model = model.to(args.device)
     data = eval_data(source, cfg, ModelConfig(**info["model"]))  # random-features reference
     metrics = measure_model(model, source, data, cfg, args.device)

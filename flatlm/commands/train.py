@@ -2,34 +2,24 @@
 
     flatlm train --source pcfg:paper --model bert-12.8m --algorithm adamw --steps 30000 \\
         --checkpoint-steps 0,10000,20000,30000 --batch-size 4096 --seed 0 --out runs/a
+    flatlm train ... --algorithm sam --sam-rho 0.1 --no-compile --set adversarial.task=C
     flatlm train ... --out runs/a --steps 60000 --resume      # continue the same run
 
-Every ``TrainConfig`` field is an option (``--warmup-proportion`` for ``warmup_proportion``);
-checkpoints go to ``OUT/checkpoints/step-<N>/``.
+Every ``TrainConfig`` field is an option, generated from its type (``flatlm.config``): nested
+settings join with '-' (``--sam-rho`` is ``sam.rho``, ``--adversarial-lambda`` is
+``adversarial.lambda``), a bool is ``--compile/--no-compile``, a tuple is comma-separated
+(``--checkpoint-steps 0,100``) and ``none`` clears an optional field. ``--set KEY=VALUE`` takes
+the same keys. Checkpoints go to ``OUT/checkpoints/step-<N>/`` (default: only the last step).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
-from flatlm.train.config import ALGORITHMS, TrainConfig
-
-# Fields with their own parsing or spelled differently on the command line.
-_SPECIAL = {"checkpoint_steps", "mask", "compile"}
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: use comma-separated steps, e.g. 0,100,200")\
-            from None
-
-
-_TYPES = {"int": int, "float": float, "str": str}
+from flatlm.config import add_arguments, apply_overrides, overrides_from_args, parse_assignments
+from flatlm.train.config import TrainConfig
 
 
 def register(subparsers) -> None:
@@ -43,56 +33,54 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --out up to --steps")
-    p.add_argument("--checkpoint-steps", type=_int_list, default=None,
-                   help="comma-separated updates after which to save (default: the last)")
-    p.add_argument("--mask", default="one",
-                   help="'one' masked word per sentence (default) or a rate such as 0.15")
-    p.add_argument("--compile", action="store_true", help="torch.compile the loss (CUDA)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda[:i]")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in _SPECIAL:
-            continue
-        kind = str(f.type).split(" |")[0]
-        help_text = f"train.{f.name} (default: {f.default})"
-        if f.name == "algorithm":
-            help_text += ": " + ", ".join(ALGORITHMS)
-        p.add_argument("--" + f.name.replace("_", "-"), type=_TYPES[kind], default=f.default,
-                       help=help_text)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="any TrainConfig key, e.g. sam.rho=0.1 (the options below are the same "
+                        "keys)")
+    add_arguments(p.add_argument_group("training (TrainConfig)"), TrainConfig)
     p.set_defaults(run=run)
 
 
 def config_from_args(args) -> TrainConfig:
     """The ``TrainConfig`` the options describe (raises ValueError naming a bad field)."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
-              if f.name != "checkpoint_steps"}
-    steps = args.checkpoint_steps if args.checkpoint_steps is not None else (args.steps,)
-    return TrainConfig(**values, checkpoint_steps=steps)
+    overrides = {**parse_assignments(args.overrides), **overrides_from_args(args)}
+    if "checkpoint_steps" not in overrides:  # default: a checkpoint at the last step only
+        steps = apply_overrides(TrainConfig(), {k: v for k, v in overrides.items()
+                                                if k == "steps"}).steps
+        overrides["checkpoint_steps"] = [steps]
+    return apply_overrides(TrainConfig(), overrides)
 
 
 def run(args) -> int:
     cfg = config_from_args(args)  # before anything slow: a bad field fails at once
+    from flatlm.models.presets import ModelSpec, describe
+    from flatlm.sources import SourceSpec, load
+
+    model = ModelSpec(args.model)
+    if args.source is None and cfg.data == "fresh":
+        raise ValueError("--source is required unless --data names a corpus directory")
+    if args.source is not None:
+        spec = SourceSpec(args.source)
+    else:
+        from flatlm.train.data import corpus_source_spec
+
+        spec = SourceSpec(corpus_source_spec(cfg.data))
     import torch
     from transformers.utils import logging as hf_logging
 
-    from flatlm.models.presets import describe, parse_model
-    from flatlm.sources import load
-    from flatlm.train.data import corpus_source_spec
     from flatlm.train.loop import train
 
-    model_cfg = parse_model(args.model)
-    if args.source is None and cfg.data == "fresh":
-        raise ValueError("--source is required unless --data names a corpus directory")
-    source = load(args.source if args.source is not None else corpus_source_spec(cfg.data))
+    source = load(spec)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") \
         if args.device == "auto" else torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     hf_logging.disable_progress_bar()  # save_pretrained's per-checkpoint bar
-    print(f"{describe(model_cfg, source.V, source.max_length)}; {cfg.algorithm} for "
+    print(f"{describe(model.config, source.V, source.max_length)}; {cfg.algorithm} for "
           f"{cfg.steps} steps on {device}")
-    result = train(cfg, source, model_cfg, args.out, device=device, resume=args.resume,
+    result = train(cfg, source, model.config, args.out, device=device, resume=args.resume,
                    progress=not args.no_progress)
     last = result.history[-1] if result.history else {}
     print(json.dumps({"step": result.step, **last,

@@ -2,7 +2,8 @@
 
 - ``flatlm.tokens`` (re-exported: every stage reads it): ``encode`` (word ids ->
   ``[CLS] x_1 .. x_L [SEP] [PAD]..``), ``mask_positions``.
-- ``presets``: ``ModelConfig``, the paper's presets (Tables 3-4, A.4), ``parse_model``, counts.
+- ``presets``: ``ModelConfig``, ``ModelSpec``, the paper's presets (Tables 3-4, A.4),
+  ``parse_model``, counts.
 - ``bert``: ``build_model`` and the architecture-agnostic helpers (``word_logits`` ...).
 - ``lstm``: ``BiLSTMForMaskedLM``.
 - ``checkpoint``: ``save_checkpoint`` / ``load_checkpoint`` (``save_pretrained`` + ``flatlm.json``).
@@ -20,8 +21,8 @@ _EXPORTS = {
         "mask_positions token_layout"
     ),
     "presets": (
-        "PRESETS TABLE3 TABLE4 ModelConfig describe paper_parameter_count parameter_count "
-        "parse_model shape_string"
+        "PRESETS TABLE3 TABLE4 ModelConfig ModelSpec describe paper_parameter_count "
+        "parameter_count parse_model shape_string"
     ),
     "bert": (
         "bert_config build_model cls_features count_parameters encoder_features model_layout "

@@ -14,6 +14,7 @@ Presets (``PRESETS``; ``parse_model`` also reads shape strings):
 - ``lstm-h{128,256,512,768,1024}-l{4,6,8,12,16}``: the LSTM grid of A.4 (d_hidden per direction).
 
 Shape strings: ``d64-h1-l1-i256`` (d_model, heads, layers, d_inter) and ``lstm-h256-l4``.
+``ModelSpec`` holds a preset name or shape string as a config value, checked on construction.
 
 >>> parse_model("bert-2m") == parse_model("d64-h1-l1-i256")
 True
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+
+from flatlm.config import ConfigValue
 
 ARCHS = ("bert", "lstm")
 ATTENTIONS = ("sdpa", "eager")
@@ -114,13 +117,15 @@ _BERT_SHAPE = re.compile(r"(?:bert-)?d(\d+)-h(\d+)-l(\d+)-i(\d+)")
 _LSTM_SHAPE = re.compile(r"lstm-h(\d+)-l(\d+)")
 
 
-def parse_model(name_or_shape: str | ModelConfig) -> ModelConfig:
+def parse_model(name_or_shape: str | ModelSpec | ModelConfig) -> ModelConfig:
     """A preset name or a shape string -> ``ModelConfig`` (a ``ModelConfig`` passes through).
 
     Dropout and attention keep their defaults; vary them with ``dataclasses.replace``.
     """
     if isinstance(name_or_shape, ModelConfig):
         return name_or_shape
+    if isinstance(name_or_shape, ModelSpec):
+        return name_or_shape.config
     key = str(name_or_shape).strip().lower()
     if key in PRESETS:
         return PRESETS[key]
@@ -133,6 +138,45 @@ def parse_model(name_or_shape: str | ModelConfig) -> ModelConfig:
         f"{', '.join(PRESETS)}. Shapes: 'd64-h1-l1-i256' (d_model-heads-layers-d_inter) or "
         "'lstm-h256-l4' (hidden per direction-layers)."
     )
+
+
+class ModelSpec(ConfigValue):
+    """A preset name or shape string, checked on construction; equal when the shapes are.
+
+    >>> ModelSpec("BERT-2m")
+    ModelSpec('bert-2m')
+    >>> ModelSpec("bert-2m") == ModelSpec("d64-h1-l1-i256"), ModelSpec("bert-2m").config.d_model
+    (True, 64)
+    """
+
+    __slots__ = ("name", "config")
+
+    def __init__(self, name: str | ModelSpec = "bert-2m"):
+        if isinstance(name, ModelSpec):
+            name = name.name
+        if not isinstance(name, str):
+            raise ValueError(f"model {name!r}: give a preset name or a shape string")
+        key = name.strip().lower()
+        object.__setattr__(self, "config", parse_model(key))
+        object.__setattr__(self, "name", key)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"ModelSpec is immutable; build a new one (cannot set {name})")
+
+    def __reduce__(self):
+        return (ModelSpec, (self.name,))
+
+    def to_json(self) -> str:
+        return self.name
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ModelSpec) and self.config == other.config
+
+    def __hash__(self) -> int:
+        return hash(self.config)
 
 
 def shape_string(cfg: ModelConfig) -> str:

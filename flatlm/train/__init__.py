@@ -17,7 +17,7 @@ import importlib
 # name -> submodule, imported lazily: ``flatlm.train.config`` is read when sweep configs are
 # parsed and should not pay for importing torch and transformers.
 _EXPORTS = {
-    "config": "ALGORITHMS TrainConfig resolve",
+    "config": "ALGORITHMS AdversarialConfig SamConfig TrainConfig resolve",
     "schedules": "warmup_constant",
     "algorithms": "STEPS build_optimizer ridge_head_loss sentence_features",
     "state": "TrainState checkpoint_dir find_checkpoints newest_checkpoint",

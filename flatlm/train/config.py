@@ -2,7 +2,10 @@
 
 The model shape is a ``ModelConfig`` and the language a source spec; neither is a field here. Fields
 left ``None`` take the algorithm's default from ``ALGORITHMS`` (the paper's values, A.5);
-``resolve(cfg)`` fills them in, and the loop works on the resolved config.
+``resolve(cfg)`` fills them in, and the loop works on the resolved config. Settings of one
+algorithm sit in their own small config: ``cfg.sam`` (``SamConfig``) and ``cfg.adversarial``
+(``AdversarialConfig``); their keys are ``train.sam.rho``, ``train.adversarial.lambda`` etc.
+``flatlm.config`` converts to and from dicts (``to_dict``, ``from_dict``).
 
 >>> cfg = resolve(TrainConfig(algorithm="noreg", steps=100))
 >>> cfg.weight_decay, cfg.dropout, cfg.warmup_steps
@@ -13,12 +16,17 @@ left ``None`` take the algorithm's default from ``ALGORITHMS`` (the paper's valu
 Traceback (most recent call last):
 ...
 ValueError: train.lr=-1.0: the learning rate must be > 0 (the paper uses 1e-3)
+>>> TrainConfig(sam=SamConfig(rho=0.0))
+Traceback (most recent call last):
+...
+ValueError: train.sam.rho=0.0: use a radius > 0 (paper: 0.05)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
@@ -57,8 +65,51 @@ ALGORITHMS: dict[str, AlgorithmDefaults] = {
 
 
 @dataclass(frozen=True, kw_only=True)
+class SamConfig:
+    """SAM's settings (``algorithm="sam"``); the batch is split in two halves (A.5)."""
+
+    rho: float = 0.05  # perturbation radius in parameter L2 norm; > 0 (paper: 0.05)
+
+    def __post_init__(self):
+        _check(self.rho > 0, "sam.rho", self.rho, "use a radius > 0 (paper: 0.05)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdversarialConfig:
+    """The adversarial objective's settings (``algorithm="adversarial"``, A.5)."""
+
+    lambda_: float = 1.0  # weight of the head's D2 loss; >= 0 (key: adversarial.lambda)
+    task: str | None = None  # downstream task of the source (e.g. "C"); None = its first task
+    d1: int = 256  # sentences the head is fitted on per step; >= 2
+    d2: int = 256  # sentences the head's loss is taken on; >= 1
+    pool: int = 4096  # labelled sentences D, drawn once, from which disjoint D1 and D2 are
+    #   drawn each step; >= d1 + d2
+    ridge: float = 1e-3  # ridge of the closed-form head, relative to the mean squared feature
+    #   norm; > 0
+
+    def __post_init__(self):
+        _check(self.lambda_ >= 0, "adversarial.lambda", self.lambda_, "use a weight >= 0")
+        _check(_is_int(self.d1) and self.d1 >= 2, "adversarial.d1", self.d1,
+               "use an integer >= 2")
+        _check(_is_int(self.d2) and self.d2 >= 1, "adversarial.d2", self.d2,
+               "use an integer >= 1")
+        _check(_is_int(self.pool) and self.pool >= self.d1 + self.d2, "adversarial.pool",
+               self.pool, f"use at least adversarial.d1 + adversarial.d2 = "
+               f"{self.d1 + self.d2} sentences")
+        _check(self.ridge > 0, "adversarial.ridge", self.ridge, "use a value > 0")
+
+
+# The flat keys these settings had before they moved into SamConfig / AdversarialConfig.
+_RENAMED = {"sam_rho": "sam.rho",
+            **{f"adversarial_{k}": f"adversarial.{k}"
+               for k in ("lambda", "task", "d1", "d2", "pool", "ridge")}}
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """One pre-training run. Validated on construction: a bad field raises ``ValueError``."""
+
+    RENAMED_KEYS: ClassVar[dict[str, str]] = _RENAMED  # old key -> new (override errors)
 
     algorithm: str = "adamw"  # a key of ALGORITHMS: adamw, sgd, noreg, sam, adversarial
     steps: int = 1000  # optimizer updates in the run; >= 1 (paper: 30K+ for PCFG)
@@ -81,16 +132,8 @@ class TrainConfig:
     data: str = "fresh"  # "fresh": new sentences from the source at every step (population
     #   loss); or a corpus directory written by `flatlm data` (its train split, reshuffled
     #   every epoch)
-    sam_rho: float = 0.05  # sam: perturbation radius in parameter L2 norm; > 0 (paper: 0.05)
-    adversarial_lambda: float = 1.0  # adversarial: weight of the head's D2 loss; >= 0
-    adversarial_task: str | None = None  # adversarial: downstream task of the source
-    #   (e.g. "C"); None = the source's first task
-    adversarial_d1: int = 256  # adversarial: sentences the head is fitted on per step; >= 2
-    adversarial_d2: int = 256  # adversarial: sentences the head's loss is taken on; >= 1
-    adversarial_pool: int = 4096  # adversarial: labelled sentences D, drawn once, from which
-    #   disjoint D1 and D2 are drawn each step; >= d1 + d2
-    adversarial_ridge: float = 1e-3  # adversarial: ridge of the closed-form head, relative to
-    #   the mean squared feature norm; > 0
+    sam: SamConfig = field(default_factory=SamConfig)  # sam only
+    adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)  # adversarial only
     checkpoint_steps: tuple[int, ...] = ()  # updates after which to save (0 = the initial
     #   model); each in 0..steps; stored sorted and unique
     seed: int = 0  # initialisation, data order, masking and dropout all derive from it
@@ -136,20 +179,9 @@ class TrainConfig:
         object.__setattr__(self, "mask", mask)
         _check(isinstance(self.data, str) and self.data.strip() != "", "data", self.data,
                "use 'fresh' or the path of a corpus directory")
-        _check(self.sam_rho > 0, "sam_rho", self.sam_rho, "use a radius > 0 (paper: 0.05)")
-        _check(self.adversarial_lambda >= 0, "adversarial_lambda", self.adversarial_lambda,
-               "use a weight >= 0")
-        _check(_is_int(self.adversarial_d1) and self.adversarial_d1 >= 2, "adversarial_d1",
-               self.adversarial_d1, "use an integer >= 2")
-        _check(_is_int(self.adversarial_d2) and self.adversarial_d2 >= 1, "adversarial_d2",
-               self.adversarial_d2, "use an integer >= 1")
-        _check(_is_int(self.adversarial_pool)
-               and self.adversarial_pool >= self.adversarial_d1 + self.adversarial_d2,
-               "adversarial_pool", self.adversarial_pool,
-               f"use at least adversarial_d1 + adversarial_d2 = "
-               f"{self.adversarial_d1 + self.adversarial_d2} sentences")
-        _check(self.adversarial_ridge > 0, "adversarial_ridge", self.adversarial_ridge,
-               "use a value > 0")
+        _check(isinstance(self.sam, SamConfig), "sam", self.sam, "use a SamConfig")
+        _check(isinstance(self.adversarial, AdversarialConfig), "adversarial", self.adversarial,
+               "use an AdversarialConfig")
         steps = tuple(self.checkpoint_steps)
         _check(all(_is_int(s) for s in steps), "checkpoint_steps", self.checkpoint_steps,
                "use integers")
@@ -162,15 +194,6 @@ class TrainConfig:
                "use an integer >= 1")
         _check(self.precision in PRECISIONS, "precision", self.precision,
                f"use one of {PRECISIONS}")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        d = dict(d)
-        d["checkpoint_steps"] = tuple(d.get("checkpoint_steps", ()))
-        return cls(**d)
 
 
 def _number(x):

@@ -187,7 +187,7 @@ class DownstreamPool:
         """``size`` sentences from the source, labelled on ``device`` (the truth's algorithms run
         there; a GPU labels a large pool of the paper's grammar in seconds)."""
         if task not in source.tasks:
-            raise ValueError(f"train.adversarial_task={task!r}: the source's tasks are "
+            raise ValueError(f"train.adversarial.task={task!r}: the source's tasks are "
                              f"{list(source.tasks)}")
         # the source's downstream data and default label rule: what the probe is measured on
         tokens, lengths, classes = source.sample_downstream(
@@ -196,7 +196,7 @@ class DownstreamPool:
         self.n_classes = source.num_classes(task)
         keep = labels >= 0  # -1 = undefined for that sentence
         if int(keep.sum()) < d1 + d2:
-            raise ValueError(f"train.adversarial_pool={size}: only {int(keep.sum())} sentences "
+            raise ValueError(f"train.adversarial.pool={size}: only {int(keep.sum())} sentences "
                              f"have a task-{task} label, fewer than d1 + d2 = {d1 + d2}")
         self.input_ids, self.attention_mask = encode(tokens[keep], lengths[keep])
         self.labels = labels[keep]

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from flatlm.config import flatten_dict, to_dict
 from flatlm.models.bert import build_model
 from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, save_checkpoint
 from flatlm.models.presets import ModelConfig, parse_model
@@ -114,9 +115,13 @@ def _pipeline(cfg, source, device, corpus) -> tuple[BatchPipeline, int]:
         sentences = CorpusBatches(tokens, lengths, cfg.batch_size, cfg.seed)
     pool = None
     if cfg.algorithm == "adversarial":
-        task = cfg.adversarial_task or source.tasks[0]
-        pool = DownstreamPool(source, task, size=cfg.adversarial_pool, d1=cfg.adversarial_d1,
-                              d2=cfg.adversarial_d2, seed=cfg.seed, device=device)
+        adv = cfg.adversarial
+        task = adv.task or source.tasks[0]
+        if task not in source.tasks:
+            raise ValueError(f"train.adversarial.task={task!r}: the source's tasks are "
+                             f"{list(source.tasks)}")
+        pool = DownstreamPool(source, task, size=adv.pool, d1=adv.d1, d2=adv.d2, seed=cfg.seed,
+                              device=device)
     pipeline = BatchPipeline(cfg, sentences, device, pool=pool, prefetch=device.type == "cuda")
     return pipeline, pool.n_classes if pool else 0
 
@@ -134,8 +139,11 @@ def _start_checkpoint(cfg, model_cfg, out_dir, resume) -> tuple[Path, TrainState
     if ckpt is None:
         return None
     state = load_state(ckpt)
-    saved, now = state.config, cfg.to_dict()
-    changed = [k for k in now if k not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
+    renamed = TrainConfig.RENAMED_KEYS  # a checkpoint saved before the keys moved
+    saved = {renamed.get(k, k): v for k, v in flatten_dict(state.config).items()}
+    now = flatten_dict(to_dict(cfg))
+    changed = [k for k in now
+               if k.split(".")[0] not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
     if changed:
         diffs = ", ".join(f"train.{k}={saved.get(k)!r} -> {now[k]!r}" for k in changed)
         raise ValueError(f"resume from {ckpt}: the run changed ({diffs}); only "
@@ -235,12 +243,12 @@ class _Run:
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         save_checkpoint(model, tmp, source_spec=self.source.spec, model_cfg=self.model_cfg,
-                        extra={"step": step, "train": self.cfg.to_dict(),
+                        extra={"step": step, "train": to_dict(self.cfg),
                                "last_log": self.history[-1] if self.history else {}})
         rng = capture_rng(self.device)
         save_state(TrainState(step=step, data=self.pipeline.state_dict(step), rng=rng,
                               optimizer=self.ctx.optimizer.state_dict(),
-                              config=self.cfg.to_dict(), history=self.history,
+                              config=to_dict(self.cfg), history=self.history,
                               window={"count": self.window_count, "sums": self.window_sums()}),
                    tmp)
         shutil.rmtree(final, ignore_errors=True)

@@ -1,10 +1,12 @@
 """TrainConfig: defaults per algorithm, and bad fields rejected up front with the field named."""
 
 import dataclasses
+import json
 
 import pytest
 
-from flatlm.train import ALGORITHMS, TrainConfig, resolve, train
+from flatlm.config import ConfigError, apply_overrides, from_dict, to_dict, to_flat_dict
+from flatlm.train import ALGORITHMS, AdversarialConfig, SamConfig, TrainConfig, resolve, train
 
 
 @pytest.mark.parametrize(("algorithm", "weight_decay", "dropout", "warmup"), [
@@ -48,9 +50,6 @@ def test_checkpoint_steps_are_sorted_and_unique():
     ({"warmup_proportion": 1.5}, "train.warmup_proportion"),
     ({"mask": "all"}, "train.mask='all'"),
     ({"mask": 1.5}, "train.mask=1.5"),
-    ({"sam_rho": 0.0}, "train.sam_rho"),
-    ({"adversarial_d1": 256, "adversarial_d2": 256, "adversarial_pool": 100},
-     "train.adversarial_pool"),
     ({"precision": "fp16"}, "train.precision"),
 ])
 def test_bad_fields_are_named(fields, named):
@@ -58,10 +57,25 @@ def test_bad_fields_are_named(fields, named):
         TrainConfig(**fields)
 
 
+@pytest.mark.parametrize(("fields", "named"), [
+    ({"sam.rho": 0.0}, "train.sam.rho=0.0"),
+    ({"adversarial.d1": 256, "adversarial.d2": 256, "adversarial.pool": 100},
+     "train.adversarial.pool=100"),
+    ({"adversarial.lambda": -1.0}, "train.adversarial.lambda=-1.0"),
+    ({"adversarial.d1": 1}, "train.adversarial.d1=1"),
+    ({"adversarial.ridge": 0.0}, "train.adversarial.ridge=0.0"),
+])
+def test_bad_algorithm_settings_are_named(fields, named):
+    with pytest.raises(ValueError, match=named.replace(".", r"\.")):
+        apply_overrides(TrainConfig(), fields)
+
+
 def test_every_field_is_a_documented_algorithm_input():
     assert set(ALGORITHMS) == {"adamw", "sgd", "noreg", "sam", "adversarial"}
-    assert TrainConfig.from_dict(TrainConfig(steps=5, checkpoint_steps=(5,)).to_dict()) == \
-        TrainConfig(steps=5, checkpoint_steps=(5,))
+    cfg = TrainConfig(steps=5, checkpoint_steps=(5,), sam=SamConfig(rho=0.1),
+                      adversarial=AdversarialConfig(lambda_=0.5, task="C"))
+    assert from_dict(TrainConfig, json.loads(json.dumps(to_dict(cfg)))) == cfg
+    assert to_dict(cfg)["adversarial"]["lambda"] == 0.5
 
 
 def test_train_rejects_an_unknown_preset_before_writing(src, tmp_path):
@@ -71,9 +85,9 @@ def test_train_rejects_an_unknown_preset_before_writing(src, tmp_path):
 
 
 def test_train_rejects_an_unknown_task_before_writing(src, tiny_model, tmp_path):
-    cfg = TrainConfig(algorithm="adversarial", steps=2, batch_size=8, adversarial_task="Z",
-                      adversarial_d1=8, adversarial_d2=8, adversarial_pool=64)
-    with pytest.raises(ValueError, match="train.adversarial_task='Z'"):
+    cfg = TrainConfig(algorithm="adversarial", steps=2, batch_size=8,
+                      adversarial=AdversarialConfig(task="Z", d1=8, d2=8, pool=64))
+    with pytest.raises(ValueError, match="train.adversarial.task='Z'"):
         train(cfg, src, tiny_model, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
 
@@ -82,3 +96,42 @@ def test_train_rejects_a_missing_corpus(src, tiny_model, tmp_path):
     cfg = dataclasses.replace(TrainConfig(steps=2), data=str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match="train.data="):
         train(cfg, src, tiny_model, tmp_path / "run", progress=False)
+
+
+def test_algorithm_settings_by_dotted_keys():
+    cfg = apply_overrides(TrainConfig(), {"sam.rho": "0.1", "adversarial.lambda": "2",
+                                          "adversarial.task": "C"})
+    assert cfg.sam == SamConfig(rho=0.1)
+    assert cfg.adversarial == AdversarialConfig(lambda_=2.0, task="C")
+    flat = to_flat_dict(cfg)
+    assert flat["sam.rho"] == 0.1 and flat["adversarial.lambda"] == 2.0
+    with pytest.raises(ConfigError, match=r"train\.adversarial\.pool=10: use at least"):
+        apply_overrides(cfg, {"adversarial.pool": 10})
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("sam_rho", "sam.rho"), ("adversarial_lambda", "adversarial.lambda"),
+    ("adversarial_pool", "adversarial.pool"), ("adversarial_task", "adversarial.task"),
+])
+def test_old_flat_keys_name_the_new_key(old, new):
+    with pytest.raises(ConfigError, match=f"'{old}' was renamed: use '{new}'"):
+        apply_overrides(TrainConfig(), {old: "1"})
+
+
+def test_a_checkpoint_saved_with_the_old_flat_keys_still_resumes(src, tiny_model, tmp_path):
+    from flatlm.train.state import load_state, newest_checkpoint, save_state
+
+    cfg = TrainConfig(algorithm="sam", steps=4, batch_size=8, checkpoint_steps=(2,),
+                      sam=SamConfig(rho=0.1))
+    train(dataclasses.replace(cfg, steps=2), src, tiny_model, tmp_path, progress=False)
+    ckpt = newest_checkpoint(tmp_path)
+    state = load_state(ckpt)
+    old = {k: v for k, v in state.config.items() if k not in ("sam", "adversarial")}
+    old.update({"sam_rho": 0.1, **{f"adversarial_{k}": v
+                                   for k, v in state.config["adversarial"].items()}})
+    save_state(dataclasses.replace(state, config=old), ckpt)
+    assert train(cfg, src, tiny_model, tmp_path, progress=False, resume=True).step == 4
+    old["sam_rho"] = 0.2  # a real change is still caught, under its new name
+    save_state(dataclasses.replace(state, config=old), ckpt)
+    with pytest.raises(ValueError, match=r"train\.sam\.rho=0\.2 -> 0\.1"):
+        train(cfg, src, tiny_model, tmp_path, progress=False, resume=True)

@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+from flatlm.config import from_dict, to_dict
 from flatlm.train import TrainConfig, train
 
 ASSET = Path(__file__).parent.parent / "assets" / "golden_loss_adamw.json"
@@ -24,9 +25,9 @@ def test_golden_loss_curve(src, tiny_model, tmp_path):
     if os.environ.get("FLATLM_UPDATE_GOLDEN"):
         ASSET.parent.mkdir(exist_ok=True)
         ASSET.write_text(json.dumps({"source": src.spec, "model": tiny_model,
-                                     "train": cfg.to_dict(), "loss": losses}, indent=1) + "\n")
+                                     "train": to_dict(cfg), "loss": losses}, indent=1) + "\n")
     golden = json.loads(ASSET.read_text())
-    assert TrainConfig.from_dict(golden["train"]) == cfg and golden["model"] == tiny_model
+    assert from_dict(TrainConfig, golden["train"]) == cfg and golden["model"] == tiny_model
     assert len(losses) == len(golden["loss"]) == 20
     worst = max(abs(a - b) for a, b in zip(losses, golden["loss"], strict=True))
     assert worst <= ATOL, (losses, golden["loss"])

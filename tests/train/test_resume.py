@@ -8,7 +8,7 @@ import torch
 from transformers import BertForMaskedLM
 
 from flatlm.models import encode, load_checkpoint
-from flatlm.train import TrainConfig, train
+from flatlm.train import AdversarialConfig, TrainConfig, train
 
 
 class _StopError(Exception):
@@ -30,8 +30,8 @@ RESUME_CASES = {
     # dropout on (its RNG state must be restored); log windows straddle the checkpoint
     "adamw": dict(algorithm="adamw", log_every=4),
     "sam-accumulated": dict(algorithm="sam", micro_batch_size=8),
-    "adversarial": dict(algorithm="adversarial", adversarial_d1=16, adversarial_d2=16,
-                        adversarial_pool=128),
+    "adversarial": dict(algorithm="adversarial",
+                        adversarial=AdversarialConfig(d1=16, d2=16, pool=128)),
     "sgd-rate": dict(algorithm="sgd", lr=0.1, mask=0.3),
     "lstm": dict(algorithm="adamw"),
 }
