@@ -28,6 +28,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from flatlm.schedules import SCHEDULES
+
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
@@ -116,7 +118,7 @@ class TrainConfig:
     batch_size: int = 4096  # sentences per update; >= 1 (paper: 4096); sam: even
     micro_batch_size: int | None = None  # sentences per forward/backward (gradient
     #   accumulation); must divide batch_size (sam: batch_size / 2); None = the whole batch
-    lr: float = 1e-3  # peak learning rate after warmup, constant after; > 0 (paper: 1e-3)
+    lr: float = 1e-3  # peak learning rate after warmup (see schedule); > 0 (paper: 1e-3)
     beta1: float = 0.9  # Adam's first-moment decay in [0, 1) (paper: 0.9); unused by sgd
     beta2: float = 0.98  # Adam's second-moment decay in [0, 1) (paper: 0.98); unused by sgd
     eps: float = 1e-6  # Adam's denominator epsilon; > 0 (paper: 1e-6)
@@ -128,7 +130,14 @@ class TrainConfig:
     #   most one; both None = the algorithm's default (1000 steps; sgd 12%)
     mask: str | float = "one"  # "one": one masked word per sentence, uniform over its words
     #   (the paper's synthetic setting); or a rate in (0, 1): each word masked independently
-    #   with that probability (0.15 for real text); masked words become [MASK]
+    #   with that probability (0.15: the released code and real text)
+    mask_replace: tuple[float, float, float] = (0.8, 0.1, 0.1)  # what a masked word's input
+    #   becomes: [MASK], a random word, itself (BERT's rule, the released code); (1, 0, 0) =
+    #   always [MASK]. Each >= 0, summing to 1
+    max_predictions: int | None = None  # at a rate: at most this many masked words per
+    #   sentence (the released code: 5); None = no cap. >= 1
+    schedule: str = "constant"  # after warmup: "constant" (the paper: checkpoints comparable,
+    #   training continuable) or "linear" decay to 0 at ``steps`` (the released code's "time")
     data: str = "fresh"  # "fresh": new sentences from the source at every step (population
     #   loss); or a corpus directory written by `flatlm data` (its train split, reshuffled
     #   every epoch)
@@ -177,6 +186,17 @@ class TrainConfig:
         _check(mask == "one" or (isinstance(mask, float) and 0.0 < mask < 1.0),
                "mask", self.mask, "use 'one' or a masking rate in (0, 1) such as 0.15")
         object.__setattr__(self, "mask", mask)
+        replace = tuple(self.mask_replace)
+        _check(len(replace) == 3 and all(p >= 0 for p in replace)
+               and abs(sum(replace) - 1.0) < 1e-9, "mask_replace", self.mask_replace,
+               "use three probabilities ([MASK], random word, unchanged) summing to 1, e.g. "
+               "0.8,0.1,0.1")
+        object.__setattr__(self, "mask_replace", tuple(float(p) for p in replace))
+        _check(self.max_predictions is None or (_is_int(self.max_predictions)
+                                                and self.max_predictions >= 1),
+               "max_predictions", self.max_predictions, "use an integer >= 1, or None")
+        _check(self.schedule in SCHEDULES, "schedule", self.schedule,
+               f"use one of {', '.join(SCHEDULES)}")
         _check(isinstance(self.data, str) and self.data.strip() != "", "data", self.data,
                "use 'fresh' or the path of a corpus directory")
         _check(isinstance(self.sam, SamConfig), "sam", self.sam, "use a SamConfig")

@@ -8,7 +8,8 @@ run would have:
   sentences every step (the population-loss setting of the paper's theory, Section 3).
 - ``CorpusBatches``: a corpus read in a fresh permutation each epoch; update i takes the sentences
   ``i * batch_size .. (i + 1) * batch_size - 1`` of the concatenated epochs.
-- ``mask_batch``: one masked word per sentence, uniform over its words, or each word at a rate.
+- ``mask_batch``: one masked word per sentence, uniform over its words, or each word at a rate
+  (at most ``max_predictions`` per sentence), replaced by BERT's 80/10/10 rule by default.
 - ``DownstreamPool``: labelled sentences D for the adversarial algorithm, with disjoint D1, D2.
 - ``BatchPipeline``: update i -> ``StepInputs`` on the device, optionally prepared one step ahead in
   a background thread (CUDA), which changes nothing but the timing.
@@ -24,7 +25,7 @@ import torch
 
 from flatlm.seeds import derive_seed, generator
 from flatlm.sources.base import Source
-from flatlm.tokens import MASK_ID, encode, mask_positions, uniform_positions
+from flatlm.tokens import MASK_ID, WORD_OFFSET, encode, uniform_positions
 from flatlm.train.config import TrainConfig
 
 # ------------------------------------------------------------------------------ sentence streams
@@ -37,6 +38,7 @@ class FreshSamples:
 
     def __init__(self, source: Source, batch_size: int, seed: int):
         self.source, self.batch_size, self.seed = source, batch_size, seed
+        self.n_words = source.V
 
     def batch_at(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [B, T], lengths [B]) for update i, on the CPU."""
@@ -48,10 +50,11 @@ class CorpusBatches:
 
     kind = "corpus"
 
-    def __init__(self, tokens: torch.Tensor, lengths: torch.Tensor, batch_size: int, seed: int):
+    def __init__(self, tokens: torch.Tensor, lengths: torch.Tensor, batch_size: int, seed: int,
+                 *, n_words: int | None = None):
         if len(tokens) == 0:
             raise ValueError("train.data: the corpus has no sentences")
-        self.tokens, self.lengths = tokens, lengths
+        self.tokens, self.lengths, self.n_words = tokens, lengths, n_words
         self.batch_size, self.seed = batch_size, seed
         self._perm: tuple[int, torch.Tensor] | None = None  # cache: (epoch, permutation)
 
@@ -146,20 +149,57 @@ class MLMBatch:
 
 
 def mask_batch(tokens: torch.Tensor, lengths: torch.Tensor, mask: str | float,
-               gen: torch.Generator) -> MLMBatch:
-    """Masks sentences (tokens [n, T], lengths [n] >= 1) with ``mask`` ("one" or a rate)."""
+               gen: torch.Generator, *, n_words: int | None = None,
+               replace: tuple[float, float, float] = (1.0, 0.0, 0.0),
+               max_predictions: int | None = None) -> MLMBatch:
+    """Masks sentences (tokens [n, T], lengths [n] >= 1) with ``mask`` ("one" or a rate).
+
+    The chosen words are predicted; each chosen word's input becomes [MASK], a uniformly random
+    word of the ``n_words`` (needed unless ``replace[1] == 0``) or stays itself, with the
+    probabilities ``replace`` (BERT's rule: (0.8, 0.1, 0.1)). At a rate, ``max_predictions`` caps
+    the chosen words of a sentence (a uniformly random subset of them is kept). Random draws come
+    from ``gen`` in a fixed order (positions, cap, replacement), and a draw the settings do not
+    need is not made, so (1, 0, 0) without a cap gives the batches of plain [MASK] masking.
+    """
     input_ids, attention_mask = encode(tokens, lengths)
     n, T = tokens.shape
     if mask == "one":
         positions = uniform_positions(lengths, gen)  # (n,)
+        chosen = torch.zeros(n, T, dtype=torch.bool)
+        chosen[torch.arange(n), positions] = True
         targets = tokens.gather(1, positions[:, None]).squeeze(1)
-        return MLMBatch(mask_positions(input_ids, positions, check=False), attention_mask,
-                        positions, targets)
-    real = torch.arange(T)[None, :] < lengths[:, None]  # (n, T)
-    chosen = (torch.rand(n, T, generator=gen) < mask) & real  # (n, T)
-    input_ids = input_ids.clone()
-    input_ids[:, 1:-1][chosen] = MASK_ID
-    return MLMBatch(input_ids, attention_mask, chosen, torch.where(chosen, tokens, -1))
+    else:
+        real = torch.arange(T)[None, :] < lengths[:, None]  # (n, T)
+        chosen = (torch.rand(n, T, generator=gen) < mask) & real  # (n, T)
+        if max_predictions is not None:
+            chosen = _cap_per_row(chosen, max_predictions, gen)
+        positions, targets = chosen, torch.where(chosen, tokens, -1)
+    words = input_ids[:, 1:-1]  # (n, T) view: word position t is input position t + 1
+    words[_replaced(chosen, replace, gen, n_words, words)] = MASK_ID
+    return MLMBatch(input_ids, attention_mask, positions, targets)
+
+
+def _cap_per_row(chosen: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
+    """``chosen`` (n, T) with at most k True per row: those of the k smallest random keys."""
+    keys = torch.where(chosen, torch.rand(chosen.shape, generator=gen), 2.0)  # (n, T)
+    rank = keys.argsort(1).argsort(1)  # (n, T): each position's rank in its row
+    return chosen & (rank < k)
+
+
+def _replaced(chosen, replace, gen, n_words, words) -> torch.Tensor:
+    """BERT's rule on the chosen words: writes the random-word replacements into ``words`` in
+    place and returns the (n, T) mask of those that become [MASK]."""
+    p_mask, p_random, _ = replace
+    if p_mask == 1.0:
+        return chosen
+    u = torch.rand(chosen.shape, generator=gen, dtype=torch.float64)  # (n, T)
+    to_random = chosen & (u >= p_mask) & (u < p_mask + p_random)
+    if p_random > 0:
+        if n_words is None:
+            raise ValueError("mask_batch: random replacement needs n_words (the vocabulary)")
+        random_words = torch.randint(0, n_words, chosen.shape, generator=gen)  # (n, T)
+        words[to_random] = random_words[to_random] + WORD_OFFSET
+    return chosen & (u < p_mask)
 
 
 # ------------------------------------------------------------------------------ downstream data
@@ -242,7 +282,9 @@ class BatchPipeline:
     def cpu_inputs(self, i: int) -> StepInputs:
         """Update i's inputs on the CPU, in pinned memory when bound for CUDA."""
         tokens, lengths = self.sentences.batch_at(i)
-        mlm = mask_batch(tokens, lengths, self.cfg.mask, generator(self.cfg.seed, "mask", i))
+        mlm = mask_batch(tokens, lengths, self.cfg.mask, generator(self.cfg.seed, "mask", i),
+                         n_words=self.sentences.n_words, replace=self.cfg.mask_replace,
+                         max_predictions=self.cfg.max_predictions)
         inputs = StepInputs(mlm, self.pool.draw(i) if self.pool is not None else None)
         return inputs.pin_memory() if self.device.type == "cuda" else inputs
 

@@ -26,6 +26,7 @@ from flatlm.config import flatten_dict, to_dict
 from flatlm.models.bert import build_model
 from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, save_checkpoint
 from flatlm.models.presets import ModelConfig, parse_model
+from flatlm.schedules import learning_rate
 from flatlm.sources.base import Source
 from flatlm.train.algorithms import STEPS, StepContext, build_optimizer, mlm_loss_sum
 from flatlm.train.config import TrainConfig, resolve
@@ -37,7 +38,6 @@ from flatlm.train.data import (
     derive_seed,
     read_corpus,
 )
-from flatlm.train.schedules import warmup_constant
 from flatlm.train.state import (
     TrainState,
     capture_rng,
@@ -112,7 +112,7 @@ def _pipeline(cfg, source, device, corpus) -> tuple[BatchPipeline, int]:
         sentences = FreshSamples(source, cfg.batch_size, cfg.seed)
     else:
         tokens, lengths = corpus if corpus is not None else read_corpus(cfg.data, source)
-        sentences = CorpusBatches(tokens, lengths, cfg.batch_size, cfg.seed)
+        sentences = CorpusBatches(tokens, lengths, cfg.batch_size, cfg.seed, n_words=source.V)
     pool = None
     if cfg.algorithm == "adversarial":
         adv = cfg.adversarial
@@ -204,7 +204,8 @@ class _Run:
                     self.checkpoint(on_checkpoint)
                 if self.step >= cfg.steps:
                     return
-                lr = warmup_constant(self.step, peak=cfg.lr, warmup_steps=cfg.warmup_steps)
+                lr = learning_rate(self.step, peak=cfg.lr, warmup_steps=cfg.warmup_steps,
+                                   total_steps=cfg.steps, schedule=cfg.schedule)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
                 metrics = step_fn(self.ctx, self.pipeline.inputs_at(self.step))
