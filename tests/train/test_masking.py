@@ -1,4 +1,4 @@
-"""BERT's masking rule: which words are predicted, what their inputs become, the cap.
+"""BERT's masking rule: which words are predicted, what their inputs become, the cap."""
 
 import pytest
 import torch
