@@ -29,6 +29,8 @@ the same held-out sentences, labelled as ``Source.sample_downstream`` labels the
     lookup/<task>/<stat>     the same probe on the concatenated true conditionals of every
                         position (the paper's "lookup table"; reference row, once per trial)
     finetune/<task>/acc_mean, finetune/<task>/acc_std   the whole model fine-tuned, over seeds
+    <stage>/feature_rank    effective rank (participation ratio) of the probed features over
+                        all downstream sentences: a collapse of the representation shows here
   with <stat> one of PROBE_STATS: acc_mean, acc_std (over head seeds), acc_se (honest standard
   error: test-set sampling and the seed spread), train_acc, majority_acc (reference row: the
   training split's most frequent class), n_train, n_test, num_classes.

@@ -274,6 +274,19 @@ def probe(
     return probe_metrics("probe", task, result, num_classes)
 
 
+def participation_ratio(features: torch.Tensor) -> float:
+    """Effective rank of a feature matrix [n, D]: (sum lambda)^2 / sum lambda^2 over the
+    eigenvalues lambda of its covariance (D for isotropic features, 1 for a single direction).
+
+    >>> round(participation_ratio(torch.eye(4)), 6)  # 4 points: 3 equal directions
+    3.0
+    """
+    x = features.double()
+    s = torch.linalg.svdvals(x - x.mean(0))  # singular values of the centred features
+    lam = s.square()
+    return float(lam.sum().square() / lam.square().sum()) if float(lam.sum()) > 0 else 0.0
+
+
 def probe_metrics(stage: str, task: str, result: dict, num_classes: int) -> dict[str, float]:
     """``<stage>/<task>/<stat>`` for every statistic of a ``linear_probe_accuracy`` result, with
     the class count beside it (keys in ``flatlm.measure``)."""

@@ -22,9 +22,16 @@ from torch import nn
 from flatlm.measure.curvature import FlatnessConfig
 from flatlm.measure.finetune import FinetuneConfig, finetune_accuracy
 from flatlm.measure.flatness import measure_flatness
-from flatlm.measure.lookup import lookup_table_accuracy
+from flatlm.measure.lookup import lookup_features
 from flatlm.measure.loss import LossConfig, pretrain_loss
-from flatlm.measure.probe import ProbeConfig, probe
+from flatlm.measure.probe import (
+    ProbeConfig,
+    downstream_classes,
+    encoder_probe_features,
+    linear_probe_accuracy,
+    participation_ratio,
+    probe_metrics,
+)
 from flatlm.models.bert import build_model
 from flatlm.seeds import derive_seed
 from flatlm.sources.base import Source
@@ -75,9 +82,11 @@ class EvalData:
 
     tokens: torch.Tensor  # (n_eval, T) validation sentences
     lengths: torch.Tensor
-    downstream: dict  # task -> (tokens, lengths, class ids)
+    downstream_tokens: torch.Tensor  # (n_downstream, T) labelled sentences, shared by the tasks
+    downstream_lengths: torch.Tensor
+    classes: dict  # task -> class ids (n_downstream,), -1 = undefined for that sentence
     random_model: nn.Module | None = None  # the trial's shape, randomly initialised
-    reference: dict = field(default_factory=dict)  # (stage, task) -> cached reference metrics
+    reference: dict = field(default_factory=dict)  # cached reference metrics (once per trial)
 
 
 def check_tasks(source: Source, cfg: MeasureConfig) -> tuple[str, ...]:
@@ -101,7 +110,7 @@ def eval_data(source: Source, cfg: MeasureConfig, model_cfg=None) -> EvalData:
     if model_cfg is not None and "probe" in cfg.what:
         random_model = build_model(model_cfg, source.V, source.max_length,
                                    seed=derive_seed(cfg.seed, "random-features")).eval()
-    return EvalData(tokens, lengths, {t: (dtok, dlen, classes[t]) for t in tasks}, random_model)
+    return EvalData(tokens, lengths, dtok, dlen, classes, random_model)
 
 
 def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: MeasureConfig,
@@ -122,33 +131,49 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
             with timer(out, "flatness_grown"):
                 out.update(grown_flatness(model, cfg.grow_to, source, data.tokens, data.lengths,
                                           cfg.flatness, device, hessian="hessian" in what))
-    for task, (tok, ln, y) in data.downstream.items():
-        if "probe" in what:
-            with timer(out, f"probe_{task}"):
-                out.update(probe(model, source, tok, ln, y, task, cfg.probe, device))
-        if "finetune" in what:
+    if "probe" in what:
+        with timer(out, "probe"):
+            out.update(_probes(model, source, data, cfg, "probe", device))
+    if "finetune" in what:
+        for task, y in data.classes.items():
             with timer(out, f"finetune_{task}"):
-                out.update(finetune_accuracy(model, source, tok, ln, y, task, cfg.finetune,
+                out.update(finetune_accuracy(model, source, data.downstream_tokens,
+                                             data.downstream_lengths, y, task, cfg.finetune,
                                              device))
-        out.update(_references(source, data, cfg, task, device, what))
+    out.update(_references(source, data, cfg, device, what))
     return out
 
 
-def _references(source, data: EvalData, cfg: MeasureConfig, task: str, device, what) -> dict:
-    """The lookup table's and the random model's probe results for ``task`` (once per trial)."""
-    tok, ln, y = data.downstream[task]
-    if "lookup" in what and ("lookup", task) not in data.reference:
-        data.reference["lookup", task] = lookup_table_accuracy(source, tok, ln, y, task,
-                                                               cfg.probe, device)
-    if "probe" in what and data.random_model is not None and ("random", task) not in \
+def _probes(model, source, data: EvalData, cfg: MeasureConfig, stage: str, device) -> dict:
+    """Every task's probe on one forward pass over the downstream sentences, and the features'
+    effective rank (``<stage>/feature_rank``)."""
+    features = encoder_probe_features(model, data.downstream_tokens, data.downstream_lengths,
+                                      device=device, batch_size=cfg.probe.forward_batch_size)
+    return _probe_tasks(features, source, data, cfg, stage)
+
+
+def _probe_tasks(features, source, data: EvalData, cfg: MeasureConfig, stage: str) -> dict:
+    out = {f"{stage}/feature_rank": participation_ratio(features)}
+    for task, y in data.classes.items():
+        keep, classes, num_classes = downstream_classes(source, y, task)
+        result = linear_probe_accuracy(features[keep.to(features.device)], classes, num_classes,
+                                       cfg.probe)
+        out.update(probe_metrics(stage, task, result, num_classes))
+    return out
+
+
+def _references(source, data: EvalData, cfg: MeasureConfig, device, what) -> dict:
+    """The lookup table's and the random model's probe results (computed once per trial)."""
+    if "lookup" in what and "lookup" not in data.reference:
+        features = lookup_features(source, data.downstream_tokens, data.downstream_lengths,
+                                   device=device)
+        data.reference["lookup"] = _probe_tasks(features, source, data, cfg, "lookup")
+    if "probe" in what and data.random_model is not None and "random_init" not in \
             data.reference:
-        model = data.random_model.to(device)
-        result = probe(model, source, tok, ln, y, task, cfg.probe, device)
-        data.reference["random", task] = {k.replace("probe/", "random_init/", 1): v
-                                          for k, v in result.items()}
-        data.random_model = model.cpu()  # keep device memory for the trained model
-    return {k: v for (_, t), metrics in data.reference.items() if t == task
-            for k, v in metrics.items()}
+        data.reference["random_init"] = _probes(data.random_model.to(device), source, data, cfg,
+                                                "random_init", device)
+        data.random_model = None  # measured: free its memory
+    return {k: v for metrics in data.reference.values() for k, v in metrics.items()}
 
 
 def _flatness(model, source, data, cfg, device, what) -> dict[str, float]:

@@ -64,7 +64,7 @@ def test_hmm_adversarial_pool_and_probe_label_by_the_same_rule():
     assert not torch.equal(pool.labels, posterior)  # the rules differ on this HMM
     cfg = MeasureConfig(n_eval=4, n_downstream=50, tasks=("task-3",), what=("probe",))
     data = eval_data(src, cfg)
-    tokens, _, classes = data.downstream["task-3"]
+    classes = data.classes["task-3"]
     _, _, drawn = src.sample_with_states(50, _eval_downstream_seed(cfg))
     assert torch.equal(classes, drawn[:, 2])
 
