@@ -33,7 +33,7 @@ TINY = {"train.steps": "20", "train.checkpoint_steps": "[10,20]", "measure.n_eva
 # What every trial's MLflow run must hold once per checkpoint step.
 KEYS = ("pretrain/loss", "pretrain/kl", "pretrain/entropy", "flat/trace_fisher",
         "flat/trace_fisher_se", "probe/B/acc_mean")
-RESULT_LINE = re.compile(r"^\[(\w+)\] step (\d+):")  # _tune.OneLinePerResult
+RESULT_LINE = re.compile(r"^\[(\w+)\] step (\d+):")  # _driver.OneLinePerResult
 
 
 def set_args(overrides: dict[str, str]) -> list[str]:
