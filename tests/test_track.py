@@ -113,6 +113,27 @@ def test_params_tags_and_metrics_by_step(store, tmp_path):
     assert [r["step"] for r in rows] == [10, 20, 30]  # every row also on disk
 
 
+def test_report_as_the_trials_sink_sends_its_metrics_jsonl_once(store, tmp_path):
+    """run_trial writes the row, then calls report(step, metrics, ckpt_dir): the tracker sends
+    that row and writes no second copy of it (NaN included); a re-report sends nothing."""
+    from flatlm.metrics_log import append_metrics
+
+    uri, eid = store
+    out = tmp_path / "trial"
+    tr = MlflowTracker(uri, out, experiment_id=eid)
+    for step in (10, 20):
+        row = {"pretrain/loss": 1.0 / step, "flat/trace_hessian": float("nan"), "note": "x"}
+        append_metrics(out, step, row)
+        assert tr.report(step, {k: v for k, v in row.items() if k != "note"},
+                         out / "checkpoints" / f"step-{step}")
+    assert tr.report(20, {"pretrain/loss": 1.0 / 20}, out)  # a resumed trial's re-report
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [10, 20]
+    client = MlflowClient(uri)
+    assert history(client, tr.run_id, "pretrain/loss") == [(10, 0.1), (20, 0.05)]
+    assert len(client.get_metric_history(tr.run_id, "flat/trace_hessian")) == 2
+    assert "note" not in client.get_run(tr.run_id).data.metrics
+
+
 def test_failed_status_and_context_manager(store, tmp_path):
     uri, eid = store
     with pytest.raises(RuntimeError), MlflowTracker(uri, tmp_path / "t", experiment_id=eid) as tr:
