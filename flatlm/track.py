@@ -219,10 +219,10 @@ class MlflowTracker:
     def report(self, step: int, metrics: Mapping[str, Any], ckpt_dir: Path | None = None) -> bool:
         """A ``flatlm.trial.Report``: sends what ``metrics.jsonl`` holds and the run lacks.
 
-        ``run_trial`` has written the row before it reports; another caller's row is appended
-        to ``metrics.jsonl`` here first (when that file does not hold these values for ``step``
-        yet). Non-numbers are left out with a warning. ``ckpt_dir`` is not needed. Returns True
-        when nothing is left unsent; never raises for tracking failures.
+        ``run_trial`` has written the row before it reports; another caller's values are
+        appended to ``metrics.jsonl`` here first (merged into the step's row, when that file
+        does not hold them yet). Non-numbers are left out with a warning; ``ckpt_dir`` is not
+        needed. Returns True when nothing is left unsent; never raises for tracking failures.
         """
         values = {}
         for key, value in metrics.items():
@@ -231,8 +231,9 @@ class MlflowTracker:
             except (TypeError, ValueError):
                 log.warning("metric %s=%r is not a number; not logged", key, value)
         logged = read_metrics(self.trial_dir).get(int(step), {})
-        if any(not _same(logged.get(k), v) for k, v in values.items()):
-            append_metrics(self.trial_dir, int(step), values)
+        if any(not _same(logged.get(k), v) for k, v in values.items()):  # the last row of a
+            kept = {k: v for k, v in logged.items() if k != "step"}  # step wins: keep its keys
+            append_metrics(self.trial_dir, int(step), {**kept, **values})
         return self._flush()
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> bool:
