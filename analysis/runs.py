@@ -11,7 +11,6 @@ own runs) are skipped.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import tempfile
@@ -19,9 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from flatlm.metrics_log import METRICS_FILE, is_number, parse_metrics
 from flatlm.track import TAG_ALGORITHM, TAG_N_PARAMS, TAG_PRESET, TAG_REPORT, TAG_SWEEP
 
-METRICS_ARTIFACT = "metrics.jsonl"
+METRICS_ARTIFACT = METRICS_FILE
 ID_COLUMNS = ("run_id", "trial", "status")
 TAG_COLUMNS = (TAG_SWEEP, TAG_PRESET, TAG_ALGORITHM, TAG_N_PARAMS)
 _MISSING = {"None", "none", "null", "nan", "NaN", ""}
@@ -122,24 +122,11 @@ def _no_progress_bar():
 
 
 def parse_metrics_jsonl(text: str) -> dict[int, dict[str, float]]:
-    """step -> {key: value} from ``metrics.jsonl`` text: numeric fields only; for a step reported
-    twice (a resumed trial) the first report wins, as in the tracker."""
-    steps: dict[int, dict[str, float]] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a torn last line
-            continue
-        if "step" not in row:
-            continue
-        values = steps.setdefault(int(row["step"]), {})
-        for k, v in row.items():
-            if k != "step" and _is_number(v):
-                values.setdefault(k, float(v))
-    return steps
+    """step -> {key: value} from ``metrics.jsonl`` text: numeric fields only. Read by the
+    trial's own reader (``flatlm.metrics_log.parse_metrics``): for a step reported twice (a
+    resumed trial) the last row wins, as everywhere."""
+    return {step: {k: float(v) for k, v in row.items() if k != "step" and is_number(v)}
+            for step, row in parse_metrics(text).items()}
 
 
 def _history_steps(client, run_id: str, latest: dict) -> dict[int, dict[str, float]]:
@@ -154,10 +141,6 @@ def _history_steps(client, run_id: str, latest: dict) -> dict[int, dict[str, flo
 def _param_column(name: str) -> str:
     clash = {*ID_COLUMNS, *TAG_COLUMNS, "step"}
     return f"params.{name}" if name in clash else name
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def _cast(col: pd.Series) -> pd.Series:

@@ -4,23 +4,26 @@ One MLflow run per trial, kept across retries and resumes; every config field a 
 names, ``train.lr``); the metrics of each checkpoint with the training step as MLflow step; tags
 for the sweep, preset, parameter count and algorithm; figures and measurement files as artifacts.
 
-Outage tolerance ("a tracking outage neither kills a trial nor loses a metric"):
+The tracker mirrors the trial directory's ``metrics.jsonl`` (``flatlm.metrics_log``) into the
+run; it keeps no copy of the metrics. Outage tolerance ("a tracking outage neither kills a trial
+nor loses a metric"):
 
-* every metrics row is appended to ``<outbox_dir>/pending.jsonl`` *before* it is sent;
+* what is left to send is ``metrics.jsonl`` minus the sent ledger ``sent.jsonl``
+  (``flatlm.ledger``), so rows an outage held back are sent on the next call, at
+  :meth:`MlflowTracker.finish`, and by a fresh tracker opened on the same trial directory (or
+  attached to the same ``run_id``) after a crash;
 * sends are synchronous with few, short HTTP retries, so a dead server costs about a second per
   call rather than minutes; a failure is a logged warning, never an exception;
-* unsent rows are re-sent on the next call, at :meth:`MlflowTracker.finish`, and by a fresh tracker
-  opened on the same ``outbox_dir`` (or attached to the same ``run_id``) after a crash;
-* re-sending never duplicates: MLflow metric histories are append-only, so every sent
-  ``(step, key)`` is recorded in ``<outbox_dir>/sent.jsonl``, and whenever that record may be
-  incomplete (after a failed send, or when attaching to an existing run) the run's history of the
-  key is read once and merged in. The first value reported for a ``(step, key)`` wins.
+* re-sending never duplicates: MLflow metric histories are append-only, so whenever the ledger
+  may be incomplete (after a failed send, or when attaching to an existing run) the run's history
+  of the key is read once and merged in. A ``(step, key)`` is sent once: its value in
+  ``metrics.jsonl`` (the last row of a step) at that time.
 
-One tracker per ``outbox_dir`` at a time. Usage from a trial (the sink matches ``run_trial``)::
+One tracker per trial directory at a time. Usage (``report`` is a ``flatlm.trial.Report``)::
 
     tracker = MlflowTracker(uri, out_dir, experiment_id=eid, run_id=ckpt.get("run_id"),
                             run_name=trial_name, params=cfg, tags={"sweep": "scaling", ...})
-    run_trial(cfg, report=tracker.report)      # store tracker.run_id in each checkpoint
+    run_trial(cfg, out_dir, tracker.report)    # store tracker.run_id in each checkpoint
     tracker.sync_artifacts(out_dir)            # figures, metrics.jsonl, measurement JSON
     tracker.finish("FINISHED")
 
@@ -42,6 +45,17 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from flatlm.config import to_flat_dict
+from flatlm.ledger import (
+    STATE_FILE,
+    TRACKER_FILES,
+    Ledger,
+    read_state,
+    set_aside,
+    write_state,
+)
+from flatlm.metrics_log import METRICS_FILE, append_metrics, read_metrics
+
 log = logging.getLogger(__name__)
 
 # Tag keys the analysis groups by (``analysis/runs.py`` reads the same names).
@@ -52,10 +66,6 @@ TAG_ALGORITHM = "algorithm"
 TAG_REPORT = "flatlm.report"  # "1" on the analysis report's run; load_runs skips those
 TAG_OUTBOX = "flatlm.outbox"  # this tracker's key: finds a run whose creation reply was lost
 
-PENDING_FILE = "pending.jsonl"
-SENT_FILE = "sent.jsonl"
-STATE_FILE = "tracker.json"
-OUTBOX_FILES = (PENDING_FILE, SENT_FILE, STATE_FILE)
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 ARTIFACT_PATTERNS = ("*.png", "*.pdf", "*.svg", "*.json", "*.jsonl", "*.csv", "*.md", "*.txt")
 _MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
@@ -83,8 +93,8 @@ def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | Non
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    db = _sqlite_path(tracking_uri)
-    if db is not None:
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
         db.parent.mkdir(parents=True, exist_ok=True)
         if artifact_location is None:
             artifact_location = default_artifact_location(db.parent)
@@ -121,38 +131,43 @@ def find_run(tracking_uri: str, experiment_id: str, run_name: str) -> str | None
     return runs[0].info.run_id if runs else None
 
 
-def flatten_params(config: Any) -> dict[str, str]:
-    """A config (dataclass or nested mapping) as MLflow params: ``{"train.lr": "0.0003"}``."""
+def mlflow_params(config: Any) -> dict[str, str]:
+    """MLflow params: a config dataclass flattened by ``flatlm.config.to_flat_dict``
+    (``{"train.lr": "0.0003"}``), or a flat mapping of param name -> value."""
+    if config is None:
+        return {}
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        from flatlm.config import to_flat_dict
-
-        flat = to_flat_dict(config)
-    else:
-        flat = _flatten_mapping(config or {})
-    return {k: _param_str(v) for k, v in flat.items()}
+        config = to_flat_dict(config)
+    if not isinstance(config, Mapping):
+        raise TypeError(f"params: a config dataclass or a flat dict, not {type(config).__name__}")
+    nested = sorted(str(k) for k, v in config.items() if isinstance(v, Mapping))
+    if nested:
+        raise ValueError(f"params: {nested} hold dicts; give dotted names ({nested[0]}.x) or the "
+                         "config dataclass")
+    return {str(k): _param_str(v) for k, v in config.items()}
 
 
 class MlflowTracker:
-    """One MLflow run for one trial, fed from a local outbox (see the module docstring).
+    """One MLflow run for one trial directory (see the module docstring).
 
     Args:
         tracking_uri: ``sqlite:////abs/mlflow.db`` or ``http://127.0.0.1:5000``.
-        outbox_dir: a directory of this trial (its ``out_dir``): holds ``pending.jsonl`` (every
-            row, written before sending), ``sent.jsonl`` (what reached MLflow) and
-            ``tracker.json`` (the run id). Opening the same directory again reattaches.
+        trial_dir: the trial's ``out_dir``: its ``metrics.jsonl`` is what gets sent; the tracker
+            keeps its ledger ``sent.jsonl`` and state ``tracker.json`` (the run id) beside it.
+            Opening the same directory again reattaches.
         experiment_id: from :func:`ensure_experiment` in the driver (preferred).
         experiment_name: alternative to ``experiment_id``; created if missing (single process).
-        run_id: reattach to this run (from the trial's checkpoint); else the outbox's run, else a
-            new run.
+        run_id: reattach to this run (from the trial's checkpoint); else the directory's run, else
+            a new run.
         run_name: the run's name (the trial name).
-        params: the trial config (dataclass or nested dict); each field becomes a dotted param.
+        params: the trial config (dataclass) or a flat dict; see :func:`mlflow_params`.
         tags: e.g. ``{"sweep": ..., "preset": ..., "n_params": ..., "algorithm": ...}``.
         http_max_retries, http_backoff_factor, http_timeout_s: MLflow's HTTP retry policy, set
             process-wide through ``MLFLOW_HTTP_REQUEST_*`` (the defaults, 7 retries with factor
             2, block a call for about four minutes when the server is down).
     """
 
-    def __init__(self, tracking_uri: str, outbox_dir: str | os.PathLike, *,
+    def __init__(self, tracking_uri: str, trial_dir: str | os.PathLike, *,
                  experiment_id: str | None = None, experiment_name: str | None = None,
                  run_id: str | None = None, run_name: str | None = None,
                  params: Any = None, tags: Mapping[str, Any] | None = None,
@@ -164,34 +179,27 @@ class MlflowTracker:
         from mlflow import MlflowClient
 
         self.tracking_uri = tracking_uri
-        self.outbox_dir = Path(outbox_dir).resolve()
-        self.outbox_dir.mkdir(parents=True, exist_ok=True)
+        self.trial_dir = Path(trial_dir).resolve()
+        self.trial_dir.mkdir(parents=True, exist_ok=True)
         self._client = MlflowClient(tracking_uri)
         self._experiment_id = experiment_id
         self._experiment_name = experiment_name
         self._run_name = run_name
-        self._params = flatten_params(params)
+        self._params = mlflow_params(params)
         self._tags = {str(k): str(v) for k, v in (tags or {}).items()}
 
-        self._state = _read_json(self.outbox_dir / STATE_FILE) or {"key": uuid.uuid4().hex}
-        self._rows = _read_jsonl(self.outbox_dir / PENDING_FILE)
-        self._sent: set[tuple[int, str]] = set()
-        self._sent_artifacts: set[str] = set()
-        for marker in _read_jsonl(self.outbox_dir / SENT_FILE):
-            if "artifact" in marker:
-                self._sent_artifacts.add(marker["artifact"])
-            else:
-                self._sent.update((int(marker["step"]), k) for k in marker["keys"])
-
+        self._state = read_state(self.trial_dir) or {"key": uuid.uuid4().hex}
         if run_id is not None and self._state.get("run_id") not in (None, run_id):
-            self._set_aside(self._state["run_id"])
+            set_aside(self.trial_dir, self._state["run_id"])
+            self._state = {"key": uuid.uuid4().hex}
+        self._ledger = Ledger(self.trial_dir)
         run_id = run_id or self._state.get("run_id")
         self._state["run_id"] = run_id
-        if (run_id is None and experiment_id is None and experiment_name is None):
+        if run_id is None and experiment_id is None and experiment_name is None:
             raise ValueError("MlflowTracker needs experiment_id, experiment_name or run_id")
         # A run this tracker creates has no history to check; an attached one may (a crash
-        # between a send and its sent marker, or a resume from an older checkpoint).
-        self._trust_sent = False
+        # between a send and its ledger line, or a resume from an older checkpoint).
+        self._trust_ledger = False
         self._checked_keys: set[str] = set()
         self._meta_sent = False
         self._attached = run_id is not None
@@ -208,46 +216,43 @@ class MlflowTracker:
         """The MLflow run id (None only while a tracking outage delays the run's creation)."""
         return self._state.get("run_id")
 
-    def report(self, step: int, metrics: Mapping[str, float]) -> bool:
-        """The trial's sink: ``log_metrics(metrics, step)``."""
-        return self.log_metrics(metrics, step)
+    def report(self, step: int, metrics: Mapping[str, Any], ckpt_dir: Path | None = None) -> bool:
+        """A ``flatlm.trial.Report``: sends what ``metrics.jsonl`` holds and the run lacks.
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> bool:
-        """Record one checkpoint's metrics (on disk first), then send everything pending.
-
-        Idempotent per ``(step, key)`` for this run: a value already sent is not sent again.
-        Returns True when nothing is left pending; never raises for tracking failures.
+        ``run_trial`` has written the row before it reports; another caller's values are
+        appended to ``metrics.jsonl`` here first (merged into the step's row, when that file
+        does not hold them yet). Non-numbers are left out with a warning; ``ckpt_dir`` is not
+        needed. Returns True when nothing is left unsent; never raises for tracking failures.
         """
         values = {}
-        for k, v in metrics.items():
+        for key, value in metrics.items():
             try:
-                values[str(k)] = float(v)
+                values[str(key)] = float(value)
             except (TypeError, ValueError):
-                log.warning("metric %s=%r is not a number; not logged", k, v)
-        row = {"kind": "metrics", "step": int(step), "time": _now_ms(), "metrics": values}
-        self._append(PENDING_FILE, row)
-        self._rows.append(row)
+                log.warning("metric %s=%r is not a number; not logged", key, value)
+        logged = read_metrics(self.trial_dir).get(int(step), {})
+        if any(not _same(logged.get(k), v) for k, v in values.items()):  # the last row of a
+            kept = {k: v for k, v in logged.items() if k != "step"}  # step wins: keep its keys
+            append_metrics(self.trial_dir, int(step), {**kept, **values})
         return self._flush()
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> bool:
-        """Upload a file or a directory (queued in the outbox; re-sent after an outage)."""
-        row = {"kind": "artifact", "id": uuid.uuid4().hex, "path": str(Path(path).resolve()),
-               "artifact_path": artifact_path}
-        self._append(PENDING_FILE, row)
-        self._rows.append(row)
+        """Upload a file or a directory (queued in ``tracker.json``; re-sent after an outage)."""
+        self._queue_artifact(Path(path).resolve(), artifact_path)
+        self._save_state()
         return self._flush()
 
     def sync_artifacts(self, directory: str | os.PathLike, artifact_path: str | None = None,
                        patterns: Iterable[str] = ARTIFACT_PATTERNS) -> bool:
         """Upload the files under ``directory`` matching ``patterns`` that are new or changed
-        since the last sync (the outbox's own files are skipped)."""
+        since the last sync. The tracker's own files are skipped, and so is the trial's
+        ``metrics.jsonl`` (already sent as metric histories) unless ``patterns`` names it."""
         directory = Path(directory).resolve()
         synced = self._state.setdefault("synced", {})
         patterns = tuple(patterns)
-        queued = False
+        skipped = TRACKER_FILES if METRICS_FILE in patterns else (*TRACKER_FILES, METRICS_FILE)
         for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-            rel = path.relative_to(directory)
-            if path.parent == self.outbox_dir and path.name in OUTBOX_FILES:
+            if path.parent == self.trial_dir and path.name.startswith(skipped):
                 continue
             if not any(fnmatch.fnmatch(path.name, pat) for pat in patterns):
                 continue
@@ -256,22 +261,17 @@ class MlflowTracker:
             if synced.get(str(path)) == stamp:
                 continue
             synced[str(path)] = stamp
-            parts = [p for p in (artifact_path, rel.parent.as_posix()) if p and p != "."]
-            sub = "/".join(parts) or None
-            row = {"kind": "artifact", "id": uuid.uuid4().hex, "path": str(path),
-                   "artifact_path": sub}
-            self._append(PENDING_FILE, row)
-            self._rows.append(row)
-            queued = True
-        if queued:
-            self._save_state()
+            rel = path.relative_to(directory).parent.as_posix()
+            parts = [p for p in (artifact_path, rel) if p and p != "."]
+            self._queue_artifact(path, "/".join(parts) or None)
+        self._save_state()
         return self._flush()
 
     def finish(self, status: str | None = None) -> bool:
-        """Send everything pending and end the run as ``FINISHED`` / ``FAILED`` / ``KILLED``.
+        """Send everything unsent and end the run as ``FINISHED`` / ``FAILED`` / ``KILLED``.
 
         With ``status=None`` the status a previous ``finish`` could not deliver is used (else
-        FINISHED): ``MlflowTracker(uri, outbox_dir).finish()`` re-sends a finished trial's rows.
+        FINISHED): ``MlflowTracker(uri, trial_dir).finish()`` re-sends a finished trial's rows.
         Returns True when everything, the status included, reached MLflow.
         """
         status = (status or self._undelivered_status or "FINISHED").upper()
@@ -290,7 +290,7 @@ class MlflowTracker:
     # -- sending ----------------------------------------------------------------------------
 
     def _flush(self) -> bool:
-        """Send what is pending, in order: run and its params/tags, metrics, artifacts, status."""
+        """Send what is unsent, in order: run and its params/tags, metrics, artifacts, status."""
         try:
             self._ensure_run()
             self._send_metrics()
@@ -301,16 +301,17 @@ class MlflowTracker:
                 self._state.pop("pending_status")
                 self._save_state()
         except Exception as e:  # noqa: BLE001 - any tracking failure becomes a warning
-            n = sum(len(v) for v in self._pending_metrics().values())
-            log.warning("MLflow unreachable (%s: %s); %d metric values kept in %s for re-sending",
-                        type(e).__name__, _first_line(e), n, self.outbox_dir / PENDING_FILE)
+            n = sum(len(v) for v in self._unsent().values())
+            log.warning("MLflow unreachable (%s: %s); %d metric values of %s not sent yet, "
+                        "kept for re-sending", type(e).__name__, _first_line(e), n,
+                        self.trial_dir / METRICS_FILE)
             return False
         return True
 
     def _ensure_run(self) -> None:
         if self.run_id is None:
             self._create_run()
-            self._trust_sent = True
+            self._trust_ledger = True
             self._meta_sent = False
         if not self._meta_sent:
             self._send_meta()
@@ -364,55 +365,48 @@ class MlflowTracker:
             self._client.update_run(self.run_id, status="RUNNING")
         self._meta_sent = True
 
-    def _pending_metrics(self) -> dict[int, dict[str, tuple[float, int]]]:
-        """step -> key -> (value, time) for every unsent (step, key); the first report wins."""
-        out: dict[int, dict[str, tuple[float, int]]] = {}
-        for row in self._rows:
-            if row.get("kind") != "metrics":
-                continue
-            step = int(row["step"])
-            for key, value in row["metrics"].items():
-                if (step, key) not in self._sent:
-                    out.setdefault(step, {}).setdefault(key, (value, row["time"]))
-        return out
+    def _unsent(self) -> dict[int, dict[str, float]]:
+        """step -> key -> value of every (step, key) of ``metrics.jsonl`` not in the ledger."""
+        return self._ledger.unsent(read_metrics(self.trial_dir))
 
     def _send_metrics(self) -> None:
-        pending = self._pending_metrics()
-        if not pending:
+        unsent = self._unsent()
+        if not unsent:
             return
-        if not self._trust_sent:  # merge the run's history of each not-yet-checked key
-            keys = sorted({k for d in pending.values() for k in d} - self._checked_keys)
+        if not self._trust_ledger:  # merge the run's history of each not-yet-checked key
+            keys = sorted({k for d in unsent.values() for k in d} - self._checked_keys)
             for key in keys:
-                for s in self._logged_steps(key) & set(pending):
-                    if key in pending[s]:
-                        self._mark_sent(s, [key])
+                for step in sorted(self._logged_steps(key) & set(unsent)):
+                    if key in unsent[step]:
+                        self._ledger.mark(step, [key])
                 self._checked_keys.add(key)
-            pending = self._pending_metrics()
-        for step in sorted(pending):
-            items = sorted(pending[step].items())
+            unsent = self._unsent()
+        now = int(time.time() * 1000)
+        for step in sorted(unsent):
+            items = sorted(unsent[step].items())
             try:
-                self._log_step(step, items)
+                self._log_step(step, items, now)
             except Exception as e:
                 # The server may have stored part of it before failing: check before re-sending.
-                self._trust_sent = False
+                self._trust_ledger = False
                 self._checked_keys -= {k for k, _ in items}
                 if not _permanent(e):
                     raise
-                self._log_keys_one_by_one(step, items)
-            self._mark_sent(step, [k for k, _ in items])
+                self._log_keys_one_by_one(step, items, now)
+            self._ledger.mark(step, [k for k, _ in items])
 
-    def _log_step(self, step: int, items: list[tuple[str, tuple[float, int]]]) -> None:
+    def _log_step(self, step: int, items: list[tuple[str, float]], now: int) -> None:
         from mlflow.entities import Metric
 
         for i in range(0, len(items), _MAX_METRICS_PER_BATCH):
-            batch = [Metric(k, v, t, step) for k, (v, t) in items[i:i + _MAX_METRICS_PER_BATCH]]
+            batch = [Metric(k, v, now, step) for k, v in items[i:i + _MAX_METRICS_PER_BATCH]]
             self._client.log_batch(self.run_id, metrics=batch, synchronous=True)
 
-    def _log_keys_one_by_one(self, step: int, items) -> None:
+    def _log_keys_one_by_one(self, step: int, items, now: int) -> None:
         """After MLflow rejected a batch as invalid: send each key alone; drop the bad ones."""
         for item in items:
             try:
-                self._log_step(step, [item])
+                self._log_step(step, [item], now)
             except Exception as e:
                 if not _permanent(e):
                     raise
@@ -427,48 +421,28 @@ class MlflowTracker:
                 raise
             return set()
 
+    def _queue_artifact(self, path: Path, artifact_path: str | None) -> None:
+        queue = self._state.setdefault("artifacts", [])
+        if [str(path), artifact_path] not in queue:
+            queue.append([str(path), artifact_path])
+
     def _send_artifacts(self) -> None:
-        for row in self._rows:
-            if row.get("kind") != "artifact" or row["id"] in self._sent_artifacts:
-                continue
-            path = Path(row["path"])
+        """Uploads the queued artifacts; each leaves the queue once uploaded (a crash in between
+        uploads it again, which replaces the same file)."""
+        queue = self._state.get("artifacts", [])
+        while queue:
+            path, artifact_path = Path(queue[0][0]), queue[0][1]
             if not path.exists():
                 log.warning("artifact %s no longer exists; dropped", path)
             elif path.is_dir():
-                self._client.log_artifacts(self.run_id, str(path), row["artifact_path"])
+                self._client.log_artifacts(self.run_id, str(path), artifact_path)
             else:
-                self._client.log_artifact(self.run_id, str(path), row["artifact_path"])
-            self._sent_artifacts.add(row["id"])
-            self._append(SENT_FILE, {"artifact": row["id"]})
-
-    # -- files ------------------------------------------------------------------------------
-
-    def _mark_sent(self, step: int, keys: list[str]) -> None:
-        self._sent.update((step, k) for k in keys)
-        self._append(SENT_FILE, {"step": step, "keys": keys})
-
-    def _append(self, name: str, obj: dict) -> None:
-        with open(self.outbox_dir / name, "a") as f:
-            f.write(json.dumps(obj) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def _set_aside(self, old_run_id: str) -> None:
-        """This outbox belongs to another run: move its files aside and start afresh."""
-        log.warning("outbox %s belongs to run %s; moved aside (*.run-%s)", self.outbox_dir,
-                    old_run_id, old_run_id)
-        for name in OUTBOX_FILES:
-            path = self.outbox_dir / name
-            if path.exists():
-                os.replace(path, path.with_name(f"{name}.run-{old_run_id}"))
-        self._state = {"key": uuid.uuid4().hex}
-        self._rows, self._sent, self._sent_artifacts = [], set(), set()
+                self._client.log_artifact(self.run_id, str(path), artifact_path)
+            queue.pop(0)
+            self._save_state()
 
     def _save_state(self) -> None:
-        path = self.outbox_dir / STATE_FILE
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self._state, indent=1))
-        os.replace(tmp, path)
+        write_state(self.trial_dir, self._state)
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -478,22 +452,11 @@ def _permanent(e: Exception) -> bool:
     return getattr(e, "error_code", None) == "INVALID_PARAMETER_VALUE"
 
 
-def _sqlite_path(uri: str) -> Path | None:
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri[len("sqlite:///"):])
-
-
-def _flatten_mapping(d: Mapping, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            v = dataclasses.asdict(v)
-        if isinstance(v, Mapping):
-            out.update(_flatten_mapping(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+def _same(logged: Any, value: float) -> bool:
+    """Whether ``metrics.jsonl`` already holds ``value`` (NaN equals NaN here)."""
+    if not isinstance(logged, int | float):
+        return False
+    return logged == value or (logged != logged and value != value)
 
 
 def _param_str(v: Any) -> str:
@@ -504,32 +467,12 @@ def _param_str(v: Any) -> str:
     return str(v)
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0][:200] if text else ""
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    """The rows of a JSONL file; a torn last line (a crash mid-write) is skipped."""
-    rows = []
-    try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    log.warning("skipping a torn line in %s", path)
-    except FileNotFoundError:
-        pass
-    return rows
+__all__ = ["ARTIFACT_PATTERNS", "STATE_FILE", "TAG_ALGORITHM", "TAG_N_PARAMS", "TAG_PRESET",
+           "TAG_REPORT", "TAG_SWEEP", "TERMINAL_STATUSES", "MlflowTracker",
+           "default_artifact_location", "default_tracking_uri", "ensure_experiment", "find_run",
+           "mlflow_params"]

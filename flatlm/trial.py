@@ -27,12 +27,15 @@ import torch
 
 from flatlm.config import to_dict
 from flatlm.measure.run import EvalData, MeasureConfig, check_tasks, eval_data, measure_model
+from flatlm.metrics_log import CHECKPOINT_METRICS_FILE, append_metrics, read_metrics
 from flatlm.models.presets import ModelSpec, parse_model
 from flatlm.sources import SourceSpec, load
 from flatlm.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
+# The one report signature (step, that checkpoint's metrics, that checkpoint's directory): the
+# trial calls it; printer, flatlm.track.MlflowTracker.report and the sweeps' Ray sink are ones.
 Report = Callable[[int, dict, Path], None]
 
 
@@ -80,22 +83,6 @@ def validate_trial(cfg: TrialConfig):
     return source, model_cfg
 
 
-def read_metrics(out_dir: Path) -> dict[int, dict]:
-    """step -> metrics from ``metrics.jsonl`` (the last row of a step wins), and from the
-    ``metrics.json`` of checkpoints it lacks (one restored from elsewhere)."""
-    path = out_dir / "metrics.jsonl"
-    rows = {}
-    for ckpt_metrics in (out_dir / "checkpoints").glob("step-*/metrics.json"):
-        row = json.loads(ckpt_metrics.read_text())
-        rows[int(row["step"])] = row
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                rows[int(row["step"])] = row
-    return rows
-
-
 def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = None, *,
               device: str | torch.device = "cpu", progress: bool = False) -> dict[int, dict]:
     """Runs (or resumes) the trial; returns step -> metrics for every checkpoint."""
@@ -123,9 +110,8 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
 
 def _record(out_dir: Path, ckpt_dir: Path, step: int, metrics: dict) -> None:
     row = json.dumps({"step": step, **metrics})
-    (Path(ckpt_dir) / "metrics.json").write_text(row + "\n")
-    with open(out_dir / "metrics.jsonl", "a") as f:
-        f.write(row + "\n")
+    (Path(ckpt_dir) / CHECKPOINT_METRICS_FILE).write_text(row + "\n")
+    append_metrics(out_dir, step, metrics)
 
 
 def _catch_up(out_dir: Path, done: dict, on_checkpoint, report, device) -> None:
@@ -133,7 +119,7 @@ def _catch_up(out_dir: Path, done: dict, on_checkpoint, report, device) -> None:
 
     ``train`` does not call the hook for the checkpoint it resumes from, yet a crash can fall
     between saving it and measuring it, or between measuring it and reporting it. Re-reporting
-    is safe: the sinks keep the first value of a step (``flatlm.track``).
+    is safe: the sinks keep one value per step (``flatlm.track`` sends a step's key once).
     """
     from flatlm.models.checkpoint import load_checkpoint
     from flatlm.train.state import newest_checkpoint

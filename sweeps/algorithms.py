@@ -7,14 +7,13 @@ conditionals, ``lookup/<task>/acc_mean``) measured in every trial. No arguments:
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cli import main
+from _rayenv import tune
+from _spec import Sweep
+from presets import base_for
 
-from _tune import Sweep, main, tune  # noqa: E402
-from presets import base_for  # noqa: E402
-
-from flatlm.config import apply_overrides  # noqa: E402
+from flatlm.config import apply_overrides
 
 ALL = ["adamw", "sgd", "sam", "noreg", "adversarial"]
 

@@ -6,12 +6,11 @@ pre-training loss but transfer better. No arguments: a 3-trial CPU sweep on a lo
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _tune import Sweep, main, tune  # noqa: E402
-from presets import PAPER_MODELS, TINY_MODELS, base_for  # noqa: E402
+from _cli import main
+from _rayenv import tune
+from _spec import Sweep
+from presets import PAPER_MODELS, TINY_MODELS, base_for
 
 
 def build(args) -> Sweep:

@@ -1,17 +1,17 @@
 """Optuna (through Ray Tune's searcher) over optimizer and regularisation settings, for one or
-several objectives. No arguments: 4 tiny CPU trials maximising probe accuracy.
+several objectives. No arguments: 4 tiny CPU trials maximising the probe accuracy of the first
+task measured (``probe/<task>/acc_mean``; ``measure.tasks``, else the source's tasks).
 
     python sweeps/search.py --objective probe/B/acc_mean:max --objective flat/trace_fisher:min
     python sweeps/search.py --preset paper --address auto --gpus-per-trial 0.5 --samples 64
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _tune import Sweep, main, tune  # noqa: E402
-from presets import base_for  # noqa: E402
+from _cli import main
+from _rayenv import tune
+from _spec import Sweep
+from presets import base_for
 
 
 def objective(text: str) -> tuple[str, str]:
@@ -23,12 +23,13 @@ def objective(text: str) -> tuple[str, str]:
 
 def add_arguments(p) -> None:
     p.add_argument("--objective", action="append", default=[],
-                   help="METRIC:min|max, repeatable (default probe/B/acc_mean:max)")
+                   help="METRIC:min|max, repeatable (default: probe/<task>/acc_mean:max of "
+                        "the first task measured)")
     p.add_argument("--samples", type=int, help="trials to draw (default 4 tiny, 64 paper)")
 
 
 def build(args) -> Sweep:
-    objectives = tuple(objective(o) for o in args.objective) or (("probe/B/acc_mean", "max"),)
+    objectives = tuple(objective(o) for o in args.objective)  # () = _spec.objectives' default
     space = {"train.lr": tune.loguniform(1e-4, 3e-3), "train.beta2": tune.uniform(0.9, 0.999),
              "train.weight_decay": tune.loguniform(1e-4, 1e-1),
              "train.dropout": tune.uniform(0.0, 0.2)}

@@ -6,14 +6,13 @@ flatness and downstream accuracy keep changing. No arguments: 3 seeds of one tin
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _cli import main
+from _rayenv import tune
+from _spec import Sweep
+from presets import base_for
 
-from _tune import Sweep, main, tune  # noqa: E402
-from presets import base_for  # noqa: E402
-
-from flatlm.config import apply_overrides  # noqa: E402
+from flatlm.config import apply_overrides
 
 
 def build(args) -> Sweep:

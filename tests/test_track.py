@@ -28,7 +28,7 @@ from flatlm.track import (  # noqa: E402
     default_artifact_location,
     default_tracking_uri,
     ensure_experiment,
-    flatten_params,
+    mlflow_params,
 )
 
 
@@ -77,11 +77,13 @@ def test_default_uri_is_absolute(tmp_path, monkeypatch):
     assert default_artifact_location("w") == str(tmp_path / "w" / "mlruns")
 
 
-def test_flatten_params_nested_dict_and_dataclass():
-    assert flatten_params({"train": {"lr": 0.001, "algo": "sam"}, "model": {"d": 32}}) == {
+def test_mlflow_params_flat_dict_and_dataclass():
+    assert mlflow_params({"train.lr": 0.001, "train.algo": "sam", "model.d": 32}) == {
         "train.lr": "0.001", "train.algo": "sam", "model.d": "32"}
-    assert flatten_params(_Cfg()) == {"train.lr": "0.0003", "train.betas": "[0.9, 0.98]",
-                                      "seed": "0"}
+    assert mlflow_params(_Cfg()) == {"train.lr": "0.0003", "train.betas": "[0.9, 0.98]",
+                                     "seed": "0"}
+    with pytest.raises(ValueError, match=r"params: \['train'\] hold dicts; give dotted names"):
+        mlflow_params({"train": {"lr": 0.001}})
 
 
 def test_ensure_experiment_is_idempotent(store):
@@ -95,7 +97,7 @@ def test_params_tags_and_metrics_by_step(store, tmp_path):
     uri, eid = store
     tags = {"sweep": "scaling", "preset": "tiny", "n_params": 12345, "algorithm": "adamw"}
     tr = MlflowTracker(uri, tmp_path / "t0", experiment_id=eid, run_name="t0",
-                       params={"train": {"lr": 1e-3}, "model": {"d": 32}}, tags=tags)
+                       params={"train.lr": 1e-3, "model.d": 32}, tags=tags)
     for step in (10, 20, 30):
         assert tr.report(step, {"pretrain/loss": 1.0 / step, "flat/trace_fisher": float(step)})
     assert tr.finish("FINISHED")
@@ -107,8 +109,29 @@ def test_params_tags_and_metrics_by_step(store, tmp_path):
     assert {k: run.data.tags[k] for k in tags} == {k: str(v) for k, v in tags.items()}
     assert history(client, tr.run_id, "pretrain/loss") == [(10, 0.1), (20, 0.05), (30, 1 / 30)]
     assert history(client, tr.run_id, "flat/trace_fisher") == [(10, 10.0), (20, 20.0), (30, 30.0)]
-    rows = read_jsonl(tmp_path / "t0" / "pending.jsonl")
+    rows = read_jsonl(tmp_path / "t0" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [10, 20, 30]  # every row also on disk
+
+
+def test_report_as_the_trials_sink_sends_its_metrics_jsonl_once(store, tmp_path):
+    """run_trial writes the row, then calls report(step, metrics, ckpt_dir): the tracker sends
+    that row and writes no second copy of it (NaN included); a re-report sends nothing."""
+    from flatlm.metrics_log import append_metrics
+
+    uri, eid = store
+    out = tmp_path / "trial"
+    tr = MlflowTracker(uri, out, experiment_id=eid)
+    for step in (10, 20):
+        row = {"pretrain/loss": 1.0 / step, "flat/trace_hessian": float("nan"), "note": "x"}
+        append_metrics(out, step, row)
+        assert tr.report(step, {k: v for k, v in row.items() if k != "note"},
+                         out / "checkpoints" / f"step-{step}")
+    assert tr.report(20, {"pretrain/loss": 1.0 / 20}, out)  # a resumed trial's re-report
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [10, 20]
+    client = MlflowClient(uri)
+    assert history(client, tr.run_id, "pretrain/loss") == [(10, 0.1), (20, 0.05)]
+    assert len(client.get_metric_history(tr.run_id, "flat/trace_hessian")) == 2
+    assert "note" not in client.get_run(tr.run_id).data.metrics
 
 
 def test_failed_status_and_context_manager(store, tmp_path):
@@ -142,9 +165,9 @@ def test_reattach_by_run_id_gives_one_run_and_no_duplicates(store, tmp_path):
     assert client.get_run(run_id).info.status == "FINISHED"
 
 
-def test_same_outbox_reattaches_and_resends_after_crash(store, tmp_path):
-    """Crash after a send but before its ``sent`` marker: the fresh tracker re-sends the
-    pending row only where the run's history lacks it."""
+def test_same_trial_dir_reattaches_and_resends_after_crash(store, tmp_path):
+    """Crash after a send but before its ledger line: the fresh tracker re-sends the row of
+    metrics.jsonl only where the run's history lacks it."""
     uri, eid = store
     out = tmp_path / "t"
     tr = MlflowTracker(uri, out, experiment_id=eid)
@@ -152,11 +175,10 @@ def test_same_outbox_reattaches_and_resends_after_crash(store, tmp_path):
     tr.report(2, {"a": 3.0, "b": 4.0})
     lines = (out / "sent.jsonl").read_text().splitlines()
     (out / "sent.jsonl").write_text(lines[0] + "\n")  # lose step 2's marker
-    with open(out / "pending.jsonl", "a") as f:  # and a row that never left (plus a torn line)
-        f.write(json.dumps({"kind": "metrics", "step": 3, "time": 0, "metrics": {"a": 5.0}})
-                + "\n" + '{"kind": "metr')
+    with open(out / "metrics.jsonl", "a") as f:  # and a row that never left (plus a torn line)
+        f.write(json.dumps({"step": 3, "a": 5.0}) + "\n" + '{"step": 4, "a')
 
-    again = MlflowTracker(uri, out, experiment_id=eid)  # no run id: read from the outbox
+    again = MlflowTracker(uri, out, experiment_id=eid)  # no run id: read from tracker.json
     assert again.run_id == tr.run_id
     again.finish()
     client = MlflowClient(uri)
@@ -182,18 +204,22 @@ def test_bad_input_never_blocks_the_metrics(store, tmp_path, caplog):
     assert "text='n/a' is not a number" in warned
 
 
-def test_outbox_of_another_run_is_set_aside(store, tmp_path):
+def test_ledger_of_another_run_is_set_aside(store, tmp_path):
+    """A trial directory tracked into another run: that run gets the directory's metrics.jsonl,
+    not suppressed by the first run's ledger."""
     uri, eid = store
     one = MlflowTracker(uri, tmp_path / "t", experiment_id=eid)
     one.report(1, {"a": 1.0})
     two = MlflowTracker(uri, tmp_path / "other", experiment_id=eid)
     reused = MlflowTracker(uri, tmp_path / "t", run_id=two.run_id)  # same dir, other run
-    assert reused.report(1, {"a": 5.0})  # not suppressed by run one's sent markers
-    assert history(MlflowClient(uri), two.run_id, "a") == [(1, 5.0)]
-    assert (tmp_path / "t" / f"pending.jsonl.run-{one.run_id}").exists()
+    assert reused.report(2, {"a": 2.0})
+    assert history(MlflowClient(uri), two.run_id, "a") == [(1, 1.0), (2, 2.0)]
+    assert history(MlflowClient(uri), one.run_id, "a") == [(1, 1.0)]
+    assert (tmp_path / "t" / f"sent.jsonl.run-{one.run_id}").exists()
+    assert (tmp_path / "t" / f"tracker.json.run-{one.run_id}").exists()
 
 
-def test_artifacts_land(store, tmp_path):
+def test_artifacts_land(store, tmp_path, monkeypatch):
     uri, eid = store
     out = tmp_path / "trial"
     (out / "figures").mkdir(parents=True)
@@ -205,14 +231,19 @@ def test_artifacts_land(store, tmp_path):
     assert tr.sync_artifacts(out)
     client = MlflowClient(uri)
     top = {f.path for f in client.list_artifacts(tr.run_id)}
-    assert top == {"explicit", "figures", "measure.json"}  # no outbox files, no weights
+    assert top == {"explicit", "figures", "measure.json"}  # no tracker files, no weights
     assert [f.path for f in client.list_artifacts(tr.run_id, "figures")] == ["figures/curve.png"]
 
-    n_rows = len((out / "pending.jsonl").read_text().splitlines())
-    tr.sync_artifacts(out)  # nothing changed: nothing queued
-    assert len((out / "pending.jsonl").read_text().splitlines()) == n_rows
+    uploads = []
+    upload = tr._client.log_artifact
+    monkeypatch.setattr(tr._client, "log_artifact",
+                        lambda run_id, path, dest=None: (uploads.append(path),
+                                                         upload(run_id, path, dest)))
+    assert tr.sync_artifacts(out)  # nothing changed: nothing uploaded
+    assert uploads == []
     (out / "measure.json").write_text('{"pretrain/loss": 0.5}')
-    tr.sync_artifacts(out)
+    assert tr.sync_artifacts(out)
+    assert uploads == [str(out / "measure.json")]
     local = client.download_artifacts(tr.run_id, "measure.json", str(tmp_path / "dl"))
     assert json.loads(Path(local).read_text()) == {"pretrain/loss": 0.5}
     tr.finish()
@@ -232,8 +263,8 @@ def test_unreachable_server_never_raises_and_keeps_rows(tmp_path):
     assert tr.report(1, {"pretrain/loss": 1.0}) is False
     assert tr.finish("FINISHED") is False
     assert time.monotonic() - t0 < 30
-    rows = read_jsonl(tmp_path / "t" / "pending.jsonl")
-    assert rows[0]["metrics"] == {"pretrain/loss": 1.0}
+    rows = read_jsonl(tmp_path / "t" / "metrics.jsonl")
+    assert rows == [{"step": 1, "pretrain/loss": 1.0}]
     assert not (tmp_path / "t" / "sent.jsonl").exists()
 
 
@@ -285,7 +316,7 @@ def test_outage_with_real_server_loses_and_duplicates_nothing(tmp_path, template
     try:
         eid = ensure_experiment(uri, "outage")
         tr = MlflowTracker(uri, tmp_path / "trial", experiment_id=eid, run_name="t",
-                           params={"train": {"lr": 0.1}})
+                           params={"train.lr": 0.1})
         assert tr.report(1, {"pretrain/loss": 1.0, "pretrain/kl": 0.5})
         (tmp_path / "trial" / "fig.png").write_bytes(b"png")
 

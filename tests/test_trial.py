@@ -65,3 +65,20 @@ def test_bad_configs_fail_before_any_work(tmp_path, overrides, match):
         run_trial(tiny(**{"train.steps": 2, "train.checkpoint_steps": [2], **overrides}),
                   tmp_path)
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_metrics_log_last_row_of_a_step_wins_and_a_torn_line_is_skipped(tmp_path):
+    """The one reader of metrics.jsonl (trial, tracker, sweeps and analysis use it)."""
+    from flatlm.metrics_log import append_metrics, parse_metrics
+
+    ckpt = tmp_path / "checkpoints" / "step-1"
+    ckpt.mkdir(parents=True)
+    (ckpt / "metrics.json").write_text(json.dumps({"step": 1, "a": 0.5}) + "\n")
+    append_metrics(tmp_path, 2, {"a": 1.0})
+    append_metrics(tmp_path, 2, {"a": 2.0, "b": 3.0})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "a')  # a crash mid-write
+    append_metrics(tmp_path, 4, {"a": 4.0})  # starts a line of its own
+    assert read_metrics(tmp_path) == {1: {"step": 1, "a": 0.5}, 2: {"step": 2, "a": 2.0, "b": 3.0},
+                                      4: {"step": 4, "a": 4.0}}
+    assert parse_metrics('{"a": 1}\n[1]\n\n{"step": "x"}\n') == {}

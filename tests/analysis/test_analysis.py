@@ -155,10 +155,11 @@ def test_artifact_and_history_sources_agree(store, runs):
     assert sorted(zip(runs["trial"], runs["step"], runs[ACC], strict=True)) == expected
 
 
-def test_parse_metrics_jsonl_first_report_wins():
-    text = ('{"step": 1, "a": 1.0, "name": "x"}\n{"step": 2, "a": 2.0}\n'
+def test_parse_metrics_jsonl_last_row_of_a_step_wins():
+    """The trial's own rule (flatlm.metrics_log): a step measured again keeps its last row."""
+    text = ('{"step": 1, "a": 1.0, "name": "x"}\n{"step": 2, "a": 2.0, "c": 1}\n'
             '{"step": 2, "a": 9.0, "b": 3}\n{"step": 3, "a"')
-    assert parse_metrics_jsonl(text) == {1: {"a": 1.0}, 2: {"a": 2.0, "b": 3.0}}
+    assert parse_metrics_jsonl(text) == {1: {"a": 1.0}, 2: {"a": 9.0, "b": 3.0}}
 
 
 # -- correlate.py -----------------------------------------------------------------------------

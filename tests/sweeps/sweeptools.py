@@ -33,7 +33,7 @@ TINY = {"train.steps": "20", "train.checkpoint_steps": "[10,20]", "measure.n_eva
 # What every trial's MLflow run must hold once per checkpoint step.
 KEYS = ("pretrain/loss", "pretrain/kl", "pretrain/entropy", "flat/trace_fisher",
         "flat/trace_fisher_se", "probe/B/acc_mean")
-RESULT_LINE = re.compile(r"^\[(\w+)\] step (\d+):")  # _tune.OneLinePerResult
+RESULT_LINE = re.compile(r"^\[(\w+)\] step (\d+):")  # _driver.OneLinePerResult
 
 
 def set_args(overrides: dict[str, str]) -> list[str]:
@@ -94,14 +94,15 @@ def kill_own(sid: int | None, marker: str | None = None, timeout: float = 30) ->
 
 
 class Sweep:
-    """``python sweeps/scaling.py ARGS`` in its own session; stdout read line by line."""
+    """``python sweeps/scaling.py ARGS`` (or another sweep ``script``) in its own session;
+    stdout read line by line."""
 
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str]):
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str], script: Path = SCALING):
         self.stderr_path = cwd / f"stderr-{time.monotonic_ns()}.txt"
         self.lines: list[str] = []
         self.first_result = threading.Event()
         with open(self.stderr_path, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, str(SCALING), *args], cwd=cwd, env=env,
+            self.proc = subprocess.Popen([sys.executable, str(script), *args], cwd=cwd, env=env,
                                          stdout=subprocess.PIPE, stderr=err, text=True,
                                          start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)

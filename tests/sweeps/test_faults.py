@@ -8,7 +8,7 @@ every checkpoint's metrics exactly once.
 * the driver killed (SIGKILL to its session, Ray's processes with it): ``--resume`` finishes;
 * the ``mlflow server`` stopped after the first checkpoint result and restarted on the same store
   once a trial has ended in the outage: the trials' outboxes re-send what the outage held back,
-  and the ends that could not be delivered (``_tune._finish``).
+  and the ends that could not be delivered (``_trainable.finish_trial``).
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ pytest.importorskip("mlflow")
 
 REPO = Path(__file__).resolve().parents[2]
 # Ray reads this at import (ray._private.ray_constants): without it a Cluster on 127.0.0.1 dials
-# the host's outbound address and hangs. _tune sets it (and its other Ray variables) too.
+# the host's outbound address and hangs. _rayenv sets it (and its other Ray variables) too.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 sys.path.insert(0, str(REPO / "sweeps"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweeptools (any --import-mode)
 
-import _tune  # noqa: E402
+import _driver  # noqa: E402
+import _spec  # noqa: E402
 import ray  # noqa: E402
 import scaling  # noqa: E402
 from ray import tune  # noqa: E402
@@ -135,8 +136,8 @@ class KillNodeAfterFirstCheckpoint(tune.Callback):
 def test_node_killed_mid_sweep_trials_resume_from_checkpoint(tmp_path, ray_tmpdir, monkeypatch):
     global _CLUSTER
     monkeypatch.setenv("RAY_TMPDIR", str(ray_tmpdir))  # Cluster writes ray_current_cluster there
-    # The trials unpickle _tune.trainable: the nodes' workers inherit this from the raylets (Ray
-    # passes a driver's script directory to its workers, and this driver is pytest).
+    # The trials unpickle _trainable.trainable: the nodes' workers inherit this from the raylets
+    # (Ray passes a driver's script directory to its workers, and this driver is pytest).
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [str(REPO / "sweeps"), *filter(None, [os.environ.get("PYTHONPATH")])]))
     _EVENTS.clear()
@@ -152,9 +153,9 @@ def test_node_killed_mid_sweep_trials_resume_from_checkpoint(tmp_path, ray_tmpdi
     try:
         for _ in range(2):
             cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-        _tune.run_sweep(sweep, workdir=tmp_path, tracking_uri=None, address=cluster.address,
-                        resume=False, show=_tune._shown_metrics(sweep),
-                        callbacks=[KillNodeAfterFirstCheckpoint()])
+        _driver.run_sweep(sweep, workdir=tmp_path, tracking_uri=None, address=cluster.address,
+                          resume=False, show=_spec.shown_metrics(sweep),
+                          callbacks=[KillNodeAfterFirstCheckpoint()])
         assert not ray.is_initialized()
         assert cluster.head_node.remaining_processes_alive(), "ray.shutdown() hit the cluster"
     finally:

@@ -1,0 +1,97 @@
+"""The command line every sweep script shares: ``main(build)``.
+
+A script defines ``build(args) -> Sweep`` (``_spec``) and calls ``sys.exit(main(build, doc))``::
+
+    python sweeps/scaling.py                       # tiny CPU sweep on a local Ray instance
+    python sweeps/scaling.py --preset paper --address auto --gpus-per-trial 0.5
+    python sweeps/scaling.py --set train.steps=400 --set measure.n_eval=500
+    python sweeps/scaling.py --set source=dyck:6 --set measure.tasks=[]   # any source
+    python sweeps/scaling.py --resume              # continue an interrupted sweep
+
+A bad sweep exits with code 2 and ``error: <what and the fix>`` before any trial starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from _driver import run_sweep
+from _spec import Sweep, shown_metrics
+from _summary import summarise
+
+from flatlm.config import apply_overrides
+from flatlm.trial import validate_trial
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--set {pair!r}: write KEY=VALUE, e.g. train.lr=3e-4")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--preset", default="tiny", choices=("tiny", "paper"),
+                   help="tiny: a few small CPU trials (default); paper: the paper's settings")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a trial config key for every trial (repeatable), e.g. "
+                        "train.steps=400")
+    p.add_argument("--name", help="experiment name (default: the script's)")
+    p.add_argument("--workdir", default=".", help="where mlflow.db, mlruns/, ray_results/ and "
+                   "trials/ go (default: the current directory)")
+    p.add_argument("--tracking-uri", help="MLflow tracking server (default: sqlite in workdir)")
+    p.add_argument("--address", help="attach to a Ray cluster ('auto' on a cluster node)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
+    p.add_argument("--cpus-per-trial", type=float, help="CPUs Ray reserves for each trial")
+    p.add_argument("--gpus-per-trial", type=float,
+                   help="GPUs per trial; a fraction packs several small trials on one GPU")
+    p.add_argument("--max-failures", type=int,
+                   help="retries of a failed trial from its last checkpoint (default 3)")
+    p.add_argument("--kl-threshold", type=float,
+                   help="saturation rule of the closing correlations: checkpoints with "
+                        "pretrain/kl below this (default 0.1 nats)")
+    return p
+
+
+def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
+    """The sweep with the command line's ``--set`` overrides and resource flags applied."""
+    overrides = parse_overrides(args.overrides)
+    swept = sorted(set(overrides) & set(sweep.space))
+    sweep = replace(sweep, base=apply_overrides(sweep.base, overrides),
+                    **{k: v for k, v in (("name", args.name),
+                                         ("cpus_per_trial", args.cpus_per_trial),
+                                         ("gpus_per_trial", args.gpus_per_trial),
+                                         ("max_failures", args.max_failures),
+                                         ("kl_threshold", args.kl_threshold)) if v is not None})
+    if swept:  # the search space would silently replace the value
+        validate_trial(sweep.base)  # a bad value is named as such first
+        raise ValueError(f"--set {', '.join(swept)}: this sweep varies {', '.join(swept)} "
+                         "itself (its search space), so the value would be ignored; drop "
+                         "the --set, or use a sweep script that does not vary it")
+    return sweep
+
+
+def main(build: Callable[[argparse.Namespace], Sweep], description: str,
+         add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
+    p = parser(description)
+    if add_arguments:
+        add_arguments(p)
+    args = p.parse_args()
+    workdir = Path(args.workdir).absolute()
+    try:
+        sweep = apply_arguments(build(args), args)
+        run_sweep(sweep, workdir=workdir, tracking_uri=args.tracking_uri, address=args.address,
+                  resume=args.resume, show=shown_metrics(sweep))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    summarise(sweep, workdir, args.tracking_uri)
+    return 0

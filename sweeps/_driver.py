@@ -1,0 +1,137 @@
+"""The sweep's driver: starts (or resumes) the Tune experiment, prints one line per result, and
+after ``fit`` ends the MLflow runs whose trials could not deliver their end."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from _rayenv import ray, tune
+from _spec import Sweep, check_sweep, objectives
+from _trainable import trainable
+
+from flatlm.config import to_dict
+
+
+def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address: str | None,
+              resume: bool, show: tuple[str, ...],
+              callbacks: Sequence[tune.Callback] = ()) -> Path:
+    """Runs (or resumes) the sweep; returns the Ray experiment directory.
+
+    ``show``: the metrics printed per result (``_spec.shown_metrics``). ``callbacks``: extra Tune
+    callbacks for a new sweep (tests inject faults with one); a resumed sweep keeps the callbacks
+    it was started with.
+    """
+    from flatlm.track import default_artifact_location, default_tracking_uri, ensure_experiment
+
+    check_sweep(sweep)
+    workdir = workdir.absolute()
+    uri = tracking_uri or default_tracking_uri(workdir)
+    experiment_id = ensure_experiment(uri, sweep.name, default_artifact_location(workdir))
+    if address:
+        ray.init(address=address, logging_level="ERROR")
+    else:
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
+    try:
+        check_resources(sweep)
+        trials_dir = workdir / "trials" / sweep.name
+        sweep_info = {"name": sweep.name, "tracking_uri": uri, "experiment_id": experiment_id,
+                      "trials_dir": str(trials_dir)}
+        tuner = _tuner(sweep, workdir / "ray_results", sweep_info, resume, show, callbacks)
+        results = tuner.fit()
+        finish_undelivered(trials_dir, uri, experiment_id)
+        errors = [r.error for r in results if r.error]
+        if errors:
+            raise RuntimeError(f"{len(errors)} trial(s) failed after retries: {errors[0]}")
+        return workdir / "ray_results" / sweep.name
+    finally:
+        ray.shutdown()
+
+
+def _tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, show: tuple[str, ...],
+           callbacks: Sequence[tune.Callback]) -> tune.Tuner:
+    trainable_ = tune.with_resources(trainable, {"cpu": sweep.cpus_per_trial,
+                                                 "gpu": sweep.gpus_per_trial})
+    path = storage / sweep.name
+    if resume and tune.Tuner.can_restore(str(path)):
+        return tune.Tuner.restore(str(path), trainable=trainable_, resume_errored=True,
+                                  resume_unfinished=True)
+    if path.exists() and not resume:
+        raise ValueError(f"{path} holds an earlier sweep named {sweep.name!r}: pass "
+                         "--resume to continue it, or --name to start another")
+    return tune.Tuner(
+        trainable_,
+        param_space={"base": to_dict(sweep.base), "overrides": dict(sweep.space),
+                     "sweep": sweep_info},
+        tune_config=_tune_config(sweep),
+        run_config=tune.RunConfig(
+            name=sweep.name, storage_path=str(storage), verbose=0,
+            failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
+            callbacks=[OneLinePerResult(show), *callbacks]))
+
+
+def check_resources(sweep: Sweep) -> None:
+    """A trial asking for more than any node has would wait forever: fail now instead."""
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    cpus = max((n.get("CPU", 0) for n in nodes), default=0)
+    gpus = max((n.get("GPU", 0) for n in nodes), default=0)
+    if sweep.cpus_per_trial > cpus or sweep.gpus_per_trial > gpus:
+        raise ValueError(
+            f"each trial asks for {sweep.cpus_per_trial} CPU and {sweep.gpus_per_trial} GPU, but "
+            f"the largest node has {cpus} CPU and {gpus} GPU; lower --cpus-per-trial / "
+            "--gpus-per-trial, or add nodes that have them (cluster.yaml worker types)")
+
+
+class OneLinePerResult(tune.Callback):
+    """Prints one readable line per reported checkpoint (the default tables are noisy)."""
+
+    def __init__(self, keys: tuple[str, ...]):
+        self.keys = keys
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        shown = "  ".join(f"{k.split('/', 1)[-1]}={result[k]:.4g}" for k in self.keys
+                          if isinstance(result.get(k), int | float))
+        print(f"[{trial.trial_id}] step {result.get('step')}: {shown}", flush=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        print(f"[{trial.trial_id}] failed; it will retry from its last checkpoint if it can",
+              flush=True)
+
+
+def _tune_config(sweep: Sweep) -> tune.TuneConfig:
+    if sweep.searcher is None:
+        return tune.TuneConfig(num_samples=sweep.num_samples, reuse_actors=False)
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.optuna import OptunaSearch
+
+    metrics = [m for m, _ in objectives(sweep)]
+    modes = [m for _, m in objectives(sweep)]
+    single = len(metrics) == 1
+    algo = OptunaSearch(metric=metrics[0] if single else metrics,
+                        mode=modes[0] if single else modes, seed=sweep.base.train.seed)
+    if sweep.max_concurrent:
+        algo = ConcurrencyLimiter(algo, max_concurrent=sweep.max_concurrent)
+    return tune.TuneConfig(search_alg=algo, num_samples=sweep.num_samples, reuse_actors=False)
+
+
+def finish_undelivered(trials_dir: Path, uri: str, experiment_id: str) -> None:
+    """Ends the runs whose trials could not deliver their end (or last rows) to MLflow."""
+    from flatlm.ledger import STATE_FILE
+    from flatlm.track import MlflowTracker
+
+    for state_file in sorted(trials_dir.glob(f"*/{STATE_FILE}")):
+        try:
+            state = json.loads(state_file.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if state.get("pending_status"):
+            out_dir = state_file.parent
+            tracker = MlflowTracker(uri, out_dir, experiment_id=experiment_id,
+                                    run_name=out_dir.name)
+            if not tracker.finish():
+                print(f"MLflow still unreachable: run of trial {out_dir.name} not ended; "
+                      f"re-send with MlflowTracker({uri!r}, {str(out_dir)!r}).finish()",
+                      file=sys.stderr, flush=True)

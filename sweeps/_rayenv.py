@@ -1,0 +1,23 @@
+"""Ray, imported once, after the environment it reads at import: every sweep module that needs
+Ray takes it from here (``from _rayenv import ray, tune``).
+
+Loopback only, no token-auth prompt, no usage stats, no chdir into trial directories, quiet
+output. ``setdefault``: a variable the caller already set wins.
+"""
+
+import os
+
+RAY_ENVIRONMENT = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled", "RAY_AIR_NEW_OUTPUT": "0", "RAY_CHDIR_TO_TRIAL_DIR": "0",
+    "RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS": "0", "RAY_DEDUP_LOGS": "0",
+    "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "HF_HUB_OFFLINE": "1",
+}
+for _key, _value in RAY_ENVIRONMENT.items():
+    os.environ.setdefault(_key, _value)
+
+import ray  # noqa: E402
+from ray import tune  # noqa: E402
+
+__all__ = ["RAY_ENVIRONMENT", "ray", "tune"]

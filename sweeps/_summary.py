@@ -1,0 +1,31 @@
+"""The sweep's closing summary, printed by the driver: correlations with downstream accuracy and
+where to look next. The only sweep module that imports ``analysis/``; it never runs in a Ray
+worker."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from _spec import Sweep, accuracy_key, sweep_task
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout: analysis/ is not an installed package
+
+
+def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None) -> None:
+    """Prints the correlation table of every checkpoint and the commands to look further."""
+    if str(REPO) not in sys.path:  # `python sweeps/x.py` from anywhere: analysis/ importable
+        sys.path.append(str(REPO))
+    from analysis.correlate import correlation_markdown, correlation_table
+    from analysis.runs import load_runs
+    from flatlm.track import default_tracking_uri
+
+    uri = tracking_uri or default_tracking_uri(workdir)
+    table = load_runs(uri, sweep.name)
+    key, task = accuracy_key(sweep), sweep_task(sweep)
+    print(f"\nCorrelations with downstream accuracy ({key}), saturated checkpoints:")
+    print(correlation_markdown(correlation_table(table, key, kl_threshold=sweep.kl_threshold)))
+    print(f"\nMLflow UI:  cd {workdir} && mlflow ui --backend-store-uri {uri}")
+    print(f"Report:     python {REPO / 'analysis' / 'report.py'} --experiment {sweep.name} "
+          f"--tracking-uri {uri} --task {task} --kl-threshold {sweep.kl_threshold:g} "
+          f"--out {workdir / 'report' / sweep.name}")

@@ -1,0 +1,130 @@
+"""The Tune function trainable: one ``flatlm.trial.run_trial`` per trial, reported to its MLflow
+run (``flatlm.track``) and to Tune with a checkpoint that carries the tracking state.
+
+At each checkpoint the trial's report (a ``flatlm.trial.Report``) sends the new rows of the
+trial's ``metrics.jsonl`` to MLflow, uploads the changed files, adds the tracking state to the
+checkpoint directory (``_travel``) and reports to Tune, which persists that directory under the
+sweep's storage path. A retried trial (``FailureConfig``) restores it and continues; the run id
+travelling in it keeps one MLflow run per trial. Runs in Ray workers: imports nothing from
+``analysis/``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from _curves import plot_curves
+from _rayenv import tune
+from _travel import restore_tracking, save_tracking
+
+from flatlm.config import apply_overrides, from_dict
+from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, probe_keys
+from flatlm.metrics_log import METRICS_FILE, read_metrics
+from flatlm.trial import TrialConfig
+
+# Artifacts of a trial's MLflow run: its config, every checkpoint's measurements, its curves.
+TRIAL_ARTIFACTS = (METRICS_FILE, "metrics.json", "trial_config.json", "*.png")
+FINISH_WAIT_S = 300.0  # how long a trial ending in a tracking outage waits for MLflow
+#   (env FLATLM_FINISH_WAIT_S overrides it)
+
+
+def trainable(config: dict) -> None:
+    """Tune function trainable; ``config``: ``base`` (a TrialConfig as a dict), ``overrides``
+    (this trial's point of the search space) and ``sweep`` (name, tracking URI, experiment id,
+    trials directory)."""
+    import torch
+
+    from flatlm.trial import run_trial
+
+    sweep = config["sweep"]
+    cfg = apply_overrides(from_dict(TrialConfig, config["base"]), config["overrides"])
+    name = tune.get_context().get_trial_name()
+    out_dir = Path(sweep["trials_dir"]) / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tracker = _tracker(cfg, sweep, name, out_dir)
+
+    def report(step: int, metrics: dict, ckpt_dir: Path) -> None:
+        tracker.report(step, metrics, ckpt_dir)  # before Tune's report: a kill after it loses
+        tracker.sync_artifacts(out_dir, patterns=TRIAL_ARTIFACTS)  # nothing
+        save_tracking(ckpt_dir, out_dir, tracker.run_id, step)
+        tune.report({**metrics, "step": step},
+                    checkpoint=tune.Checkpoint.from_directory(str(ckpt_dir)))
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        run_trial(cfg, out_dir, report, device=device)
+    except BaseException:
+        tracker.finish("FAILED")
+        raise
+    try:
+        _plot_trial(out_dir, name, cfg)
+    except Exception as e:  # noqa: BLE001 - a figure is not worth failing a finished trial
+        print(f"trial {name}: could not plot its curves: {e}", file=sys.stderr, flush=True)
+    tracker.sync_artifacts(out_dir, patterns=TRIAL_ARTIFACTS)
+    finish_trial(tracker, "FINISHED", float(os.environ.get("FLATLM_FINISH_WAIT_S", FINISH_WAIT_S)))
+
+
+def _tracker(cfg: TrialConfig, sweep: dict, name: str, out_dir: Path):
+    """The trial's tracker, on the MLflow run of its restored checkpoint, of its earlier
+    attempt on this node, of its name (a retry before any checkpoint), or a new one."""
+    from flatlm.ledger import STATE_FILE
+    from flatlm.track import MlflowTracker, find_run
+
+    run_id = None
+    ckpt = tune.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            run_id = restore_tracking(Path(d), out_dir)
+    if run_id is None and not (out_dir / STATE_FILE).exists():
+        run_id = find_run(sweep["tracking_uri"], sweep["experiment_id"], name)
+    return MlflowTracker(sweep["tracking_uri"], out_dir, experiment_id=sweep["experiment_id"],
+                         run_id=run_id, run_name=name, params=cfg, tags=_tags(cfg, sweep))
+
+
+def _tags(cfg: TrialConfig, sweep: dict) -> dict:
+    from flatlm.models.presets import parameter_count, parse_model
+    from flatlm.sources import load
+    from flatlm.track import TAG_ALGORITHM, TAG_N_PARAMS, TAG_PRESET, TAG_SWEEP
+
+    source = load(cfg.source)
+    n_params = parameter_count(parse_model(cfg.model), source.V, source.max_length)
+    return {TAG_SWEEP: sweep["name"], TAG_PRESET: cfg.model, TAG_N_PARAMS: n_params,
+            TAG_ALGORITHM: cfg.train.algorithm, "source": cfg.source}
+
+
+def curve_keys(tasks: tuple[str, ...]) -> list[str]:
+    """What ``curves.png`` shows: loss, KL, the flatness traces and each task's probe accuracy."""
+    return [LOSS, KL, TRACE_FISHER, TRACE_HESSIAN, *(probe_keys(t)[0] for t in tasks)]
+
+
+def _plot_trial(out_dir: Path, name: str, cfg: TrialConfig) -> None:
+    """``curves.png``: the trial's measurements over training steps (a figure to look at in the
+    MLflow UI), and ``trial_config.json`` (a copy of config.json under an unambiguous name)."""
+    from flatlm.sources import load
+
+    tasks = tuple(cfg.measure.tasks) or tuple(load(cfg.source).tasks)
+    plot_curves(read_metrics(out_dir), curve_keys(tasks), out_dir / "curves.png", name)
+    shutil.copy2(out_dir / "config.json", out_dir / "trial_config.json")
+
+
+def finish_trial(tracker, status: str, wait_s: float) -> bool:
+    """Ends the trial's MLflow run, waiting up to ``wait_s`` through a tracking outage.
+
+    ``finish`` never raises: while the server is down it returns False, and a trial that simply
+    returned then would leave its run RUNNING with its last rows unsent. The driver re-sends
+    what is still undelivered after ``fit`` (``_driver.finish_undelivered``, for the trial
+    directories it can see); on a cluster, ``MlflowTracker(uri, out_dir).finish()`` on the
+    trial's node does.
+    """
+    deadline = time.monotonic() + wait_s
+    while not tracker.finish(status):
+        if time.monotonic() >= deadline:
+            print(f"MLflow unreachable for {wait_s:.0f} s: run {tracker.run_id} not ended; its "
+                  f"unsent rows stay in {tracker.trial_dir}", file=sys.stderr, flush=True)
+            return False
+        time.sleep(min(5.0, max(deadline - time.monotonic(), 0.0)))
+    return True

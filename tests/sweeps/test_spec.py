@@ -1,0 +1,90 @@
+"""What a sweep derives from its base config (task, shown metrics, objectives), and the per-trial
+figure drawn without ``analysis/`` (Ray workers must not import it). No Ray started here."""
+
+import json
+import subprocess
+import sys
+from argparse import Namespace
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "sweeps"))
+
+import search  # noqa: E402
+from _spec import Sweep, check_sweep, objectives, shown_metrics, sweep_task  # noqa: E402
+from presets import base_for  # noqa: E402
+
+from flatlm.config import apply_overrides  # noqa: E402
+
+
+def tiny_sweep(**overrides) -> Sweep:
+    return Sweep(name="t", base=apply_overrides(base_for("tiny"), overrides))
+
+
+@pytest.mark.parametrize(("overrides", "task"), [
+    pytest.param({}, "B", id="pcfg-measuring-B"),
+    pytest.param({"source": "dyck:6", "measure.tasks": []}, "g_star", id="dyck-all-tasks"),
+    pytest.param({"source": "hmm:seed=0,vocab=20,states=6,length=6,blocks=2",
+                  "measure.tasks": []}, "task-1", id="hmm-all-tasks"),
+    pytest.param({"source": "hmm:seed=0,vocab=20,states=6,length=6,blocks=2",
+                  "measure.tasks": ["task-3", "task-2"]}, "task-3", id="hmm-first-measured"),
+])
+def test_the_sweep_task_is_the_first_task_measured(overrides, task):
+    sweep = tiny_sweep(**overrides)
+    assert sweep_task(sweep) == task
+    assert shown_metrics(sweep) == ("pretrain/loss", "pretrain/kl", "flat/trace_fisher",
+                                    f"probe/{task}/acc_mean")
+    assert objectives(sweep) == ((f"probe/{task}/acc_mean", "max"),)
+    own = (("flat/trace_fisher", "min"),)
+    assert objectives(replace(sweep, objectives=own)) == own
+
+
+def test_the_search_scripts_default_objective_follows_the_source():
+    args = Namespace(preset="tiny", objective=[], samples=None)
+    sweep = search.build(args)
+    sweep = replace(sweep, base=apply_overrides(sweep.base, {"source": "dyck:6",
+                                                             "measure.tasks": []}))
+    assert objectives(sweep) == (("probe/g_star/acc_mean", "max"),)
+    args.objective = ["flat/trace_fisher:min"]
+    assert objectives(search.build(args)) == (("flat/trace_fisher", "min"),)
+
+
+def test_an_analysis_task_the_sweep_does_not_measure_fails_naming_the_fix():
+    sweep = replace(tiny_sweep(), analysis_task="C")
+    with pytest.raises(ValueError, match=r"analysis_task 'C' is not measured .* measures B"):
+        check_sweep(sweep)
+    assert sweep_task(replace(tiny_sweep(**{"measure.tasks": []}), analysis_task="C")) == "C"
+
+
+def test_curves_are_drawn_without_analysis(tmp_path):
+    """A trial's curves.png from its metrics.jsonl, in a process where ``analysis`` and Ray
+    cannot be imported (what a Ray worker may rely on)."""
+    rows = [{"step": s, "pretrain/loss": 2.0 / s, "pretrain/kl": 0.1 / s,
+             "probe/task-1/acc_mean": 0.5 + s / 100, "flat/trace_fisher": float("nan")}
+            for s in (10, 20)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code = (
+        "import sys; sys.modules['analysis'] = None; sys.modules['ray'] = None\n"
+        f"sys.path.insert(0, {str(REPO / 'sweeps')!r})\n"
+        "from pathlib import Path\nfrom _curves import plot_curves\n"
+        "from flatlm.metrics_log import read_metrics\n"
+        f"d = Path({str(tmp_path)!r})\n"
+        "keys = ['pretrain/loss', 'pretrain/kl', 'flat/trace_fisher', 'probe/task-1/acc_mean']\n"
+        "print(plot_curves(read_metrics(d), keys, d / 'curves.png', 't'))\n"
+        "print(plot_curves(read_metrics(d), ['flat/trace_fisher'], d / 'none.png', 't'))\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout.split()
+    assert out == [str(tmp_path / "curves.png"), "None"]  # NaN-only keys draw nothing
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_the_trainable_module_does_not_import_analysis():
+    code = ("import sys\n"
+            f"sys.path.insert(0, {str(REPO / 'sweeps')!r})\n"
+            "import _trainable, _driver\n"
+            "assert not [m for m in sys.modules if m.split('.')[0] == 'analysis'], 'analysis'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
