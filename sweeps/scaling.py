@@ -12,11 +12,18 @@ from _rayenv import tune
 from _spec import Sweep
 from presets import PAPER_MODELS, TINY_MODELS, base_for
 
+from flatlm.config import apply_overrides
+from flatlm.measure.grown import lcm_shape
+from flatlm.models.presets import shape_string
+
 
 def build(args) -> Sweep:
     models = TINY_MODELS if args.preset == "tiny" else PAPER_MODELS
-    return Sweep(name="scaling", base=base_for(args.preset),
-                 space={"model": tune.grid_search(list(models))},
+    # Tr(F) of models of different sizes is compared in one parameterisation: each checkpoint is
+    # also measured grown into the least common shape (flat/*_grown, paper Fig. 5, Table 4)
+    grown = shape_string(lcm_shape(models))
+    base = apply_overrides(base_for(args.preset), {"measure.grow_to": grown})
+    return Sweep(name="scaling", base=base, space={"model": tune.grid_search(list(models))},
                  gpus_per_trial=0.0 if args.preset == "tiny" else 1.0)
 
 

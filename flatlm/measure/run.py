@@ -48,8 +48,12 @@ class MeasureConfig:
     # measurements to run, from WHAT: loss (pretrain/*), fisher (Tr F), hessian (Tr H and the
     # gap to Tr F; implies fisher), probe, finetune, lookup
     what: tuple[str, ...] = ("loss", "fisher", "hessian", "probe", "lookup")
-    n_eval: int = 2000  # validation sentences for pretrain/* and the flatness inputs; >= 2
-    n_downstream: int = 2000  # labelled downstream sentences per task (80/20 train/test); >= 10
+    # validation sentences for pretrain/* and the flatness inputs; >= 2. 4000: relative s.e. of
+    # Tr(F) ~2.5% (8 sampled labels per input, bench/flatness_se.py)
+    n_eval: int = 4000
+    # labelled downstream sentences, shared by the tasks (80/20 train/test); >= 10. 8000: 1600
+    # test sentences, s.e. of an accuracy ~1 point (bench/protocol_cpu.py); the paper 10^5
+    n_downstream: int = 8000
     tasks: tuple[str, ...] = ()  # downstream tasks; () = all of the source's
     label_rule: str | None = None  # downstream label rule; None = the source's default
     seed: int = 0  # draws the evaluation data; the estimators have their own seeds
