@@ -84,15 +84,20 @@ def validate_trial(cfg: TrialConfig):
 
 
 def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = None, *,
-              device: str | torch.device = "cpu", progress: bool = False) -> dict[int, dict]:
-    """Runs (or resumes) the trial; returns step -> metrics for every checkpoint."""
+              device: str | torch.device = "cpu", progress: bool = False,
+              eval_cache: str | Path | None = None) -> dict[int, dict]:
+    """Runs (or resumes) the trial; returns step -> metrics for every checkpoint.
+
+    ``eval_cache``: a directory where the trials of a sweep share their evaluation data
+    (``flatlm.measure.eval_cache``); None draws it for this trial alone.
+    """
     from flatlm.train.loop import train
 
     source, model_cfg = validate_trial(cfg)
     out_dir = Path(out_dir).absolute()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
-    data = eval_data(source, cfg.measure, model_cfg)
+    data = eval_data(source, cfg.measure, model_cfg, device=device, cache_dir=eval_cache)
     done = read_metrics(out_dir)
 
     def on_checkpoint(step: int, model, ckpt_dir: Path) -> None:

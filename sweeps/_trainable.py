@@ -56,7 +56,8 @@ def trainable(config: dict) -> None:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        run_trial(cfg, out_dir, report, device=device)
+        run_trial(cfg, out_dir, report, device=device,
+                  eval_cache=Path(sweep["trials_dir"]).parents[1] / "eval_cache")
     except BaseException:
         tracker.finish("FAILED")
         raise

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from flatlm.measure.curvature import FlatnessConfig
+from flatlm.measure.eval_cache import cache_key, cached_tensors
 from flatlm.measure.finetune import FinetuneConfig, finetune_accuracy
 from flatlm.measure.flatness import measure_flatness
 from flatlm.measure.lookup import lookup_features
@@ -102,19 +103,33 @@ def check_tasks(source: Source, cfg: MeasureConfig) -> tuple[str, ...]:
         raise ValueError(f"measure.tasks / measure.label_rule: {e}") from None
 
 
-def eval_data(source: Source, cfg: MeasureConfig, model_cfg=None) -> EvalData:
-    """Draws the validation and downstream sentences from seeds derived from ``cfg.seed``; with
-    ``model_cfg`` (a ``ModelConfig``) also builds the random-features reference model."""
-    seeds = np.random.SeedSequence(cfg.seed, spawn_key=(7,)).generate_state(2)
-    tokens, lengths = source.sample(cfg.n_eval, int(seeds[0]))
-    tasks = check_tasks(source, cfg)
-    dtok, dlen, classes = source.sample_downstream(cfg.n_downstream, int(seeds[1]),
-                                                   rule=cfg.label_rule, tasks=tasks)
+def eval_data(source: Source, cfg: MeasureConfig, model_cfg=None, *, device=None,
+              cache_dir=None) -> EvalData:
+    """Draws the validation and downstream sentences from seeds derived from ``cfg.seed`` (the
+    labels computed on ``device``); with ``cache_dir``, the trials of a sweep share them
+    (``measure.eval_cache``). With ``model_cfg`` (a ``ModelConfig``) also builds the
+    random-features reference model."""
+    rule, tasks = source.check_downstream(cfg.label_rule, check_tasks(source, cfg))
+    key = cache_key(source.fingerprint(), source.spec or {}, {
+        "seed": cfg.seed, "n_eval": cfg.n_eval, "n_downstream": cfg.n_downstream, "rule": rule,
+        "tasks": list(tasks)})
+    t = cached_tensors(cache_dir, key, lambda: _draw(source, cfg, rule, tasks, device))
     random_model = None
     if model_cfg is not None and "probe" in cfg.what:
         random_model = build_model(model_cfg, source.V, source.max_length,
                                    seed=derive_seed(cfg.seed, "random-features")).eval()
-    return EvalData(tokens, lengths, dtok, dlen, classes, random_model)
+    classes = {task: t[f"class/{task}"] for task in tasks}
+    return EvalData(t["tokens"], t["lengths"], t["downstream_tokens"], t["downstream_lengths"],
+                    classes, random_model)
+
+
+def _draw(source: Source, cfg: MeasureConfig, rule: str, tasks, device) -> dict:
+    seeds = np.random.SeedSequence(cfg.seed, spawn_key=(7,)).generate_state(2)
+    tokens, lengths = source.sample(cfg.n_eval, int(seeds[0]))
+    dtok, dlen, classes = source.sample_downstream(cfg.n_downstream, int(seeds[1]), rule=rule,
+                                                   tasks=tasks, device=device)
+    return {"tokens": tokens, "lengths": lengths, "downstream_tokens": dtok,
+            "downstream_lengths": dlen, **{f"class/{t}": y for t, y in classes.items()}}
 
 
 def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: MeasureConfig,

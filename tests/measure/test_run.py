@@ -1,6 +1,8 @@
 """measure_model: every probe result comes with its reference rows, computed once per trial."""
 
 
+import torch
+
 from flatlm.measure import PROBE_STATS, probe_key
 from flatlm.measure.probe import ProbeConfig
 from flatlm.measure.run import MeasureConfig, eval_data, measure_model
@@ -28,3 +30,22 @@ def test_probe_results_come_with_majority_random_and_lookup_rows():
     assert not any(k.startswith("random_init/") for k in no_random)
     # the random model is a different initialisation than the one measured
     assert first[probe_key("g_star")] == no_random[probe_key("g_star")]
+
+
+def test_evaluation_data_is_cached_by_what_defines_it(tmp_path, monkeypatch):
+    src = load("hmm:seed=0,vocab=12,states=8,length=6,blocks=2")
+    cfg = MeasureConfig(what=("probe",), n_eval=5, n_downstream=30)
+    first = eval_data(src, cfg, cache_dir=tmp_path)
+    files = list(tmp_path.glob("eval-*.pt"))
+    assert len(files) == 1
+    monkeypatch.setattr(type(src), "sample_downstream", None)  # a second draw would fail
+    again = eval_data(src, cfg, cache_dir=tmp_path)
+    for name in ("tokens", "lengths", "downstream_tokens", "downstream_lengths"):
+        assert torch.equal(getattr(first, name), getattr(again, name)), name
+    assert all(torch.equal(first.classes[t], again.classes[t]) for t in src.tasks)
+    monkeypatch.undo()
+    eval_data(src, MeasureConfig(what=("probe",), n_eval=5, n_downstream=30, seed=1),
+              cache_dir=tmp_path)
+    eval_data(src, MeasureConfig(what=("probe",), n_eval=5, n_downstream=30,
+                                 label_rule="posterior"), cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("eval-*.pt"))) == 3  # seed and rule are part of the key
