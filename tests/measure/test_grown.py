@@ -99,7 +99,9 @@ def test_measure_model_logs_native_and_grown_keys(src):
     cfg = MeasureConfig(what=("hessian",), grow_to=BIG,
                         flatness=FlatnessConfig(n_inputs=None, batch_size=48,
                                                 hutchinson_batch_size=24))
-    out = measure_model(model, src, EvalData(tokens, lengths, {}), cfg, "cpu")
+    empty = tokens[:0]
+    data = EvalData(tokens, lengths, empty, lengths[:0], {})
+    out = measure_model(model, src, data, cfg, "cpu")
     for key in (TRACE_FISHER, TRACE_HESSIAN, HESSIAN_FISHER_GAP):
         assert key in out and grown_key(key) in out and se_key(grown_key(key)) in out
     assert grown_key(TRACE_HESSIAN) == TRACE_HESSIAN_GROWN and "time/flatness_grown_s" in out
