@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import json
 import os
 from typing import Any
@@ -30,24 +31,29 @@ from typing import Any
 from flatlm.config import ConfigValue, nest, parse_scalar
 from flatlm.sources.base import SourceError
 
-# Which field a bare short-form value fills, per kind.
-BARE_FIELD = {"pcfg": "grammar", "hmm": "file", "dyck": "length"}
-KINDS = tuple(BARE_FIELD)
+# The registry: kind -> ("module:Class", the field a bare short-form value fills). A new source
+# is a module with a ``Source`` subclass (with ``from_spec``), one line here, and its tests.
+REGISTRY = {
+    "pcfg": ("flatlm.sources.pcfg:PCFG", "grammar"),
+    "hmm": ("flatlm.sources.hmm:HMM", "file"),
+    "dyck": ("flatlm.sources.dyck:Dyck", "length"),
+}
+KINDS = tuple(REGISTRY)
 
 
 def source_classes() -> dict[str, type]:
     """kind -> Source class. Imported lazily so that ``flatlm.sources`` stays cheap to import."""
-    from flatlm.sources.dyck import Dyck
-    from flatlm.sources.hmm import HMM
-    from flatlm.sources.pcfg import PCFG
-
-    return {"pcfg": PCFG, "hmm": HMM, "dyck": Dyck}
+    classes = {}
+    for kind, (where, _) in REGISTRY.items():
+        module, _, name = where.partition(":")
+        classes[kind] = getattr(importlib.import_module(module), name)
+    return classes
 
 
 def _check_kind(kind) -> None:
-    if kind not in BARE_FIELD:
+    if kind not in REGISTRY:
         raise SourceError(
-            f"source kind {kind!r} is unknown; use one of {', '.join(KINDS)} "
+            f"source kind {kind!r} is unknown; use one of {', '.join(REGISTRY)} "
             "(e.g. 'pcfg:paper', 'hmm:seed=0', 'dyck:8')"
         )
 
@@ -61,8 +67,8 @@ def _parse_short(spec: str) -> dict:
         if "=" in part:
             key, _, value = part.partition("=")
             flat[key.strip()] = parse_scalar(value.strip())
-        elif BARE_FIELD[kind] not in flat:
-            flat[BARE_FIELD[kind]] = parse_scalar(part)
+        elif REGISTRY[kind][1] not in flat:
+            flat[REGISTRY[kind][1]] = parse_scalar(part)
         else:
             raise SourceError(f"source {spec!r}: cannot read {part!r}; write key=value")
     try:
@@ -124,7 +130,7 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
 def short_form(spec: dict) -> str:
     """``KIND:VALUE,key=value`` if that reads back as ``spec`` exactly, else compact JSON."""
     fields = _flat({k: v for k, v in spec.items() if k != "kind"})
-    bare = BARE_FIELD[spec["kind"]]
+    bare = REGISTRY[spec["kind"]][1]
     parts = [_text(fields.pop(bare))] if bare in fields else []
     parts += [f"{k}={_text(v)}" for k, v in fields.items()]
     text = f"{spec['kind']}:{','.join(parts)}"
