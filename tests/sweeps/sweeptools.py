@@ -33,6 +33,9 @@ TINY = {"train.steps": "20", "train.checkpoint_steps": "[10,20]", "measure.n_eva
 # What every trial's MLflow run must hold once per checkpoint step.
 KEYS = ("pretrain/loss", "pretrain/kl", "pretrain/entropy", "flat/trace_fisher",
         "flat/trace_fisher_se", "probe/B/acc_mean")
+# Tiny trials stay far from saturation (KL ~1 nat): a loose rule keeps every checkpoint in the
+# closing correlation table, which the tests read.
+LOOSE_RULE = ["--kl-threshold", "100"]
 RESULT_LINE = re.compile(r"^\[(\w+)\] step (\d+):")  # _driver.OneLinePerResult
 
 

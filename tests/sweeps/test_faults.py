@@ -41,6 +41,7 @@ from ray import tune  # noqa: E402
 from ray._private import ray_constants  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 from sweeptools import (  # noqa: E402
+    LOOSE_RULE,
     TINY,
     MlflowServer,
     Sweep,
@@ -191,7 +192,8 @@ def test_node_killed_mid_sweep_trials_resume_from_checkpoint(tmp_path, ray_tmpdi
 def test_driver_killed_then_resumed(tmp_path, ray_tmpdir):
     steps = [10, 50, 100]
     args = [*set_args({**TINY, "train.steps": "100",
-                       "train.checkpoint_steps": "[10,50,100]"}), "--cpus-per-trial", "0.5"]
+                       "train.checkpoint_steps": "[10,50,100]"}), "--cpus-per-trial", "0.5",
+            *LOOSE_RULE]
     env = sweep_env(ray_tmpdir)
     first = Sweep(args, tmp_path, env)
     try:
@@ -235,7 +237,7 @@ def test_mlflow_server_outage_loses_and_duplicates_nothing(tmp_path, ray_tmpdir)
         args = [*set_args({**TINY, "train.steps": "80",
                            "train.checkpoint_steps": "[10,20,40,80]"}),
                 "--cpus-per-trial", "0.5", "--tracking-uri", server.uri,
-                "--workdir", str(tmp_path / "sweep")]
+                "--workdir", str(tmp_path / "sweep"), *LOOSE_RULE]
         sweep = Sweep(args, tmp_path, sweep_env(ray_tmpdir))
         assert sweep.first_result.wait(timeout=400), sweep.tail()
         server.stop()

@@ -15,14 +15,22 @@ pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
 from mlflow import MlflowClient  # noqa: E402
-from sweeptools import TINY, Sweep, assert_exactly_once, kill_own, set_args, sweep_env  # noqa: E402
+from sweeptools import (  # noqa: E402
+    LOOSE_RULE,
+    TINY,
+    Sweep,
+    assert_exactly_once,
+    kill_own,
+    set_args,
+    sweep_env,
+)
 
 STEPS = [10, 20]
 
 
 @pytest.mark.slow
 def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
-    sweep = Sweep(set_args(TINY), tmp_path, sweep_env(ray_tmpdir))
+    sweep = Sweep([*set_args(TINY), *LOOSE_RULE], tmp_path, sweep_env(ray_tmpdir))
     try:
         rc = sweep.wait(timeout=600)
     finally:
