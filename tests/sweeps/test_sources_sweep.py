@@ -17,6 +17,8 @@ pytest.importorskip("mlflow")
 
 from sweeptools import REPO, TINY, Sweep, kill_own, set_args, sweep_env  # noqa: E402
 
+from flatlm.sources import SourceSpec  # noqa: E402
+
 STEPS = [10, 20]
 ONE_TRIAL = '''"""One tiny trial of the tiny preset, on whatever source --set gives."""
 import sys
@@ -62,7 +64,7 @@ def test_a_tiny_sweep_of_any_source_finishes_with_its_task_measured(tmp_path, ra
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("sources").experiment_id])
     assert run.info.status == "FINISHED"
-    assert run.data.tags["source"] == source
+    assert run.data.tags["source"] == str(SourceSpec(source))  # its canonical form
     for key in ("pretrain/loss", "pretrain/kl", "flat/trace_fisher", accuracy):
         history = client.get_metric_history(run.info.run_id, key)
         assert sorted(m.step for m in history) == STEPS, key
