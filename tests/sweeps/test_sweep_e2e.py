@@ -40,7 +40,9 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     runs = assert_exactly_once(uri, "scaling", tmp_path / "trials" / "scaling", STEPS, n_trials=3)
     assert sorted(r.data.tags["preset"] for r in runs) == sorted(
-        ["d16-h1-l1-i64", "d32-h2-l1-i128", "d64-h2-l2-i256"])
+        ["d16-h1-l1-i64", "d32-h2-l1-i128", "d64-h4-l2-i256"])  # one head size: they grow
+    # every size's flatness is also measured in the common grown shape (the largest here)
+    assert all("flat/trace_fisher_grown" in r.data.metrics for r in runs)
     assert all(r.data.tags["sweep"] == "scaling" for r in runs)
     assert all(r.data.params["train.steps"] == "20" for r in runs)
     assert sorted(sweep.results()) == sorted((r.info.run_name.removeprefix("trainable_"), s)
