@@ -8,7 +8,7 @@ masked inputs x_{-t}, which parameters count, and the standard error.
 
 >>> cfg = FlatnessConfig(n_inputs=100, batch_size=50)
 >>> cfg.estimator, cfg.labels_per_input, cfg.exclude
-('sampled', 8, ('*pooler*', 'cls.predictions.bias', 'bias'))
+('sampled', 8, ('*pooler*', 'cls.predictions.bias', 'lm_head.bias', 'bias'))
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ class FlatnessConfig:
     hutchinson_batch_size: int = 32
     # fnmatch patterns on parameter names; a parameter is left out if any of its names matches
     # (tied and aliased parameters have several). Default: the paper's, which leaves out the
-    # pooler and the MLM output bias (BERT "cls.predictions.bias" = "...decoder.bias"; the
-    # LSTM's top-level "bias").
-    exclude: tuple[str, ...] = ("*pooler*", "cls.predictions.bias", "bias")
+    # pooler and the MLM output bias (BERT "cls.predictions.bias" = "...decoder.bias"; pre-LN
+    # "lm_head.bias" = "lm_head.decoder.bias"; the LSTM's top-level "bias").
+    exclude: tuple[str, ...] = ("*pooler*", "cls.predictions.bias", "lm_head.bias", "bias")
     # None: the standard error treats every input (Hutchinson: every batch) as its own i.i.d. unit,
     # which they are; an integer >= 2: batch means over that many groups. See ``grouped_mean_se``.
     se_groups: int | None = None

@@ -21,9 +21,11 @@ to an embedding, which is checked). Every hooked layer must see the batch in
 dimension 0: BERT is run with explicit (B, T) position and token-type ids (``word_logits_b``),
 since transformers' default broadcast (1, T) position ids would sum their gradient over the batch.
 
-Only ``BertForMaskedLM`` is supported (``supports``); other models (the BiLSTM: ``nn.LSTM`` has no
-per-example form here, and its decoder reads the embedding through ``F.linear``) use the fallbacks
-in ``measure.fisher``.
+Supported (``supports``): ``build_model``'s transformers, post-LN ``BertForMaskedLM`` and pre-LN
+``RobertaPreLayerNormForMaskedLM``; both hold every parameter in a Linear, Embedding or LayerNorm
+(pre-LN's MLM output bias is its decoder Linear's bias, aliased as ``lm_head.bias``). Other models
+(the BiLSTM: ``nn.LSTM`` has no per-example form here, and its decoder reads the embedding through
+``F.linear``) use the fallbacks in ``measure.fisher``.
 """
 
 from __future__ import annotations
@@ -31,9 +33,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BertForMaskedLM
 
-from flatlm.models.bert import unwrap, word_logits
+from flatlm.models.bert import (
+    is_transformer,
+    position_ids,
+    transformer_parts,
+    unwrap,
+    word_logits,
+)
 from flatlm.tokens import WORD_OFFSET
 
 LAYERS = (nn.Linear, nn.Embedding, nn.LayerNorm)
@@ -42,25 +49,24 @@ LAYERS = (nn.Linear, nn.Embedding, nn.LayerNorm)
 def supports(model: nn.Module) -> bool:
     """Whether ``GhostNorms`` handles this model (every parameter in a Linear/Embedding/LayerNorm
     that sees the batch in dimension 0)."""
-    return isinstance(unwrap(model), BertForMaskedLM)
+    return is_transformer(model)
 
 
 def word_logits_b(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor
 ) -> torch.Tensor:
     """``word_logits`` at one word per sentence (n, V), with explicit (n, T+2) position and
-    token-type ids for BERT so that every embedding's output has the batch dimension."""
-    inner = unwrap(model)
-    if not isinstance(inner, BertForMaskedLM):
+    token-type ids for the transformers so that every embedding's output has the batch
+    dimension."""
+    if not is_transformer(model):
         return word_logits(model, input_ids, attention_mask, positions)
-    n, T = input_ids.shape
-    position_ids = torch.arange(T, device=input_ids.device).expand(n, T).contiguous()
-    hidden = inner.bert(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-        token_type_ids=torch.zeros_like(input_ids),
+    encoder, head = transformer_parts(model)
+    hidden = encoder(
+        input_ids=input_ids, attention_mask=attention_mask,
+        position_ids=position_ids(model, input_ids), token_type_ids=torch.zeros_like(input_ids),
     ).last_hidden_state  # (n, T+2, d)
-    rows = torch.arange(n, device=hidden.device)
-    return inner.cls(hidden[rows, positions + 1])[:, WORD_OFFSET:]  # (n, V)
+    rows = torch.arange(len(input_ids), device=hidden.device)
+    return head(hidden[rows, positions + 1])[:, WORD_OFFSET:]  # (n, V)
 
 
 def _flat(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,7 +193,8 @@ class GhostNorms:
         missing = [name for key, name in wanted.items() if key not in users]
         if missing or not supports(model):
             raise TypeError(
-                f"ghost norms need BertForMaskedLM with every parameter in {LAYERS}; "
+                "ghost norms need BertForMaskedLM or RobertaPreLayerNormForMaskedLM with every "
+                f"parameter in {LAYERS}; "
                 f"got {type(unwrap(model)).__name__}, unsupported: {missing[:5]}"
             )
         self._shared = {key for key, u in users.items() if len(u) > 1}

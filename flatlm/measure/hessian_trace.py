@@ -17,7 +17,8 @@ with r = p - q held fixed: its noise scales with |p - q|, so it shrinks with the
 difference of two independent estimates.
 
 Double backward needs eager attention (the SDPA kernels have no second derivative, also on
-CUDA): a BERT is switched to ``attn_implementation="eager"`` for the measurement and back. The
+CUDA): a BERT (post- or pre-LN) is switched to ``attn_implementation="eager"`` for the
+measurement and back. The
 BiLSTM runs unrolled in plain tensor ops (``measure.per_example``), since the fused cuDNN LSTM has
 no second derivative either.
 """
@@ -28,8 +29,6 @@ import contextlib
 
 import torch
 from torch import nn
-from transformers import BertForMaskedLM
-
 from flatlm.measure import per_example
 from flatlm.measure.curvature import (
     FlatnessConfig,
@@ -39,7 +38,7 @@ from flatlm.measure.curvature import (
     model_device_dtype,
     selected_parameters,
 )
-from flatlm.models.bert import model_layout, unwrap, word_logits
+from flatlm.models.bert import is_transformer, model_layout, unwrap, word_logits
 
 
 @contextlib.contextmanager
@@ -48,7 +47,7 @@ def eager_attention(model: nn.Module):
     mode AD through attention); the previous implementation is restored after."""
     inner = unwrap(model)
     old = getattr(getattr(inner, "config", None), "_attn_implementation", None)
-    if not isinstance(inner, BertForMaskedLM) or old == "eager":
+    if not is_transformer(inner) or old == "eager":
         yield model
         return
     inner.set_attn_implementation("eager")

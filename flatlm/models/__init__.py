@@ -25,7 +25,8 @@ _EXPORTS = {
         "parameter_count parse_model shape_string"
     ),
     "bert": (
-        "bert_config build_model cls_features count_parameters encoder_features model_layout "
+        "bert_config build_model cls_features count_parameters encoder_features is_transformer "
+        "ln_mode model_layout position_ids pre_ln_config transformer_config transformer_parts "
         "sentence_features unwrap "
         "word_logits"
     ),

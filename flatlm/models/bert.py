@@ -1,8 +1,9 @@
 """Building masked LMs by config, and the helpers training and measurement code call on them.
 
-``build_model`` returns a ``transformers.BertForMaskedLM`` (arch "bert") or a
-``BiLSTMForMaskedLM`` (arch "lstm"); both read ``encode``'s layout (``flatlm.tokens``).
-The helpers work on either, so callers never branch on the architecture:
+``build_model`` returns a ``transformers.BertForMaskedLM`` (arch "bert", post-LN), a
+``transformers.RobertaPreLayerNormForMaskedLM`` (arch "bert", ``ln_mode="pre"``) or a
+``BiLSTMForMaskedLM`` (arch "lstm"); all read ``encode``'s layout (``flatlm.tokens``).
+The helpers work on any of them, so callers never branch on the architecture:
 
 - ``encoder_features`` -> (n, T+2, d) final-layer states (d = d_model, or 2 d_hidden for the LSTM);
 - ``cls_features`` -> (n, d), the states at [CLS];
@@ -24,11 +25,21 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers import BertConfig, BertForMaskedLM
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    PretrainedConfig,
+    RobertaPreLayerNormConfig,
+    RobertaPreLayerNormForMaskedLM,
+)
 
 from flatlm.models.lstm import BiLSTMForMaskedLM, build_lstm
-from flatlm.models.presets import ModelConfig
-from flatlm.tokens import PAD_ID, WORD_OFFSET, TokenLayout, token_layout
+from flatlm.models.presets import PRE_LN_EXTRA_POSITIONS, ModelConfig
+from flatlm.tokens import CLS_ID, PAD_ID, SEP_ID, WORD_OFFSET, TokenLayout, token_layout
+
+# the transformer classes build_model makes, by ModelConfig.ln_mode
+TRANSFORMERS = {"post": BertForMaskedLM, "pre": RobertaPreLayerNormForMaskedLM}
+assert PRE_LN_EXTRA_POSITIONS == PAD_ID + 1  # RoBERTa position ids start at padding_idx + 1
 
 
 def bert_config(cfg: ModelConfig, vocab_size: int, max_length: int) -> BertConfig:
@@ -50,12 +61,41 @@ def bert_config(cfg: ModelConfig, vocab_size: int, max_length: int) -> BertConfi
     )
 
 
+def pre_ln_config(cfg: ModelConfig, vocab_size: int, max_length: int) -> RobertaPreLayerNormConfig:
+    """The ``RobertaPreLayerNormConfig`` for ``cfg``: as ``bert_config``, except that position
+    ids run from PAD_ID + 1 (RoBERTa's convention), so it has T + 2 + PAD_ID + 1 positions."""
+    layout = token_layout(vocab_size, max_length)
+    return RobertaPreLayerNormConfig(
+        vocab_size=layout.vocab_size,
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        intermediate_size=cfg.d_inter,
+        hidden_act="gelu",
+        hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.dropout,
+        max_position_embeddings=layout.n_positions + PRE_LN_EXTRA_POSITIONS,
+        type_vocab_size=1,
+        pad_token_id=PAD_ID,
+        bos_token_id=CLS_ID,
+        eos_token_id=SEP_ID,
+        tie_word_embeddings=True,
+    )
+
+
+def transformer_config(cfg: ModelConfig, vocab_size: int, max_length: int) -> PretrainedConfig:
+    """``bert_config`` or ``pre_ln_config``, by ``cfg.ln_mode``."""
+    make = pre_ln_config if cfg.ln_mode == "pre" else bert_config
+    return make(cfg, vocab_size, max_length)
+
+
 def build_model(
     cfg: ModelConfig, vocab_size: int, max_length: int, *, seed: int | None = None
 ) -> nn.Module:
     """A fresh masked LM for ``vocab_size`` words (V) and sentences of at most ``max_length`` (T).
 
-    arch "bert": ``BertForMaskedLM`` (no pooler; decoder tied to the token embeddings) with
+    arch "bert": ``BertForMaskedLM``, or ``RobertaPreLayerNormForMaskedLM`` for
+    ``cfg.ln_mode="pre"`` (no pooler; decoder tied to the token embeddings) with
     ``cfg.attention`` as its attention implementation. arch "lstm": ``BiLSTMForMaskedLM``.
     ``seed`` fixes the initialisation without touching the global RNG; None draws from it.
     The model is on the CPU in train mode.
@@ -65,8 +105,9 @@ def build_model(
             torch.manual_seed(seed)
         if cfg.arch == "lstm":
             return build_lstm(cfg, vocab_size, max_length)
-        config = bert_config(cfg, vocab_size, max_length)
-        return BertForMaskedLM._from_config(config, attn_implementation=cfg.attention).train()
+        config = transformer_config(cfg, vocab_size, max_length)
+        model_class = TRANSFORMERS[cfg.ln_mode]
+        return model_class._from_config(config, attn_implementation=cfg.attention).train()
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -78,13 +119,50 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
+def is_transformer(model: nn.Module) -> bool:
+    """Whether ``model`` (or what it wraps) is one of ``build_model``'s transformers."""
+    return isinstance(unwrap(model), tuple(TRANSFORMERS.values()))
+
+
+def ln_mode(model: nn.Module) -> str:
+    """"post" or "pre" for a transformer from ``build_model``."""
+    inner = unwrap(model)
+    for mode, model_class in TRANSFORMERS.items():
+        if isinstance(inner, model_class):
+            return mode
+    raise TypeError(f"expected a transformer from build_model, got {type(inner).__name__}")
+
+
+def transformer_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(encoder, MLM head) of a transformer: (``bert``, ``cls``) post-LN, or
+    (``roberta_prelayernorm``, ``lm_head``) pre-LN. The encoder's ``last_hidden_state`` is what
+    the head reads (pre-LN: after the final LayerNorm)."""
+    inner = unwrap(model)
+    if ln_mode(inner) == "pre":
+        return inner.roberta_prelayernorm, inner.lm_head
+    return inner.bert, inner.cls
+
+
+def position_ids(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """(n, T+2) position ids the transformer reads for ``encode``d ``input_ids``: 0, 1, .. for
+    BERT; RoBERTa's PAD_ID + 1, PAD_ID + 2, .. on real tokens and PAD_ID on padding for pre-LN
+    (what each computes when given none, but with the batch dimension BERT's default lacks)."""
+    if ln_mode(model) == "pre":
+        embeddings = transformer_parts(model)[0].embeddings
+        return embeddings.create_position_ids_from_input_ids(input_ids, PAD_ID)
+    n, width = input_ids.shape
+    return torch.arange(width, device=input_ids.device).expand(n, width).contiguous()
+
+
 def _encoder_and_head(model: nn.Module) -> tuple[Callable, Callable]:
     model = unwrap(model)
-    if isinstance(model, BertForMaskedLM):
-        def encoder(ids, mask):
-            return model.bert(input_ids=ids, attention_mask=mask).last_hidden_state
+    if is_transformer(model):
+        base, head = transformer_parts(model)
 
-        return encoder, model.cls
+        def encoder(ids, mask):
+            return base(input_ids=ids, attention_mask=mask).last_hidden_state
+
+        return encoder, head
     if isinstance(model, BiLSTMForMaskedLM):
         return model.encode, model.head
     raise TypeError(f"expected a model from build_model, got {type(model).__name__}")
@@ -149,7 +227,9 @@ def model_layout(model: nn.Module) -> TokenLayout:
     model = unwrap(model)
     if isinstance(model, BiLSTMForMaskedLM):
         return model.layout
-    if isinstance(model, BertForMaskedLM):
+    if is_transformer(model):
         config = model.config
-        return token_layout(config.vocab_size - WORD_OFFSET, config.max_position_embeddings - 2)
+        extra = PRE_LN_EXTRA_POSITIONS if ln_mode(model) == "pre" else 0
+        return token_layout(config.vocab_size - WORD_OFFSET,
+                            config.max_position_embeddings - 2 - extra)
     raise TypeError(f"expected a model from build_model, got {type(model).__name__}")

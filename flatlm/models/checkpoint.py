@@ -2,13 +2,15 @@
 
 A checkpoint directory holds::
 
-    config.json         a transformers BertConfig, or the BiLSTM's sizes (model_type flatlm_bilstm)
+    config.json         a transformers BertConfig (RobertaPreLayerNormConfig for a pre-LN BERT),
+                        or the BiLSTM's sizes (model_type flatlm_bilstm)
     model.safetensors   the weights (the BERT's decoder stays tied to its embeddings on reload)
-    flatlm.json         the source spec, the ModelConfig, the token ids and input layout, extras
+    flatlm.json         the source spec, the ModelConfig (with ln_mode), the token ids and input
+                        layout, extras
 
-A BERT checkpoint loads with ``transformers.BertForMaskedLM.from_pretrained(dir)`` alone; its
-inputs are rebuilt from ``flatlm.json["tokens"]``: word c has id c + 4, a sentence reads
-``[CLS] x_1 .. x_L [SEP]`` padded with [PAD] to T + 2 positions.
+A BERT checkpoint loads with ``transformers.BertForMaskedLM.from_pretrained(dir)`` alone (pre-LN:
+``RobertaPreLayerNormForMaskedLM``); its inputs are rebuilt from ``flatlm.json["tokens"]``: word c
+has id c + 4, a sentence reads ``[CLS] x_1 .. x_L [SEP]`` padded with [PAD] to T + 2 positions.
 """
 
 from __future__ import annotations
@@ -17,9 +19,8 @@ import json
 from pathlib import Path
 
 from torch import nn
-from transformers import BertForMaskedLM
 
-from flatlm.models.bert import count_parameters, model_layout, unwrap
+from flatlm.models.bert import TRANSFORMERS, count_parameters, model_layout, unwrap
 from flatlm.models.lstm import BiLSTMForMaskedLM
 from flatlm.models.presets import ModelConfig, shape_string
 
@@ -41,10 +42,11 @@ def save_checkpoint(
     JSON-serialisable data (step, metrics, vocabulary). Both go to ``flatlm.json`` unchanged.
     """
     model = unwrap(model)
-    expected = BiLSTMForMaskedLM if model_cfg.arch == "lstm" else BertForMaskedLM
+    expected = BiLSTMForMaskedLM if model_cfg.arch == "lstm" else TRANSFORMERS[model_cfg.ln_mode]
     if not isinstance(model, expected):
         raise ValueError(
-            f"model_cfg.arch={model_cfg.arch!r} but the model is a {type(model).__name__}"
+            f"model_cfg.arch={model_cfg.arch!r}, ln_mode={model_cfg.ln_mode!r} but the model is "
+            f"a {type(model).__name__}"
         )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -68,13 +70,15 @@ def save_checkpoint(
 def _load_hint(cfg: ModelConfig) -> str:
     if cfg.arch == "lstm":
         return "flatlm.models.load_checkpoint(dir)"
-    return "transformers.BertForMaskedLM.from_pretrained(dir) or flatlm.models.load_checkpoint(dir)"
+    name = TRANSFORMERS[cfg.ln_mode].__name__
+    return f"transformers.{name}.from_pretrained(dir) or flatlm.models.load_checkpoint(dir)"
 
 
 def load_checkpoint(model_dir: str | Path) -> tuple[nn.Module, dict]:
     """(model in eval mode on the CPU, the ``flatlm.json`` dict); ``ModelConfig(**info["model"])``.
 
-    Reads only local files. A BERT gets its saved ``ModelConfig.attention`` implementation.
+    Reads only local files. A BERT gets its saved ``ModelConfig.attention`` implementation and
+    the class of its ``ln_mode`` (absent in older checkpoints: "post").
     """
     model_dir = Path(model_dir)
     info = json.loads((model_dir / INFO_NAME).read_text())
@@ -83,7 +87,7 @@ def load_checkpoint(model_dir: str | Path) -> tuple[nn.Module, dict]:
     cfg = ModelConfig(**info["model"])
     if cfg.arch == "lstm":
         return BiLSTMForMaskedLM.from_pretrained(model_dir), info
-    model = BertForMaskedLM.from_pretrained(
+    model = TRANSFORMERS[cfg.ln_mode].from_pretrained(
         model_dir, attn_implementation=cfg.attention, local_files_only=True
     )
     return model.eval(), info

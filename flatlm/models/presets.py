@@ -14,10 +14,14 @@ Presets (``PRESETS``; ``parse_model`` also reads shape strings):
 - ``lstm-h{128,256,512,768,1024}-l{4,6,8,12,16}``: the LSTM grid of A.4 (d_hidden per direction).
 
 Shape strings: ``d64-h1-l1-i256`` (d_model, heads, layers, d_inter) and ``lstm-h256-l4``.
+A ``-pre`` suffix on a BERT shape or preset (``d64-h1-l1-i256-pre``, ``bert-2m-pre``) asks for
+the pre-LN encoder (``ModelConfig.ln_mode``); presets are post-LN, as in the paper.
 ``ModelSpec`` holds a preset name or shape string as a config value, checked on construction.
 
 >>> parse_model("bert-2m") == parse_model("d64-h1-l1-i256")
 True
+>>> parse_model("bert-2m-pre").ln_mode, shape_string(parse_model("bert-2m-pre"))
+('pre', 'd64-h1-l1-i256-pre')
 >>> round(paper_parameter_count(parse_model("bert-110m")) / 1e6, 1)
 109.5
 """
@@ -25,16 +29,22 @@ True
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from flatlm.config import ConfigValue
 
 ARCHS = ("bert", "lstm")
 ATTENTIONS = ("sdpa", "eager")
+LN_MODES = ("post", "pre")
+PRE_LN_SUFFIX = "-pre"  # on a BERT shape string or preset name: ln_mode="pre"
 PAPER_VOCAB = 30_522  # bert-large-uncased's WordPiece vocabulary (A.2)
 PAPER_POSITIONS = 512  # BERT-base max_position_embeddings
 PAPER_TOKEN_TYPES = 2  # BERT-base type_vocab_size (sentence A / B)
 N_SPECIAL = 4  # [PAD] [MASK] [CLS] [SEP]; see flatlm.tokens
+# RoBERTa-style position ids (the pre-LN model) start at padding_idx + 1 = PAD_ID + 1 = 1, so that
+# model has this many position rows besides the T + 2 it reads (row 0, [PAD]'s, stays zero).
+# flatlm.tokens.PAD_ID is 0; not imported, to keep this module free of torch.
+PRE_LN_EXTRA_POSITIONS = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +59,10 @@ class ModelConfig:
     d_hidden: int | None = None  # lstm only: hidden units per direction (hidden_size); 128..1024
     dropout: float = 0.1  # embedding, hidden and attention dropout probability in [0, 1); paper 0.1
     attention: str = "sdpa"  # bert kernel: "sdpa", or "eager" for attention weights / GPU HVPs
+    # bert only: "post" (BertForMaskedLM, the paper's) or "pre" (LayerNorm before attention and
+    # MLP, plus a final one: transformers' RobertaPreLayerNormForMaskedLM; the released code's
+    # academic-budget-bert ``--encoder_ln_mode pre-ln``). Shape strings spell it as "-pre".
+    ln_mode: str = "post"
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -59,6 +73,12 @@ class ModelConfig:
             raise ValueError(f"model.dropout={self.dropout!r}: use a probability in [0, 1)")
         if self.attention not in ATTENTIONS:
             raise ValueError(f"model.attention={self.attention!r}: use one of {ATTENTIONS}")
+        if self.ln_mode not in LN_MODES:
+            raise ValueError(f"model.ln_mode={self.ln_mode!r}: use one of {LN_MODES} "
+                             f"(or the shape suffix {PRE_LN_SUFFIX!r} for 'pre')")
+        if self.arch == "lstm" and self.ln_mode != "post":
+            raise ValueError("model.ln_mode='pre' is a transformer option; arch='lstm' has no "
+                             "encoder LayerNorms to move: leave ln_mode='post'")
         own = ("d_model", "n_heads", "d_inter") if self.arch == "bert" else ("d_hidden",)
         other = ("d_hidden",) if self.arch == "bert" else ("d_model", "n_heads", "d_inter")
         for name in own:
@@ -120,6 +140,7 @@ _LSTM_SHAPE = re.compile(r"lstm-h(\d+)-l(\d+)")
 def parse_model(name_or_shape: str | ModelSpec | ModelConfig) -> ModelConfig:
     """A preset name or a shape string -> ``ModelConfig`` (a ``ModelConfig`` passes through).
 
+    A ``-pre`` suffix on a BERT preset or shape gives its pre-LN variant (``ln_mode="pre"``).
     Dropout and attention keep their defaults; vary them with ``dataclasses.replace``.
     """
     if isinstance(name_or_shape, ModelConfig):
@@ -127,6 +148,16 @@ def parse_model(name_or_shape: str | ModelSpec | ModelConfig) -> ModelConfig:
     if isinstance(name_or_shape, ModelSpec):
         return name_or_shape.config
     key = str(name_or_shape).strip().lower()
+    if key.endswith(PRE_LN_SUFFIX):
+        base = _parse_post(key.removesuffix(PRE_LN_SUFFIX), name_or_shape)
+        if base.arch != "bert":
+            raise ValueError(f"model {name_or_shape!r}: the {PRE_LN_SUFFIX!r} suffix (pre-LN) "
+                             "applies to BERT shapes only")
+        return replace(base, ln_mode="pre")
+    return _parse_post(key, name_or_shape)
+
+
+def _parse_post(key: str, name_or_shape) -> ModelConfig:
     if key in PRESETS:
         return PRESETS[key]
     if m := _BERT_SHAPE.fullmatch(key):
@@ -136,7 +167,7 @@ def parse_model(name_or_shape: str | ModelSpec | ModelConfig) -> ModelConfig:
     raise ValueError(
         f"model {name_or_shape!r} is neither a preset nor a shape. Presets: "
         f"{', '.join(PRESETS)}. Shapes: 'd64-h1-l1-i256' (d_model-heads-layers-d_inter) or "
-        "'lstm-h256-l4' (hidden per direction-layers)."
+        "'lstm-h256-l4' (hidden per direction-layers); add '-pre' to a BERT for pre-LN."
     )
 
 
@@ -180,21 +211,28 @@ class ModelSpec(ConfigValue):
 
 
 def shape_string(cfg: ModelConfig) -> str:
-    """The shape string ``parse_model`` reads back: ``d64-h1-l1-i256`` or ``lstm-h256-l4``."""
+    """The shape string ``parse_model`` reads back: ``d64-h1-l1-i256`` (``...-pre`` for pre-LN)
+    or ``lstm-h256-l4``."""
     if cfg.arch == "lstm":
         return f"lstm-h{cfg.d_hidden}-l{cfg.n_layers}"
-    return f"d{cfg.d_model}-h{cfg.n_heads}-l{cfg.n_layers}-i{cfg.d_inter}"
+    suffix = PRE_LN_SUFFIX if cfg.ln_mode == "pre" else ""
+    return f"d{cfg.d_model}-h{cfg.n_heads}-l{cfg.n_layers}-i{cfg.d_inter}{suffix}"
 
 
 def _bert_count(cfg: ModelConfig, n_ids: int, n_positions: int, n_types: int) -> int:
-    """Parameters of transformers' BertForMaskedLM, tied decoder counted once, no pooler."""
+    """Parameters of transformers' BertForMaskedLM, tied decoder counted once, no pooler.
+
+    Pre-LN (RobertaPreLayerNormForMaskedLM) has the same blocks with each LayerNorm moved in
+    front of its sublayer, plus one final LayerNorm; ``n_positions`` is whatever it is given.
+    """
     d, i = cfg.d_model, cfg.d_inter
     ln = 2 * d  # LayerNorm weight + bias
     embeddings = (n_ids + n_positions + n_types) * d + ln
     attention = 4 * (d * d + d) + ln  # Q, K, V, output projections
     mlp = (d * i + i) + (i * d + d) + ln
     head = (d * d + d) + ln + n_ids  # transform dense + LayerNorm + decoder bias (weight tied)
-    return embeddings + cfg.n_layers * (attention + mlp) + head
+    final = ln if cfg.ln_mode == "pre" else 0
+    return embeddings + cfg.n_layers * (attention + mlp) + final + head
 
 
 def _lstm_count(cfg: ModelConfig, n_ids: int) -> int:
@@ -214,11 +252,12 @@ def parameter_count(cfg: ModelConfig, vocab_size: int, max_length: int) -> int:
     """Parameters of ``build_model(cfg, vocab_size, max_length)``, computed without building it.
 
     ``vocab_size`` is V (source words) and ``max_length`` is T; the model has V + 4 token ids,
-    T + 2 positions and one token type.
+    T + 2 positions (pre-LN: T + 2 + ``PRE_LN_EXTRA_POSITIONS``) and one token type.
     """
     if cfg.arch == "lstm":
         return _lstm_count(cfg, vocab_size + N_SPECIAL)
-    return _bert_count(cfg, vocab_size + N_SPECIAL, max_length + 2, 1)
+    extra = PRE_LN_EXTRA_POSITIONS if cfg.ln_mode == "pre" else 0
+    return _bert_count(cfg, vocab_size + N_SPECIAL, max_length + 2 + extra, 1)
 
 
 def paper_parameter_count(cfg: ModelConfig) -> int:
@@ -230,7 +269,8 @@ def paper_parameter_count(cfg: ModelConfig) -> int:
     dense + LayerNorm + output bias) whose decoder weight is tied to the token embeddings and
     counted once; no pooler. This gives 2.07M, 4.81M, 8.25M, 12.78M, 41.4M, 109.5M, 234.4M, 435.0M
     and 730.0M for Table 3; adding the pooler (d^2 + d) gives 235.5M for ``bert-234m``, the "235M"
-    quoted in Figures 3-4, but moves the other rows further from their names.
+    quoted in Figures 3-4, but moves the other rows further from their names. A pre-LN shape
+    counts its final LayerNorm (2 d) on top, in the same layout.
     """
     if cfg.arch != "bert":
         raise ValueError("model.arch='lstm': the paper quotes parameter counts only for BERTs")
@@ -249,4 +289,5 @@ def describe(cfg: ModelConfig, vocab_size: int, max_length: int) -> str:
     if cfg.arch == "lstm":
         return text
     paper = paper_parameter_count(cfg)
-    return f"{text} and {max_length + 2} positions (paper convention: {paper:,})"
+    positions = max_length + 2 + (PRE_LN_EXTRA_POSITIONS if cfg.ln_mode == "pre" else 0)
+    return f"{text} and {positions} positions (paper convention: {paper:,})"

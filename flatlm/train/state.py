@@ -1,7 +1,7 @@
 """Resumable training state as plain data, and where checkpoints live.
 
 A checkpoint is a directory ``OUT/checkpoints/step-<N>/`` (N = updates done) holding the model in
-the ``save_checkpoint`` layout (so ``BertForMaskedLM.from_pretrained`` reads it) and
+the ``save_checkpoint`` layout (so transformers' ``from_pretrained`` reads it) and
 ``training_state.pt``: a ``TrainState`` as a dict of tensors, numbers, strings and lists.
 The learning rate is a pure function of the step, so the step is the schedule's whole state.
 """
