@@ -1,7 +1,8 @@
 """Function-preserving growth of a BERT (paper B.4): a small masked LM as a point of a larger one.
 
-``grow(model, target)`` returns a ``BertForMaskedLM`` of shape ``target`` whose logits equal
-``model``'s on every input (eval mode; float rounding aside). With width factor ``m = d'/d``,
+``grow(model, target)`` returns a BERT of shape ``target`` (post-LN ``BertForMaskedLM``, or pre-LN
+``RobertaPreLayerNormForMaskedLM`` for a pre-LN model) whose logits equal ``model``'s on every input
+(eval mode; float rounding aside); growth keeps the LayerNorm placement (``ln_mode``). With width factor ``m = d'/d``,
 intermediate factor ``k = d_inter'/d_inter`` and ``L' = n_layers' - n_layers`` added blocks:
 
 Width (B.4.2, "replication"). Every residual-stream vector ``h`` (d) becomes ``[h, .., h]`` (m d):
@@ -47,6 +48,13 @@ beta): with zero output projections it computes ``LN_b(LN_a(h))``, whose input m
 variance depend on x_hat through gamma and beta. The zeroed and fresh parameters change the Hessian
 with respect to the new blocks; B.4 compares traces over the shared parameters.
 
+Pre-LN (``ln_mode="pre"``): a block maps h to ``v + MLP(LN_b(v))`` with ``v = h + Attn(LN_a(h))``
+and a final LayerNorm follows the last block. Width growth is the same replication (each LayerNorm
+sits in front of a sublayer, or is the final one, and is tiled; the head's is scaled by 1/m). An
+added block with zero attention-output and MLP-output weights and biases returns h itself, so depth
+growth is exact with every other parameter of the added blocks (LayerNorms included) left at its
+fresh initialisation; no LayerNorm is moved.
+
 >>> import torch
 >>> from flatlm.models.bert import build_model
 >>> from flatlm.models.presets import parse_model
@@ -69,9 +77,15 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import BertForMaskedLM
 
-from flatlm.models.bert import build_model, model_layout, unwrap
+from flatlm.models.bert import (
+    build_model,
+    is_transformer,
+    ln_mode,
+    model_layout,
+    transformer_parts,
+    unwrap,
+)
 from flatlm.models.checkpoint import load_checkpoint, save_checkpoint
 from flatlm.models.presets import ModelConfig, parse_model, shape_string
 from flatlm.tokens import encode
@@ -95,6 +109,10 @@ def growth(source: ModelConfig, target: ModelConfig) -> Growth:
     for name, cfg in (("checkpoint", source), ("target", target)):
         if cfg.arch != "bert":
             raise ValueError(f"{name} model.arch={cfg.arch!r}: only BERTs can grow (B.4)")
+    if target.ln_mode != source.ln_mode:
+        raise ValueError(f"target model.ln_mode={target.ln_mode!r} but the checkpoint's is "
+                         f"{source.ln_mode!r}: growth keeps the LayerNorm placement (a pre-LN "
+                         "shape ends in '-pre')")
     d, h, i, n = source.d_model, source.n_heads, source.d_inter, source.n_layers
     if target.d_model < d or target.d_model % d:
         raise ValueError(f"target model.d_model={target.d_model} is not a multiple of the "
@@ -113,12 +131,12 @@ def growth(source: ModelConfig, target: ModelConfig) -> Growth:
     return Growth(width=m, inter=target.d_inter // i, added_layers=target.n_layers - n)
 
 
-def bert_shape(model: BertForMaskedLM) -> ModelConfig:
-    """The ``ModelConfig`` of a built BERT, read from its own ``config``."""
-    c = model.config
+def bert_shape(model: nn.Module) -> ModelConfig:
+    """The ``ModelConfig`` of a built BERT (either ``ln_mode``), read from its own ``config``."""
+    c = unwrap(model).config
     return ModelConfig(arch="bert", d_model=c.hidden_size, n_heads=c.num_attention_heads,
                        n_layers=c.num_hidden_layers, d_inter=c.intermediate_size,
-                       dropout=c.hidden_dropout_prob)
+                       dropout=c.hidden_dropout_prob, ln_mode=ln_mode(model))
 
 
 def _linear(dst: nn.Linear, src: nn.Linear) -> None:
@@ -146,24 +164,33 @@ def _zero(linear: nn.Linear) -> None:
 
 _BLOCK_LINEARS = ("attention.self.query", "attention.self.key", "attention.self.value",
                   "attention.output.dense", "intermediate.dense", "output.dense")
-_BLOCK_NORMS = ("attention.output.LayerNorm", "output.LayerNorm")
+_BLOCK_NORMS = {"post": ("attention.output.LayerNorm", "output.LayerNorm"),
+                "pre": ("attention.LayerNorm", "intermediate.LayerNorm")}
+# MLM head: (transform dense, its LayerNorm, output bias owner) under the model, by ln_mode
+_HEAD = {"post": ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
+                  "cls.predictions"),
+         "pre": ("lm_head.dense", "lm_head.layer_norm", "lm_head")}
 
 
-def grow(model: nn.Module, target: ModelConfig, *, seed: int = 0) -> BertForMaskedLM:
-    """A ``BertForMaskedLM`` of shape ``target`` computing the same logits as ``model``.
+def grow(model: nn.Module, target: ModelConfig, *, seed: int = 0) -> nn.Module:
+    """A BERT of shape ``target`` computing the same logits as ``model`` (a post- or pre-LN
+    BERT from ``build_model``; ``target.ln_mode`` must be the model's).
 
     ``target`` must be ``model``'s shape with d_model and d_inter multiplied by integers,
     n_heads by the d_model factor, and n_layers the same or more (``growth`` says why not).
     ``target.dropout`` and ``.attention`` configure the new model. ``seed`` initialises the
     parameters the construction leaves free (query, key, value and MLP up-projection of added
-    blocks). The result has ``model``'s device, dtype and train/eval mode.
+    blocks; pre-LN: also their LayerNorms). The result has ``model``'s device, dtype and
+    train/eval mode.
     """
     small = unwrap(model)
-    if not isinstance(small, BertForMaskedLM):
-        raise ValueError(f"model.arch: only a BertForMaskedLM can grow, got {type(small).__name__}")
+    if not is_transformer(small):
+        raise ValueError(f"model.arch: only a BERT can grow, got {type(small).__name__}")
+    mode = ln_mode(small)
     g = growth(bert_shape(small), target)
     layout = model_layout(small)
-    ref = small.bert.embeddings.word_embeddings.weight
+    small_encoder = transformer_parts(small)[0]
+    ref = small_encoder.embeddings.word_embeddings.weight
     big = build_model(target, layout.n_words, layout.max_length, seed=seed)
     big = big.to(device=ref.device, dtype=ref.dtype).train(small.training)
     big.config.layer_norm_eps = small.config.layer_norm_eps
@@ -172,32 +199,40 @@ def grow(model: nn.Module, target: ModelConfig, *, seed: int = 0) -> BertForMask
             module.eps = small.config.layer_norm_eps
 
     with torch.no_grad():
-        s, b = small.bert.embeddings, big.bert.embeddings
-        for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
-            getattr(b, name).weight.copy_(getattr(s, name).weight.repeat(1, g.width))  # (n, m d)
-        _layer_norm(b.LayerNorm, s.LayerNorm)
-        n = len(small.bert.encoder.layer)
-        for s_block, b_block in zip(small.bert.encoder.layer, big.bert.encoder.layer[:n],
-                                    strict=True):
-            for path in _BLOCK_LINEARS:
-                _linear(b_block.get_submodule(path), s_block.get_submodule(path))
-            for path in _BLOCK_NORMS:
-                _layer_norm(b_block.get_submodule(path), s_block.get_submodule(path))
-        for b_block in big.bert.encoder.layer[n:]:
-            _zero(b_block.attention.output.dense)
-            _zero(b_block.output.dense)
-            for path in _BLOCK_NORMS:
-                _reset(b_block.get_submodule(path))
-        if g.added_layers:  # move the last original (gamma, beta) to the top; see the docstring
-            last, top = big.bert.encoder.layer[n - 1].output.LayerNorm, big.bert.encoder.layer[-1]
-            top.output.LayerNorm.load_state_dict(last.state_dict())
-            _reset(last)
-        s, b = small.cls.predictions, big.cls.predictions
-        _linear(b.transform.dense, s.transform.dense)
-        _layer_norm(b.transform.LayerNorm, s.transform.LayerNorm, scale=1.0 / g.width)
-        b.bias.copy_(s.bias)
-    assert big.cls.predictions.decoder.weight is big.bert.embeddings.word_embeddings.weight
+        _grow_encoder(small_encoder, transformer_parts(big)[0], g, mode)
+        dense, norm, bias_owner = _HEAD[mode]
+        _linear(big.get_submodule(dense), small.get_submodule(dense))
+        _layer_norm(big.get_submodule(norm), small.get_submodule(norm), scale=1.0 / g.width)
+        big.get_submodule(bias_owner).bias.copy_(small.get_submodule(bias_owner).bias)
+    decoder = big.get_output_embeddings()
+    assert decoder.weight is transformer_parts(big)[0].embeddings.word_embeddings.weight
     return big
+
+
+def _grow_encoder(s_enc: nn.Module, b_enc: nn.Module, g: Growth, mode: str) -> None:
+    """Embeddings and blocks of the encoder ``s_enc`` into ``b_enc`` (module docstring)."""
+    s, b = s_enc.embeddings, b_enc.embeddings
+    for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+        getattr(b, name).weight.copy_(getattr(s, name).weight.repeat(1, g.width))  # (n, m d)
+    _layer_norm(b.LayerNorm, s.LayerNorm)
+    n = len(s_enc.encoder.layer)
+    for s_block, b_block in zip(s_enc.encoder.layer, b_enc.encoder.layer[:n], strict=True):
+        for path in _BLOCK_LINEARS + _BLOCK_NORMS[mode]:
+            copy = _linear if path in _BLOCK_LINEARS else _layer_norm
+            copy(b_block.get_submodule(path), s_block.get_submodule(path))
+    for b_block in b_enc.encoder.layer[n:]:  # zero outputs: pre-LN blocks are then identities
+        _zero(b_block.attention.output.dense)
+        _zero(b_block.output.dense)
+    if mode == "pre":
+        _layer_norm(b_enc.LayerNorm, s_enc.LayerNorm)  # the final LayerNorm
+        return
+    for b_block in b_enc.encoder.layer[n:]:
+        for path in _BLOCK_NORMS[mode]:
+            _reset(b_block.get_submodule(path))
+    if g.added_layers:  # move the last original (gamma, beta) to the top; see the docstring
+        last, top = b_enc.encoder.layer[n - 1].output.LayerNorm, b_enc.encoder.layer[-1]
+        top.output.LayerNorm.load_state_dict(last.state_dict())
+        _reset(last)
 
 
 def grow_checkpoint(
@@ -206,7 +241,8 @@ def grow_checkpoint(
     """Grows the BERT checkpoint in ``ckpt_dir`` to ``target`` and saves it to ``out_dir``.
 
     ``target`` is a preset name, a shape string (``d128-h2-l5-i512``) or a ``ModelConfig``; a
-    name or shape takes the checkpoint's dropout and attention implementation. ``out_dir`` must be
+    name or shape takes the checkpoint's dropout, attention implementation and ``ln_mode`` (a
+    pre-LN checkpoint grows pre-LN without the '-pre' suffix). ``out_dir`` must be
     new or empty. ``flatlm.json`` keeps the source spec and extras and adds ``extra["grown_from"]``
     (the checkpoint's path and shape, the factors and ``seed``). Returns ``out_dir``.
     """
@@ -218,7 +254,10 @@ def grow_checkpoint(
     if isinstance(target, ModelConfig):
         target_cfg = target
     else:
-        target_cfg = dataclasses.replace(parse_model(target), dropout=source.dropout,
+        target_cfg = parse_model(target)
+        if target_cfg.ln_mode == "post":  # unsuffixed: the checkpoint's; "-pre" is checked
+            target_cfg = dataclasses.replace(target_cfg, ln_mode=source.ln_mode)
+        target_cfg = dataclasses.replace(target_cfg, dropout=source.dropout,
                                          attention=source.attention)
     g = growth(source, target_cfg)
     big = grow(model, target_cfg, seed=seed)
