@@ -24,9 +24,10 @@ The per-input value averages ``cfg.labels_per_input`` directions (default 8), wh
 that a variance-based standard error misses (``curvature.grouped_mean_se``).
 
 ||J^T u_i||^2 for every input i of a batch comes from one forward and one backward of
-sum_i <u_i, z_i> (``measure.ghost``) for BERT, post- or pre-LN; ``method="vmap"`` is ``torch.func.vmap(grad)`` over
-an unrolled BiLSTM (``measure.per_example``); ``method="loop"`` is the per-example backward loop
-they replace (the reference in tests and benchmarks), and the fallback for any other model.
+sum_i <u_i, z_i> (``measure.ghost``) for BERT, post- or pre-LN; ``method="vmap"`` is
+``torch.func.vmap(grad)`` over an unrolled BiLSTM (``measure.per_example``); ``method="loop"`` is
+the per-example backward loop they replace (the reference in tests and benchmarks), and the
+fallback for any other model.
 
 >>> import torch
 >>> from flatlm.models import build_model, parse_model

@@ -29,6 +29,7 @@ import contextlib
 
 import torch
 from torch import nn
+
 from flatlm.measure import per_example
 from flatlm.measure.curvature import (
     FlatnessConfig,

@@ -2,8 +2,9 @@
 
 ``grow(model, target)`` returns a BERT of shape ``target`` (post-LN ``BertForMaskedLM``, or pre-LN
 ``RobertaPreLayerNormForMaskedLM`` for a pre-LN model) whose logits equal ``model``'s on every input
-(eval mode; float rounding aside); growth keeps the LayerNorm placement (``ln_mode``). With width factor ``m = d'/d``,
-intermediate factor ``k = d_inter'/d_inter`` and ``L' = n_layers' - n_layers`` added blocks:
+(eval mode; float rounding aside); growth keeps the LayerNorm placement (``ln_mode``). With
+width factor ``m = d'/d``, intermediate factor ``k = d_inter'/d_inter`` and
+``L' = n_layers' - n_layers`` added blocks:
 
 Width (B.4.2, "replication"). Every residual-stream vector ``h`` (d) becomes ``[h, .., h]`` (m d):
 

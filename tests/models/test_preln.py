@@ -208,7 +208,8 @@ def test_checkpoint_round_trip(tmp_path):
 def test_grown_pre_ln_logits_equal_exactly(target):
     small = _moved(seed=5)
     big = grow(small, parse_model(target), seed=1)
-    assert isinstance(big, RobertaPreLayerNormForMaskedLM) and shape_string(bert_shape(big)) == target
+    assert isinstance(big, RobertaPreLayerNormForMaskedLM)
+    assert shape_string(bert_shape(big)) == target
     assert big.lm_head.decoder.weight is big.roberta_prelayernorm.embeddings.word_embeddings.weight
     # no eps term: pre-LN added blocks are identities, width replication is exact
     assert max_logit_difference(small, big, n=16) < 1e-12
