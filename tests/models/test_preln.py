@@ -227,3 +227,38 @@ def test_growth_keeps_ln_mode(tmp_path):
     assert isinstance(big, RobertaPreLayerNormForMaskedLM) and info["shape"] == "d32-h4-l3-i64-pre"
     small, _ = load_checkpoint(tmp_path / "a")
     assert max_logit_difference(small, big) < 1e-10
+
+
+# --- the training loop -------------------------------------------------------------------------
+
+def test_training_loop_trains_checkpoints_and_resumes_pre_ln(tmp_path):
+    from flatlm.measure.loss import kl_to_truth
+    from flatlm.sources import load
+    from flatlm.train import TrainConfig, train
+
+    src = load({"kind": "pcfg", "random": {"vocab": 12, "depth": 2, "nonterminals_per_level": 3,
+                                           "roots": 2}, "seed": 0})
+    held_out = src.sample(128, seed=10_000)
+    cfg = TrainConfig(steps=30, batch_size=64, lr=3e-3, warmup_steps=5, checkpoint_steps=(15, 30),
+                      dropout=0.05, seed=1)
+    kl = {0: kl_to_truth(build_model(parse_model("d32-h2-l1-i64-pre"), src.V, src.max_length,
+                                     seed=cfg.seed), src, *held_out)}
+
+    def stop_at_15(step, model, ckpt_dir):
+        kl[step] = kl_to_truth(model, src, *held_out)
+        if step == 15:
+            raise KeyboardInterrupt
+
+    straight = train(cfg, src, "d32-h2-l1-i64-pre", tmp_path / "a", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, src, "d32-h2-l1-i64-pre", tmp_path / "b", progress=False,
+              on_checkpoint=stop_at_15)
+    resumed = train(cfg, src, "d32-h2-l1-i64-pre", tmp_path / "b", progress=False, resume=True)
+    assert isinstance(resumed.model, RobertaPreLayerNormForMaskedLM)
+    assert {m.p for m in resumed.model.modules() if isinstance(m, nn.Dropout)} == {0.05}
+    for (k, a), b in zip(straight.model.state_dict().items(),
+                         resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), k  # bit for bit through a pre-LN checkpoint
+    assert kl_to_truth(straight.model, src, *held_out) < 0.7 * kl[0], kl
+    info = json.loads((straight.checkpoints[30] / "flatlm.json").read_text())
+    assert info["shape"] == "d32-h2-l1-i64-pre" and info["model"]["dropout"] == 0.05
