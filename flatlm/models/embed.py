@@ -186,7 +186,8 @@ def grow(model: nn.Module, target: ModelConfig, *, seed: int = 0) -> nn.Module:
     """
     small = unwrap(model)
     if not is_transformer(small):
-        raise ValueError(f"model.arch: only a BERT can grow, got {type(small).__name__}")
+        raise ValueError("model.arch: only a BertForMaskedLM or RobertaPreLayerNormForMaskedLM "
+                         f"(pre-LN) can grow, got {type(small).__name__}")
     mode = ln_mode(small)
     g = growth(bert_shape(small), target)
     layout = model_layout(small)
