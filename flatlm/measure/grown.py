@@ -69,11 +69,13 @@ def check_grow_to(target: str | ModelConfig) -> ModelConfig:
 
 
 def grown_model(model: nn.Module, target: str | ModelConfig, *, seed: int = 0) -> nn.Module:
-    """``model`` grown into the shape ``target`` (a preset or shape string), dropout 0.
-    A ValueError names ``measure.grow_to`` when ``model`` cannot grow into it."""
+    """``model`` grown into the shape ``target`` (a preset or shape string), dropout 0, with the
+    model's own LayerNorm placement (growth keeps it; a sweep may vary ``ln_mode`` with one
+    ``grow_to``). A ValueError names ``measure.grow_to`` when ``model`` cannot grow into it."""
+    from flatlm.models.bert import ln_mode
     from flatlm.models.embed import grow
 
-    cfg = check_grow_to(target)
+    cfg = dataclasses.replace(check_grow_to(target), ln_mode=ln_mode(model))
     try:
         return grow(model, cfg, seed=seed)
     except ValueError as err:

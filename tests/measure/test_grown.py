@@ -108,3 +108,21 @@ def test_measure_model_logs_native_and_grown_keys(src):
     # growing into the model's own shape is the identity: the same estimate as the native one
     same = grown_flatness(model, SMALL, src, tokens, lengths, cfg.flatness)
     assert same[TRACE_FISHER_GROWN] == pytest.approx(out[TRACE_FISHER], rel=1e-10)
+
+
+def test_a_pre_ln_model_grows_into_a_post_ln_spelled_target(src):
+    """A sweep varying ln_mode shares one grow_to: the model keeps its own LayerNorm placement."""
+    model = build_model(dataclasses.replace(parse_model(SMALL + "-pre"), dropout=0.0), src.V,
+                        src.max_length, seed=0).double().eval()
+    big = grown_model(model, "d16-h4-l2-i32")
+    from flatlm.models.bert import ln_mode
+
+    assert ln_mode(big) == "pre"
+    tokens, lengths = src.sample(8, seed=2)
+    from flatlm.tokens import encode
+
+    ids, mask = encode(tokens, lengths)
+    pos = torch.zeros(8, dtype=torch.long)
+    with torch.no_grad():
+        diff = (word_logits(model, ids, mask, pos) - word_logits(big.double(), ids, mask, pos))
+    assert float(diff.abs().max()) < 1e-9
