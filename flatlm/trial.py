@@ -17,6 +17,7 @@ fallen between measuring and reporting; the sinks keep one value per step).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -83,6 +84,15 @@ def validate_trial(cfg: TrialConfig):
     return source, model_cfg
 
 
+def with_downstream_resolved(cfg: TrialConfig) -> TrialConfig:
+    """``cfg`` with the downstream label rule and tasks spelled out (the source's defaults where
+    left None / empty), so that config.json and the MLflow params say which rule, and which
+    tasks, every accuracy was measured with."""
+    rule, tasks = load(cfg.source).check_downstream(cfg.measure.label_rule, cfg.measure.tasks)
+    return dataclasses.replace(cfg, measure=dataclasses.replace(cfg.measure, label_rule=rule,
+                                                                tasks=tasks))
+
+
 def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = None, *,
               device: str | torch.device = "cpu", progress: bool = False,
               eval_cache: str | Path | None = None) -> dict[int, dict]:
@@ -94,6 +104,7 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
     from flatlm.train.loop import train
 
     source, model_cfg = validate_trial(cfg)
+    cfg = with_downstream_resolved(cfg)
     out_dir = Path(out_dir).absolute()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")

@@ -38,10 +38,11 @@ def trainable(config: dict) -> None:
     trials directory)."""
     import torch
 
-    from flatlm.trial import run_trial
+    from flatlm.trial import run_trial, with_downstream_resolved
 
     sweep = config["sweep"]
-    cfg = apply_overrides(from_dict(TrialConfig, config["base"]), config["overrides"])
+    cfg = with_downstream_resolved(apply_overrides(from_dict(TrialConfig, config["base"]),
+                                                   config["overrides"]))  # params name the rule
     name = tune.get_context().get_trial_name()
     out_dir = Path(sweep["trials_dir"]) / name
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -49,3 +49,20 @@ def test_evaluation_data_is_cached_by_what_defines_it(tmp_path, monkeypatch):
     eval_data(src, MeasureConfig(what=("probe",), n_eval=5, n_downstream=30,
                                  label_rule="posterior"), cache_dir=tmp_path)
     assert len(list(tmp_path.glob("eval-*.pt"))) == 3  # seed and rule are part of the key
+
+
+def test_the_trial_config_names_the_label_rule_and_tasks(tmp_path):
+    import json
+
+    from flatlm.config import apply_overrides
+    from flatlm.trial import TrialConfig, run_trial
+
+    cfg = apply_overrides(TrialConfig(), {
+        "source": "dyck:4", "model": "d16-h1-l1-i32", "train.steps": 1, "train.batch_size": 4,
+        "train.checkpoint_steps": [1], "train.warmup_steps": 0, "measure.n_eval": 4,
+        "measure.n_downstream": 20, "measure.what": ["probe"], "measure.probe.epochs": 1,
+        "measure.probe.seeds": 1})
+    assert cfg.measure.label_rule is None and cfg.measure.tasks == ()
+    run_trial(cfg, tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())["measure"]
+    assert written["label_rule"] == "count" and written["tasks"] == ["g_star"]
