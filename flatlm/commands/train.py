@@ -10,21 +10,29 @@ settings join with '-' (``--sam-rho`` is ``sam.rho``, ``--adversarial-lambda`` i
 ``adversarial.lambda``), a bool is ``--compile/--no-compile``, a tuple is comma-separated
 (``--checkpoint-steps 0,100``) and ``none`` clears an optional field. ``--set KEY=VALUE`` takes
 the same keys. Checkpoints go to ``OUT/checkpoints/step-<N>/`` (default: only the last step).
+
+Exit status: 0 trained; 2 bad input (a message naming the field); 3 training diverged (a
+non-finite loss, or one above --divergence-factor times the first logged loss): the message on
+stderr names the step and the loss, and no checkpoint after the divergence is written.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from flatlm.config import add_arguments, apply_overrides, overrides_from_args, parse_assignments
 from flatlm.train.config import TrainConfig
 
+DIVERGED_EXIT = 3  # exit status of a run stopped by flatlm.train.loop.Diverged
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="pre-train a masked LM",
                               description=__doc__.split("\n\n")[0],
+                              epilog=__doc__.split("\n\n")[-1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", help="source spec: 'pcfg:paper', 'hmm:seed=0', a JSON object ... "
                                     "(default with --data DIR: the corpus's source)")
@@ -69,7 +77,7 @@ def run(args) -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from flatlm.train.loop import train
+    from flatlm.train.loop import Diverged, train
 
     source = load(spec)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu") \
@@ -80,8 +88,12 @@ def run(args) -> int:
     hf_logging.disable_progress_bar()  # save_pretrained's per-checkpoint bar
     print(f"{describe(model.config, source.V, source.max_length)}; {cfg.algorithm} for "
           f"{cfg.steps} steps on {device}")
-    result = train(cfg, source, model.config, args.out, device=device, resume=args.resume,
-                   progress=not args.no_progress)
+    try:
+        result = train(cfg, source, model.config, args.out, device=device, resume=args.resume,
+                       progress=not args.no_progress)
+    except Diverged as e:
+        print(f"flatlm train: {e}", file=sys.stderr)
+        return DIVERGED_EXIT
     last = result.history[-1] if result.history else {}
     print(json.dumps({"step": result.step, **last,
                       "checkpoints": [str(p) for p in result.checkpoints.values()]}))

@@ -25,6 +25,7 @@ ValueError: train.sam.rho=0.0: use a radius > 0 (paper: 0.05)
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -73,6 +74,7 @@ class SamConfig:
     rho: float = 0.05  # perturbation radius in parameter L2 norm; > 0 (paper: 0.05)
 
     def __post_init__(self):
+        _check_finite(self, "sam.")
         _check(self.rho > 0, "sam.rho", self.rho, "use a radius > 0 (paper: 0.05)")
 
 
@@ -90,6 +92,7 @@ class AdversarialConfig:
     #   norm; > 0
 
     def __post_init__(self):
+        _check_finite(self, "adversarial.")
         _check(self.lambda_ >= 0, "adversarial.lambda", self.lambda_, "use a weight >= 0")
         _check(_is_int(self.d1) and self.d1 >= 2, "adversarial.d1", self.d1,
                "use an integer >= 2")
@@ -149,8 +152,12 @@ class TrainConfig:
     log_every: int = 10  # updates between loss read-outs (each costs one host sync); >= 1
     precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16"
     compile: bool = False  # torch.compile the loss computation (CUDA; minutes to warm up)
+    divergence_factor: float | None = 10.0  # stop the run (``Diverged``) when a logged loss
+    #   exceeds this times the first logged loss; > 1; None = off (a non-finite loss always
+    #   stops it)
 
     def __post_init__(self):
+        _check_finite(self, "")  # inf passes "> 0"; nan fails every check with a wrong message
         _check(self.algorithm in ALGORITHMS, "algorithm", self.algorithm,
                f"use one of {', '.join(ALGORITHMS)}")
         _check(_is_int(self.steps) and self.steps >= 1, "steps", self.steps,
@@ -214,6 +221,8 @@ class TrainConfig:
                "use an integer >= 1")
         _check(self.precision in PRECISIONS, "precision", self.precision,
                f"use one of {PRECISIONS}")
+        _check(self.divergence_factor is None or self.divergence_factor > 1,
+               "divergence_factor", self.divergence_factor, "use a factor > 1, or None (off)")
 
 
 def _number(x):
@@ -224,6 +233,16 @@ def _number(x):
         return float(x)
     except (TypeError, ValueError):
         return x
+
+
+def _check_finite(cfg, prefix: str) -> None:
+    """Every float field of ``cfg`` (and each float in a tuple field) is finite."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        items = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(x, float) and not math.isfinite(x) for x in items):
+            name = prefix + f.name.rstrip("_")  # lambda_ is adversarial.lambda
+            _check(False, name, value, "use a finite number")
 
 
 def _is_int(x) -> bool:

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,7 +54,22 @@ log = logging.getLogger(__name__)
 
 CheckpointHook = Callable[[int, nn.Module, Path], None]
 # Fields a resumed run may change: how long it runs and what it saves, not what it computes.
-RESUMABLE_CHANGES = ("steps", "checkpoint_steps", "log_every", "compile", "precision")
+RESUMABLE_CHANGES = ("steps", "checkpoint_steps", "log_every", "compile", "precision",
+                     "divergence_factor")
+
+
+class Diverged(RuntimeError):  # noqa: N818 - the name the sweeps and CLI catch
+    """Training diverged: the loss read-out was non-finite (a non-finite gradient makes it so at
+    the next update) or above ``train.divergence_factor`` times the first logged loss. Raised
+    before any later checkpoint is written or measured."""
+
+    def __init__(self, step: int, loss: float, reason: str):
+        self.step, self.loss, self.reason = step, loss, reason
+        super().__init__(f"training diverged at step {step}: train/loss={loss:.6g} {reason}; "
+                         "lower train.lr (or raise train.divergence_factor, None = off)")
+
+    def __reduce__(self):  # pickles across processes (Ray) with its fields
+        return Diverged, (self.step, self.loss, self.reason)
 
 
 @dataclass
@@ -201,6 +217,7 @@ class _Run:
         with bar:
             while True:
                 if self.step in cfg.checkpoint_steps and self.step != self.resumed_at:
+                    self.check_window()  # between read-outs: never save a diverged model
                     self.checkpoint(on_checkpoint)
                 if self.step >= cfg.steps:
                     return
@@ -234,7 +251,25 @@ class _Run:
         record = {"step": self.step, "train/lr": lr, **means}
         self.history.append(record)
         self.window, self.window_count = {}, 0
+        if "train/loss" in record:
+            self.check_loss(record["train/loss"])
         return record
+
+    def check_window(self) -> None:
+        """Checks the loss of the updates since the last read-out (one host sync)."""
+        if self.window_count and "train/loss" in self.window:
+            self.check_loss(float(self.window["train/loss"]) / self.window_count)
+
+    def check_loss(self, loss: float) -> None:
+        """Raises ``Diverged`` if ``loss`` (at ``self.step``) is non-finite or above
+        ``cfg.divergence_factor`` times the run's first logged loss."""
+        if not math.isfinite(loss):
+            raise Diverged(self.step, loss, "is not finite")
+        factor = self.cfg.divergence_factor
+        first = self.history[0].get("train/loss") if self.history else None
+        if factor is not None and first is not None and loss > factor * first:
+            raise Diverged(self.step, loss, f"exceeds train.divergence_factor={factor:g} times "
+                                            f"the first logged loss {first:.6g}")
 
     def checkpoint(self, on_checkpoint: CheckpointHook | None) -> None:
         """Writes checkpoint ``self.step`` atomically (a directory renamed into place), then
