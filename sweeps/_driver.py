@@ -11,7 +11,7 @@ from pathlib import Path
 
 from _rayenv import ray, tune
 from _spec import Sweep, check_sweep, objectives
-from _trainable import trainable
+from _trainable import DIVERGED_FILE, trainable
 
 from flatlm.config import to_dict
 
@@ -43,6 +43,7 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
         tuner = _tuner(sweep, workdir / "ray_results", sweep_info, resume, show, callbacks)
         results = tuner.fit()
         finish_undelivered(trials_dir, uri, experiment_id)
+        report_diverged(trials_dir)
         errors = [r.error for r in results if r.error]
         if errors:
             raise RuntimeError(f"{len(errors)} trial(s) failed after retries: {errors[0]}")
@@ -115,6 +116,23 @@ def _tune_config(sweep: Sweep) -> tune.TuneConfig:
     if sweep.max_concurrent:
         algo = ConcurrencyLimiter(algo, max_concurrent=sweep.max_concurrent)
     return tune.TuneConfig(search_alg=algo, num_samples=sweep.num_samples, reuse_actors=False)
+
+
+def report_diverged(trials_dir: Path) -> list[str]:
+    """Prints the trials that diverged (they end normally for Tune, FAILED in MLflow); returns
+    their names."""
+    names = []
+    for marker in sorted(trials_dir.glob(f"*/{DIVERGED_FILE}")):
+        try:
+            message = json.loads(marker.read_text())["message"]
+        except (OSError, json.JSONDecodeError, KeyError):
+            message = "diverged"
+        names.append(marker.parent.name)
+        print(f"trial {marker.parent.name} diverged, not measured after it: {message}",
+              flush=True)
+    if names:
+        print(f"{len(names)} trial(s) diverged: {', '.join(names)}", flush=True)
+    return names
 
 
 def finish_undelivered(trials_dir: Path, uri: str, experiment_id: str) -> None:

@@ -24,8 +24,11 @@ from _travel import restore_tracking, save_tracking
 from flatlm.config import apply_overrides, from_dict
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, probe_keys
 from flatlm.metrics_log import METRICS_FILE, read_metrics
+from flatlm.train.loop import Diverged
 from flatlm.trial import TrialConfig
 
+DIVERGED_FILE = "diverged.json"  # in a diverged trial's directory: {"step", "loss", "message"}
+TAG_DIVERGED = "flatlm.diverged"  # MLflow tag of a diverged trial's run: the step
 # Artifacts of a trial's MLflow run: its config, every checkpoint's measurements, its curves.
 TRIAL_ARTIFACTS = (METRICS_FILE, "metrics.json", "trial_config.json", "*.png")
 FINISH_WAIT_S = 300.0  # how long a trial ending in a tracking outage waits for MLflow
@@ -59,6 +62,9 @@ def trainable(config: dict) -> None:
     try:
         run_trial(cfg, out_dir, report, device=device,
                   eval_cache=Path(sweep["trials_dir"]).parents[1] / "eval_cache")
+    except Diverged as e:  # ends here, not retried: a retry would diverge the same way
+        end_diverged(tracker, out_dir, e, sweep["tracking_uri"])
+        return
     except BaseException:
         tracker.finish("FAILED")
         raise
@@ -68,6 +74,26 @@ def trainable(config: dict) -> None:
         print(f"trial {name}: could not plot its curves: {e}", file=sys.stderr, flush=True)
     tracker.sync_artifacts(out_dir, patterns=TRIAL_ARTIFACTS)
     finish_trial(tracker, "FINISHED", float(os.environ.get("FLATLM_FINISH_WAIT_S", FINISH_WAIT_S)))
+
+
+def end_diverged(tracker, out_dir: Path, e: Diverged, tracking_uri: str) -> None:
+    """Marks the trial diverged (``DIVERGED_FILE``, the run's ``TAG_DIVERGED`` tag) and ends its
+    MLflow run FAILED. Nothing after the divergence was measured; the trial returns normally so
+    that Tune neither retries it nor stops the sweep (the driver lists diverged trials)."""
+    import json
+
+    from mlflow import MlflowClient
+
+    print(f"trial {out_dir.name}: {e}", file=sys.stderr, flush=True)
+    (out_dir / DIVERGED_FILE).write_text(json.dumps(
+        {"step": e.step, "loss": e.loss, "message": str(e)}) + "\n")
+    if tracker.run_id is not None:
+        try:
+            MlflowClient(tracking_uri).set_tag(tracker.run_id, TAG_DIVERGED, str(e.step))
+        except Exception as err:  # noqa: BLE001 - an outage must not fail the trial
+            print(f"trial {out_dir.name}: could not tag its run diverged: {err}",
+                  file=sys.stderr, flush=True)
+    finish_trial(tracker, "FAILED", float(os.environ.get("FLATLM_FINISH_WAIT_S", FINISH_WAIT_S)))
 
 
 def _tracker(cfg: TrialConfig, sweep: dict, name: str, out_dir: Path):
