@@ -236,6 +236,17 @@ class MlflowTracker:
             append_metrics(self.trial_dir, int(step), {**kept, **values})
         return self._flush()
 
+    def set_tag(self, key: str, value: str) -> bool:
+        """Sets a tag on the trial's run now; False (a logged warning) if MLflow is unreachable."""
+        try:
+            self._ensure_run()
+            self._client.set_tag(self.run_id, key, str(value)[:_MAX_TAG_CHARS])
+            return True
+        except Exception as e:  # noqa: BLE001 - a tracking outage must not fail the trial
+            log.warning("MLflow: could not tag run %s with %s: %s", self.run_id, key,
+                        _first_line(e))
+            return False
+
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> bool:
         """Upload a file or a directory (queued in ``tracker.json``; re-sent after an outage)."""
         self._queue_artifact(Path(path).resolve(), artifact_path)

@@ -63,7 +63,7 @@ def trainable(config: dict) -> None:
         run_trial(cfg, out_dir, report, device=device,
                   eval_cache=Path(sweep["trials_dir"]).parents[1] / "eval_cache")
     except Diverged as e:  # ends here, not retried: a retry would diverge the same way
-        end_diverged(tracker, out_dir, e, sweep["tracking_uri"])
+        end_diverged(tracker, out_dir, e)
         return
     except BaseException:
         tracker.finish("FAILED")
@@ -76,23 +76,18 @@ def trainable(config: dict) -> None:
     finish_trial(tracker, "FINISHED", float(os.environ.get("FLATLM_FINISH_WAIT_S", FINISH_WAIT_S)))
 
 
-def end_diverged(tracker, out_dir: Path, e: Diverged, tracking_uri: str) -> None:
+def end_diverged(tracker, out_dir: Path, e: Diverged) -> None:
     """Marks the trial diverged (``DIVERGED_FILE``, the run's ``TAG_DIVERGED`` tag) and ends its
     MLflow run FAILED. Nothing after the divergence was measured; the trial returns normally so
     that Tune neither retries it nor stops the sweep (the driver lists diverged trials)."""
     import json
 
-    from mlflow import MlflowClient
-
     print(f"trial {out_dir.name}: {e}", file=sys.stderr, flush=True)
     (out_dir / DIVERGED_FILE).write_text(json.dumps(
         {"step": e.step, "loss": e.loss, "message": str(e)}) + "\n")
-    if tracker.run_id is not None:
-        try:
-            MlflowClient(tracking_uri).set_tag(tracker.run_id, TAG_DIVERGED, str(e.step))
-        except Exception as err:  # noqa: BLE001 - an outage must not fail the trial
-            print(f"trial {out_dir.name}: could not tag its run diverged: {err}",
-                  file=sys.stderr, flush=True)
+    if not tracker.set_tag(TAG_DIVERGED, str(e.step)):
+        print(f"trial {out_dir.name}: could not tag its run diverged ({DIVERGED_FILE} says so)",
+              file=sys.stderr, flush=True)
     finish_trial(tracker, "FAILED", float(os.environ.get("FLATLM_FINISH_WAIT_S", FINISH_WAIT_S)))
 
 

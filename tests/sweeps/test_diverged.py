@@ -29,7 +29,7 @@ def test_diverged_trial_is_tagged_failed_and_listed(tmp_path, capsys, monkeypatc
     bad, good = trials / "trainable_0_00000", trials / "trainable_0_00001"
     tracker = MlflowTracker(uri, bad, experiment_id=eid, run_name=bad.name)
     tracker.report(0, {"pretrain/loss": 2.5})
-    _trainable.end_diverged(tracker, bad, Diverged(7, float("nan"), "is not finite"), uri)
+    _trainable.end_diverged(tracker, bad, Diverged(7, float("nan"), "is not finite"))
     finished = MlflowTracker(uri, good, experiment_id=eid, run_name=good.name)
     finished.report(10, {"pretrain/loss": 2.0})
     assert finished.finish("FINISHED")

@@ -1,0 +1,65 @@
+"""A sweep with one diverging trial (lr 1000) beside a normal one, through real Ray and MLflow:
+the normal trial finishes with every checkpoint measured, the diverged one ends FAILED and tagged
+with its step, nothing is measured after the divergence, and the sweep exits 0 naming it."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweeptools (any --import-mode)
+pytest.importorskip("ray")
+pytest.importorskip("mlflow")
+
+from sweeptools import REPO, TINY, Sweep, kill_own, set_args, sweep_env  # noqa: E402
+
+LR_SWEEP = '''"""Two tiny trials: a sane learning rate and one that diverges."""
+import sys
+
+from _cli import main
+from _rayenv import tune
+from _spec import Sweep
+from presets import base_for
+
+
+def build(args):
+    return Sweep(name="lrs", base=base_for(args.preset),
+                 space={"train.lr": tune.grid_search([1e-3, 1000.0])}, max_failures=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main(build, __doc__))
+'''
+
+
+@pytest.mark.slow
+def test_a_diverging_trial_is_marked_and_the_others_finish(tmp_path, ray_tmpdir):
+    from mlflow import MlflowClient
+
+    script = tmp_path / "lrs.py"
+    script.write_text(LR_SWEEP)
+    env = sweep_env(ray_tmpdir, PYTHONPATH=os.pathsep.join(
+        [str(REPO / "sweeps"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    args = set_args({**TINY, "model": "d16-h1-l1-i32", "train.log_every": "1",
+                     "train.warmup_steps": "0"})
+    sweep = Sweep(args, tmp_path, env, script=script)
+    try:
+        rc = sweep.wait(timeout=400)
+    finally:
+        kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
+    assert rc == 0, sweep.tail()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("lrs").experiment_id])
+    by_lr = {float(r.data.params["train.lr"]): r for r in runs}
+    assert set(by_lr) == {1e-3, 1000.0}
+    good, bad = by_lr[1e-3], by_lr[1000.0]
+    assert good.info.status == "FINISHED" and "flatlm.diverged" not in good.data.tags
+    steps = sorted(m.step for m in client.get_metric_history(good.info.run_id, "pretrain/kl"))
+    assert steps == [10, 20]
+    assert bad.info.status == "FAILED"
+    diverged_at = int(bad.data.tags["flatlm.diverged"])
+    assert diverged_at <= 10  # lr 1000 blows up within a few steps
+    measured = client.get_metric_history(bad.info.run_id, "pretrain/kl")
+    assert all(m.step < diverged_at for m in measured)  # nothing measured after it
+    assert "diverged" in sweep.stdout + sweep.tail()
