@@ -42,23 +42,20 @@ TRANSFORMERS = {"post": BertForMaskedLM, "pre": RobertaPreLayerNormForMaskedLM}
 assert PRE_LN_EXTRA_POSITIONS == PAD_ID + 1  # RoBERTa position ids start at padding_idx + 1
 
 
+def _shared_fields(cfg: ModelConfig, layout) -> dict:
+    """The config fields both transformer classes take alike."""
+    return dict(vocab_size=layout.vocab_size, hidden_size=cfg.d_model,
+                num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads,
+                intermediate_size=cfg.d_inter, hidden_act="gelu",
+                hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout,
+                type_vocab_size=1,  # single sentences: no sentence-B embedding to learn
+                pad_token_id=PAD_ID, tie_word_embeddings=True)
+
+
 def bert_config(cfg: ModelConfig, vocab_size: int, max_length: int) -> BertConfig:
     """The ``BertConfig`` for ``cfg``: V + 4 ids, T + 2 positions, one token type, tied decoder."""
     layout = token_layout(vocab_size, max_length)
-    return BertConfig(
-        vocab_size=layout.vocab_size,
-        hidden_size=cfg.d_model,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        intermediate_size=cfg.d_inter,
-        hidden_act="gelu",
-        hidden_dropout_prob=cfg.dropout,
-        attention_probs_dropout_prob=cfg.dropout,
-        max_position_embeddings=layout.n_positions,
-        type_vocab_size=1,  # single sentences: no sentence-B embedding to learn
-        pad_token_id=PAD_ID,
-        tie_word_embeddings=True,
-    )
+    return BertConfig(**_shared_fields(cfg, layout), max_position_embeddings=layout.n_positions)
 
 
 def pre_ln_config(cfg: ModelConfig, vocab_size: int, max_length: int) -> RobertaPreLayerNormConfig:
@@ -66,21 +63,8 @@ def pre_ln_config(cfg: ModelConfig, vocab_size: int, max_length: int) -> Roberta
     ids run from PAD_ID + 1 (RoBERTa's convention), so it has T + 2 + PAD_ID + 1 positions."""
     layout = token_layout(vocab_size, max_length)
     return RobertaPreLayerNormConfig(
-        vocab_size=layout.vocab_size,
-        hidden_size=cfg.d_model,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        intermediate_size=cfg.d_inter,
-        hidden_act="gelu",
-        hidden_dropout_prob=cfg.dropout,
-        attention_probs_dropout_prob=cfg.dropout,
-        max_position_embeddings=layout.n_positions + PRE_LN_EXTRA_POSITIONS,
-        type_vocab_size=1,
-        pad_token_id=PAD_ID,
-        bos_token_id=CLS_ID,
-        eos_token_id=SEP_ID,
-        tie_word_embeddings=True,
-    )
+        **_shared_fields(cfg, layout), bos_token_id=CLS_ID, eos_token_id=SEP_ID,
+        max_position_embeddings=layout.n_positions + PRE_LN_EXTRA_POSITIONS)
 
 
 def transformer_config(cfg: ModelConfig, vocab_size: int, max_length: int) -> PretrainedConfig:

@@ -1,11 +1,15 @@
 """The measurements on a pre-LN BERT: ghost norms against the per-example loop, Hutchinson against
 the exact Fisher (labels from the model), the default exclusion, pre-training loss and the probe."""
 
-import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_flatness import V, random_batch, tiny_bert  # noqa: E402
 
 from flatlm.measure import ENTROPY, KL, LOSS, ghost
 from flatlm.measure.curvature import FlatnessConfig, masked_inputs, selected_parameters
@@ -15,27 +19,12 @@ from flatlm.measure.loss import LossConfig, pretrain_loss
 from flatlm.measure.probe import ProbeConfig, probe
 from flatlm.models import build_model, parse_model, word_logits
 
-V, T = 6, 5
 SHAPE = "d16-h2-l2-i32-pre"
 
 
 def tiny_pre_ln(seed: int, scale: float = 0.3) -> nn.Module:
     """A float64 pre-LN BERT without dropout, weights moved off initialisation."""
-    cfg = dataclasses.replace(parse_model(SHAPE), dropout=0.0)
-    model = build_model(cfg, vocab_size=V, max_length=T, seed=seed).double()
-    g = torch.Generator().manual_seed(seed + 100)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return model
-
-
-def random_batch(seed: int, n: int):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, T + 1, (n,), generator=g)
-    tokens = torch.randint(0, V, (n, T), generator=g)
-    tokens[torch.arange(T)[None, :] >= lengths[:, None]] = -1
-    return tokens, lengths
+    return tiny_bert(SHAPE, seed, scale=scale)
 
 
 @pytest.mark.parametrize("exclude", [(), FlatnessConfig().exclude],
