@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from flatlm.config import to_dict
-from flatlm.measure.run import EvalData, MeasureConfig, check_tasks, eval_data, measure_model
+from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
 from flatlm.metrics_log import CHECKPOINT_METRICS_FILE, append_metrics, read_metrics
 from flatlm.models.presets import ModelSpec, parse_model
 from flatlm.sources import SourceSpec, load
@@ -80,7 +80,7 @@ def validate_trial(cfg: TrialConfig):
     if not cfg.train.checkpoint_steps:
         raise ValueError("train.checkpoint_steps is empty: a trial measures at checkpoints; "
                          "give at least one step, e.g. [0, 100]")
-    check_tasks(source, cfg.measure)
+    downstream_of(source, cfg.measure)
     return source, model_cfg
 
 
@@ -88,7 +88,7 @@ def with_downstream_resolved(cfg: TrialConfig) -> TrialConfig:
     """``cfg`` with the downstream label rule and tasks spelled out (the source's defaults where
     left None / empty), so that config.json and the MLflow params say which rule, and which
     tasks, every accuracy was measured with."""
-    rule, tasks = load(cfg.source).check_downstream(cfg.measure.label_rule, cfg.measure.tasks)
+    rule, tasks = downstream_of(load(cfg.source), cfg.measure)
     return dataclasses.replace(cfg, measure=dataclasses.replace(cfg.measure, label_rule=rule,
                                                                 tasks=tasks))
 

@@ -94,11 +94,11 @@ class EvalData:
     reference: dict = field(default_factory=dict)  # cached reference metrics (once per trial)
 
 
-def check_tasks(source: Source, cfg: MeasureConfig) -> tuple[str, ...]:
-    """The tasks ``cfg`` measures on ``source`` (its label rule checked too), or a ValueError
-    naming the field."""
+def downstream_of(source: Source, cfg: MeasureConfig) -> tuple[str, tuple[str, ...]]:
+    """(label rule, tasks) that ``cfg`` measures on ``source``, the source's defaults filled in,
+    or a ValueError naming the fields."""
     try:
-        return source.check_downstream(cfg.label_rule, cfg.tasks)[1]
+        return source.check_downstream(cfg.label_rule, cfg.tasks)
     except ValueError as e:
         raise ValueError(f"measure.tasks / measure.label_rule: {e}") from None
 
@@ -109,7 +109,7 @@ def eval_data(source: Source, cfg: MeasureConfig, model_cfg=None, *, device=None
     labels computed on ``device``); with ``cache_dir``, the trials of a sweep share them
     (``measure.eval_cache``). With ``model_cfg`` (a ``ModelConfig``) also builds the
     random-features reference model."""
-    rule, tasks = source.check_downstream(cfg.label_rule, check_tasks(source, cfg))
+    rule, tasks = downstream_of(source, cfg)
     key = cache_key(source.fingerprint(), source.spec or {}, {
         "seed": cfg.seed, "n_eval": cfg.n_eval, "n_downstream": cfg.n_downstream, "rule": rule,
         "tasks": list(tasks)})
