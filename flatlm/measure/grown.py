@@ -46,6 +46,10 @@ def lcm_shape(shapes: Iterable[str | ModelConfig]) -> ModelConfig:
         if cfg.arch != "bert":
             raise ValueError(f"model {cfg}: only BERTs can grow (B.4); measure.grow_to needs "
                              "every model of the sweep to be a BERT")
+    ln_modes = {c.ln_mode for c in cfgs}
+    if len(ln_modes) > 1:
+        raise ValueError("the models mix pre-LN and post-LN encoders (model.ln_mode): growth "
+                         "keeps the encoder, so give them one ln_mode")
     head = {c.d_model // c.n_heads for c in cfgs}
     if len(head) > 1:
         raise ValueError(f"head sizes {sorted(head)} differ: growth keeps the head size "
@@ -53,7 +57,8 @@ def lcm_shape(shapes: Iterable[str | ModelConfig]) -> ModelConfig:
     d_model = math.lcm(*(c.d_model for c in cfgs))
     return ModelConfig(arch="bert", d_model=d_model, n_heads=d_model // head.pop(),
                        n_layers=max(c.n_layers for c in cfgs),
-                       d_inter=math.lcm(*(c.d_inter for c in cfgs)), dropout=0.0)
+                       d_inter=math.lcm(*(c.d_inter for c in cfgs)), dropout=0.0,
+                       ln_mode=ln_modes.pop())
 
 
 def check_grow_to(target: str | ModelConfig) -> ModelConfig:

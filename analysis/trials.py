@@ -1,0 +1,80 @@
+"""Trial directories -> the same tidy table as ``analysis.runs.load_runs``, without MLflow.
+
+A trial directory is what ``flatlm.trial.run_trial`` writes (``config.json`` and
+``metrics.jsonl``); ``flatlm replicate`` and the sweeps write them under a root. Every directory
+below ``root`` holding both files is one run. Its ``run_id`` is its path relative to ``root``,
+``trial`` its name, and the directories between ``root`` and it fill ``protocol`` and
+``experiment`` when the layout is ``<root>/<protocol>/<experiment>/<trial>`` (what ``flatlm
+replicate`` writes); ``sweep`` is the experiment, as the sweeps' MLflow tag is.
+
+>>> import json, tempfile, pathlib
+>>> root = pathlib.Path(tempfile.mkdtemp())
+>>> run = root / "paper" / "steps" / "seed=0"; run.mkdir(parents=True)
+>>> _ = (run / "config.json").write_text(json.dumps({"model": "d16-h1-l1-i64",
+...     "train": {"algorithm": "adamw", "seed": 0}}))
+>>> _ = (run / "metrics.jsonl").write_text('{"step": 0, "pretrain/kl": 1.5}\\n')
+>>> df = load_trials(root)
+>>> df[["protocol", "experiment", "trial", "train.seed", "step", "pretrain/kl"]].values.tolist()
+[['paper', 'steps', 'seed=0', 0, 0, 1.5]]
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from flatlm.config import flatten_dict
+from flatlm.metrics_log import METRICS_FILE, is_number, read_metrics
+
+CONFIG_FILE = "config.json"
+ID_COLUMNS = ("run_id", "trial", "status", "protocol", "experiment")
+TAG_COLUMNS = ("sweep", "preset", "algorithm", "n_params")
+
+
+def trial_dirs(root: str | Path) -> list[Path]:
+    """Every directory under ``root`` (itself included) with a config and a metrics log."""
+    root = Path(root)
+    found = [p.parent for p in root.rglob(CONFIG_FILE) if (p.parent / METRICS_FILE).exists()]
+    return sorted(found)
+
+
+def load_trials(root: str | Path) -> pd.DataFrame:
+    """One row per (trial directory, checkpoint) under ``root``; columns as ``load_runs``'s
+    (``run_id, trial, status``, the tags, every config field as a dotted param, ``step``, the
+    metrics) plus ``protocol`` and ``experiment`` (None when the layout does not give them)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"--trials {root}: no such directory")
+    records, params, metrics = [], set(), set()
+    for run in trial_dirs(root):
+        config = flatten_dict(json.loads((run / CONFIG_FILE).read_text()))
+        params.update(config)
+        base = {**_ids(root, run), **_tags(config, run), **config}
+        for step, row in sorted(read_metrics(run).items()):
+            values = {k: float(v) for k, v in row.items() if k != "step" and is_number(v)}
+            metrics.update(values)
+            records.append({**base, "step": step, **values})
+    columns = [*ID_COLUMNS, *TAG_COLUMNS, *sorted(params), "step", *sorted(metrics)]
+    df = pd.DataFrame.from_records(records, columns=columns)
+    df["step"] = df["step"].astype("int64")
+    for col in metrics:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    df = df.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    df.attrs["params"] = sorted(params)
+    df.attrs["metrics"] = sorted(metrics)
+    return df
+
+
+def _ids(root: Path, run: Path) -> dict:
+    parts = run.relative_to(root).parts
+    protocol, experiment = (parts[-3], parts[-2]) if len(parts) >= 3 else (None, None)
+    status = "FAILED" if (run / "diverged.json").exists() else "FINISHED"
+    return {"run_id": "/".join(parts) or ".", "trial": run.name, "status": status,
+            "protocol": protocol, "experiment": experiment}
+
+
+def _tags(config: dict, run: Path) -> dict:
+    return {"sweep": run.parent.name, "preset": config.get("model"),
+            "algorithm": config.get("train.algorithm"), "n_params": None}

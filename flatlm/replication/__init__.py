@@ -1,0 +1,10 @@
+"""The paper's claims as runnable experiments, without Ray or MLflow.
+
+- ``scales``: where an experiment runs: ``tiny`` (a CPU, minutes) or ``gpu`` (the paper's sizes).
+- ``protocols``: how it is run and measured: ``paper`` (the paper's text), ``paper-code`` (the
+  released code) and single switches between them (``paper+inside-labels``) for the diagnosis.
+- ``experiments``: one experiment per claim (steps, sizes, algorithms, sgd), each a base trial
+  config and a grid of variants.
+- ``runner``: runs an experiment's trials one after another into trial directories, resumably,
+  within a time budget (``flatlm replicate``; ``sweeps/replicate.py`` runs the same trials on Ray).
+"""
