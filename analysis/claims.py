@@ -183,14 +183,15 @@ def size_effects(df: pd.DataFrame, metric: str, tol: float = TOL) -> dict:
     kl = by_model[KL].mean()
     sizes = by_model["_size"].first()
     saturated = sorted(kl[kl <= kl.min() + tol].index, key=lambda m: sizes[m])
-    if len(saturated) < 2:
-        return {"effects": [], "ses": [], "precondition": False,
-                "note": f"only {len(saturated)} model(s) within {tol} nats of the best KL "
-                        f"(final KL {', '.join(f'{m} {v:.3f}' for m, v in kl.items())})"}
+    ok = len(saturated) >= 2
+    if not ok:  # the effect is still shown, across every size, with the precondition unmet
+        saturated = sorted(kl.index, key=lambda m: sizes[m])
     small, large = saturated[0], saturated[-1]
     effects, ses = _paired(final, "model", large, small, metric)
-    return {"effects": effects, "ses": ses, "precondition": True,
-            "note": f"{large} vs {small} (KL {kl[large]:.3f} vs {kl[small]:.3f})"}
+    note = f"{large} vs {small} (KL {kl[large]:.3f} vs {kl[small]:.3f})"
+    if not ok:
+        note += f"; fewer than 2 models within {tol} nats of the best KL"
+    return {"effects": effects, "ses": ses, "precondition": ok and bool(effects), "note": note}
 
 
 def algorithm_effects(df: pd.DataFrame, metric: str, treatment: str, control: str,
@@ -219,12 +220,12 @@ def _paired(final: pd.DataFrame, column: str, a, b, metric: str):
     if metric.startswith("lookup:"):
         raise ValueError("the lookup table is compared through algorithm_effects")
     rows = final.assign(_v=_value(final, metric), _s=_se(final, metric))
-    wide = rows.pivot_table(index="train.seed", columns=column, values=["_v", "_s"],
-                            aggfunc="mean")
-    if ("_v", a) not in wide or ("_v", b) not in wide:
+    by_seed = rows.groupby(["train.seed", column])[["_v", "_s"]].mean()
+    values, ses = by_seed["_v"].unstack(column), by_seed["_s"].unstack(column)
+    if a not in values or b not in values:
         return [], []
-    diff = (wide[("_v", a)] - wide[("_v", b)]).dropna()
-    se = np.hypot(wide[("_s", a)], wide[("_s", b)]).reindex(diff.index)
+    diff = (values[a] - values[b]).dropna()
+    se = np.hypot(ses[a], ses[b]).reindex(diff.index)
     return list(diff), list(se)
 
 

@@ -2,13 +2,16 @@
 
     python analysis/report.py --experiment NAME --out DIR (--kl-threshold X | --loss-tolerance Y)
         [--tracking-uri URI] [--task TASK] [--n-boot N] [--seed S] [--no-log]
+    python analysis/report.py --trials DIR --out DIR (--kl-threshold X | --loss-tolerance Y)
 
 Writes to DIR: ``fig1_accuracy_scatter.png``, ``fig2_over_steps.png``, ``fig3_over_size.png``,
 ``correlations.md`` / ``.csv``, ``table1_by_algorithm.md`` / ``.csv``,
 ``table2_by_preset.md`` / ``.csv`` and ``runs.csv`` (the tidy table); prints the correlation
 table; and logs every file as an artifact of a new run named ``report`` in the same experiment
 (tagged ``flatlm.report=1``, so ``load_runs`` skips it). Without ``--tracking-uri`` it uses
-``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``.
+``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``. With ``--trials DIR`` it reads
+trial directories instead (``analysis/trials.py``: what ``flatlm replicate`` and the sweeps
+write), needs no MLflow store and logs nothing.
 """
 
 from __future__ import annotations
@@ -43,7 +46,10 @@ from flatlm.track import TAG_REPORT, MlflowTracker, default_tracking_uri  # noqa
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--experiment", required=True, help="MLflow experiment name")
+    runs = p.add_mutually_exclusive_group(required=True)
+    runs.add_argument("--experiment", help="MLflow experiment name")
+    runs.add_argument("--trials", type=Path,
+                      help="a root of trial directories instead of an MLflow experiment")
     p.add_argument("--out", required=True, type=Path, help="directory for the outputs")
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI")
     p.add_argument("--task", default=None,
@@ -121,11 +127,17 @@ def log_report(tracking_uri: str, experiment: str, paths, params: dict) -> str |
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    uri = (args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-           or default_tracking_uri(Path.cwd()))
-    df = load_runs(uri, args.experiment, source=args.source)
+    if args.trials is not None:
+        from analysis.trials import load_trials
+        df, where = load_trials(args.trials), str(args.trials)
+        args.no_log = True
+    else:
+        uri = (args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+               or default_tracking_uri(Path.cwd()))
+        df, where = load_runs(uri, args.experiment, source=args.source), uri
     if df.empty:
-        print(f"no runs in experiment {args.experiment!r} at {uri}", file=sys.stderr)
+        print(f"no runs in {args.experiment or 'the trial directories'} at {where}",
+              file=sys.stderr)
         return 1
     acc_key = accuracy_key(df.columns, args.task)
     if acc_key not in df:

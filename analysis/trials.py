@@ -61,7 +61,8 @@ def load_trials(root: str | Path) -> pd.DataFrame:
     df["step"] = df["step"].astype("int64")
     for col in metrics:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
-    df = df.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
+    # one block per dtype (the per-column casts above fragment the frame)
+    df = df.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True).copy()
     df.attrs["params"] = sorted(params)
     df.attrs["metrics"] = sorted(metrics)
     return df

@@ -26,15 +26,16 @@ class OutOfTime(Exception):  # noqa: N818 - a budget reached, not an error
 
 @dataclass
 class Budget:
-    """A wall-clock deadline (``None``: none)."""
+    """A wall-clock deadline ``seconds`` from now (``None``: none), read from ``clock``."""
 
     seconds: float | None = None
+    clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self):
-        self.deadline = None if self.seconds is None else time.monotonic() + self.seconds
+        self.deadline = None if self.seconds is None else self.clock() + self.seconds
 
     def spent(self) -> bool:
-        return self.deadline is not None and time.monotonic() >= self.deadline
+        return self.deadline is not None and self.clock() >= self.deadline
 
 
 def trial_dir(root: Path, experiment: Experiment, name: str) -> Path:
