@@ -4,7 +4,7 @@ and, when the trials include single-switch protocols (``flatlm replicate --diagn
 switch changes the sign of the steps and sizes effects.
 
     python analysis/replication.py --trials repl/ --out repl/report/          # trial directories
-    python analysis/replication.py --experiments replicate/paper/steps,... \\
+    python analysis/replication.py --experiments replicate.paper.steps,... \\
         --tracking-uri sqlite:///$PWD/mlflow.db --out report/                  # MLflow runs
 
 Writes ``replication.md``, ``claims.csv`` and figures (``steps.png``, ``sizes.png``,
@@ -39,7 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trials", type=Path, help="root of trial directories (flatlm replicate)")
     src.add_argument("--experiments",
-                     help="comma-separated MLflow experiments replicate/<protocol>/<experiment> "
+                     help="comma-separated MLflow experiments replicate.<protocol>.<experiment> "
                           "(sweeps/replicate.py)")
     p.add_argument("--out", required=True, type=Path, help="directory for the report")
     p.add_argument("--tracking-uri", default=None, help="MLflow store (read and log)")
@@ -62,7 +62,7 @@ def load(args) -> pd.DataFrame:
         raise SystemExit("--experiments needs --tracking-uri (or $MLFLOW_TRACKING_URI)")
     frames = []
     for name in args.experiments.split(","):
-        _, protocol, experiment = name.split("/")
+        _, protocol, experiment = name.split(".")
         frames.append(load_runs(uri, name).assign(protocol=protocol, experiment=experiment))
     return pd.concat(frames, ignore_index=True)
 

@@ -37,14 +37,18 @@ def parse_overrides(pairs: list[str]) -> dict:
     return out
 
 
-def parser(description: str) -> argparse.ArgumentParser:
+def parser(description: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
+    """The shared options; ``trial_options=False`` leaves out --preset, --set and --name for a
+    script that chooses its trials and names its experiments itself (``replicate.py``)."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--preset", default="tiny", choices=("tiny", "paper"),
-                   help="tiny: a few small CPU trials (default); paper: the paper's settings")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a trial config key for every trial (repeatable), e.g. "
-                        "train.steps=400")
-    p.add_argument("--name", help="experiment name (default: the script's)")
+    if trial_options:
+        p.add_argument("--preset", default="tiny", choices=("tiny", "paper", "paper-code"),
+                       help="tiny: a few small CPU trials (default); paper: the paper's "
+                            "settings (GPU); paper-code: the released code's protocol (GPU)")
+        p.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="KEY=VALUE", help="override a trial config key for every trial "
+                       "(repeatable), e.g. train.steps=400")
+        p.add_argument("--name", help="experiment name (default: the script's)")
     p.add_argument("--workdir", default=".", help="where mlflow.db, mlruns/, ray_results/ and "
                    "trials/ go (default: the current directory)")
     p.add_argument("--tracking-uri", help="MLflow tracking server (default: sqlite in workdir)")
@@ -63,10 +67,10 @@ def parser(description: str) -> argparse.ArgumentParser:
 
 def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
     """The sweep with the command line's ``--set`` overrides and resource flags applied."""
-    overrides = parse_overrides(args.overrides)
+    overrides = parse_overrides(getattr(args, "overrides", []))
     swept = sorted(set(overrides) & set(sweep.space))
     sweep = replace(sweep, base=apply_overrides(sweep.base, overrides),
-                    **{k: v for k, v in (("name", args.name),
+                    **{k: v for k, v in (("name", getattr(args, "name", None)),
                                          ("cpus_per_trial", args.cpus_per_trial),
                                          ("gpus_per_trial", args.gpus_per_trial),
                                          ("max_failures", args.max_failures),

@@ -3,23 +3,14 @@ or ``apply_overrides`` on a base)."""
 
 from __future__ import annotations
 
-import json
-
 from flatlm.config import apply_overrides
 from flatlm.measure.probe import RELEASED
+from flatlm.replication import scales
+from flatlm.replication.protocols import model_for, protocol_overrides
 from flatlm.trial import TrialConfig
 
-# A small random PCFG of the paper's layered shape: 30 words, sentences of 2..8 words. Its truth
-# is cheap, so a CPU sweep spends its time on training and measuring.
-TINY_SOURCE = json.dumps({"kind": "pcfg", "seed": 0, "random": {
-    "vocab": 30, "roots": 3, "nonterminals_per_level": 4, "depth": 3,
-    "binary_per_nonterminal": 6, "words_per_nonterminal": 8}})
-
-# The tiny models of the CPU sweeps, smallest first (d_model-heads-layers-d_inter); one head
-# size (16), so that each grows into the largest without changing its function (Table 4).
-TINY_MODELS = ("d16-h1-l1-i64", "d32-h2-l1-i128", "d64-h4-l2-i256")
-# Table 3 presets the paper's PCFG sweeps span (bert-234m and up need a large GPU each).
-PAPER_MODELS = ("bert-2m", "bert-4.8m", "bert-8.3m", "bert-12.8m", "bert-41m", "bert-110m")
+# The languages and model grids live with the replication's scales (one place for both).
+TINY_SOURCE, TINY_MODELS, PAPER_MODELS = scales.TINY_SOURCE, scales.TINY_MODELS, scales.PAPER_MODELS
 
 
 def tiny_cpu() -> TrialConfig:
@@ -51,5 +42,21 @@ def paper_pcfg() -> TrialConfig:
     })
 
 
+def paper_code_pcfg() -> TrialConfig:
+    """``paper_pcfg`` under the released code's protocol (``flatlm.replication.protocols``):
+    pre-LN, 15% masking, linear decay, inside-probability labels, the released probe."""
+    base = paper_pcfg()
+    return apply_overrides(base, {**protocol_overrides("paper-code"),
+                                  "model": model_for(str(base.model), "paper-code")})
+
+
 def base_for(preset: str) -> TrialConfig:
-    return {"tiny": tiny_cpu, "paper": paper_pcfg}[preset]()
+    return {"tiny": tiny_cpu, "paper": paper_pcfg, "paper-code": paper_code_pcfg}[preset]()
+
+
+def models_for(preset: str) -> tuple[str, ...]:
+    """The model grid of a preset: tiny shapes, or Table 3's (pre-LN under paper-code)."""
+    if preset == "tiny":
+        return TINY_MODELS
+    return tuple(model_for(m, "paper" if preset == "paper" else "paper-code")
+                 for m in PAPER_MODELS)

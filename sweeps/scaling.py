@@ -10,7 +10,7 @@ import sys
 from _cli import main
 from _rayenv import tune
 from _spec import Sweep
-from presets import PAPER_MODELS, TINY_MODELS, base_for
+from presets import base_for, models_for
 
 from flatlm.config import apply_overrides
 from flatlm.measure.grown import lcm_shape
@@ -18,7 +18,7 @@ from flatlm.models.presets import shape_string
 
 
 def build(args) -> Sweep:
-    models = TINY_MODELS if args.preset == "tiny" else PAPER_MODELS
+    models = models_for(args.preset)
     # Tr(F) of models of different sizes is compared in one parameterisation: each checkpoint is
     # also measured grown into the least common shape (flat/*_grown, paper Fig. 5, Table 4)
     grown = shape_string(lcm_shape(models))

@@ -36,6 +36,16 @@ def register(subparsers) -> None:
                               epilog=__doc__.split("\n\n", 1)[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="root of the trial directories")
+    add_selection_arguments(p)
+    p.add_argument("--minutes", type=float, default=None,
+                   help="time budget; stops after the checkpoint that exceeds it (exit 4)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:i (default: cpu)")
+    p.add_argument("--dry-run", action="store_true", help="list the trials and stop")
+    p.set_defaults(run=run)
+
+
+def add_selection_arguments(p) -> None:
+    """The options that choose the experiments (shared with ``sweeps/replicate.py``)."""
     p.add_argument("--experiment", default="all",
                    help=f"comma-separated, of {', '.join(EXPERIMENTS)} (default: all)")
     p.add_argument("--protocol", default="paper,paper-code",
@@ -50,13 +60,8 @@ def register(subparsers) -> None:
     p.add_argument("--models", default=None,
                    help="comma-separated models of the sizes experiment, smallest first "
                         "(default: the scale's)")
-    p.add_argument("--minutes", type=float, default=None,
-                   help="time budget; stops after the checkpoint that exceeds it (exit 4)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:i (default: cpu)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any trial config key for every trial, e.g. train.steps=600")
-    p.add_argument("--dry-run", action="store_true", help="list the trials and stop")
-    p.set_defaults(run=run)
 
 
 def experiments_from_args(args) -> list:

@@ -1,0 +1,80 @@
+"""The paper's experiments as Ray Tune sweeps logged to MLflow, then the replication report.
+No arguments: every experiment under both protocols at CPU scale on a local Ray instance.
+
+    python sweeps/replicate.py                                    # tiny, paper + paper-code
+    python sweeps/replicate.py --experiment steps,sizes --diagnose      # one switch at a time
+    python sweeps/replicate.py --scale gpu --address auto --gpus-per-trial 1 \\
+        --tracking-uri http://127.0.0.1:5000
+
+Each (protocol, experiment) is one sweep and one MLflow experiment named
+``replicate.<protocol>.<experiment>``; the trials are those of ``flatlm replicate`` (the same
+configs, ``flatlm.replication``). The report (``analysis/replication.py``) goes to
+``WORKDIR/report/replication/`` and to MLflow (experiment ``replication``).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from _cli import apply_arguments, parser
+from _driver import run_sweep
+from _rayenv import tune
+from _spec import Sweep, shown_metrics
+
+from flatlm.commands.replicate import add_selection_arguments, experiments_from_args
+from flatlm.replication.scales import scale
+
+REPO = Path(__file__).resolve().parents[1]
+PREFIX = "replicate"
+
+
+def sweep_name(protocol: str, experiment: str) -> str:
+    return f"{PREFIX}.{protocol}.{experiment}"
+
+
+def build_sweeps(args: argparse.Namespace) -> list[Sweep]:
+    """One sweep per (protocol, experiment), with the command line's resource flags."""
+    gpus = scale(args.scale).gpus
+    sweeps = []
+    for exp in experiments_from_args(args):
+        sweep = Sweep(name=sweep_name(exp.protocol, exp.name), base=exp.base,
+                      space={k: tune.grid_search(list(v)) for k, v in exp.grid.items()},
+                      gpus_per_trial=gpus)
+        # --set is already in the experiments (applied before their grids): resources only
+        resources = argparse.Namespace(**{**vars(args), "overrides": []})
+        sweeps.append(apply_arguments(sweep, resources))
+    return sweeps
+
+
+def main(argv=None) -> int:
+    p = parser(__doc__.splitlines()[0], trial_options=False)
+    add_selection_arguments(p)
+    args = p.parse_args(argv)
+    workdir = Path(args.workdir).absolute()
+    try:
+        sweeps = build_sweeps(args)
+        for sweep in sweeps:
+            print(f"== {sweep.name}", flush=True)
+            run_sweep(sweep, workdir=workdir, tracking_uri=args.tracking_uri,
+                      address=args.address, resume=args.resume, show=shown_metrics(sweep))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return write_report(sweeps, workdir, args.tracking_uri)
+
+
+def write_report(sweeps: list[Sweep], workdir: Path, tracking_uri: str | None) -> int:
+    if str(REPO) not in sys.path:  # analysis/ is not an installed package
+        sys.path.append(str(REPO))
+    from analysis import replication
+    from flatlm.track import default_tracking_uri
+
+    uri = tracking_uri or default_tracking_uri(workdir)
+    return replication.main(["--experiments", ",".join(s.name for s in sweeps),
+                             "--tracking-uri", uri,
+                             "--out", str(workdir / "report" / "replication"),
+                             "--command", "python sweeps/replicate.py " + " ".join(sys.argv[1:])])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
