@@ -112,7 +112,10 @@ def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys, color_by: str
 def summary_table(df: pd.DataFrame, acc_key: str, *, by=("algorithm",),
                   keys=(LOSS, KL, TRACE_FISHER, TRACE_HESSIAN)) -> pd.DataFrame:
     """Per group of ``by``: number of runs, then mean and std over runs of ``acc_key`` and
-    ``keys`` at each run's final checkpoint (columns ``<key> mean``, ``<key> std``)."""
+    ``keys`` at each run's final checkpoint (columns ``<key> mean``, ``<key> std``). When the
+    runs measured the lookup table (``lookup/<task>/acc_mean``) a last row ``lookup table``
+    holds its accuracy (the true conditionals as features; loss = entropy, KL 0), as the
+    paper's Table 1 does."""
     final = final_checkpoints(df)
     cols = [k for k in (acc_key, *keys) if _has(final, k)]
     by = [b for b in by if b in final]
@@ -123,7 +126,20 @@ def summary_table(df: pd.DataFrame, acc_key: str, *, by=("algorithm",),
     for c in cols:
         out[f"{c} mean"] = grouped[c].mean()
         out[f"{c} std"] = grouped[c].std()
-    return out.reset_index()
+    return pd.concat([out.reset_index(), _lookup_row(final, acc_key, by)], ignore_index=True)
+
+
+def _lookup_row(final: pd.DataFrame, acc_key: str, by) -> pd.DataFrame:
+    lookup = acc_key.replace("probe/", "lookup/", 1)
+    if not acc_key.startswith("probe/") or not _has(final, lookup):
+        return pd.DataFrame()
+    row = {b: "lookup table" for b in by[:1]}
+    row.update({b: "" for b in by[1:]})
+    row.update({"runs": int(final[lookup].notna().sum()), f"{acc_key} mean": final[lookup].mean(),
+                f"{acc_key} std": final[lookup].std(), f"{KL} mean": 0.0})
+    if _has(final, "pretrain/entropy") and LOSS in final:
+        row[f"{LOSS} mean"] = final["pretrain/entropy"].mean()
+    return pd.DataFrame([row])
 
 
 def summary_markdown(table: pd.DataFrame, digits: int = 3) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -95,16 +96,32 @@ class OneLinePerResult(tune.Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         shown = "  ".join(f"{k.split('/', 1)[-1]}={result[k]:.4g}" for k in self.keys
                           if isinstance(result.get(k), int | float))
-        print(f"[{trial.trial_id}] step {result.get('step')}: {shown}", flush=True)
+        print(f"[{trial}] step {result.get('step')}: {shown}", flush=True)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        print(f"[{trial.trial_id}] failed; it will retry from its last checkpoint if it can",
+        print(f"[{trial}] failed; it will retry from its last checkpoint if it can",
               flush=True)
 
 
+def trial_label(trial) -> str:
+    """A trial's name: what it varies, then Ray's id (unique, stable across retries and
+    resumes): ``d32-h2-l1-i128_seed0_1a0e7_00000``. It names the MLflow run, the console lines
+    and the trial directory."""
+    overrides = trial.config.get("overrides", {})
+    return "_".join([*(_label_piece(k, v) for k, v in overrides.items()), trial.trial_id])
+
+
+def _label_piece(key: str, value) -> str:
+    short = key.split(".")[-1]
+    text = str(value) if short in ("model", "algorithm", "source") else f"{short}{value:.3g}" \
+        if isinstance(value, float) else f"{short}{value}"
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text)[:40]
+
+
 def _tune_config(sweep: Sweep) -> tune.TuneConfig:
+    named = {"trial_name_creator": trial_label, "trial_dirname_creator": trial_label}
     if sweep.searcher is None:
-        return tune.TuneConfig(num_samples=sweep.num_samples, reuse_actors=False)
+        return tune.TuneConfig(num_samples=sweep.num_samples, reuse_actors=False, **named)
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.optuna import OptunaSearch
 
@@ -115,7 +132,8 @@ def _tune_config(sweep: Sweep) -> tune.TuneConfig:
                         mode=modes[0] if single else modes, seed=sweep.base.train.seed)
     if sweep.max_concurrent:
         algo = ConcurrencyLimiter(algo, max_concurrent=sweep.max_concurrent)
-    return tune.TuneConfig(search_alg=algo, num_samples=sweep.num_samples, reuse_actors=False)
+    return tune.TuneConfig(search_alg=algo, num_samples=sweep.num_samples, reuse_actors=False,
+                           **named)
 
 
 def report_diverged(trials_dir: Path) -> list[str]:

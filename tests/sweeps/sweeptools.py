@@ -36,7 +36,7 @@ KEYS = ("pretrain/loss", "pretrain/kl", "pretrain/entropy", "flat/trace_fisher",
 # Tiny trials stay far from saturation (KL ~1 nat): a loose rule keeps every checkpoint in the
 # closing correlation table, which the tests read.
 LOOSE_RULE = ["--kl-threshold", "100"]
-RESULT_LINE = re.compile(r"^\[(\w+)\] step (\d+):")  # _driver.OneLinePerResult
+RESULT_LINE = re.compile(r"^\[([^\]]+)\] step (\d+):")  # _driver.OneLinePerResult
 
 
 def set_args(overrides: dict[str, str]) -> list[str]:

@@ -88,3 +88,15 @@ def test_the_trainable_module_does_not_import_analysis():
             "import _trainable, _driver\n"
             "assert not [m for m in sys.modules if m.split('.')[0] == 'analysis'], 'analysis'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_trial_names_say_what_the_trial_varies_then_rays_id():
+    from types import SimpleNamespace
+
+    from _driver import trial_label
+
+    trial = SimpleNamespace(trial_id="1a0e7_00003", config={"overrides": {
+        "model": "d32-h2-l1-i128", "train.seed": 2, "train.lr": 0.000316227,
+        "source": '{"kind": "dyck"}'}})
+    assert trial_label(trial) == "d32-h2-l1-i128_seed2_lr0.000316_-kind-dyck-_1a0e7_00003"
+    assert trial_label(SimpleNamespace(trial_id="x_1", config={})) == "x_1"

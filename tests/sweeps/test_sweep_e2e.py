@@ -45,8 +45,9 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
     assert all("flat/trace_fisher_grown" in r.data.metrics for r in runs)
     assert all(r.data.tags["sweep"] == "scaling" for r in runs)
     assert all(r.data.params["train.steps"] == "20" for r in runs)
-    assert sorted(sweep.results()) == sorted((r.info.run_name.removeprefix("trainable_"), s)
-                                             for r in runs for s in STEPS)
+    assert sorted(sweep.results()) == sorted((r.info.run_name, s) for r in runs for s in STEPS)
+    # runs and console lines say what the trial is: its model, then Ray's id
+    assert all(r.info.run_name.startswith(r.data.tags["preset"] + "_") for r in runs)
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)

@@ -1,0 +1,27 @@
+"""Table 1 as the paper prints it: the algorithms' rows, then the lookup table's."""
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # `analysis` is a top-level directory
+    sys.path.insert(0, str(REPO))
+
+from analysis.figures import summary_markdown, summary_table  # noqa: E402
+
+
+def test_the_lookup_table_is_the_last_row_of_table_1():
+    rows = [{"run_id": f"{alg}{seed}", "step": 10, "algorithm": alg, "pretrain/loss": 2.3,
+             "pretrain/entropy": 2.1, "pretrain/kl": 0.2, "probe/B/acc_mean": acc,
+             "lookup/B/acc_mean": 0.9}
+            for alg, acc in (("adamw", 0.7), ("adversarial", 0.6)) for seed in (0, 1)]
+    table = summary_table(pd.DataFrame(rows), "probe/B/acc_mean", by=("algorithm",),
+                          keys=("pretrain/loss", "pretrain/kl"))
+    assert list(table["algorithm"]) == ["adamw", "adversarial", "lookup table"]
+    last = table.iloc[-1]
+    assert last["probe/B/acc_mean mean"] == pytest.approx(0.9) and last["runs"] == 4
+    assert last["pretrain/kl mean"] == 0.0 and last["pretrain/loss mean"] == pytest.approx(2.1)
+    assert "| lookup table |" in summary_markdown(table)
