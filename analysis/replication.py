@@ -245,6 +245,11 @@ def main(argv=None) -> int:
     if df.empty:
         print("no trials found", file=sys.stderr)
         return 1
+    unfinished = df.loc[df["status"] != "FINISHED", "run_id"].unique()
+    if len(unfinished):  # a half-run trial would bias the plateau and final-checkpoint effects
+        print(f"leaving out {len(unfinished)} unfinished trial(s): {', '.join(unfinished)}",
+              file=sys.stderr)
+        df = df[df["status"] == "FINISHED"]
     paths = write_report(df, args.out, tol=args.tol, command=args.command,
                          hardware=args.hardware)
     print((args.out / "replication.md").read_text())

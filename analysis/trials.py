@@ -51,8 +51,9 @@ def load_trials(root: str | Path) -> pd.DataFrame:
     for run in trial_dirs(root):
         config = flatten_dict(json.loads((run / CONFIG_FILE).read_text()))
         params.update(config)
-        base = {**_ids(root, run), **_tags(config, run), **config}
-        for step, row in sorted(read_metrics(run).items()):
+        rows = read_metrics(run)
+        base = {**_ids(root, run, config, rows), **_tags(config, run), **config}
+        for step, row in sorted(rows.items()):
             values = {k: float(v) for k, v in row.items() if k != "step" and is_number(v)}
             metrics.update(values)
             records.append({**base, "step": step, **values})
@@ -68,10 +69,16 @@ def load_trials(root: str | Path) -> pd.DataFrame:
     return df
 
 
-def _ids(root: Path, run: Path) -> dict:
+def _ids(root: Path, run: Path, config: dict, rows: dict) -> dict:
     parts = run.relative_to(root).parts
     protocol, experiment = (parts[-3], parts[-2]) if len(parts) >= 3 else (None, None)
-    status = "FAILED" if (run / "diverged.json").exists() else "FINISHED"
+    planned = set(config.get("train.checkpoint_steps") or ())
+    if (run / "diverged.json").exists():
+        status = "FAILED"
+    elif planned <= set(rows):
+        status = "FINISHED"
+    else:  # still running, or interrupted: not every checkpoint is measured yet
+        status = "RUNNING"
     return {"run_id": "/".join(parts) or ".", "trial": run.name, "status": status,
             "protocol": protocol, "experiment": experiment}
 

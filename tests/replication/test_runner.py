@@ -10,6 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # fastcfg (any --import-mode)
 from fastcfg import FAST  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # analysis/ (not installed)
+from analysis.trials import load_trials  # noqa: E402
 from flatlm.metrics_log import read_metrics  # noqa: E402
 from flatlm.replication.experiments import build  # noqa: E402
 from flatlm.replication.runner import Budget, run_experiment, trial_dir  # noqa: E402
@@ -35,7 +37,9 @@ def test_budget_pauses_after_a_checkpoint_and_the_resumed_trial_equals_an_uninte
     assert not done and states == ["start", "paused"]
     out = trial_dir(tmp_path / "a", exp, "seed=0")
     assert set(read_metrics(out)) == {0}  # stopped after the first checkpoint
+    assert set(load_trials(tmp_path / "a")["status"]) == {"RUNNING"}  # the report leaves it out
     assert run_experiment(exp, tmp_path / "a")
+    assert set(load_trials(tmp_path / "a")["status"]) == {"FINISHED"}
     assert run_experiment(exp, tmp_path / "b")
     resumed, straight = measured(out), measured(trial_dir(tmp_path / "b", exp, "seed=0"))
     assert set(resumed) == {0, 3, 6} and resumed == straight  # bit for bit on the CPU
