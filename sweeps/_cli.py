@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from _driver import run_sweep
+from _driver import Interrupted, run_sweep
 from _spec import Sweep, shown_metrics
 from _summary import summarise
 
@@ -97,5 +97,16 @@ def main(build: Callable[[argparse.Namespace], Sweep], description: str,
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        return interrupted(e)
     summarise(sweep, workdir, args.tracking_uri)
     return 0
+
+
+def interrupted(e: Interrupted) -> int:
+    """Says what was stopped and how to go on; no summary over partial data."""
+    argv = [a for a in sys.argv if a != "--resume"]
+    print(f"\n{e}: {e.unfinished} trial(s) unfinished; their MLflow runs are marked KILLED "
+          f"({', '.join(e.killed) or 'none reachable'}). Nothing is lost: continue with\n"
+          f"    python {' '.join(argv)} --resume", file=sys.stderr, flush=True)
+    return e.exit_code

@@ -3,9 +3,11 @@ after ``fit`` ends the MLflow runs whose trials could not deliver their end."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,7 +44,13 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
         sweep_info = {"name": sweep.name, "tracking_uri": uri, "experiment_id": experiment_id,
                       "trials_dir": str(trials_dir)}
         tuner = _tuner(sweep, workdir / "ray_results", sweep_info, resume, show, callbacks)
-        results = tuner.fit()
+        with _sigterm_as_sigint() as received:
+            results = tuner.fit()
+        unfinished = len(results) - results.num_terminated - results.num_errors
+        if received or unfinished:  # Tune stops gracefully on SIGINT and returns normally
+            finish_undelivered(trials_dir, uri, experiment_id)
+            killed = mark_killed(trials_dir, uri)
+            raise Interrupted(received[0] if received else signal.SIGINT, unfinished, killed)
         finish_undelivered(trials_dir, uri, experiment_id)
         report_diverged(trials_dir)
         errors = [r.error for r in results if r.error]
@@ -51,6 +59,75 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
         return workdir / "ray_results" / sweep.name
     finally:
         ray.shutdown()
+
+
+class Interrupted(Exception):  # noqa: N818 - a stop the user asked for, not a failure
+    """The sweep was stopped by SIGINT / SIGTERM; its state is saved for ``--resume``."""
+
+    def __init__(self, signum: int, unfinished: int, killed: list[str]):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum, self.unfinished, self.killed = signum, unfinished, killed
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+
+
+_RECEIVED: list[int] = []  # signals that stopped this driver's fit (module-level: the
+#   callback below is unpickled from tuner.pkl on --resume, and must still reach it)
+
+
+class RecordSignals(tune.Callback):
+    """Wraps the SIGINT handler Tune installs for ``fit`` so that the driver learns of the
+    stop: Tune handles SIGINT gracefully and ``fit`` returns as if the sweep had ended."""
+
+    def setup(self, **info):
+        tune_handler = signal.getsignal(signal.SIGINT)
+        if not callable(tune_handler):
+            return
+
+        def on_int(signum, frame):
+            _RECEIVED.append(signum)
+            tune_handler(signum, frame)
+
+        signal.signal(signal.SIGINT, on_int)
+
+
+@contextlib.contextmanager
+def _sigterm_as_sigint():
+    """SIGTERM (a scheduler's stop, ``kill``) takes Tune's graceful SIGINT path: the experiment
+    state is saved and ``fit`` returns. Yields the list of the signals received."""
+    _RECEIVED.clear()
+
+    def on_term(signum, frame):
+        _RECEIVED.append(signum)
+        signal.raise_signal(signal.SIGINT)
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield _RECEIVED
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def mark_killed(trials_dir: Path, uri: str) -> list[str]:
+    """Ends as KILLED the MLflow runs of trials that had not finished (their runs would stay
+    RUNNING, or FAILED when Ctrl-C reached the workers too); a resumed trial reopens its run.
+    Returns the trials' names."""
+    from mlflow import MlflowClient
+
+    from flatlm.ledger import read_state
+    from flatlm.track import MlflowTracker
+
+    client, killed = MlflowClient(uri), []
+    for out_dir in sorted(p for p in trials_dir.glob("*") if p.is_dir()):
+        run_id = (read_state(out_dir) or {}).get("run_id")
+        if (run_id is None or (out_dir / DIVERGED_FILE).exists()
+                or client.get_run(run_id).info.status == "FINISHED"):
+            continue
+        if MlflowTracker(uri, out_dir, run_id=run_id).finish("KILLED"):
+            killed.append(out_dir.name)
+    return killed
 
 
 def _tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, show: tuple[str, ...],
@@ -72,7 +149,7 @@ def _tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, show: tu
         run_config=tune.RunConfig(
             name=sweep.name, storage_path=str(storage), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
-            callbacks=[OneLinePerResult(show), *callbacks]))
+            callbacks=[RecordSignals(), OneLinePerResult(show), *callbacks]))
 
 
 def check_resources(sweep: Sweep) -> None:

@@ -16,8 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from _cli import apply_arguments, parser
-from _driver import run_sweep
+from _cli import apply_arguments, interrupted, parser
+from _driver import Interrupted, run_sweep
 from _rayenv import tune
 from _spec import Sweep, shown_metrics
 
@@ -60,6 +60,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        return interrupted(e)
     return write_report(sweeps, workdir, args.tracking_uri)
 
 
