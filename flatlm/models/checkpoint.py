@@ -15,6 +15,7 @@ has id c + 4, a sentence reads ``[CLS] x_1 .. x_L [SEP]`` padded with [PAD] to T
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -50,7 +51,8 @@ def save_checkpoint(
         )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
+    with _no_shard_bar():
+        model.save_pretrained(out_dir)
     info = {
         "format": FORMAT,
         "source": source_spec,
@@ -91,3 +93,18 @@ def load_checkpoint(model_dir: str | Path) -> tuple[nn.Module, dict]:
         model_dir, attn_implementation=cfg.attention, local_files_only=True
     )
     return model.eval(), info
+
+
+@contextlib.contextmanager
+def _no_shard_bar():
+    """transformers draws a "Writing model shards" bar per save: one per checkpoint of every
+    trial, which buries the sweep's own lines. Off while saving; the caller's setting after."""
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()

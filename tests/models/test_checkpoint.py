@@ -101,3 +101,14 @@ def test_save_refuses_a_config_of_another_arch(tmp_path):
 def test_load_refuses_a_directory_without_flatlm_json(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path)
+
+
+def test_saving_draws_no_shard_progress_bar_and_keeps_the_callers_setting(tmp_path, capsys):
+    from transformers.utils import logging as hf_logging
+
+    cfg = parse_model("d32-h2-l2-i64")
+    hf_logging.enable_progress_bar()
+    save_checkpoint(build_model(cfg, V, T, seed=0), tmp_path, source_spec=SOURCE, model_cfg=cfg)
+    captured = capsys.readouterr()
+    assert "Writing model shards" not in captured.err + captured.out
+    assert hf_logging.is_progress_bar_enabled()
