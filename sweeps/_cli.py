@@ -14,6 +14,7 @@ A bad sweep exits with code 2 and ``error: <what and the fix>`` before any trial
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -59,6 +60,8 @@ def parser(description: str, *, trial_options: bool = True) -> argparse.Argument
                    help="GPUs per trial; a fraction packs several small trials on one GPU")
     p.add_argument("--max-failures", type=int,
                    help="retries of a failed trial from its last checkpoint (default 3)")
+    p.add_argument("--verbose", action="store_true",
+                   help="keep Ray's per-checkpoint log lines (off by default; FLATLM_VERBOSE=1)")
     p.add_argument("--kl-threshold", type=float,
                    help="saturation rule of the closing correlations: checkpoints with "
                         "pretrain/kl below this (default 0.1 nats)")
@@ -89,6 +92,8 @@ def main(build: Callable[[argparse.Namespace], Sweep], description: str,
     if add_arguments:
         add_arguments(p)
     args = p.parse_args()
+    if args.verbose:  # read by the trials (local Ray workers inherit the environment)
+        os.environ["FLATLM_VERBOSE"] = "1"
     workdir = Path(args.workdir).absolute()
     try:
         sweep = apply_arguments(build(args), args)

@@ -43,6 +43,7 @@ def trainable(config: dict) -> None:
 
     from flatlm.trial import run_trial, with_downstream_resolved
 
+    quiet_ray_train()
     sweep = config["sweep"]
     cfg = with_downstream_resolved(apply_overrides(from_dict(TrialConfig, config["base"]),
                                                    config["overrides"]))  # params name the rule
@@ -74,6 +75,16 @@ def trainable(config: dict) -> None:
         print(f"trial {name}: could not plot its curves: {e}", file=sys.stderr, flush=True)
     tracker.sync_artifacts(out_dir, patterns=TRIAL_ARTIFACTS)
     finish_trial(tracker, "FINISHED", float(os.environ.get("FLATLM_FINISH_WAIT_S", FINISH_WAIT_S)))
+
+
+def quiet_ray_train() -> None:
+    """Ray Train logs "Checkpoint successfully created at: ..." at INFO for every checkpoint of
+    every trial; the driver prints its own line per result. ``--verbose`` (env
+    ``FLATLM_VERBOSE=1``, inherited by local workers) keeps Ray's lines."""
+    import logging
+
+    if not os.environ.get("FLATLM_VERBOSE"):
+        logging.getLogger("ray.train").setLevel(logging.WARNING)
 
 
 def end_diverged(tracker, out_dir: Path, e: Diverged) -> None:

@@ -13,6 +13,7 @@ configs, ``flatlm.replication``). The report (``analysis/replication.py``) goes 
 """
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -50,6 +51,8 @@ def main(argv=None) -> int:
     p = parser(__doc__.splitlines()[0], trial_options=False)
     add_selection_arguments(p)
     args = p.parse_args(argv)
+    if args.verbose:  # read by the trials (local Ray workers inherit the environment)
+        os.environ["FLATLM_VERBOSE"] = "1"
     workdir = Path(args.workdir).absolute()
     try:
         sweeps = build_sweeps(args)

@@ -56,6 +56,8 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
         assert {"curves.png", "metrics.jsonl", "trial_config.json"} <= names, names
     out = sweep.stdout
     assert "Correlations with downstream accuracy" in out and "pearson" in out
+    for chatter in ("Checkpoint successfully created", "Writing model shards"):  # quiet
+        assert chatter not in out + sweep.stderr, chatter
     assert f"cd {tmp_path} && mlflow ui --backend-store-uri {uri}" in out
 
 
