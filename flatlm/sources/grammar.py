@@ -71,6 +71,26 @@ class Grammar:
             return math.inf
         return float(longest[self.root > 0].max())
 
+    def length_distribution(self, max_length: int) -> np.ndarray:
+        """Pr(a sentence has n words) for n = 0..max_length (entry 0 is 0): the chance that the
+        sampler's length filter keeps a draw is the sum. Exact, by dynamic programming over
+        yield lengths: P_A(1) = Pr(A -> word), P_A(n) = sum over A -> B C of
+        p * sum_k P_B(k) P_C(n - k). Rows are normalised as the sampler normalises them."""
+        total = np.zeros(self.N)
+        np.add.at(total, self.binary_parent, self.binary_prob)
+        total += self.emission.sum(1)
+        scale = np.divide(1.0, total, out=np.zeros(self.N), where=total > 0)
+        p_rule = self.binary_prob * scale[self.binary_parent]
+        by_length = np.zeros((max_length + 1, self.N))  # [n, A] = Pr(A yields n words)
+        if max_length >= 1:
+            by_length[1] = self.emission.sum(1) * scale
+        for n in range(2, max_length + 1):
+            k = np.arange(1, n)
+            pairs = (by_length[k][:, self.binary_left] * by_length[n - k][:, self.binary_right])
+            np.add.at(by_length[n], self.binary_parent, p_rule * pairs.sum(0))
+        root = self.root / self.root.sum()
+        return by_length @ root
+
     def root_symbols(self) -> np.ndarray:
         """Ids of the nonterminals the start symbol rewrites to."""
         return np.flatnonzero(self.root > 0)

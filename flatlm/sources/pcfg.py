@@ -95,6 +95,25 @@ def _grammar_from_spec(spec: dict) -> Grammar:
     return parse_grammar(path, strict=bool(spec.get("strict", False)))
 
 
+MIN_ACCEPTANCE = 1e-4  # below it, rejection sampling by length is hopeless: an error
+
+
+def _check_acceptance(grammar: Grammar, max_length: int) -> float:
+    """The share of sampled sentences the length filter keeps; a SourceError, naming the fix,
+    when it is too small for sampling to finish (a grammar whose sentences are all longer than
+    ``max_length``, or a supercritical recursive one whose trees rarely end short)."""
+    dist = grammar.length_distribution(max_length)
+    kept = float(dist.sum())
+    if kept >= MIN_ACCEPTANCE:
+        return kept
+    possible = np.flatnonzero(grammar.length_distribution(64) > 0)
+    shortest = f"its shortest sentence has {possible[0]} words" if len(possible) else \
+        "it yields no sentence of up to 64 words (a supercritical or non-terminating grammar)"
+    raise SourceError(f"pcfg max_length={max_length}: only {kept:.2g} of this grammar's "
+                      f"sentences have at most {max_length} words, so sampling would not finish "
+                      f"({shortest}); raise max_length, or make the recursive rules rarer")
+
+
 class PCFG(Source):
     """A PCFG language; see the module docstring for the spec and the task labels."""
 
@@ -106,6 +125,7 @@ class PCFG(Source):
         self.vocab = list(grammar.words)
         self.length_filter = int(max_length)
         self.max_length = int(min(max_length, grammar.max_yield_length()))
+        self.acceptance = _check_acceptance(grammar, self.length_filter)
         self.spans = dict(spans if spans is not None else {"B": 4, "C": 2})
         self.label_rule = label_rule
         self.tasks = ("A", *self.spans)
