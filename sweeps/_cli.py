@@ -19,13 +19,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from _driver import Interrupted, run_sweep
-from _spec import Sweep, shown_metrics
-from _summary import summarise
+if TYPE_CHECKING:
+    from _driver import Interrupted
+    from _spec import Sweep
 
-from flatlm.config import apply_overrides
-from flatlm.trial import validate_trial
+# Nothing heavy at import: ``--help`` must not wait for Ray, torch or transformers; the
+# sweep's modules are imported once the arguments are parsed.
 
 
 def parse_overrides(pairs: list[str]) -> dict:
@@ -38,10 +39,14 @@ def parse_overrides(pairs: list[str]) -> dict:
     return out
 
 
-def parser(description: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
-    """The shared options; ``trial_options=False`` leaves out --preset, --set and --name for a
-    script that chooses its trials and names its experiments itself (``replicate.py``)."""
-    p = argparse.ArgumentParser(description=description)
+def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
+    """The shared options, described by the script's docstring ``doc`` (its first paragraph;
+    the rest, the examples, after the options). ``trial_options=False`` leaves out --preset,
+    --set and --name for a script that chooses its trials and names its experiments itself
+    (``replicate.py``)."""
+    first, _, rest = doc.strip().partition("\n\n")
+    p = argparse.ArgumentParser(description=" ".join(first.split()), epilog=rest or None,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     if trial_options:
         p.add_argument("--preset", default="tiny", choices=("tiny", "paper", "paper-code"),
                        help="tiny: a few small CPU trials (default); paper: the paper's "
@@ -70,6 +75,9 @@ def parser(description: str, *, trial_options: bool = True) -> argparse.Argument
 
 def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
     """The sweep with the command line's ``--set`` overrides and resource flags applied."""
+    from flatlm.config import apply_overrides
+    from flatlm.trial import validate_trial
+
     overrides = parse_overrides(getattr(args, "overrides", []))
     swept = sorted(set(overrides) & set(sweep.space))
     sweep = replace(sweep, base=apply_overrides(sweep.base, overrides),
@@ -86,15 +94,21 @@ def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
     return sweep
 
 
-def main(build: Callable[[argparse.Namespace], Sweep], description: str,
+def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
          add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
-    p = parser(description)
+    """Parses the command line (``doc``: the script's docstring), builds and runs the sweep,
+    then prints its summary; returns the exit code."""
+    p = parser(doc)
     if add_arguments:
         add_arguments(p)
     args = p.parse_args()
     if args.verbose:  # read by the trials (local Ray workers inherit the environment)
         os.environ["FLATLM_VERBOSE"] = "1"
     workdir = Path(args.workdir).absolute()
+    from _driver import Interrupted, run_sweep
+    from _spec import shown_metrics
+    from _summary import summarise
+
     try:
         sweep = apply_arguments(build(args), args)
         run_sweep(sweep, workdir=workdir, tracking_uri=args.tracking_uri, address=args.address,

@@ -10,16 +10,18 @@ trial. No arguments: 5 tiny CPU trials.
 import sys
 
 from _cli import main
-from _rayenv import tune
-from _spec import Sweep
-from presets import base_for
-
-from flatlm.config import apply_overrides
 
 ALL = ["adamw", "sgd", "sam", "noreg", "adversarial"]
 
 
-def build(args) -> Sweep:
+def build(args):
+    """The sweep (``_spec.Sweep``); imports here keep ``--help`` fast."""
+    from _rayenv import tune
+    from _spec import Sweep
+    from presets import base_for
+
+    from flatlm.config import apply_overrides
+
     algorithms = ALL
     base = base_for(args.preset)
     if args.preset == "tiny":  # the adversary attacks the probed task, on a small pool
@@ -31,4 +33,4 @@ def build(args) -> Sweep:
 
 
 if __name__ == "__main__":
-    sys.exit(main(build, __doc__.splitlines()[0]))
+    sys.exit(main(build, __doc__))

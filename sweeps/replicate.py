@@ -48,7 +48,7 @@ def build_sweeps(args: argparse.Namespace) -> list[Sweep]:
 
 
 def main(argv=None) -> int:
-    p = parser(__doc__.splitlines()[0], trial_options=False)
+    p = parser(__doc__, trial_options=False)
     add_selection_arguments(p)
     args = p.parse_args(argv)
     if args.verbose:  # read by the trials (local Ray workers inherit the environment)

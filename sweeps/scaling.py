@@ -8,16 +8,18 @@ pre-training loss but transfer better. No arguments: a 3-trial CPU sweep on a lo
 import sys
 
 from _cli import main
-from _rayenv import tune
-from _spec import Sweep
-from presets import base_for, models_for
-
-from flatlm.config import apply_overrides
-from flatlm.measure.grown import lcm_shape
-from flatlm.models.presets import shape_string
 
 
-def build(args) -> Sweep:
+def build(args):
+    """The sweep (``_spec.Sweep``); imports here keep ``--help`` fast."""
+    from _rayenv import tune
+    from _spec import Sweep
+    from presets import base_for, models_for
+
+    from flatlm.config import apply_overrides
+    from flatlm.measure.grown import lcm_shape
+    from flatlm.models.presets import shape_string
+
     models = models_for(args.preset)
     # Tr(F) of models of different sizes is compared in one parameterisation: each checkpoint is
     # also measured grown into the least common shape (flat/*_grown, paper Fig. 5, Table 4)
@@ -28,4 +30,4 @@ def build(args) -> Sweep:
 
 
 if __name__ == "__main__":
-    sys.exit(main(build, __doc__.splitlines()[0]))
+    sys.exit(main(build, __doc__))

@@ -9,9 +9,6 @@ task measured (``probe/<task>/acc_mean``; ``measure.tasks``, else the source's t
 import sys
 
 from _cli import main
-from _rayenv import tune
-from _spec import Sweep
-from presets import base_for
 
 
 def objective(text: str) -> tuple[str, str]:
@@ -28,7 +25,12 @@ def add_arguments(p) -> None:
     p.add_argument("--samples", type=int, help="trials to draw (default 4 tiny, 64 paper)")
 
 
-def build(args) -> Sweep:
+def build(args):
+    """The sweep (``_spec.Sweep``); imports here keep ``--help`` fast."""
+    from _rayenv import tune
+    from _spec import Sweep
+    from presets import base_for
+
     objectives = tuple(objective(o) for o in args.objective)  # () = _spec.objectives' default
     space = {"train.lr": tune.loguniform(1e-4, 3e-3), "train.beta2": tune.uniform(0.9, 0.999),
              "train.weight_decay": tune.loguniform(1e-4, 1e-1),
@@ -40,4 +42,4 @@ def build(args) -> Sweep:
 
 
 if __name__ == "__main__":
-    sys.exit(main(build, __doc__.splitlines()[0], add_arguments))
+    sys.exit(main(build, __doc__, add_arguments))

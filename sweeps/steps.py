@@ -8,14 +8,16 @@ flatness and downstream accuracy keep changing. No arguments: 3 seeds of one tin
 import sys
 
 from _cli import main
-from _rayenv import tune
-from _spec import Sweep
-from presets import base_for
-
-from flatlm.config import apply_overrides
 
 
-def build(args) -> Sweep:
+def build(args):
+    """The sweep (``_spec.Sweep``); imports here keep ``--help`` fast."""
+    from _rayenv import tune
+    from _spec import Sweep
+    from presets import base_for
+
+    from flatlm.config import apply_overrides
+
     if args.preset == "tiny":
         steps, every = 300, 50
     else:
@@ -27,4 +29,4 @@ def build(args) -> Sweep:
 
 
 if __name__ == "__main__":
-    sys.exit(main(build, __doc__.splitlines()[0]))
+    sys.exit(main(build, __doc__))

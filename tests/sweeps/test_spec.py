@@ -100,3 +100,17 @@ def test_trial_names_say_what_the_trial_varies_then_rays_id():
         "source": '{"kind": "dyck"}'}})
     assert trial_label(trial) == "d32-h2-l1-i128_seed2_lr0.000316_-kind-dyck-_1a0e7_00003"
     assert trial_label(SimpleNamespace(trial_id="x_1", config={})) == "x_1"
+
+
+@pytest.mark.parametrize("script", ["scaling", "steps", "algorithms", "search"])
+def test_help_imports_neither_ray_nor_torch(script):
+    code = ("import runpy, sys\n"
+            f"sys.argv = ['{script}.py', '--help']\n"
+            f"sys.path.insert(0, {str(REPO / 'sweeps')!r})\n"
+            f"try:\n    runpy.run_path({str(REPO / 'sweeps' / (script + '.py'))!r}, "
+            "run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print('heavy:', sorted(m for m in ('ray', 'torch', 'transformers') "
+            "if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert "--set KEY=VALUE" in out and out.strip().endswith("heavy: []"), out
