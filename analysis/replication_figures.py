@@ -81,7 +81,7 @@ def algorithm_bars(df: pd.DataFrame, path: str | Path) -> Path:
                 ax.axhline(value, ls="--", lw=1, color=f"C{i}")
         ax.set_title(key + (" (dashed: lookup table)" if key.startswith("probe/") else ""),
                      fontsize=9)
-    if keys:
+    if keys and protocols:
         axes[0].legend(fontsize=7)
     return _save(fig, path, "final checkpoint by algorithm (mean ± s.e. over seeds)",
                  empty=not keys)

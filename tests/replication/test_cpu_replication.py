@@ -29,6 +29,9 @@ def trials(tmp_path_factory):
     rc = flatlm(["replicate", "--out", str(root), "--seeds", "2",
                  "--models", ",".join(FAST_MODELS), *fast_set_flags()])
     assert rc == 0
+    rc = flatlm(["replicate", "--out", str(root), "--seeds", "2", "--experiment", "steps",
+                 "--protocol", "paper+mask-only", *fast_set_flags()])  # a diagnosis row
+    assert rc == 0
     return root
 
 
@@ -38,14 +41,15 @@ def test_every_claim_gets_a_row_and_a_verdict_under_both_protocols(trials, tmp_p
     assert replication.main(["--trials", str(trials), "--out", str(out), "--tol", "5",
                              "--command", "pytest"]) == 0
     claims = pd.read_csv(out / "claims.csv")
-    assert set(claims["protocol"]) == {"paper", "paper-code"}
-    for protocol, rows in claims.groupby("protocol"):
+    assert set(claims["protocol"]) == {"paper", "paper-code", "paper+mask-only"}
+    for protocol, rows in claims[claims["protocol"] != "paper+mask-only"].groupby("protocol"):
         assert len(rows) == len(CLAIMS) + 1, protocol  # + the Fig. 1 scatter
         assert set(rows["verdict"]) <= VERDICTS
         assert rows["n"].min() >= 1
     md = (out / "replication.md").read_text()
     for needle in ("## Protocol `paper`", "## Protocol `paper-code`", "Reference points",
-                   "random_init", "lookup", "majority", "Made by: `pytest`"):
+                   "random_init", "lookup", "majority", "Made by: `pytest`",
+                   "## Diagnosis", "| paper+mask-only |"):
         assert needle in md
     for fig in ("steps.png", "sizes.png", "algorithms.png", "fig1_scatter.png"):
         assert (out / fig).stat().st_size > 10_000
@@ -66,5 +70,5 @@ def test_the_sweep_report_reads_trial_directories(trials, tmp_path, capsys):
     assert report.main(["--trials", str(trials), "--out", str(tmp_path),
                         "--kl-threshold", "10", "--n-boot", "50"]) == 0
     runs = pd.read_csv(tmp_path / "runs.csv")
-    assert runs["run_id"].nunique() == 2 * (2 + 2 * 2 + 4 * 2 + 2)  # 2 protocols x 16 trials
+    assert runs["run_id"].nunique() == 2 * (2 + 2 * 2 + 4 * 2 + 2) + 2  # 2 x 16 + diagnosis
     assert "wrote" in capsys.readouterr().out
