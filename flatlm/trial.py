@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from flatlm.config import to_dict
+from flatlm.dirlock import writer_lock
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
 from flatlm.metrics_log import CHECKPOINT_METRICS_FILE, append_metrics, read_metrics
 from flatlm.models.presets import ModelSpec, parse_model
@@ -99,14 +100,20 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
     """Runs (or resumes) the trial; returns step -> metrics for every checkpoint.
 
     ``eval_cache``: a directory where the trials of a sweep share their evaluation data
-    (``flatlm.measure.eval_cache``); None draws it for this trial alone.
+    (``flatlm.measure.eval_cache``); None draws it for this trial alone. Another process
+    writing to ``out_dir`` is an error (``flatlm.dirlock.DirectoryBusyError``) before any work.
     """
-    from flatlm.train.loop import train
-
     source, model_cfg = validate_trial(cfg)
     cfg = with_downstream_resolved(cfg)
     out_dir = Path(out_dir).absolute()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with writer_lock(out_dir):  # one writer per trial directory (flatlm.dirlock)
+        return _run_trial(cfg, source, model_cfg, out_dir, report, device, progress, eval_cache)
+
+
+def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
+               eval_cache) -> dict[int, dict]:
+    from flatlm.train.loop import train
+
     (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
     data = eval_data(source, cfg.measure, model_cfg, device=device, cache_dir=eval_cache)
     done = read_metrics(out_dir)

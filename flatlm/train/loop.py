@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from flatlm.config import flatten_dict, to_dict
+from flatlm.dirlock import writer_lock
 from flatlm.models.bert import build_model
 from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, save_checkpoint
 from flatlm.models.presets import ModelConfig, parse_model
@@ -109,15 +110,23 @@ def train(
     out_dir = Path(out_dir).absolute()
     start = _start_checkpoint(cfg, model_cfg, out_dir, resume)  # cheap checks first
     pipeline, n_classes = _pipeline(cfg, source, device, corpus)
-    cuda = [device.index or 0] if device.type == "cuda" else []
     try:
-        with torch.random.fork_rng(devices=cuda):
-            run = _Run.begin(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start)
-            run.loop(on_checkpoint, progress)
+        with writer_lock(out_dir):  # one writer: two runs into one directory would mix them
+            run = _train(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start,
+                         on_checkpoint, progress)
     finally:
         pipeline.close()
     return TrainResult(model=run.ctx.model, step=run.step, history=run.history,
                        checkpoints=find_checkpoints(out_dir))
+
+
+def _train(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start, on_checkpoint,
+           progress) -> _Run:
+    cuda = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        run = _Run.begin(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start)
+        run.loop(on_checkpoint, progress)
+    return run
 
 
 def _pipeline(cfg, source, device, corpus) -> tuple[BatchPipeline, int]:
