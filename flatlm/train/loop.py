@@ -46,9 +46,10 @@ from flatlm.train.state import (
     checkpoint_dir,
     find_checkpoints,
     load_state,
-    newest_checkpoint,
+    readable_checkpoints,
     restore_rng,
     save_state,
+    set_aside,
 )
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,9 @@ def train(
     pipeline, n_classes = _pipeline(cfg, source, device, corpus)
     try:
         with writer_lock(out_dir):  # one writer: two runs into one directory would mix them
+            if resume:  # kept for inspection, out of the way of the steps retrained
+                for bad, _ in readable_checkpoints(out_dir)[1]:
+                    set_aside(bad)
             run = _train(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start,
                          on_checkpoint, progress)
     finally:
@@ -160,7 +164,7 @@ def _start_checkpoint(cfg, model_cfg, out_dir, resume) -> tuple[Path, TrainState
             raise ValueError(f"{out_dir} already holds checkpoints (steps {list(found)}); resume "
                              "them (--resume / resume=True) or choose another output directory")
         return None
-    ckpt = newest_checkpoint(out_dir)
+    ckpt, _ = readable_checkpoints(out_dir)  # a torn or truncated newer one is skipped
     if ckpt is None:
         return None
     state = load_state(ckpt)

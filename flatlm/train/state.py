@@ -9,7 +9,9 @@ The learning rate is a pure function of the step, so the step is the schedule's 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +19,8 @@ import torch
 
 STATE_NAME = "training_state.pt"
 _STEP_DIR = re.compile(r"step-(\d+)")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -72,5 +76,34 @@ def find_checkpoints(out_dir: Path) -> dict[int, Path]:
 
 
 def newest_checkpoint(out_dir: Path) -> Path | None:
-    found = find_checkpoints(out_dir)
-    return found[max(found)] if found else None
+    """The newest checkpoint that loads (training state and model); unreadable ones (a torn
+    write, a full disk, a truncated file) are skipped with a warning naming the file."""
+    return readable_checkpoints(out_dir)[0]
+
+
+def readable_checkpoints(out_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """(the newest checkpoint that loads or None, [(newer unreadable checkpoint, why)])."""
+    from flatlm.models.checkpoint import load_checkpoint
+
+    bad = []
+    for _, ckpt in sorted(find_checkpoints(out_dir).items(), reverse=True):
+        try:
+            load_state(ckpt)
+            load_checkpoint(ckpt)
+        except Exception as e:  # noqa: BLE001 - any unreadable file: fall back to an older one
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            log.warning("checkpoint %s is unreadable (%s); falling back to an older one",
+                        ckpt, why)
+            bad.append((ckpt, why))
+            continue
+        return ckpt, bad
+    return None, bad
+
+
+def set_aside(ckpt: Path) -> Path:
+    """Renames an unreadable checkpoint to ``step-<N>.corrupt`` (kept for inspection, no longer
+    found), replacing an older one set aside under that name."""
+    target = ckpt.with_name(ckpt.name + ".corrupt")
+    shutil.rmtree(target, ignore_errors=True)
+    ckpt.rename(target)
+    return target

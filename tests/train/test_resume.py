@@ -111,3 +111,23 @@ def test_resume_refuses_a_changed_run(src, tiny_model, tmp_path):
     with pytest.raises(ValueError, match="past train.steps=1"):
         train(dataclasses.replace(cfg, steps=1, checkpoint_steps=()), src, tiny_model, tmp_path,
               progress=False, resume=True)
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: max(1, path.stat().st_size // 3)])
+
+
+@pytest.mark.parametrize("damage", ["model.safetensors", "training_state.pt", "config.json",
+                                    "flatlm.json"])
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_one_before(damage, src, tiny_model,
+                                                                       tmp_path):
+    cfg = TrainConfig(steps=9, batch_size=16, warmup_steps=2, checkpoint_steps=(3, 6, 9), seed=4)
+    straight = train(cfg, src, tiny_model, tmp_path / "a", progress=False)
+    with pytest.raises(_StopError):
+        train(cfg, src, tiny_model, tmp_path / "b", progress=False, on_checkpoint=_stop_at(6))
+    _truncate(tmp_path / "b" / "checkpoints" / "step-6" / damage)  # a torn write / full disk
+    resumed = train(cfg, src, tiny_model, tmp_path / "b", progress=False, resume=True)
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)  # resumed from step 3, bit for bit
+    assert list(resumed.checkpoints) == [3, 6, 9]
+    assert (tmp_path / "b" / "checkpoints" / "step-6.corrupt" / damage).exists()  # kept aside
