@@ -66,9 +66,9 @@ def _load_source(text: str):
 
 
 def _device(name: str | None) -> str:
-    import torch
+    from flatlm.devices import resolve_device
 
-    return name or ("cuda" if torch.cuda.is_available() else "cpu")
+    return str(resolve_device(name))
 
 
 def _positive(name: str, value: int | None) -> None:

@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--tasks", help="comma-separated downstream tasks (default: all)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any MeasureConfig key, e.g. probe.seeds=5 or flatness.estimator=sampled")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:i (default: cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="where to save the JSON (default CHECKPOINT/measure.json)")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
@@ -52,6 +52,7 @@ def _config(args):
 
 
 def run(args) -> int:
+    from flatlm.devices import resolve_device
     from flatlm.measure.run import eval_data, measure_model
     from flatlm.models.checkpoint import load_checkpoint
     from flatlm.models.presets import ModelConfig
@@ -61,11 +62,13 @@ def run(args) -> int:
     if not (ckpt / "flatlm.json").is_file():
         raise ValueError(f"{ckpt} is not a flatlm checkpoint (no flatlm.json)")
     cfg = _config(args)  # bad options fail before the model loads
+    device = resolve_device(args.device)
     model, info = load_checkpoint(ckpt)
     source = load(SourceSpec(args.source) if args.source else info["source"])
-    model = model.to(args.device)
+    _check_vocabulary(ckpt, info, source)
+    model = model.to(device)
     data = eval_data(source, cfg, ModelConfig(**info["model"]))  # random-features reference
-    metrics = measure_model(model, source, data, cfg, args.device)
+    metrics = measure_model(model, source, data, cfg, device)
     out = {"checkpoint": str(ckpt.absolute()), "source": source.spec, **metrics}
     path = Path(args.out) if args.out else ckpt / "measure.json"
     path.write_text(json.dumps(out, indent=2) + "\n")
@@ -77,3 +80,13 @@ def run(args) -> int:
                 print(f"{key:32s} {value:.6g}")
         print(f"saved {path}")
     return 0
+
+
+def _check_vocabulary(ckpt: Path, info: dict, source) -> None:
+    """A model measured on a language of another vocabulary would fail deep in a forward pass
+    (or, worse, run on the wrong words): say so first."""
+    words = info.get("tokens", {}).get("n_words")
+    if words is not None and words != source.V:
+        raise ValueError(f"{ckpt} was trained on a language of {words} words ({info['source']}),"
+                         f" but --source has {source.V}; measure it on its own source (omit "
+                         "--source) or one with the same vocabulary")

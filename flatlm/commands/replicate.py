@@ -39,7 +39,7 @@ def register(subparsers) -> None:
     add_selection_arguments(p)
     p.add_argument("--minutes", type=float, default=None,
                    help="time budget; stops after the checkpoint that exceeds it (exit 4)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:i (default: cpu)")
+    p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:i (default: cpu)")
     p.add_argument("--dry-run", action="store_true", help="list the trials and stop")
     p.set_defaults(run=run)
 
@@ -79,8 +79,10 @@ def experiments_from_args(args) -> list:
 
 
 def run(args) -> int:
+    from flatlm.devices import resolve_device
     from flatlm.replication.runner import Budget, run_experiment
 
+    device = str(resolve_device(args.device))
     experiments = experiments_from_args(args)
     for protocol in dict.fromkeys(exp.protocol for exp in experiments):
         print(f"{protocol}: {describe(protocol)}")
@@ -97,7 +99,7 @@ def run(args) -> int:
         def tell(name, state, exp=exp):
             print(f"[{(time.monotonic() - start) / 60:5.1f} min] {exp.protocol}/{exp.name}/"
                   f"{name}: {state}", flush=True)
-        if not run_experiment(exp, args.out, device=args.device, budget=budget, on_trial=tell):
+        if not run_experiment(exp, args.out, device=device, budget=budget, on_trial=tell):
             print(f"time budget of {args.minutes} min spent; run the same command again to "
                   "continue", file=sys.stderr)
             return OUT_OF_TIME_EXIT

@@ -77,11 +77,11 @@ def run(args) -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
+    from flatlm.devices import resolve_device
     from flatlm.train.loop import Diverged, train
 
     source = load(spec)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu") \
-        if args.device == "auto" else torch.device(args.device)
+    device = resolve_device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
