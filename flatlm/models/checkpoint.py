@@ -83,8 +83,13 @@ def load_checkpoint(model_dir: str | Path) -> tuple[nn.Module, dict]:
     the class of its ``ln_mode`` (absent in older checkpoints: "post").
     """
     model_dir = Path(model_dir)
-    info = json.loads((model_dir / INFO_NAME).read_text())
-    if info.get("format") != FORMAT:
+    try:
+        info = json.loads((model_dir / INFO_NAME).read_text())
+    except json.JSONDecodeError as e:  # a torn write: name the file, not just the position
+        raise ValueError(f"{model_dir / INFO_NAME} is not valid JSON ({e}); the checkpoint is "
+                         "damaged: use an earlier one (resume falls back by itself)") from None
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
+        info = info if isinstance(info, dict) else {}
         raise ValueError(f"{model_dir / INFO_NAME}: format {info.get('format')!r}, not {FORMAT}")
     cfg = ModelConfig(**info["model"])
     if cfg.arch == "lstm":

@@ -112,3 +112,11 @@ def test_saving_draws_no_shard_progress_bar_and_keeps_the_callers_setting(tmp_pa
     captured = capsys.readouterr()
     assert "Writing model shards" not in captured.err + captured.out
     assert hf_logging.is_progress_bar_enabled()
+
+
+def test_a_damaged_flatlm_json_is_named(tmp_path):
+    cfg = parse_model("d32-h2-l2-i64")
+    save_checkpoint(build_model(cfg, V, T, seed=0), tmp_path, source_spec=SOURCE, model_cfg=cfg)
+    (tmp_path / "flatlm.json").write_text('{"format": "flatlm.checkpoint')
+    with pytest.raises(ValueError, match=r"flatlm\.json is not valid JSON"):
+        load_checkpoint(tmp_path)
