@@ -43,7 +43,9 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
         trials_dir = workdir / "trials" / sweep.name
         sweep_info = {"name": sweep.name, "tracking_uri": uri, "experiment_id": experiment_id,
                       "trials_dir": str(trials_dir)}
+        check_resume_settings(sweep, workdir / "ray_results" / sweep.name, resume)
         tuner = _tuner(sweep, workdir / "ray_results", sweep_info, resume, show, callbacks)
+        record_settings(sweep, workdir / "ray_results" / sweep.name)
         with _sigterm_as_sigint() as received:
             results = tuner.fit()
         unfinished = len(results) - results.num_terminated - results.num_errors
@@ -59,6 +61,45 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
         return workdir / "ray_results" / sweep.name
     finally:
         ray.shutdown()
+
+
+SETTINGS_FILE = "flatlm_sweep.json"  # in the Ray experiment directory: what the trials run
+
+
+def sweep_settings(sweep: Sweep) -> dict:
+    """The settings a resumed sweep must share with the one it continues (flat keys)."""
+    from flatlm.config import flatten_dict
+
+    def plain(o):
+        return {k: v for k, v in vars(o).items() if not k.startswith("_")} \
+            if hasattr(o, "__dict__") else str(o)
+
+    space = json.loads(json.dumps(sweep.space, default=plain, sort_keys=True))
+    return {**flatten_dict(to_dict(sweep.base), "base."), **flatten_dict(space, "space.")}
+
+
+def check_resume_settings(sweep: Sweep, path: Path, resume: bool) -> None:
+    """``--resume`` with settings other than those ``record_settings`` kept is an error naming
+    them (Tune would silently keep the old ones)."""
+    file = path / SETTINGS_FILE
+    now = sweep_settings(sweep)
+    if resume and file.exists():
+        before = json.loads(file.read_text())
+        changed = sorted(k for k in {*before, *now} if before.get(k) != now.get(k))
+        if changed:
+            diffs = "; ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])
+            raise ValueError(f"--resume continues the sweep as it was started, but these "
+                             f"settings changed: {diffs}{' ...' if len(changed) > 5 else ''}. "
+                             "Resume with the original --set values, or start a new sweep "
+                             "with --name")
+
+
+def record_settings(sweep: Sweep, path: Path) -> None:
+    """Writes the settings of a sweep being started (kept when one is resumed)."""
+    file = path / SETTINGS_FILE
+    if not file.exists():
+        path.mkdir(parents=True, exist_ok=True)
+        file.write_text(json.dumps(sweep_settings(sweep), indent=1, sort_keys=True) + "\n")
 
 
 class Interrupted(Exception):  # noqa: N818 - a stop the user asked for, not a failure

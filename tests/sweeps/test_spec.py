@@ -114,3 +114,22 @@ def test_help_imports_neither_ray_nor_torch(script):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert "--set KEY=VALUE" in out and out.strip().endswith("heavy: []"), out
+
+
+def test_resume_with_changed_settings_is_refused_naming_them(tmp_path):
+    from dataclasses import replace as dc_replace
+
+    from _driver import check_resume_settings, record_settings
+    from _rayenv import tune
+
+    sweep = Sweep(name="s", base=base_for("tiny"),
+                  space={"model": tune.grid_search(["d16-h1-l1-i64"]),
+                         "train.lr": tune.loguniform(1e-4, 1e-2)})
+    record_settings(sweep, tmp_path)
+    check_resume_settings(sweep, tmp_path, resume=True)  # the same settings: fine
+    changed = dc_replace(sweep, base=apply_overrides(sweep.base, {"train.steps": 999}))
+    with pytest.raises(ValueError, match=r"base\.train\.steps: 150 -> 999"):
+        check_resume_settings(changed, tmp_path, resume=True)
+    wider = dc_replace(sweep, space={**sweep.space, "train.lr": tune.loguniform(1e-5, 1e-2)})
+    with pytest.raises(ValueError, match=r"space\.train\.lr"):
+        check_resume_settings(wider, tmp_path, resume=True)
