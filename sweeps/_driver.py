@@ -28,12 +28,12 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
     callbacks for a new sweep (tests inject faults with one); a resumed sweep keeps the callbacks
     it was started with.
     """
-    from flatlm.track import default_artifact_location, default_tracking_uri, ensure_experiment
+    from flatlm.track import default_artifact_location, default_tracking_uri
 
     check_sweep(sweep)
     workdir = workdir.absolute()
     uri = tracking_uri or default_tracking_uri(workdir)
-    experiment_id = ensure_experiment(uri, sweep.name, default_artifact_location(workdir))
+    experiment_id = _reach_tracking(uri, sweep.name, default_artifact_location(workdir))
     if address:
         ray.init(address=address, logging_level="ERROR")
     else:
@@ -191,6 +191,30 @@ def _tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, show: tu
             name=sweep.name, storage_path=str(storage), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             callbacks=[RecordSignals(), OneLinePerResult(show), *callbacks]))
+
+
+def _reach_tracking(uri: str, name: str, artifact_location: str) -> str:
+    """The sweep's MLflow experiment id; an unreachable store is an error naming the fix before
+    Ray starts (with a few quick retries, not MLflow's minutes of back-off)."""
+    from flatlm.track import ensure_experiment
+
+    quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+             "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+    saved = {k: os.environ.get(k) for k in quick}
+    os.environ.update(quick)
+    try:
+        return ensure_experiment(uri, name, artifact_location)
+    except Exception as e:  # noqa: BLE001 - any failure to reach the store
+        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise ValueError(f"MLflow tracking store {uri} is unreachable ({first}); start it "
+                         "(mlflow server --host 127.0.0.1 --port 5000, or `ray attach` the "
+                         "cluster with -p 5000) or pass another --tracking-uri") from None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def check_resources(sweep: Sweep) -> None:

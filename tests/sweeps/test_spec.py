@@ -133,3 +133,18 @@ def test_resume_with_changed_settings_is_refused_naming_them(tmp_path):
     wider = dc_replace(sweep, space={**sweep.space, "train.lr": tune.loguniform(1e-5, 1e-2)})
     with pytest.raises(ValueError, match=r"space\.train\.lr"):
         check_resume_settings(wider, tmp_path, resume=True)
+
+
+def test_an_unreachable_tracking_store_is_an_error_before_ray_starts(tmp_path):
+    import socket
+
+    from _driver import run_sweep
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sweep = Sweep(name="s", base=base_for("tiny"))
+    with pytest.raises(ValueError, match=f"127.0.0.1:{port} is unreachable"):
+        run_sweep(sweep, workdir=tmp_path, tracking_uri=f"http://127.0.0.1:{port}",
+                  address=None, resume=False, show=())
+    assert not (tmp_path / "ray_results").exists()
