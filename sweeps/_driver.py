@@ -177,6 +177,7 @@ def _tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, show: tu
                                                  "gpu": sweep.gpus_per_trial})
     path = storage / sweep.name
     if resume and tune.Tuner.can_restore(str(path)):
+        check_trusted(path)  # Tune unpickles tuner.pkl: code in it would run here
         return tune.Tuner.restore(str(path), trainable=trainable_, resume_errored=True,
                                   resume_unfinished=True)
     if path.exists() and not resume:
@@ -215,6 +216,21 @@ def _reach_tracking(uri: str, name: str, artifact_location: str) -> str:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def check_trusted(path: Path) -> None:
+    """The files ``--resume`` unpickles must be this user's own, not writable by others and not
+    links: a ``tuner.pkl`` someone else could write is code they could run as you. The same
+    trust rule as ssh's for its keys."""
+    for item in (path, path / "tuner.pkl"):
+        if not (item.is_symlink() or item.exists()):
+            continue
+        info = item.lstat()
+        if item.is_symlink() or info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise ValueError(f"refusing to resume from {item}: it is "
+                             f"{'a symbolic link' if item.is_symlink() else 'not yours alone'} "
+                             "(Ray would unpickle it, running any code in it); check its owner "
+                             "and permissions (chmod go-w), or start a new sweep with --name")
 
 
 def check_resources(sweep: Sweep) -> None:

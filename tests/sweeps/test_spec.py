@@ -148,3 +148,19 @@ def test_an_unreachable_tracking_store_is_an_error_before_ray_starts(tmp_path):
         run_sweep(sweep, workdir=tmp_path, tracking_uri=f"http://127.0.0.1:{port}",
                   address=None, resume=False, show=())
     assert not (tmp_path / "ray_results").exists()
+
+
+def test_resume_refuses_a_tuner_pickle_others_could_have_written(tmp_path):
+    from _driver import check_trusted
+
+    (tmp_path / "tuner.pkl").write_bytes(b"not really a pickle")
+    tmp_path.chmod(0o755)
+    (tmp_path / "tuner.pkl").chmod(0o644)
+    check_trusted(tmp_path)  # yours alone: fine
+    (tmp_path / "tuner.pkl").chmod(0o666)
+    with pytest.raises(ValueError, match="not yours alone"):
+        check_trusted(tmp_path)
+    (tmp_path / "tuner.pkl").unlink()
+    (tmp_path / "tuner.pkl").symlink_to(tmp_path / "elsewhere.pkl")
+    with pytest.raises(ValueError, match="symbolic link"):
+        check_trusted(tmp_path)
