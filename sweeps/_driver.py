@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from _rayenv import ray, tune
-from _spec import Sweep, check_sweep, objectives
+from _spec import Sweep, check_sweep, check_tracking_uri, objectives
 from _trainable import DIVERGED_FILE, trainable
 
 from flatlm.config import to_dict
@@ -31,6 +31,7 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
     from flatlm.track import default_artifact_location, default_tracking_uri
 
     check_sweep(sweep)
+    check_tracking_uri(tracking_uri)
     workdir = workdir.absolute()
     uri = tracking_uri or default_tracking_uri(workdir)
     experiment_id = _reach_tracking(uri, sweep.name, default_artifact_location(workdir))

@@ -4,6 +4,7 @@ it is judged on, the metrics shown per result and the searcher's objectives. No 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from flatlm.config import apply_overrides
@@ -66,8 +67,31 @@ def objectives(sweep: Sweep) -> tuple[tuple[str, str], ...]:
     return sweep.objectives or ((accuracy_key(sweep), "max"),)
 
 
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")  # a sweep name: one directory level
+CREDENTIALS = re.compile(r"^[a-z+]+://[^/@]*:[^/@]*@")  # user:password@ in a URI
+
+
+def check_name(name: str) -> None:
+    """A sweep name becomes directories under the workdir: no separators, no '..'."""
+    if not NAME.fullmatch(name) or ".." in name:
+        raise ValueError(f"--name {name!r}: use letters, digits and . _ + - (no '/' or '..'; "
+                         "it names directories under --workdir)")
+
+
+def check_tracking_uri(uri: str | None) -> None:
+    """Credentials in the URI would be printed and written into Ray's state files."""
+    if uri and CREDENTIALS.match(uri):
+        raise ValueError("--tracking-uri holds a password: put the credentials in "
+                         "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (MLflow reads "
+                         "them) and give the URI without them")
+
+
 def check_sweep(sweep: Sweep) -> None:
     """Builds every grid point's config and validates it: bad sweeps fail before any trial."""
+    check_name(sweep.name)
+    if sweep.max_failures < 0:
+        raise ValueError(f"--max-failures {sweep.max_failures}: use 0 or more (Ray reads a "
+                         "negative value as unlimited retries)")
     grid = {k: v["grid_search"] for k, v in sweep.space.items()
             if isinstance(v, dict) and "grid_search" in v}
     points = [{}]

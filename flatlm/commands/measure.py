@@ -10,6 +10,7 @@ The source defaults to the one recorded in the checkpoint's ``flatlm.json``. The
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from flatlm.measure.run import WHAT
@@ -71,7 +72,7 @@ def run(args) -> int:
     metrics = measure_model(model, source, data, cfg, device)
     out = {"checkpoint": str(ckpt.absolute()), "source": source.spec, **metrics}
     path = Path(args.out) if args.out else ckpt / "measure.json"
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    _write_replacing(path, json.dumps(out, indent=2) + "\n")
     if args.json:
         print(json.dumps(out))
     else:
@@ -90,3 +91,11 @@ def _check_vocabulary(ckpt: Path, info: dict, source) -> None:
         raise ValueError(f"{ckpt} was trained on a language of {words} words ({info['source']}),"
                          f" but --source has {source.V}; measure it on its own source (omit "
                          "--source) or one with the same vocabulary")
+
+
+def _write_replacing(path: Path, text: str) -> None:
+    """Writes ``path`` as a new file renamed into place: a symbolic link there is replaced, not
+    followed (a checkpoint from elsewhere could point its measure.json at any file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

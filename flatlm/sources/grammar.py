@@ -91,6 +91,20 @@ class Grammar:
         root = self.root / self.root.sum()
         return by_length @ root
 
+    def branching_radius(self) -> float:
+        """Spectral radius of the expected-offspring matrix M[A, B] (expected number of B
+        children of an A, rows normalised as the sampler normalises them). Above 1 the grammar
+        is supercritical: a tree is infinite with positive probability."""
+        total = np.zeros(self.N)
+        np.add.at(total, self.binary_parent, self.binary_prob)
+        total += self.emission.sum(1)
+        scale = np.divide(1.0, total, out=np.zeros(self.N), where=total > 0)
+        p = self.binary_prob * scale[self.binary_parent]
+        offspring = np.zeros((self.N, self.N))
+        np.add.at(offspring, (self.binary_parent, self.binary_left), p)
+        np.add.at(offspring, (self.binary_parent, self.binary_right), p)
+        return float(np.abs(np.linalg.eigvals(offspring)).max()) if self.N else 0.0
+
     def root_symbols(self) -> np.ndarray:
         """Ids of the nonterminals the start symbol rewrites to."""
         return np.flatnonzero(self.root > 0)

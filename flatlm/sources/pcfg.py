@@ -102,6 +102,12 @@ def _check_acceptance(grammar: Grammar, max_length: int) -> float:
     """The share of sampled sentences the length filter keeps; a SourceError, naming the fix,
     when it is too small for sampling to finish (a grammar whose sentences are all longer than
     ``max_length``, or a supercritical recursive one whose trees rarely end short)."""
+    radius = grammar.branching_radius()
+    if radius > 1 + 1e-9:
+        raise SourceError(f"pcfg grammar is supercritical: its recursive rules expect "
+                          f"{radius:.3g} > 1 children per nonterminal (spectral radius of the "
+                          "expected-offspring matrix), so its trees grow without end with "
+                          "positive probability; make the recursive rules rarer")
     dist = grammar.length_distribution(max_length)
     kept = float(dist.sum())
     if kept >= MIN_ACCEPTANCE:

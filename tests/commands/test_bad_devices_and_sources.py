@@ -28,3 +28,14 @@ def test_measuring_on_a_language_of_another_vocabulary_is_refused(tmp_path, caps
     rc = flatlm(["measure", str(tmp_path / "r" / "checkpoints" / "step-2"), "--source",
                  "pcfg:paper", "--what", "loss"])
     assert rc == 2 and "trained on a language of 2 words" in capsys.readouterr().err
+
+
+def test_measure_replaces_a_measure_json_link_instead_of_writing_through_it(tmp_path):
+    assert flatlm([*TRAIN, "--out", str(tmp_path / "r")]) == 0
+    ckpt = tmp_path / "r" / "checkpoints" / "step-2"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    (ckpt / "measure.json").symlink_to(victim)
+    assert flatlm(["measure", str(ckpt), "--what", "loss"]) == 0
+    assert victim.read_text() == "keep me"
+    assert not (ckpt / "measure.json").is_symlink()

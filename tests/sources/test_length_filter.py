@@ -42,3 +42,13 @@ def test_a_filter_no_sentence_passes_is_an_error_naming_the_fix():
 
 def test_the_paper_grammar_keeps_every_sentence():
     assert load("pcfg:paper").acceptance == pytest.approx(1.0)
+
+
+def test_a_supercritical_grammar_is_refused_with_its_branching_radius(tmp_path):
+    # A -> A A with probability 0.7: 1.4 expected children, infinite trees w.p. 1 - 3/7
+    path = tmp_path / "super.txt"
+    path.write_text("S A 1.0\nA A A 0.7\nA a 0.3\n")
+    assert parse_grammar(path).branching_radius() == pytest.approx(1.4)
+    with pytest.raises(SourceError, match=r"supercritical: .* 1\.4 > 1"):
+        load(f"pcfg:{path}")
+    assert parse_grammar("recursive.txt", RECURSIVE).branching_radius() == pytest.approx(0.6)

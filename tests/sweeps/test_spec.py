@@ -164,3 +164,22 @@ def test_resume_refuses_a_tuner_pickle_others_could_have_written(tmp_path):
     (tmp_path / "tuner.pkl").symlink_to(tmp_path / "elsewhere.pkl")
     with pytest.raises(ValueError, match="symbolic link"):
         check_trusted(tmp_path)
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"name": "../../escaped"}, "--name '../../escaped'"),
+    ({"name": "a/b"}, "no '/'"),
+    ({"max_failures": -5}, "--max-failures -5"),
+])
+def test_names_that_escape_the_workdir_and_negative_retries_are_refused(changes, needle):
+    with pytest.raises(ValueError, match=needle):
+        check_sweep(replace(Sweep(name="ok", base=base_for("tiny")), **changes))
+
+
+def test_a_password_in_the_tracking_uri_is_refused():
+    from _spec import check_tracking_uri
+
+    with pytest.raises(ValueError, match="MLFLOW_TRACKING_PASSWORD"):
+        check_tracking_uri("https://me:s3cret@mlflow.example.org")
+    check_tracking_uri("http://127.0.0.1:5000")
+    check_tracking_uri("sqlite:////tmp/x/mlflow.db")
