@@ -122,12 +122,14 @@ def _read_lines(path: Path, text: str):
             continue
         fields = line.split()
         if len(fields) not in (3, 4):
+            # the line's number, not its text: the file may be anything a spec names
             raise _fail(path, lineno, f"expected 3 or 4 fields (rule then probability), got "
-                        f"{len(fields)}: {line!r}")
+                        f"{len(fields)}")
         try:
             prob = float(fields[-1])
         except ValueError:
-            raise _fail(path, lineno, f"probability {fields[-1]!r} is not a number") from None
+            raise _fail(path, lineno, "the last field (the probability) is not a number") \
+                from None
         if not math.isfinite(prob) or prob < 0:
             raise _fail(path, lineno, f"probability {fields[-1]} must be finite and >= 0")
         yield lineno, fields[0], tuple(fields[1:-1]), prob
