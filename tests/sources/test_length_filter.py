@@ -56,7 +56,7 @@ def test_a_supercritical_grammar_is_refused_with_its_branching_radius(tmp_path):
 
 def test_a_file_that_is_not_a_grammar_is_named_by_line_without_its_contents(tmp_path):
     secret = tmp_path / "shadow"
-    secret.write_text("root:$6$hash:19000:0:99999:7:::\n")
+    secret.write_text("admin:$6$s3cr3tHASH:19000:0:99999:7:::\n")
     with pytest.raises(SourceError) as err:
         load(f"pcfg:{secret}")
-    assert f"{secret}:1:" in str(err.value) and "root" not in str(err.value)
+    assert f"{secret}:1:" in str(err.value) and "s3cr3tHASH" not in str(err.value)
