@@ -125,14 +125,20 @@ def mean_ci(values, ses=None, level: float = LEVEL) -> tuple[float, float, float
     return mean, mean - half, mean + half, n
 
 
-def seeds_to_resolve(values, level: float = LEVEL) -> float:
-    """Seeds at which the observed mean effect would be ~2 s.e. from 0 (normal approximation)."""
+def seeds_to_resolve(values, level: float = LEVEL, most: int = 1000) -> float:
+    """The fewest seeds at which, with the observed mean and spread, the t interval would
+    exclude 0 (NaN: fewer than 2 values, or not within ``most``)."""
     v = np.asarray(values, dtype=float)
     v = v[np.isfinite(v)]
     if len(v) < 2 or v.mean() == 0:
         return np.nan
-    z = stats.norm.ppf(0.5 + level / 2)
-    return float(np.ceil((z * v.std(ddof=1) / abs(v.mean())) ** 2))
+    sd, mean = v.std(ddof=1), abs(v.mean())
+    if sd == 0:
+        return float(len(v))
+    for n in range(2, most + 1):
+        if stats.t.ppf(0.5 + level / 2, n - 1) * sd / np.sqrt(n) < mean:
+            return float(n)
+    return np.nan
 
 
 def _value(df: pd.DataFrame, metric: str) -> pd.Series:

@@ -106,3 +106,16 @@ def test_claim_rows_give_every_claim_with_data_a_row():
     assert set(rows["metric"]) == {ACC_C, TR, ACC_B}
     tr = rows[rows["metric"] == TR].iloc[0]
     assert tr["verdict"] == "reproduces" and tr["effect"] == pytest.approx(-10.0)
+
+
+def test_seeds_to_resolve_is_where_the_t_interval_would_exclude_zero():
+    from scipy import stats
+
+    from analysis.claims import seeds_to_resolve
+
+    values = [0.002, 0.0045]  # mean 0.00325, sd 0.00177
+    n = seeds_to_resolve(values)
+    sd, mean = np.std(values, ddof=1), np.mean(values)
+    assert stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n) < mean
+    assert stats.t.ppf(0.975, n - 2) * sd / np.sqrt(n - 1) >= mean  # the fewest
+    assert np.isnan(seeds_to_resolve([0.1]))
