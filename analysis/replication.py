@@ -238,7 +238,9 @@ def _markdown(df, tables, main, tol, command, hardware) -> str:
                   "The `paper` protocol with one switch at a time (`flatlm replicate "
                   "--diagnose`): effect [95% interval] and verdict of the steps and sizes "
                   "claims, and the lookup table's accuracy minus the trained probe's. A switch "
-                  "that moves an interval to the other side of 0 decides that verdict.", "",
+                  "that moves an interval to the other side of 0 decides that verdict. Rows with "
+                  "n=1 have an interval from the measurement's own standard error only, not the "
+                  "seed-to-seed spread: read them as signs, not verdicts.", "",
                   to_markdown(diag), ""]
     lines += ["## Figures", "", "![steps](steps.png)", "", "![sizes](sizes.png)", "",
               "![algorithms](algorithms.png)", "", "![fig1](fig1_scatter.png)", ""]
