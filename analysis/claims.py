@@ -184,7 +184,7 @@ def plateau_effects(df: pd.DataFrame, metric: str, tol: float = TOL) -> dict:
 def size_effects(df: pd.DataFrame, metric: str, tol: float = TOL) -> dict:
     """Per seed: metric(largest saturated model) - metric(smallest saturated model)."""
     final = final_rows(df)
-    size = final["model"].map(_model_size)
+    size = final["model"].map(model_size)
     by_model = final.assign(_size=size).groupby("model")
     kl = by_model[KL].mean()
     sizes = by_model["_size"].first()
@@ -235,7 +235,7 @@ def _paired(final: pd.DataFrame, column: str, a, b, metric: str):
     return list(diff), list(se)
 
 
-def _model_size(model: str) -> float:
+def model_size(model: str) -> float:
     """Parameter count of a model name (orders the sizes)."""
     from flatlm.models.presets import parameter_count, parse_model
     return float(parameter_count(parse_model(model), vocab_size=100, max_length=32))

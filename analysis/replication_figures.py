@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.claims import _model_size, acc, final_rows
+from analysis.claims import acc, final_rows, model_size
 from analysis.figures import _panels, _save
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN
 
@@ -44,7 +44,7 @@ def over_steps(df: pd.DataFrame, path: str | Path) -> Path:
 def over_sizes(df: pd.DataFrame, path: str | Path) -> Path:
     """Figs. 3/5: final-checkpoint keys over model size, per protocol."""
     final = final_rows(df[df["experiment"] == "sizes"])
-    final = final.assign(params=final["model"].map(_model_size)) if len(final) else final
+    final = final.assign(params=final["model"].map(model_size)) if len(final) else final
     keys = [k for k in SIZE_KEYS if k in final]
     fig, axes = _panels(len(keys))
     for ax, key in zip(axes, keys, strict=True):

@@ -25,12 +25,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.runs import ID_COLUMNS as RUN_ID_COLUMNS
+from analysis.runs import TAG_COLUMNS
 from flatlm.config import flatten_dict
 from flatlm.metrics_log import METRICS_FILE, is_number, read_metrics
 
 CONFIG_FILE = "config.json"
-ID_COLUMNS = ("run_id", "trial", "status", "protocol", "experiment")
-TAG_COLUMNS = ("sweep", "preset", "algorithm", "n_params")
+ID_COLUMNS = (*RUN_ID_COLUMNS, "protocol", "experiment")
 
 
 def trial_dirs(root: str | Path) -> list[Path]:

@@ -75,7 +75,6 @@ def run(args) -> int:
 
         spec = SourceSpec(corpus_source_spec(cfg.data))
     import torch
-    from transformers.utils import logging as hf_logging
 
     from flatlm.devices import resolve_device
     from flatlm.train.loop import Diverged, train
@@ -85,7 +84,6 @@ def run(args) -> int:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    hf_logging.disable_progress_bar()  # save_pretrained's per-checkpoint bar
     print(f"{describe(model.config, source.V, source.max_length)}; {cfg.algorithm} for "
           f"{cfg.steps} steps on {device}")
     try:

@@ -71,19 +71,24 @@ class Grammar:
             return math.inf
         return float(longest[self.root > 0].max())
 
+    def _normalised_rules(self) -> tuple[np.ndarray, np.ndarray]:
+        """(each binary rule's probability, each nonterminal's total word probability), rows
+        normalised to 1 as the sampler (``pcfg_sampler.RuleTable``) normalises them."""
+        total = np.zeros(self.N)
+        np.add.at(total, self.binary_parent, self.binary_prob)
+        total += self.emission.sum(1)
+        scale = np.divide(1.0, total, out=np.zeros(self.N), where=total > 0)
+        return self.binary_prob * scale[self.binary_parent], self.emission.sum(1) * scale
+
     def length_distribution(self, max_length: int) -> np.ndarray:
         """Pr(a sentence has n words) for n = 0..max_length (entry 0 is 0): the chance that the
         sampler's length filter keeps a draw is the sum. Exact, by dynamic programming over
         yield lengths: P_A(1) = Pr(A -> word), P_A(n) = sum over A -> B C of
         p * sum_k P_B(k) P_C(n - k). Rows are normalised as the sampler normalises them."""
-        total = np.zeros(self.N)
-        np.add.at(total, self.binary_parent, self.binary_prob)
-        total += self.emission.sum(1)
-        scale = np.divide(1.0, total, out=np.zeros(self.N), where=total > 0)
-        p_rule = self.binary_prob * scale[self.binary_parent]
+        p_rule, p_word = self._normalised_rules()
         by_length = np.zeros((max_length + 1, self.N))  # [n, A] = Pr(A yields n words)
         if max_length >= 1:
-            by_length[1] = self.emission.sum(1) * scale
+            by_length[1] = p_word
         for n in range(2, max_length + 1):
             k = np.arange(1, n)
             pairs = (by_length[k][:, self.binary_left] * by_length[n - k][:, self.binary_right])
@@ -95,11 +100,7 @@ class Grammar:
         """Spectral radius of the expected-offspring matrix M[A, B] (expected number of B
         children of an A, rows normalised as the sampler normalises them). Above 1 the grammar
         is supercritical: a tree is infinite with positive probability."""
-        total = np.zeros(self.N)
-        np.add.at(total, self.binary_parent, self.binary_prob)
-        total += self.emission.sum(1)
-        scale = np.divide(1.0, total, out=np.zeros(self.N), where=total > 0)
-        p = self.binary_prob * scale[self.binary_parent]
+        p, _ = self._normalised_rules()
         offspring = np.zeros((self.N, self.N))
         np.add.at(offspring, (self.binary_parent, self.binary_left), p)
         np.add.at(offspring, (self.binary_parent, self.binary_right), p)

@@ -109,13 +109,12 @@ def train(
     model_cfg = dataclasses.replace(parse_model(model_cfg), dropout=cfg.dropout)
     device = torch.device(device)
     out_dir = Path(out_dir).absolute()
-    start = _start_checkpoint(cfg, model_cfg, out_dir, resume)  # cheap checks first
+    start, unreadable = _start_checkpoint(cfg, model_cfg, out_dir, resume)  # cheap checks first
     pipeline, n_classes = _pipeline(cfg, source, device, corpus)
     try:
         with writer_lock(out_dir):  # one writer: two runs into one directory would mix them
-            if resume:  # kept for inspection, out of the way of the steps retrained
-                for bad, _ in readable_checkpoints(out_dir)[1]:
-                    set_aside(bad)
+            for bad, _ in unreadable:  # kept for inspection, out of the way of the steps retrained
+                set_aside(bad)
             run = _train(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start,
                          on_checkpoint, progress)
     finally:
@@ -155,18 +154,18 @@ def _pipeline(cfg, source, device, corpus) -> tuple[BatchPipeline, int]:
     return pipeline, pool.n_classes if pool else 0
 
 
-def _start_checkpoint(cfg, model_cfg, out_dir, resume) -> tuple[Path, TrainState] | None:
-    """The checkpoint to resume from and its state (None: start afresh), after checking that it
-    continues this run."""
+def _start_checkpoint(cfg, model_cfg, out_dir, resume):
+    """(the checkpoint to resume from and its state, or None to start afresh; the newer
+    checkpoints that do not load), after checking that it continues this run."""
     found = find_checkpoints(out_dir)
     if not resume:
         if found:
             raise ValueError(f"{out_dir} already holds checkpoints (steps {list(found)}); resume "
                              "them (--resume / resume=True) or choose another output directory")
-        return None
-    ckpt, _ = readable_checkpoints(out_dir)  # a torn or truncated newer one is skipped
+        return None, []
+    ckpt, unreadable = readable_checkpoints(out_dir)  # a torn or truncated newer one is skipped
     if ckpt is None:
-        return None
+        return None, unreadable
     state = load_state(ckpt)
     renamed = TrainConfig.RENAMED_KEYS  # a checkpoint saved before the keys moved
     saved = {renamed.get(k, k): v for k, v in flatten_dict(state.config).items()}
@@ -183,7 +182,7 @@ def _start_checkpoint(cfg, model_cfg, out_dir, resume) -> tuple[Path, TrainState
     if info["model"] != model_cfg.to_dict():
         raise ValueError(f"resume from {ckpt}: the checkpoint's model is {info['model']}, this "
                          f"run asks for {model_cfg.to_dict()}")
-    return ckpt, state
+    return (ckpt, state), unreadable
 
 
 class _Run:
