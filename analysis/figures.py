@@ -1,12 +1,15 @@
 """The paper's figures and tables from the tidy table of ``analysis.runs.load_runs``.
 
 * Fig. 1 style, :func:`accuracy_scatter`: downstream accuracy against the pre-training loss and
-  against flatness, one point per checkpoint, colored by algorithm (or preset).
-* Figs. 2/4 style, :func:`metrics_over_steps`: metrics over training steps, one line per run.
+  against flatness, one point per checkpoint, colored by algorithm (or model).
+* Figs. 2/4 style, :func:`metrics_over_steps`: metrics over training steps, one line per run,
+  each named in the legend by what sets it apart (:func:`run_labels`).
 * Figs. 3/5 style, :func:`metrics_over_size`: final-checkpoint metrics over model size
   (``n_params``, log x), mean and standard deviation over the runs of each group.
+
+Every point carries its standard error (the ``_se`` twin of its metric) as an error bar.
 * Tables 1/2, :func:`summary_table` + :func:`summary_markdown`: accuracy by algorithm (and
-  preset), with loss, KL and flatness columns, over each run's final checkpoint.
+  model), with loss, KL and flatness columns, over each run's final checkpoint.
 
 Figures are drawn on ``matplotlib.figure.Figure`` with the Agg canvas: no pyplot, no global
 backend switch, no display needed.
@@ -23,7 +26,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from analysis.correlate import to_markdown
-from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN
+from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, se_key
+from flatlm.metrics_log import N_PARAMS
 
 PANEL_IN = 3.6  # inches per panel
 
@@ -35,22 +39,50 @@ def final_checkpoints(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values("step").groupby("run_id", sort=False).tail(1).sort_index()
 
 
+# What tells runs apart first, in legend order; then any other param that varies.
+LABEL_FIRST = ("model", "algorithm", "train.algorithm", "train.seed", "seed")
+
+
+def run_labels(df: pd.DataFrame, max_fields: int = 3) -> pd.Series:
+    """A legend label per row naming its run by what differs between the runs: the values of
+    the (up to ``max_fields``) columns of ``LABEL_FIRST`` and params that vary across runs,
+    ``model=d32-h2-l1-i128 algorithm=sam seed=1``, with the trial name added where runs share
+    them; the trial name alone when nothing varies."""
+    per_run = df.groupby("run_id", sort=False).first()
+    params = [c for c in df.attrs.get("params", []) if c not in LABEL_FIRST]
+    candidates = [c for c in (*LABEL_FIRST, *params) if c in per_run]
+    varying = [c for c in candidates if per_run[c].dropna().astype(str).nunique() > 1]
+    varying = [c for c in varying if not (c == "algorithm" and "train.algorithm" in varying)]
+    trial = per_run["trial"].astype(str) if "trial" in per_run else per_run.index.to_series()
+    if not varying:
+        return df["run_id"].map(trial)
+    names = per_run[varying[:max_fields]].astype(str).apply(
+        lambda r: " ".join(f"{c.rsplit('.', 1)[-1]}={v}" for c, v in r.items()), axis=1)
+    shared = names.duplicated(keep=False)
+    names[shared] = names[shared] + " (" + trial[shared] + ")"
+    return df["run_id"].map(names)
+
+
 def accuracy_scatter(df: pd.DataFrame, acc_key: str, path: str | Path, *,
                      x_keys=(LOSS, TRACE_FISHER, TRACE_HESSIAN), color_by: str = "algorithm",
                      regime: pd.Series | None = None, title: str | None = None) -> Path:
-    """Accuracy against each of ``x_keys``; rows outside ``regime`` (a mask) drawn hollow."""
+    """Fig. 1: accuracy against each of ``x_keys``, one point per checkpoint with its standard
+    errors as bars, colored by ``color_by``; rows outside ``regime`` (a mask) drawn hollow."""
     keys = [k for k in x_keys if _has(df, k)] if _has(df, acc_key) else []
     fig, axes = _panels(len(keys))
     colors = _colors(df, color_by)
     inside = regime if regime is not None else pd.Series(True, index=df.index)
     for ax, x in zip(axes, keys, strict=True):
         for label, rows in df.groupby(_labels(df, color_by), sort=True):
-            ins = inside.loc[rows.index]
-            ax.scatter(rows.loc[ins, x], rows.loc[ins, acc_key], s=18, color=colors[label],
-                       label=str(label))
-            if (~ins).any():
-                ax.scatter(rows.loc[~ins, x], rows.loc[~ins, acc_key], s=18,
-                           facecolors="none", edgecolors=colors[label], alpha=0.5)
+            for mask, face in ((inside.loc[rows.index], colors[label]),
+                               (~inside.loc[rows.index], "none")):
+                part = rows[mask]
+                if part.empty:
+                    continue
+                ax.errorbar(part[x], part[acc_key], xerr=_err(part, x), yerr=_err(part, acc_key),
+                            fmt="o", ms=4, mfc=face, color=colors[label], elinewidth=0.6,
+                            alpha=1.0 if face != "none" else 0.5,
+                            label=str(label) if face != "none" else None)
         ax.set_xlabel(x)
         ax.set_ylabel(acc_key)
         if x.startswith("flat/"):
@@ -58,55 +90,63 @@ def accuracy_scatter(df: pd.DataFrame, acc_key: str, path: str | Path, *,
     if keys:
         axes[0].legend(title=color_by, fontsize=7, title_fontsize=7)
     note = "" if regime is None else " (hollow: outside the saturation regime)"
-    return _save(fig, path, (title or f"{acc_key} vs loss and flatness") + note, empty=not keys)
+    return _save(fig, path, (title or f"Fig. 1: {acc_key} vs loss and flatness") + note,
+                 empty=not keys)
 
 
-def metrics_over_steps(df: pd.DataFrame, path: str | Path, *, keys, color_by: str = "algorithm",
+def metrics_over_steps(df: pd.DataFrame, path: str | Path, *, keys,
                        title: str | None = None) -> Path:
-    """One panel per key, one line per run over ``step``, colored by ``color_by``."""
+    """Figs. 2/4: one panel per key, one line per run over ``step`` (its own color, named in
+    the legend by ``run_labels``), with each checkpoint's standard error as bars."""
     keys = [k for k in keys if _has(df, k)]
     fig, axes = _panels(len(keys))
-    colors = _colors(df, color_by)
-    labels = _labels(df, color_by)
+    labels = run_labels(df)
+    colors = _colors(labels.to_frame("run"), "run")
     for ax, key in zip(axes, keys, strict=True):
-        seen = set()
-        for _, rows in df.groupby("run_id", sort=True):
+        for _, rows in df.groupby("run_id", sort=False):
             rows = rows.sort_values("step").dropna(subset=[key])
-            label = labels.loc[rows.index[0]] if len(rows) else None
-            if label is None:
+            if rows.empty:
                 continue
-            ax.plot(rows["step"], rows[key], marker=".", lw=1, color=colors[label],
-                    label=str(label) if label not in seen else None)
-            seen.add(label)
+            label = labels.loc[rows.index[0]]
+            ax.errorbar(rows["step"], rows[key], yerr=_err(rows, key), marker=".", lw=1,
+                        capsize=2, elinewidth=0.6, color=colors[label], label=label)
         ax.set_xlabel("step")
         ax.set_ylabel(key)
         if key in (LOSS, KL) or key.startswith("flat/"):
             _maybe_log(ax, df[key], "y")
     if keys:
-        axes[0].legend(title=color_by, fontsize=7, title_fontsize=7)
-    return _save(fig, path, title or "metrics over training", empty=not keys)
+        fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
+                   ncols=min(4, max(1, labels.nunique())), fontsize=7)
+    return _save(fig, path, title or "Figs. 2/4: metrics over training steps", empty=not keys)
 
 
 def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys, color_by: str = "algorithm",
                       title: str | None = None) -> Path:
-    """Final-checkpoint values over ``n_params`` (log x): mean ± std over each group's runs."""
+    """Figs. 3/5: final-checkpoint values over ``n_params`` (log x), one line per group of
+    ``color_by``: the mean over the group's runs of each size, with bars of the standard
+    deviation over runs (the standard error of the one run where a size has one run)."""
     final = final_checkpoints(df)
-    keys = [k for k in keys if _has(final, k)] if _has(final, "n_params") else []
+    keys = [k for k in keys if _has(final, k)] if _has(final, N_PARAMS) else []
     fig, axes = _panels(len(keys))
     colors = _colors(df, color_by)
     final = final.assign(_group=_labels(final, color_by),
-                         _n=pd.to_numeric(final.get("n_params"), errors="coerce"))
+                         _n=pd.to_numeric(final.get(N_PARAMS), errors="coerce"))
     for ax, key in zip(axes, keys, strict=True):
-        for label, rows in final.dropna(subset=["_n", key]).groupby("_group", sort=True):
-            agg = rows.groupby("_n")[key].agg(["mean", "std"]).sort_index()
-            ax.errorbar(agg.index, agg["mean"], yerr=agg["std"].fillna(0), marker="o", ms=4,
-                        capsize=3, color=colors[label], label=str(label))
+        rows = final.dropna(subset=["_n", key])
+        rows = rows.assign(_se=_err(rows, key) if _has(rows, se_key(key)) else np.nan)
+        for label, part in rows.groupby("_group", sort=True):
+            agg = part.groupby("_n").agg(mean=(key, "mean"), std=(key, "std"),
+                                         se=("_se", "first"), runs=(key, "size")).sort_index()
+            bars = agg["std"].where(agg["runs"] > 1, agg["se"]).fillna(0)
+            ax.errorbar(agg.index, agg["mean"], yerr=bars, marker="o", ms=4, capsize=3,
+                        color=colors[label], label=str(label))
         ax.set_xscale("log")
         ax.set_xlabel("parameters")
         ax.set_ylabel(key)
     if keys:
         axes[0].legend(title=color_by, fontsize=7, title_fontsize=7)
-    return _save(fig, path, title or "final checkpoint over model size", empty=not keys)
+    return _save(fig, path, title or "Figs. 3/5: final checkpoint over model size",
+                 empty=not keys)
 
 
 def summary_table(df: pd.DataFrame, acc_key: str, *, by=("algorithm",),
@@ -161,6 +201,12 @@ def _has(df: pd.DataFrame, key: str) -> bool:
     return key in df and df[key].notna().any()
 
 
+def _err(df: pd.DataFrame, key: str) -> pd.Series | None:
+    """The standard errors of ``key`` (``flatlm.measure.se_key``) where measured, else None."""
+    se = se_key(key)
+    return df[se].fillna(0).clip(lower=0) if _has(df, se) else None
+
+
 def _labels(df: pd.DataFrame, color_by: str) -> pd.Series:
     if color_by not in df:
         return pd.Series("all", index=df.index)
@@ -171,8 +217,8 @@ def _colors(df: pd.DataFrame, color_by: str) -> dict:
     from matplotlib import colormaps
 
     labels = sorted(_labels(df, color_by).unique())
-    cmap = colormaps["tab10"]
-    return {label: cmap(i % 10) for i, label in enumerate(labels)}
+    cmap = colormaps["tab10" if len(labels) <= 10 else "tab20"]
+    return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
 
 
 def _panels(n: int):

@@ -6,7 +6,7 @@
 
 Writes to DIR: ``fig1_accuracy_scatter.png``, ``fig2_over_steps.png``, ``fig3_over_size.png``,
 ``correlations.md`` / ``.csv``, ``table1_by_algorithm.md`` / ``.csv``,
-``table2_by_preset.md`` / ``.csv`` and ``runs.csv`` (the tidy table); prints the correlation
+``table2_by_model.md`` / ``.csv`` and ``runs.csv`` (the tidy table); prints the correlation
 table; and logs every file as an artifact of a new run named ``report`` in the same experiment
 (tagged ``flatlm.report=1``, so ``load_runs`` skips it). Without ``--tracking-uri`` it uses
 ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``. With ``--trials DIR`` it reads
@@ -88,7 +88,7 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
     corr_md = correlation_markdown(table)
     paths = [
         accuracy_scatter(df, acc_key, out / "fig1_accuracy_scatter.png", regime=regime,
-                         title=f"{acc_key}; regime: {saturation_rule(**rule)}"),
+                         title=f"Fig. 1: {acc_key}; regime: {saturation_rule(**rule)}"),
         metrics_over_steps(df, out / "fig2_over_steps.png",
                            keys=(LOSS, KL, TRACE_FISHER, acc_key)),
         metrics_over_size(df, out / "fig3_over_size.png",
@@ -98,7 +98,7 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
     table.to_csv(out / "correlations.csv", index=False)
     paths.append(out / "correlations.csv")
     for name, by in (("table1_by_algorithm", ("algorithm",)),
-                     ("table2_by_preset", ("preset", "algorithm"))):
+                     ("table2_by_model", ("model", "algorithm"))):
         summary = summary_table(df, acc_key, by=by, keys=(LOSS, KL, *X_KEYS[:2]))
         summary.to_csv(out / f"{name}.csv", index=False)
         paths.append(out / f"{name}.csv")

@@ -18,21 +18,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from flatlm.metrics_log import METRICS_FILE, is_number, parse_metrics
-from flatlm.track import TAG_ALGORITHM, TAG_N_PARAMS, TAG_PRESET, TAG_REPORT, TAG_SWEEP
+from flatlm.metrics_log import METRICS_FILE, N_PARAMS, is_number, parse_metrics
+from flatlm.track import TAG_ALGORITHM, TAG_PRESET, TAG_REPORT, TAG_SWEEP
 
 METRICS_ARTIFACT = METRICS_FILE
 ID_COLUMNS = ("run_id", "trial", "status")
-TAG_COLUMNS = (TAG_SWEEP, TAG_PRESET, TAG_ALGORITHM, TAG_N_PARAMS)
+TAG_COLUMNS = (TAG_SWEEP, TAG_PRESET, TAG_ALGORITHM)
 _MISSING = {"None", "none", "null", "nan", "NaN", ""}
 
 
 def load_runs(tracking_uri: str, experiment: str, *, source: str = "auto") -> pd.DataFrame:
     """One row per (run, checkpoint) of ``experiment``.
 
-    Columns: ``run_id, trial, status, sweep, preset, algorithm, n_params``, every param (dotted
-    name, cast to numbers where numeric), ``step``, and every metric key at that step
-    (``pretrain/loss``, ...). ``df.attrs["params"]`` and ``df.attrs["metrics"]`` list the param
+    Columns: ``run_id, trial, status, sweep, preset, algorithm``, every param (dotted name,
+    cast to numbers where numeric; ``model`` among them), ``step``, and every metric key at
+    that step (``pretrain/loss``, ``n_params``, ...; the training curve ``train/*`` is not a
+    checkpoint's and is left out). ``df.attrs["params"]`` and ``df.attrs["metrics"]`` list the param
     and metric columns.
 
     Args:
@@ -64,9 +65,11 @@ def load_runs(tracking_uri: str, experiment: str, *, source: str = "auto") -> pd
         base.update({t: tags.get(t) for t in TAG_COLUMNS})
         params = {_param_column(k): v for k, v in run.data.params.items()}
         param_names.update(params)
+        legacy = {N_PARAMS: float(tags[N_PARAMS])} if N_PARAMS in tags else {}  # was a tag
         for step in sorted(steps):
-            metric_names.update(steps[step])
-            records.append({**base, **params, "step": step, **steps[step]})
+            row = {**legacy, **steps[step]}
+            metric_names.update(row)
+            records.append({**base, **params, "step": step, **row})
 
     params = sorted(param_names)
     metrics = sorted(metric_names)
@@ -130,9 +133,10 @@ def parse_metrics_jsonl(text: str) -> dict[int, dict[str, float]]:
 
 
 def _history_steps(client, run_id: str, latest: dict) -> dict[int, dict[str, float]]:
-    """step -> {key: value} from each key's metric history (the earliest value per step)."""
+    """step -> {key: value} from each key's metric history (the earliest value per step); the
+    training curve (``train/*``, logged between checkpoints) is not a checkpoint's."""
     steps: dict[int, dict[str, float]] = {}
-    for key in latest:
+    for key in (k for k in latest if not k.startswith("train/")):
         for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp):
             steps.setdefault(int(m.step), {}).setdefault(key, float(m.value))
     return steps

@@ -85,5 +85,4 @@ def _ids(root: Path, run: Path, config: dict, rows: dict) -> dict:
 
 
 def _tags(config: dict, run: Path) -> dict:
-    return {"sweep": run.parent.name, "preset": config.get("model"),
-            "algorithm": config.get("train.algorithm"), "n_params": None}
+    return {"sweep": run.parent.name, "preset": None, "algorithm": config.get("train.algorithm")}

@@ -9,6 +9,10 @@ crash mid-write) is skipped, and the next append starts on a fresh line.
 >>> parse_metrics('{"step": 2, "a": 1.0}\\n{"step": 2, "a": 3.0}\\n{"step": 4, "a"')
 {2: {'step': 2, 'a': 3.0}}
 
+Beside it, ``train_log.jsonl`` holds the training curve: the means of each ``train.log_every``
+window (``{"step", "train/loss", "train/lr", ...}``), rewritten whole at every checkpoint from
+the run's history (so a resumed run's file is that checkpoint's history, then continues).
+
 No torch, no MLflow here: the tracker (``flatlm.track``) and the analysis read the same file.
 """
 
@@ -22,6 +26,9 @@ log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_METRICS_FILE = "metrics.json"  # one row, in each checkpoints/step-<N>/
+TRAIN_LOG_FILE = "train_log.jsonl"  # the training curve (module docstring)
+N_PARAMS = "n_params"  # in every checkpoint's row besides its measurements: the model's
+#   parameter count (a number to sort and plot by; the analysis' model size)
 
 
 def is_number(v) -> bool:
@@ -60,6 +67,20 @@ def read_metrics(out_dir: str | Path) -> dict[int, dict]:
     if path.exists():
         rows.update(parse_metrics(path.read_text(), str(path)))
     return rows
+
+
+def write_train_log(out_dir: str | Path, history: list[dict]) -> None:
+    """Replaces ``out_dir/train_log.jsonl`` with ``history`` (one row per log window)."""
+    path = Path(out_dir) / TRAIN_LOG_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in history))
+    tmp.replace(path)
+
+
+def read_train_log(out_dir: str | Path) -> dict[int, dict]:
+    """step -> row of the training curve (empty when the run has not checkpointed yet)."""
+    path = Path(out_dir) / TRAIN_LOG_FILE
+    return parse_metrics(path.read_text(), str(path)) if path.exists() else {}
 
 
 def append_metrics(out_dir: str | Path, step: int, metrics: dict) -> None:

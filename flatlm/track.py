@@ -2,11 +2,11 @@
 
 One MLflow run per trial, kept across retries and resumes; every config field a param (dotted
 names, ``train.lr``); the metrics of each checkpoint with the training step as MLflow step; tags
-for the sweep, preset, parameter count and algorithm; figures and measurement files as artifacts.
+for the sweep, preset, model and algorithm; figures and measurement files as artifacts.
 
-The tracker mirrors the trial directory's ``metrics.jsonl`` (``flatlm.metrics_log``) into the
-run; it keeps no copy of the metrics. Outage tolerance ("a tracking outage neither kills a trial
-nor loses a metric"):
+The tracker mirrors the trial directory's ``metrics.jsonl`` and its training curve
+``train_log.jsonl`` (``flatlm.metrics_log``) into the run; it keeps no copy of the metrics.
+Outage tolerance ("a tracking outage neither kills a trial nor loses a metric"):
 
 * what is left to send is ``metrics.jsonl`` minus the sent ledger ``sent.jsonl``
   (``flatlm.ledger``), so rows an outage held back are sent on the next call, at
@@ -54,14 +54,14 @@ from flatlm.ledger import (
     set_aside,
     write_state,
 )
-from flatlm.metrics_log import METRICS_FILE, append_metrics, read_metrics
+from flatlm.metrics_log import METRICS_FILE, append_metrics, read_metrics, read_train_log
 
 log = logging.getLogger(__name__)
 
 # Tag keys the analysis groups by (``analysis/runs.py`` reads the same names).
 TAG_SWEEP = "sweep"
-TAG_PRESET = "preset"
-TAG_N_PARAMS = "n_params"
+TAG_PRESET = "preset"  # the sweep's preset: tiny, paper or paper-code
+TAG_MODEL = "model"  # the trial's model (a preset such as bert-41m, or a shape)
 TAG_ALGORITHM = "algorithm"
 TAG_REPORT = "flatlm.report"  # "1" on the analysis report's run; load_runs skips those
 TAG_OUTBOX = "flatlm.outbox"  # this tracker's key: finds a run whose creation reply was lost
@@ -161,7 +161,7 @@ class MlflowTracker:
             a new run.
         run_name: the run's name (the trial name).
         params: the trial config (dataclass) or a flat dict; see :func:`mlflow_params`.
-        tags: e.g. ``{"sweep": ..., "preset": ..., "n_params": ..., "algorithm": ...}``.
+        tags: e.g. ``{"sweep": ..., "preset": ..., "model": ..., "algorithm": ...}``.
         http_max_retries, http_backoff_factor, http_timeout_s: MLflow's HTTP retry policy, set
             process-wide through ``MLFLOW_HTTP_REQUEST_*`` (the defaults, 7 retries with factor
             2, block a call for about four minutes when the server is down).
@@ -377,8 +377,12 @@ class MlflowTracker:
         self._meta_sent = True
 
     def _unsent(self) -> dict[int, dict[str, float]]:
-        """step -> key -> value of every (step, key) of ``metrics.jsonl`` not in the ledger."""
-        return self._ledger.unsent(read_metrics(self.trial_dir))
+        """step -> key -> value of every (step, key) of ``metrics.jsonl`` and of the training
+        curve (``train_log.jsonl``, keys ``train/*``) not in the ledger."""
+        rows = read_train_log(self.trial_dir)
+        for step, row in read_metrics(self.trial_dir).items():
+            rows[step] = {**rows.get(step, {}), **row}
+        return self._ledger.unsent(rows)
 
     def _send_metrics(self) -> None:
         unsent = self._unsent()
@@ -483,7 +487,7 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0][:200] if text else ""
 
 
-__all__ = ["ARTIFACT_PATTERNS", "STATE_FILE", "TAG_ALGORITHM", "TAG_N_PARAMS", "TAG_PRESET",
+__all__ = ["ARTIFACT_PATTERNS", "STATE_FILE", "TAG_ALGORITHM", "TAG_MODEL", "TAG_PRESET",
            "TAG_REPORT", "TAG_SWEEP", "TERMINAL_STATUSES", "MlflowTracker",
            "default_artifact_location", "default_tracking_uri", "ensure_experiment", "find_run",
            "mlflow_params"]

@@ -29,7 +29,7 @@ import torch
 from flatlm.config import to_dict
 from flatlm.dirlock import writer_lock
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
-from flatlm.metrics_log import CHECKPOINT_METRICS_FILE, append_metrics, read_metrics
+from flatlm.metrics_log import CHECKPOINT_METRICS_FILE, N_PARAMS, append_metrics, read_metrics
 from flatlm.models.presets import ModelSpec, parse_model
 from flatlm.sources import SourceSpec, load
 from flatlm.train.config import TrainConfig
@@ -94,6 +94,40 @@ def with_downstream_resolved(cfg: TrialConfig) -> TrialConfig:
                                                                 tasks=tasks))
 
 
+# The config sections each measurement uses: a section is logged only when one of them ran.
+_MEASURE_SECTIONS = {"loss": ("loss",), "flatness": ("fisher", "hessian"),
+                     "probe": ("probe", "lookup"),
+                     "finetune": ("finetune",)}
+# Options whose None has a meaning worth a word in the logged params (other Nones: not set).
+_NONE_MEANS = {"measure.flatness.n_inputs": "all"}
+
+
+def tracked_params(cfg: TrialConfig) -> dict:
+    """The trial's config as it ran, flat (``train.lr``), for a tracking store: the algorithm's
+    defaults resolved (``train.dropout``, ``train.warmup_steps``, ...), the settings of other
+    algorithms and of measurements that did not run left out, and options left unset (None)
+    omitted, so that every logged value is one the trial used."""
+    from flatlm.config import to_flat_dict
+    from flatlm.train.config import resolve
+
+    train = resolve(cfg.train)
+    if train.micro_batch_size is None:  # None = one pass (sam: each half-batch in one pass)
+        per_pass = train.batch_size // 2 if train.algorithm == "sam" else train.batch_size
+        train = dataclasses.replace(train, micro_batch_size=per_pass)
+    flat = to_flat_dict(dataclasses.replace(cfg, train=train))
+    skipped = [f"train.{a}." for a in ("sam", "adversarial") if a != train.algorithm]
+    skipped += [f"measure.{section}." for section, uses in _MEASURE_SECTIONS.items()
+                if not set(uses) & set(cfg.measure.what)]
+    out = {}
+    for key, value in flat.items():
+        if key.startswith(tuple(skipped)):
+            continue
+        value = _NONE_MEANS.get(key) if value is None else value
+        if value is not None:
+            out[key] = value
+    return out
+
+
 def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = None, *,
               device: str | torch.device = "cpu", progress: bool = False,
               eval_cache: str | Path | None = None) -> dict[int, dict]:
@@ -119,7 +153,8 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
     done = read_metrics(out_dir)
 
     def on_checkpoint(step: int, model, ckpt_dir: Path) -> None:
-        metrics = measure_model(model, source, data, cfg.measure, device)
+        metrics = {N_PARAMS: float(sum(p.numel() for p in model.parameters())),
+                   **measure_model(model, source, data, cfg.measure, device)}
         _record(out_dir, ckpt_dir, step, metrics)
         done[step] = {"step": step, **metrics}
         if report is not None:
@@ -159,9 +194,10 @@ def _catch_up(out_dir: Path, done: dict, on_checkpoint, report, device) -> None:
 
 def printer(step: int, metrics: dict, ckpt_dir: Path) -> None:
     """A report sink for the command line: one line per checkpoint."""
-    keys = [k for k in metrics if not k.startswith("time/") and not k.endswith(("_se", "_std"))]
+    keys = [k for k in metrics if not k.startswith("time/") and not k.endswith(("_se", "_std"))
+            and k != N_PARAMS]
     print(f"step {step}: " + "  ".join(f"{k}={metrics[k]:.4g}" for k in keys), flush=True)
 
 
 __all__ = ["EvalData", "Report", "TrialConfig", "printer", "read_metrics", "run_trial",
-           "validate_trial"]
+           "tracked_params", "validate_trial"]

@@ -82,6 +82,7 @@ def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
     swept = sorted(set(overrides) & set(sweep.space))
     sweep = replace(sweep, base=apply_overrides(sweep.base, overrides),
                     **{k: v for k, v in (("name", getattr(args, "name", None)),
+                                         ("preset", getattr(args, "preset", None)),
                                          ("cpus_per_trial", args.cpus_per_trial),
                                          ("gpus_per_trial", args.gpus_per_trial),
                                          ("max_failures", args.max_failures),

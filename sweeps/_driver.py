@@ -28,22 +28,23 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
     callbacks for a new sweep (tests inject faults with one); a resumed sweep keeps the callbacks
     it was started with.
     """
-    from flatlm.track import default_artifact_location, default_tracking_uri
+    from flatlm.track import default_artifact_location, default_tracking_uri, ensure_experiment
 
     check_sweep(sweep)
     check_tracking_uri(tracking_uri)
     workdir = workdir.absolute()
     uri = tracking_uri or default_tracking_uri(workdir)
-    experiment_id = _reach_tracking(uri, sweep.name, default_artifact_location(workdir))
+    _reach_tracking(uri, sweep.name)
     if address:
         ray.init(address=address, logging_level="ERROR")
     else:
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
     try:
-        check_resources(sweep)
+        check_resources(sweep)  # before the experiment: a refused sweep leaves nothing behind
+        experiment_id = ensure_experiment(uri, sweep.name, default_artifact_location(workdir))
         trials_dir = workdir / "trials" / sweep.name
-        sweep_info = {"name": sweep.name, "tracking_uri": uri, "experiment_id": experiment_id,
-                      "trials_dir": str(trials_dir)}
+        sweep_info = {"name": sweep.name, "preset": sweep.preset, "tracking_uri": uri,
+                      "experiment_id": experiment_id, "trials_dir": str(trials_dir)}
         check_resume_settings(sweep, workdir / "ray_results" / sweep.name, resume)
         tuner = _tuner(sweep, workdir / "ray_results", sweep_info, resume, show, callbacks)
         record_settings(sweep, workdir / "ray_results" / sweep.name)
@@ -195,17 +196,17 @@ def _tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, show: tu
             callbacks=[RecordSignals(), OneLinePerResult(show), *callbacks]))
 
 
-def _reach_tracking(uri: str, name: str, artifact_location: str) -> str:
-    """The sweep's MLflow experiment id; an unreachable store is an error naming the fix before
-    Ray starts (with a few quick retries, not MLflow's minutes of back-off)."""
-    from flatlm.track import ensure_experiment
+def _reach_tracking(uri: str, name: str) -> None:
+    """An unreachable store is an error naming the fix before Ray starts (with a few quick
+    retries, not MLflow's minutes of back-off). Creates nothing in the store but its schema."""
+    from mlflow import MlflowClient
 
     quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
              "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
     saved = {k: os.environ.get(k) for k in quick}
     os.environ.update(quick)
     try:
-        return ensure_experiment(uri, name, artifact_location)
+        MlflowClient(uri).get_experiment_by_name(name)
     except Exception as e:  # noqa: BLE001 - any failure to reach the store
         first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise ValueError(f"MLflow tracking store {uri} is unreachable ({first}); start it "

@@ -17,6 +17,7 @@ class Sweep:
     """One experiment: trials = base config x search space."""
 
     name: str  # MLflow experiment and Ray experiment name
+    preset: str | None = None  # the base's preset (tiny, paper, paper-code): the runs' tag
     base: TrialConfig  # what every trial shares
     space: dict = field(default_factory=dict)  # dotted key -> tune.grid_search([...]) or a
     #   distribution (tune.loguniform, ...); the same keys as --set

@@ -23,9 +23,9 @@ from _travel import restore_tracking, save_tracking
 
 from flatlm.config import apply_overrides, from_dict
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, probe_keys
-from flatlm.metrics_log import METRICS_FILE, read_metrics
+from flatlm.metrics_log import METRICS_FILE, read_metrics, read_train_log
 from flatlm.train.loop import Diverged
-from flatlm.trial import TrialConfig
+from flatlm.trial import TrialConfig, tracked_params
 
 DIVERGED_FILE = "diverged.json"  # in a diverged trial's directory: {"step", "loss", "message"}
 TAG_DIVERGED = "flatlm.diverged"  # MLflow tag of a diverged trial's run: the step
@@ -116,18 +116,20 @@ def _tracker(cfg: TrialConfig, sweep: dict, name: str, out_dir: Path):
     if run_id is None and not (out_dir / STATE_FILE).exists():
         run_id = find_run(sweep["tracking_uri"], sweep["experiment_id"], name)
     return MlflowTracker(sweep["tracking_uri"], out_dir, experiment_id=sweep["experiment_id"],
-                         run_id=run_id, run_name=name, params=cfg, tags=_tags(cfg, sweep))
+                         run_id=run_id, run_name=name, params=tracked_params(cfg),
+                         tags=_tags(cfg, sweep))
 
 
 def _tags(cfg: TrialConfig, sweep: dict) -> dict:
-    from flatlm.models.presets import parameter_count, parse_model
-    from flatlm.sources import load
-    from flatlm.track import TAG_ALGORITHM, TAG_N_PARAMS, TAG_PRESET, TAG_SWEEP
+    """What the MLflow UI groups and filters by; the parameter count is a metric
+    (``flatlm.trial.N_PARAMS``), so that it sorts as a number."""
+    from flatlm.track import TAG_ALGORITHM, TAG_MODEL, TAG_PRESET, TAG_SWEEP
 
-    source = load(cfg.source)
-    n_params = parameter_count(parse_model(cfg.model), source.V, source.max_length)
-    return {TAG_SWEEP: sweep["name"], TAG_PRESET: cfg.model, TAG_N_PARAMS: n_params,
-            TAG_ALGORITHM: cfg.train.algorithm, "source": cfg.source}
+    tags = {TAG_SWEEP: sweep["name"], TAG_MODEL: str(cfg.model),
+            TAG_ALGORITHM: cfg.train.algorithm, "source": str(cfg.source)}
+    if sweep.get("preset"):
+        tags[TAG_PRESET] = sweep["preset"]
+    return tags
 
 
 def curve_keys(tasks: tuple[str, ...]) -> list[str]:
@@ -136,12 +138,14 @@ def curve_keys(tasks: tuple[str, ...]) -> list[str]:
 
 
 def _plot_trial(out_dir: Path, name: str, cfg: TrialConfig) -> None:
-    """``curves.png``: the trial's measurements over training steps (a figure to look at in the
-    MLflow UI), and ``trial_config.json`` (a copy of config.json under an unambiguous name)."""
+    """``curves.png``: the trial's training loss and measurements over training steps (a figure
+    to look at in the MLflow UI), and ``trial_config.json`` (a copy of config.json under an
+    unambiguous name)."""
     from flatlm.sources import load
 
     tasks = tuple(cfg.measure.tasks) or tuple(load(cfg.source).tasks)
-    plot_curves(read_metrics(out_dir), curve_keys(tasks), out_dir / "curves.png", name)
+    plot_curves(read_metrics(out_dir), curve_keys(tasks), out_dir / "curves.png", name,
+                train_rows=read_train_log(out_dir))
     shutil.copy2(out_dir / "config.json", out_dir / "trial_config.json")
 
 

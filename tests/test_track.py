@@ -134,6 +134,26 @@ def test_report_as_the_trials_sink_sends_its_metrics_jsonl_once(store, tmp_path)
     assert "note" not in client.get_run(tr.run_id).data.metrics
 
 
+def test_the_training_curve_is_sent_at_its_own_steps(store, tmp_path):
+    """train_log.jsonl (rewritten whole at every checkpoint) is mirrored like metrics.jsonl:
+    each (step, key) once, the curve's steps between the checkpoints included."""
+    from flatlm.metrics_log import append_metrics, write_train_log
+
+    uri, eid = store
+    out = tmp_path / "trial"
+    tr = MlflowTracker(uri, out, experiment_id=eid)
+    curve = [{"step": s, "train/loss": 3.0 - s / 10, "train/lr": 1e-3} for s in (5, 10, 15, 20)]
+    write_train_log(out, curve[:2])
+    append_metrics(out, 10, {"pretrain/loss": 2.5})
+    assert tr.report(10, {"pretrain/loss": 2.5})
+    write_train_log(out, curve)  # the next checkpoint: the whole history again
+    append_metrics(out, 20, {"pretrain/loss": 2.2})
+    assert tr.report(20, {"pretrain/loss": 2.2}) and tr.finish()
+    client = MlflowClient(uri)
+    assert history(client, tr.run_id, "train/loss") == [(s, 3.0 - s / 10) for s in (5, 10, 15, 20)]
+    assert history(client, tr.run_id, "pretrain/loss") == [(10, 2.5), (20, 2.2)]
+
+
 def test_failed_status_and_context_manager(store, tmp_path):
     uri, eid = store
     with pytest.raises(RuntimeError), MlflowTracker(uri, tmp_path / "t", experiment_id=eid) as tr:

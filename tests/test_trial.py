@@ -1,11 +1,13 @@
 """A trial end to end on a tiny PCFG: measurements at every checkpoint, resume, bad configs."""
 
 import json
+import math
 
 import pytest
 
 from flatlm.config import apply_overrides
-from flatlm.trial import TrialConfig, read_metrics, run_trial
+from flatlm.metrics_log import read_train_log
+from flatlm.trial import TrialConfig, read_metrics, run_trial, tracked_params
 
 TINY = {
     "source": '{"kind":"pcfg","random":{"vocab":12,"depth":2,"nonterminals_per_level":3,'
@@ -37,6 +39,37 @@ def test_trial_measures_every_checkpoint_and_reports(tmp_path):
         assert json.loads((ckpt / "metrics.json").read_text())["step"] == step
     assert read_metrics(tmp_path)[6]["pretrain/kl"] == rows[6]["pretrain/kl"]
     assert json.loads((tmp_path / "config.json").read_text())["model"] == "d16-h2-l1-i32"
+
+
+def test_trial_logs_its_training_curve_and_parameter_count(tmp_path):
+    cfg = tiny(**{"train.steps": 6, "train.checkpoint_steps": [3, 6], "train.log_every": 2,
+                  "train.algorithm": "sam"})
+    rows = run_trial(cfg, tmp_path)
+    curve = read_train_log(tmp_path)
+    assert sorted(curve) == [2, 4, 6]  # every log window, also past the first checkpoint
+    assert all(math.isfinite(r["train/loss"]) and "train/sam_loss_perturbed" in r
+               for r in curve.values())
+    from flatlm.models.checkpoint import load_checkpoint
+    model = load_checkpoint(tmp_path / "checkpoints" / "step-6")[0]
+    assert rows[6]["n_params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_tracked_params_are_resolved_and_only_of_what_ran():
+    params = tracked_params(tiny(**{"measure.what": ["loss", "probe"]}))
+    assert None not in params.values()
+    # the algorithm's defaults spelled out, not None
+    assert params["train.dropout"] == 0.1 and params["train.weight_decay"] == 0.01
+    assert params["train.micro_batch_size"] == 16 and params["train.warmup_steps"] == 2
+    assert not [k for k in params if k.startswith(("train.sam.", "train.adversarial.",
+                                                   "measure.finetune.", "measure.flatness."))]
+    assert "measure.probe.epochs" in params and "measure.loss.batch_size" in params
+    sam = tracked_params(tiny(**{"train.algorithm": "sam", "measure.what": ["fisher"]}))
+    assert sam["train.sam.rho"] == 0.05 and sam["train.micro_batch_size"] == 8  # half batch
+    assert "measure.probe.epochs" not in sam
+    assert tracked_params(tiny(**{"measure.flatness.n_inputs": None}))[
+        "measure.flatness.n_inputs"] == "all"
+    assert tracked_params(tiny(**{"measure.flatness.n_inputs": 32}))[
+        "measure.flatness.n_inputs"] == 32
 
 
 def test_resume_continues_and_remeasures_a_lost_checkpoint(tmp_path):

@@ -54,8 +54,10 @@ def per_sentence_key(key: str) -> str:
 
 
 def se_key(key: str) -> str:
-    """The standard-error twin of a metric key: ``pretrain/kl`` -> ``pretrain/kl_se``."""
-    return f"{key}_se"
+    """The standard-error twin of a metric key: ``pretrain/kl`` -> ``pretrain/kl_se``, and for
+    an accuracy over seeds ``probe/B/acc_mean`` -> ``probe/B/acc_se`` (the honest one: test-set
+    sampling and the seed spread)."""
+    return f"{key.removesuffix('_mean')}_se"
 
 
 def grown_key(key: str) -> str:

@@ -25,6 +25,7 @@ from torch import nn
 
 from flatlm.config import flatten_dict, to_dict
 from flatlm.dirlock import writer_lock
+from flatlm.metrics_log import write_train_log
 from flatlm.models.bert import build_model
 from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, save_checkpoint
 from flatlm.models.presets import ModelConfig, parse_model
@@ -301,6 +302,7 @@ class _Run:
                    tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
+        write_train_log(self.out_dir, self.history)
         log.info("checkpoint %s", final)
         if on_checkpoint is not None:
             model.eval()

@@ -49,7 +49,8 @@ ACC = "probe/A/acc_mean"
 H_RAW = -RHO * 12 / math.sqrt(12**2 + 2**2)  # corr(acc, trace_hessian) before the partial
 STEPS = (100, 200, 300, 400)
 ALGORITHMS = ("adamw", "sam", "sgd")
-PRESETS = (("tiny", 10_000), ("small", 40_000))
+MODELS = (("tiny", 10_000), ("small", 40_000))
+LEGACY = 2  # runs 0-1 carry n_params as a tag (as flatlm logged it before), the rest a metric
 EXPERIMENT = "synth"
 WITH_ARTIFACT = 8  # runs 0-7 also carry metrics.jsonl; 8-11 only metric histories
 
@@ -68,12 +69,13 @@ def synthetic_rows() -> list[dict]:
     early_kl = np.random.default_rng(1).uniform(0.2, 0.8, size=24)
     early_f = np.random.default_rng(2).uniform(50, 150, size=24)
     rows, i = [], 0
-    for preset, n_params in PRESETS:
+    for model, n_params in MODELS:
         for algorithm in ALGORITHMS:
             for seed in (0, 1):
-                run = {"trial": f"{algorithm}-{preset}-s{seed}", "algorithm": algorithm,
-                       "preset": preset, "n_params": n_params, "sweep": "synth",
-                       "params": {"train.lr": "0.0003" if algorithm != "sgd" else "0.1",
+                run = {"trial": f"{algorithm}-{model}-s{seed}", "algorithm": algorithm,
+                       "model": model, "preset": "tiny", "n_params": n_params, "sweep": "synth",
+                       "params": {"model": model,
+                                  "train.lr": "0.0003" if algorithm != "sgd" else "0.1",
                                   "seed": str(seed), "train.sam_rho":
                                   "0.05" if algorithm == "sam" else "None",
                                   "train.warmup": "True"}}
@@ -106,12 +108,17 @@ def store(tmp_path_factory):
         by_trial.setdefault(row["trial"], []).append(row)
     for n, (trial, trial_rows) in enumerate(by_trial.items()):
         first = trial_rows[0]
-        tags = {t: str(first[t]) for t in ("algorithm", "preset", "n_params", "sweep")}
+        tags = {t: str(first[t]) for t in ("algorithm", "model", "preset", "sweep")}
+        n_params = {"n_params": float(first["n_params"])}
+        if n < LEGACY:
+            tags["n_params"], n_params = str(first["n_params"]), {}
         run_id = client.create_run(eid, tags=tags, run_name=trial).info.run_id
         client.log_batch(run_id, params=[Param(k, v) for k, v in first["params"].items()])
         for row in trial_rows:
+            row["metrics"] = {**n_params, **row["metrics"]}
             client.log_batch(run_id, metrics=[Metric(k, v, 0, row["step"])
                                               for k, v in row["metrics"].items()])
+            client.log_batch(run_id, metrics=[Metric("train/loss", 3.0, 0, row["step"] - 50)])
         if n < WITH_ARTIFACT:
             path = root / f"m{n}" / "metrics.jsonl"
             path.parent.mkdir()
@@ -131,10 +138,12 @@ def runs(store):
 
 def test_load_runs_is_tidy_and_casts_params(runs):
     assert len(runs) == 48 and runs["run_id"].nunique() == 12
-    assert list(runs.columns[:7]) == ["run_id", "trial", "status", "sweep", "preset",
-                                      "algorithm", "n_params"]
+    assert list(runs.columns[:6]) == ["run_id", "trial", "status", "sweep", "preset",
+                                      "algorithm"]
+    # the training curve (train/*, between checkpoints) adds no rows
     assert all(tuple(s) == STEPS for s in runs.groupby("run_id")["step"].apply(list))
-    assert runs["n_params"].dtype == "Int64" and set(runs["n_params"]) == {10_000, 40_000}
+    assert runs["n_params"].dtype == "float64" and set(runs["n_params"]) == {10_000, 40_000}
+    assert runs["model"].notna().all() and runs["preset"].eq("tiny").all()
     assert runs["train.lr"].dtype == "float64" and set(runs["train.lr"]) == {3e-4, 0.1}
     assert runs["seed"].dtype == "Int64"
     assert runs["train.warmup"].eq(True).all()
@@ -142,7 +151,7 @@ def test_load_runs_is_tidy_and_casts_params(runs):
     assert runs.loc[sam, "train.sam_rho"].eq(0.05).all()
     assert runs.loc[~sam, "train.sam_rho"].isna().all()  # "None" is missing, not a string
     assert set(runs.attrs["metrics"]) == {ENTROPY, KL, LOSS, ACC, "probe/A/acc_std",
-                                          TRACE_FISHER, TRACE_HESSIAN}
+                                          TRACE_FISHER, TRACE_HESSIAN, "n_params"}
     assert runs["status"].eq("FINISHED").all()
 
 
@@ -281,6 +290,31 @@ def _assert_png(path: Path):
     assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
 
 
+def _drawn(monkeypatch) -> list:
+    """The figures the figure functions save, kept for inspection."""
+    import analysis.figures as figures
+
+    drawn, save = [], figures._save
+    monkeypatch.setattr(figures, "_save",
+                        lambda fig, *a, **k: drawn.append(fig) or save(fig, *a, **k))
+    return drawn
+
+
+def test_over_steps_names_every_run_in_its_legend_with_error_bars(runs, tmp_path, monkeypatch):
+    drawn = _drawn(monkeypatch)
+    with_se = runs.assign(**{"probe/A/acc_se": 0.02})
+    metrics_over_steps(with_se, tmp_path / "f2.png", keys=(LOSS, ACC), title="Fig. 2: x")
+    (fig,) = drawn
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert len(texts) == len(set(texts)) == runs["run_id"].nunique() == 12
+    # named by what varies between the runs: model, learning rate, seed
+    assert all("model=" in t and "seed=" in t for t in texts)
+    acc_panel = fig.axes[1]
+    bars = [c for c in acc_panel.containers if c.has_yerr]
+    assert len(bars) == 12  # every run's accuracy carries its standard error
+    assert fig._suptitle.get_text().startswith("Fig. 2")
+
+
 def test_figures_are_valid_pngs(runs, tmp_path):
     regime = saturated(runs, kl_threshold=0.01)
     paths = [
@@ -301,8 +335,8 @@ def test_summary_tables(runs):
     row = table[table["algorithm"] == "sam"].iloc[0]
     assert row[f"{ACC} mean"] == pytest.approx(sam.mean())
     assert row[f"{ACC} std"] == pytest.approx(sam.std())
-    md = summary_markdown(summary_table(runs, ACC, by=("preset", "algorithm")))
-    assert md.count("\n") == 1 + 6 and " ± " in md and "| preset | algorithm | runs |" in md
+    md = summary_markdown(summary_table(runs, ACC, by=("model", "algorithm")))
+    assert md.count("\n") == 1 + 6 and " ± " in md and "| model | algorithm | runs |" in md
 
 
 # -- report.py --------------------------------------------------------------------------------
@@ -317,7 +351,7 @@ def test_report_cli_writes_outputs_and_logs_a_report_run(store, tmp_path):
     assert "| y | x | method |" in res.stdout and "24 in the regime" in res.stdout
     expected = {"fig1_accuracy_scatter.png", "fig2_over_steps.png", "fig3_over_size.png",
                 "correlations.md", "correlations.csv", "table1_by_algorithm.md",
-                "table1_by_algorithm.csv", "table2_by_preset.md", "table2_by_preset.csv",
+                "table1_by_algorithm.csv", "table2_by_model.md", "table2_by_model.csv",
                 "runs.csv"}
     assert {p.name for p in out.iterdir()} == expected
     for name in expected:

@@ -39,18 +39,25 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     runs = assert_exactly_once(uri, "scaling", tmp_path / "trials" / "scaling", STEPS, n_trials=3)
-    assert sorted(r.data.tags["preset"] for r in runs) == sorted(
+    assert sorted(r.data.tags["model"] for r in runs) == sorted(
         ["d16-h1-l1-i64", "d32-h2-l1-i128", "d64-h4-l2-i256"])  # one head size: they grow
+    assert all(r.data.tags["preset"] == "tiny" and r.data.tags["algorithm"] == "adamw"
+               for r in runs)
+    # the parameter count is a number; every param a value the trial used (none 'None')
+    assert len({r.data.metrics["n_params"] for r in runs}) == 3
+    assert all("None" not in r.data.params.values() for r in runs)
+    assert not [k for r in runs for k in r.data.params if k.startswith("measure.finetune.")]
     # every size's flatness is also measured in the common grown shape (the largest here)
     assert all("flat/trace_fisher_grown" in r.data.metrics for r in runs)
     assert all(r.data.tags["sweep"] == "scaling" for r in runs)
     assert all(r.data.params["train.steps"] == "20" for r in runs)
     assert sorted(sweep.results()) == sorted((r.info.run_name, s) for r in runs for s in STEPS)
     # runs and console lines say what the trial is: its model, then Ray's id
-    assert all(r.info.run_name.startswith(r.data.tags["preset"] + "_") for r in runs)
-    from mlflow import MlflowClient
-
+    assert all(r.info.run_name.startswith(r.data.tags["model"] + "_") for r in runs)
     client = MlflowClient(uri)
+    for r in runs:  # the training curve, every log_every steps (set_args(TINY): 5)
+        assert [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")] == [
+            5, 10, 15, 20]
     for r in runs:  # the trial's curves and its measurements are artifacts of its run
         names = {a.path for a in client.list_artifacts(r.info.run_id)}
         assert {"curves.png", "metrics.jsonl", "trial_config.json"} <= names, names
@@ -91,7 +98,6 @@ def test_bad_configurations_fail_before_any_trial(tmp_path, ray_tmpdir, args, ex
     assert not (tmp_path / "trials").exists()
     assert not (tmp_path / "ray_results").exists()
     assert sweep.results() == []
-    if (tmp_path / "mlflow.db").exists():  # the resource check runs after the experiment exists
+    if (tmp_path / "mlflow.db").exists():  # the store is reached; no experiment is left
         client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-        experiments = [e.experiment_id for e in client.search_experiments()]
-        assert client.search_runs(experiments) == []
+        assert client.get_experiment_by_name("scaling") is None
