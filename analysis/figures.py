@@ -74,6 +74,7 @@ def accuracy_scatter(df: pd.DataFrame, acc_key: str, path: str | Path, *,
     inside = regime if regime is not None else pd.Series(True, index=df.index)
     for ax, x in zip(axes, keys, strict=True):
         for label, rows in df.groupby(_labels(df, color_by), sort=True):
+            named = False  # one legend entry per group, filled or hollow
             for mask, face in ((inside.loc[rows.index], colors[label]),
                                (~inside.loc[rows.index], "none")):
                 part = rows[mask]
@@ -82,7 +83,8 @@ def accuracy_scatter(df: pd.DataFrame, acc_key: str, path: str | Path, *,
                 ax.errorbar(part[x], part[acc_key], xerr=_err(part, x), yerr=_err(part, acc_key),
                             fmt="o", ms=4, mfc=face, color=colors[label], elinewidth=0.6,
                             alpha=1.0 if face != "none" else 0.5,
-                            label=str(label) if face != "none" else None)
+                            label=None if named else str(label))
+                named = True
         ax.set_xlabel(x)
         ax.set_ylabel(acc_key)
         if x.startswith("flat/"):

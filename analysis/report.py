@@ -6,10 +6,12 @@
 
 Writes to DIR: ``fig1_accuracy_scatter.png``, ``fig2_over_steps.png``, ``fig3_over_size.png``,
 ``correlations.md`` / ``.csv``, ``table1_by_algorithm.md`` / ``.csv``,
-``table2_by_model.md`` / ``.csv`` and ``runs.csv`` (the tidy table); prints the correlation
-table; and logs every file as an artifact of a new run named ``report`` in the same experiment
-(tagged ``flatlm.report=1``, so ``load_runs`` skips it). Without ``--tracking-uri`` it uses
-``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``. With ``--trials DIR`` it reads
+``table2_by_model.md`` / ``.csv``, ``conclusion.md`` (what the runs can and cannot conclude, in
+words: ``analysis/conclusion.py``) and ``runs.csv`` (the tidy table); prints the conclusion and
+the tables; and logs every file as an artifact of the experiment's run named ``report`` (tagged
+``flatlm.report=1``, so ``load_runs`` skips it), which replaces the previous report's run.
+Without ``--tracking-uri`` it uses ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``
+(which must exist: run it where the sweep ran, its ``--workdir``). With ``--trials DIR`` it reads
 trial directories instead (``analysis/trials.py``: what ``flatlm replicate`` and the sweeps
 write), needs no MLflow store and logs nothing.
 """
@@ -17,14 +19,17 @@ write), needs no MLflow store and logs nothing.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: the repo root holds `analysis` and `flatlm`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from analysis.conclusion import conclusion  # noqa: E402
 from analysis.correlate import (  # noqa: E402
     X_KEYS,
     correlation_markdown,
@@ -84,7 +89,9 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
     out.mkdir(parents=True, exist_ok=True)
     rule = dict(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)
     regime = saturated(df, **rule)
-    table = correlation_table(df, acc_key, n_boot=n_boot, seed=seed, **rule)
+    with warnings.catch_warnings():  # an empty or thin regime is said in the conclusion
+        warnings.simplefilter("ignore", UserWarning)
+        table = correlation_table(df, acc_key, n_boot=n_boot, seed=seed, **rule)
     corr_md = correlation_markdown(table)
     paths = [
         accuracy_scatter(df, acc_key, out / "fig1_accuracy_scatter.png", regime=regime,
@@ -94,7 +101,8 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
         metrics_over_size(df, out / "fig3_over_size.png",
                           keys=(acc_key, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN)),
     ]
-    texts = {"correlations.md": corr_md + "\n"}
+    texts = {"correlations.md": corr_md + "\n",
+             "conclusion.md": conclusion(df, table, acc_key, **rule) + "\n"}
     table.to_csv(out / "correlations.csv", index=False)
     paths.append(out / "correlations.csv")
     for name, by in (("table1_by_algorithm", ("algorithm",)),
@@ -113,7 +121,14 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
 
 
 def log_report(tracking_uri: str, experiment: str, paths, params: dict) -> str | None:
-    """A new run ``report`` (tag ``flatlm.report=1``) holding ``paths`` as artifacts."""
+    """The experiment's run ``report`` (tag ``flatlm.report=1``) holding ``paths`` as
+    artifacts; an earlier report's run is deleted first (one report per experiment)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    for old in client.search_runs([exp.experiment_id], f"tags.`{TAG_REPORT}` = '1'"):
+        client.delete_run(old.info.run_id)
     with tempfile.TemporaryDirectory() as outbox:
         tracker = MlflowTracker(tracking_uri, outbox, experiment_name=experiment,
                                 run_name="report", params=params, tags={TAG_REPORT: "1"})
@@ -125,6 +140,23 @@ def log_report(tracking_uri: str, experiment: str, paths, params: dict) -> str |
     return tracker.run_id
 
 
+def check_store(uri: str, experiment: str) -> None:
+    """Exits with a message naming the fix when the store or the experiment is not there;
+    opening a missing sqlite file would create an empty store instead."""
+    from mlflow import MlflowClient
+
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        raise SystemExit(f"error: no MLflow store at {uri}: run the report where the sweep ran "
+                         "(its --workdir), or pass --tracking-uri")
+    client = MlflowClient(uri)
+    if client.get_experiment_by_name(experiment) is None:
+        names = [e.name for e in client.search_experiments()]
+        close = difflib.get_close_matches(experiment, names, n=3)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise SystemExit(f"error: no experiment {experiment!r} at {uri}; {hint}experiments "
+                         f"there: {', '.join(sorted(names)) or 'none'}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.trials is not None:
@@ -134,6 +166,7 @@ def main(argv=None) -> int:
     else:
         uri = (args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
                or default_tracking_uri(Path.cwd()))
+        check_store(uri, args.experiment)
         df, where = load_runs(uri, args.experiment, source=args.source), uri
     if df.empty:
         print(f"no runs in {args.experiment or 'the trial directories'} at {where}",
@@ -146,8 +179,9 @@ def main(argv=None) -> int:
     paths, corr_md = write_report(df, args.out, acc_key, n_boot=args.n_boot, seed=args.seed,
                                   **rule)
     n_regime = int(saturated(df, **rule).sum())
-    print(f"{df['run_id'].nunique()} runs, {len(df)} checkpoints, {n_regime} in the regime\n")
-    print(corr_md)
+    print((args.out / "conclusion.md").read_text())
+    if n_regime:  # an empty table says nothing the conclusion has not said
+        print(corr_md)
     print("\nTable 1:\n" + (args.out / "table1_by_algorithm.md").read_text())
     if not args.no_log:
         params = {"experiment": args.experiment, "accuracy": acc_key,

@@ -5,6 +5,8 @@ worker."""
 from __future__ import annotations
 
 import sys
+import textwrap
+import warnings
 from pathlib import Path
 
 from _spec import Sweep, accuracy_key, sweep_task
@@ -16,15 +18,22 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None) -> None:
     """Prints the correlation table of every checkpoint and the commands to look further."""
     if str(REPO) not in sys.path:  # `python sweeps/x.py` from anywhere: analysis/ importable
         sys.path.append(str(REPO))
+    from analysis.conclusion import conclusion
     from analysis.correlate import correlation_markdown, correlation_table
     from analysis.runs import load_runs
     from flatlm.track import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri(workdir)
-    table = load_runs(uri, sweep.name)
+    runs = load_runs(uri, sweep.name)
     key, task = accuracy_key(sweep), sweep_task(sweep)
-    print(f"\nCorrelations with downstream accuracy ({key}), saturated checkpoints:")
-    print(correlation_markdown(correlation_table(table, key, kl_threshold=sweep.kl_threshold)))
+    with warnings.catch_warnings():  # an empty or thin regime is said in the conclusion
+        warnings.simplefilter("ignore", UserWarning)
+        table = correlation_table(runs, key, kl_threshold=sweep.kl_threshold)
+    words = conclusion(runs, table, key, kl_threshold=sweep.kl_threshold)
+    print(f"\nWhat this sweep can conclude:\n{textwrap.fill(words, 100)}")
+    if len(table):
+        print(f"\nCorrelations with downstream accuracy ({key}), saturated checkpoints:")
+        print(correlation_markdown(table))
     print(f"\nMLflow UI:  cd {workdir} && mlflow ui --backend-store-uri {uri}")
     print(f"Report:     python {REPO / 'analysis' / 'report.py'} --experiment {sweep.name} "
           f"--tracking-uri {uri} --task {task} --kl-threshold {sweep.kl_threshold:g} "

@@ -341,18 +341,26 @@ def test_summary_tables(runs):
 
 # -- report.py --------------------------------------------------------------------------------
 
-def test_report_cli_writes_outputs_and_logs_a_report_run(store, tmp_path):
+def report(*args, cwd=REPO):
+    cmd = [sys.executable, str(REPO / "analysis" / "report.py"), *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_report_cli_writes_outputs_and_logs_one_report_run(store, tmp_path):
     uri, _ = store
     out = tmp_path / "report"
-    cmd = [sys.executable, "analysis/report.py", "--experiment", EXPERIMENT, "--out", str(out),
-           "--tracking-uri", uri, "--task", "A", "--kl-threshold", "0.01", "--n-boot", "200"]
-    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    args = ["--experiment", EXPERIMENT, "--out", out, "--tracking-uri", uri, "--task", "A",
+            "--kl-threshold", "0.01", "--n-boot", "200"]
+    assert report(*args).returncode == 0  # a first report, replaced by the second
+    res = report(*args)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "| y | x | method |" in res.stdout and "24 in the regime" in res.stdout
+    assert "| y | x | method |" in res.stdout and "Warning" not in res.stderr
+    assert ("24 checkpoints of 12 runs in the saturation regime" in res.stdout
+            and "flatter checkpoints probe better at equal loss" in res.stdout), res.stdout
     expected = {"fig1_accuracy_scatter.png", "fig2_over_steps.png", "fig3_over_size.png",
                 "correlations.md", "correlations.csv", "table1_by_algorithm.md",
                 "table1_by_algorithm.csv", "table2_by_model.md", "table2_by_model.csv",
-                "runs.csv"}
+                "conclusion.md", "runs.csv"}
     assert {p.name for p in out.iterdir()} == expected
     for name in expected:
         if name.endswith(".png"):
@@ -369,6 +377,39 @@ def test_report_cli_writes_outputs_and_logs_a_report_run(store, tmp_path):
     logged = {f.path for f in client.list_artifacts(reports[0].info.run_id)}
     assert logged == expected
     assert load_runs(uri, EXPERIMENT)["run_id"].nunique() == 12  # the report run is skipped
+
+
+def test_report_with_no_checkpoint_in_the_regime_says_so_without_warnings(store, tmp_path):
+    res = report("--experiment", EXPERIMENT, "--out", tmp_path, "--tracking-uri", store[0],
+                 "--kl-threshold", "1e-4", "--n-boot", "50", "--no-log")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Warning" not in res.stderr and "| y | x |" not in res.stdout  # no empty table
+    assert "0 checkpoints of 0 runs in the saturation regime" in res.stdout
+    assert "No checkpoint reached it (smallest KL seen 0.00224 nats" in res.stdout
+
+
+def test_report_names_a_misspelled_experiment_and_creates_no_store(store, tmp_path):
+    res = report("--experiment", "snyth", "--out", tmp_path / "r", "--tracking-uri", store[0],
+                 "--kl-threshold", "0.01")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "no experiment 'snyth'" in res.stderr and "did you mean synth?" in res.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res = report("--experiment", EXPERIMENT, "--out", tmp_path / "r", "--kl-threshold", "0.01",
+                 cwd=empty)
+    assert res.returncode == 1 and "no MLflow store at sqlite:///" in res.stderr
+    assert list(empty.iterdir()) == []  # no mlflow.db left behind
+
+
+def test_conclusion_counts_runs_not_checkpoints(runs):
+    from analysis.conclusion import conclusion
+
+    few = runs[runs["run_id"].isin(runs["run_id"].unique()[:3])]
+    with pytest.warns(UserWarning):
+        table = correlation_table(few, ACC, kl_threshold=0.01, n_boot=50)
+    words = conclusion(few, table, ACC, kl_threshold=0.01)
+    assert "6 checkpoints of 3 runs" in words and "fewer than 5" in words
+    assert "flatter" not in words  # nothing read off three runs
 
 
 def test_report_cli_requires_a_rule():
