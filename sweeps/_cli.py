@@ -54,7 +54,8 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override a trial config key for every trial "
                        "(repeatable), e.g. train.steps=400")
-        p.add_argument("--name", help="experiment name (default: the script's)")
+        p.add_argument("--name", help="the MLflow and Ray experiment name (default: the "
+                       "script's, e.g. scaling); letters, digits and . _ + -")
     p.add_argument("--workdir", default=".", help="where mlflow.db, mlruns/, ray_results/ and "
                    "trials/ go (default: the current directory)")
     p.add_argument("--tracking-uri", help="MLflow tracking server (default: sqlite in workdir)")

@@ -77,9 +77,16 @@ def paper_grammar_path() -> Path:
 
 
 def _grammar_from_spec(spec: dict) -> Grammar:
-    if ("grammar" in spec) == ("random" in spec):
-        raise SourceError("pcfg spec needs exactly one of 'grammar' (\"paper\" or a path) and "
-                          "'random' (a dict of knobs, with 'seed')")
+    if "grammar" in spec and "random" in spec:
+        raise SourceError("pcfg spec has both 'grammar' and 'random': name a grammar "
+                          "(pcfg:paper, pcfg:path/to/rules.txt) or ask for a random one "
+                          "(pcfg:seed=3,random.vocab=50), not both")
+    if "grammar" not in spec and "random" not in spec:
+        raise SourceError("pcfg spec names no grammar: give one (pcfg:paper, "
+                          "pcfg:path/to/rules.txt) or ask for a random grammar with at least "
+                          "one random.<knob> (pcfg:seed=3,random.vocab=50; knobs: "
+                          f"{', '.join(sorted(RandomGrammarConfig.__dataclass_fields__))}); "
+                          "'seed' alone only seeds the random grammar")
     if "random" in spec:
         knobs = spec["random"] if isinstance(spec["random"], dict) else {}
         try:

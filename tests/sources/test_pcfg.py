@@ -199,8 +199,10 @@ def test_random_grammar_shape_and_determinism(tmp_path):
 def test_spec_errors_name_the_field():
     with pytest.raises(ValueError, match="colour"):
         load({"kind": "pcfg", "grammar": "paper", "colour": 1})
-    with pytest.raises(ValueError, match="exactly one"):
-        load({"kind": "pcfg"})
+    with pytest.raises(ValueError, match=r"names no grammar.*random\.vocab=50.*'seed' alone"):
+        load("pcfg:seed=3")  # the README's example without its knob
+    with pytest.raises(ValueError, match="both 'grammar' and 'random'"):
+        load({"kind": "pcfg", "grammar": "paper", "random": {"vocab": 10}})
     with pytest.raises(ValueError, match="label_rule"):
         load({"kind": "pcfg", "grammar": "paper", "label_rule": "viterbi"})
     with pytest.raises(ValueError, match="kind"):
