@@ -151,14 +151,36 @@ def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys, color_by: str
                  empty=not keys)
 
 
+def loss_matched(df: pd.DataFrame) -> tuple[pd.DataFrame, float]:
+    """One checkpoint per run at (nearly) the same loss: the target is the lowest KL every run
+    reached (the largest of the runs' smallest KLs), and each run contributes its checkpoint
+    whose KL is closest to it. Returns (those rows, the target). The paper compares algorithms
+    "at the same pre-training loss"; final checkpoints of runs that converge at different
+    speeds are not that."""
+    rows = df.dropna(subset=[KL])
+    if rows.empty:
+        return final_checkpoints(df), math.nan
+    target = float(rows.groupby("run_id")[KL].min().max())
+    gap = (rows[KL] - target).abs()
+    return rows.loc[gap.groupby(rows["run_id"]).idxmin()].sort_index(), target
+
+
 def summary_table(df: pd.DataFrame, acc_key: str, *, by=("algorithm",),
-                  keys=(LOSS, KL, TRACE_FISHER, TRACE_HESSIAN)) -> pd.DataFrame:
+                  keys=(LOSS, KL, TRACE_FISHER, TRACE_HESSIAN),
+                  match_loss: bool = False) -> pd.DataFrame:
     """Per group of ``by``: number of runs, then mean and std over runs of ``acc_key`` and
-    ``keys`` at each run's final checkpoint (columns ``<key> mean``, ``<key> std``). When the
-    runs measured the lookup table (``lookup/<task>/acc_mean``) a last row ``lookup table``
-    holds its accuracy (the true conditionals as features; loss = entropy, KL 0), as the
-    paper's Table 1 does."""
-    final = final_checkpoints(df)
+    ``keys`` at one checkpoint per run (columns ``<key> mean``, ``<key> std``): its final one,
+    or with ``match_loss`` the one at the common loss of :func:`loss_matched` (the target KL in
+    ``table.attrs["target_kl"]``). When the runs measured the lookup table
+    (``lookup/<task>/acc_mean``) a last row ``lookup table`` holds its accuracy (the true
+    conditionals as features; loss = entropy, KL 0), as the paper's Table 1 does."""
+    final, target = loss_matched(df) if match_loss else (final_checkpoints(df), math.nan)
+    out = _summary(final, acc_key, by, keys)
+    out.attrs["target_kl"] = target
+    return out
+
+
+def _summary(final: pd.DataFrame, acc_key: str, by, keys) -> pd.DataFrame:
     cols = [k for k in (acc_key, *keys) if _has(final, k)]
     by = [b for b in by if b in final]
     if not by or final.empty:

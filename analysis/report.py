@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import sys
 import tempfile
@@ -105,19 +106,28 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
              "conclusion.md": conclusion(df, table, acc_key, **rule) + "\n"}
     table.to_csv(out / "correlations.csv", index=False)
     paths.append(out / "correlations.csv")
-    for name, by in (("table1_by_algorithm", ("algorithm",)),
-                     ("table2_by_model", ("model", "algorithm"))):
-        summary = summary_table(df, acc_key, by=by, keys=(LOSS, KL, *X_KEYS[:2]))
+    for name, by, matched in (("table1_by_algorithm", ("algorithm",), True),
+                              ("table2_by_model", ("model", "algorithm"), False)):
+        summary = summary_table(df, acc_key, by=by, keys=("step", LOSS, KL, *X_KEYS[:2]),
+                                match_loss=matched)
         summary.to_csv(out / f"{name}.csv", index=False)
         paths.append(out / f"{name}.csv")
-        texts[f"{name}.md"] = (f"Final checkpoint of each run: mean ± std over runs.\n\n"
-                               f"{summary_markdown(summary)}\n")
+        texts[f"{name}.md"] = f"{_table_rule(summary)}\n\n{summary_markdown(summary)}\n"
     df.to_csv(out / "runs.csv", index=False)
     paths.append(out / "runs.csv")
     for name, text in texts.items():
         (out / name).write_text(text)
         paths.append(out / name)
     return sorted(paths), corr_md
+
+
+def _table_rule(summary) -> str:
+    """Which checkpoint of each run a summary table shows, in words."""
+    target = summary.attrs.get("target_kl", math.nan)
+    if math.isnan(target):
+        return "Final checkpoint of each run: mean ± std over runs."
+    return (f"At equal loss: each run's checkpoint whose KL is closest to {target:.3g} nats, the "
+            "lowest KL every run reached (the `step` column says where); mean ± std over runs.")
 
 
 def log_report(tracking_uri: str, experiment: str, paths, params: dict) -> str | None:

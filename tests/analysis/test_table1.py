@@ -25,3 +25,21 @@ def test_the_lookup_table_is_the_last_row_of_table_1():
     assert last["probe/B/acc_mean mean"] == pytest.approx(0.9) and last["runs"] == 4
     assert last["pretrain/kl mean"] == 0.0 and last["pretrain/loss mean"] == pytest.approx(2.1)
     assert "| lookup table |" in summary_markdown(table)
+
+
+def test_algorithms_are_compared_at_equal_loss_not_at_their_last_step():
+    """A fast run (KL 0.5, 0.1, 0.02) and a slow one (KL 0.9, 0.4, 0.15): the common loss is
+    KL 0.15 (the slow run's best); the fast run is read at KL 0.1, not at its final 0.02."""
+    kls = {"fast": (0.5, 0.1, 0.02), "slow": (0.9, 0.4, 0.15)}
+    rows = [{"run_id": alg, "step": step, "algorithm": alg, "pretrain/kl": kl,
+             "probe/B/acc_mean": 0.5 + step / 1000}
+            for alg, series in kls.items() for step, kl in zip((100, 200, 300), series)]
+    table = summary_table(pd.DataFrame(rows), "probe/B/acc_mean", by=("algorithm",),
+                          keys=("step", "pretrain/kl"), match_loss=True)
+    assert table.attrs["target_kl"] == pytest.approx(0.15)
+    got = table.set_index("algorithm")
+    assert got.loc["fast", "step mean"] == 200 and got.loc["fast", "pretrain/kl mean"] == 0.1
+    assert got.loc["slow", "step mean"] == 300
+    final = summary_table(pd.DataFrame(rows), "probe/B/acc_mean", by=("algorithm",),
+                          keys=("step",)).set_index("algorithm")
+    assert final.loc["fast", "step mean"] == 300
