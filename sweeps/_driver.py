@@ -28,21 +28,29 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
     callbacks for a new sweep (tests inject faults with one); a resumed sweep keeps the callbacks
     it was started with.
     """
-    from flatlm.track import default_artifact_location, default_tracking_uri, ensure_experiment
+    from flatlm.track import default_tracking_uri
 
     check_sweep(sweep)
     check_tracking_uri(tracking_uri)
     workdir = workdir.absolute()
     uri = tracking_uri or default_tracking_uri(workdir)
     _reach_tracking(uri, sweep.name)
+    trials_dir = workdir / "trials" / sweep.name
+    with one_driver(trials_dir, sweep.name):  # before Ray starts: a refusal costs nothing
+        return _run(sweep, workdir, uri, trials_dir, address, resume, show, callbacks)
+
+
+def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str | None,
+         resume: bool, show: tuple[str, ...], callbacks) -> Path:
+    from flatlm.track import default_artifact_location, ensure_experiment
+
     if address:
         ray.init(address=address, logging_level="ERROR")
     else:
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
     try:
-        check_resources(sweep)  # before the experiment: a refused sweep leaves nothing behind
+        check_resources(sweep)  # before the experiment: a refused sweep leaves no experiment
         experiment_id = ensure_experiment(uri, sweep.name, default_artifact_location(workdir))
-        trials_dir = workdir / "trials" / sweep.name
         sweep_info = {"name": sweep.name, "preset": sweep.preset, "tracking_uri": uri,
                       "experiment_id": experiment_id, "trials_dir": str(trials_dir)}
         check_resume_settings(sweep, workdir / "ray_results" / sweep.name, resume)
@@ -63,6 +71,27 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
         return workdir / "ray_results" / sweep.name
     finally:
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def one_driver(trials_dir: Path, name: str):
+    """Holds the sweep's lock (``flatlm.dirlock`` on its trials directory): a second driver of
+    the same sweep, say a second ``--resume``, would run the same trials again beside the first.
+    The kernel drops the lock when a driver dies, so none goes stale."""
+    from flatlm.dirlock import DirectoryBusyError, writer_lock
+
+    lock = writer_lock(trials_dir)
+    try:
+        lock.__enter__()
+    except DirectoryBusyError as e:
+        holder = str(e).split("(pid ", 1)[-1].split(")", 1)[0]
+        raise ValueError(f"sweep {name!r} is being run by another driver (pid {holder}) in "
+                         f"{trials_dir.parent.parent}: wait for it to end, or stop it (kill "
+                         f"-INT {holder}) and then --resume") from None
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
 
 
 SETTINGS_FILE = "flatlm_sweep.json"  # in the Ray experiment directory: what the trials run

@@ -189,7 +189,7 @@ def test_node_killed_mid_sweep_trials_resume_from_checkpoint(tmp_path, ray_tmpdi
 
 # -- the driver killed ------------------------------------------------------------------------
 
-def test_driver_killed_then_resumed(tmp_path, ray_tmpdir):
+def test_driver_killed_then_resumed_by_one_driver_at_a_time(tmp_path, ray_tmpdir):
     steps = [10, 50, 100]
     args = [*set_args({**TINY, "train.steps": "100",
                        "train.checkpoint_steps": "[10,50,100]"}), "--cpus-per-trial", "0.5",
@@ -208,6 +208,12 @@ def test_driver_killed_then_resumed(tmp_path, ray_tmpdir):
 
     second = Sweep([*args, "--resume"], tmp_path, env)
     try:
+        # a second driver of the same sweep refuses, naming the first, and runs nothing
+        assert second.first_result.wait(timeout=400), second.tail()
+        third = Sweep([*args, "--resume"], tmp_path, env)
+        assert third.wait(timeout=120) == 2, third.tail()
+        assert f"is being run by another driver (pid {second.proc.pid})" in third.stderr
+        assert third.results() == []
         rc = second.wait(timeout=500)
     finally:
         kill_own(second.proc.pid, f"{ray_tmpdir}/")
