@@ -107,9 +107,9 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
     if args.verbose:  # read by the trials (local Ray workers inherit the environment)
         os.environ["FLATLM_VERBOSE"] = "1"
     workdir = Path(args.workdir).absolute()
-    from _driver import Interrupted, run_sweep
+    from _driver import Interrupted, TrackingIncomplete, run_sweep
     from _spec import shown_metrics
-    from _summary import summarise
+    from _summary import TrackingUnreachable, summarise
 
     try:
         sweep = apply_arguments(build(args), args)
@@ -120,8 +120,25 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
         return 2
     except Interrupted as e:
         return interrupted(e)
-    summarise(sweep, workdir, args.tracking_uri)
+    except TrackingIncomplete as e:
+        return tracking_lags(f"{e}.", e.uri)
+    try:
+        summarise(sweep, workdir, args.tracking_uri)
+    except TrackingUnreachable as e:
+        return tracking_lags(f"every run ended, but {e}.", None)
     return 0
+
+
+TRACKING_LAGS = 3  # exit code: the trials ran, MLflow does not have all of it yet
+
+
+def tracking_lags(what: str, uri: str | None) -> int:
+    """Says that MLflow lags behind the finished trials and how to catch it up."""
+    argv = [a for a in sys.argv if a != "--resume"]
+    print(f"\nThe sweep's trials ran, but {what} No summary. Once MLflow is back, "
+          f"this sends what is missing and prints the summary (it trains nothing):\n"
+          f"    python {' '.join(argv)} --resume", file=sys.stderr, flush=True)
+    return TRACKING_LAGS
 
 
 def interrupted(e: Interrupted) -> int:

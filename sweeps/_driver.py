@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,11 +62,13 @@ def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str |
             finish_undelivered(trials_dir, uri, experiment_id)
             killed = mark_killed(trials_dir, uri)
             raise Interrupted(received[0] if received else signal.SIGINT, unfinished, killed)
-        finish_undelivered(trials_dir, uri, experiment_id)
+        undelivered = finish_undelivered(trials_dir, uri, experiment_id)
         report_diverged(trials_dir)
         errors = [r.error for r in results if r.error]
         if errors:
             raise RuntimeError(f"{len(errors)} trial(s) failed after retries: {errors[0]}")
+        if undelivered:
+            raise TrackingIncomplete(uri, undelivered)
         return workdir / "ray_results" / sweep.name
     finally:
         ray.shutdown()
@@ -131,6 +132,17 @@ def record_settings(sweep: Sweep, path: Path) -> None:
     if not file.exists():
         path.mkdir(parents=True, exist_ok=True)
         file.write_text(json.dumps(sweep_settings(sweep), indent=1, sort_keys=True) + "\n")
+
+
+class TrackingIncomplete(Exception):  # noqa: N818 - the sweep ran; its tracking lags
+    """Every trial ran, but MLflow could not be reached to end some runs: their rows and status
+    wait in the trial directories (``flatlm.track``'s outbox) until a ``--resume``."""
+
+    def __init__(self, uri: str, trials: list[str]):
+        super().__init__(f"MLflow at {uri} unreachable at the end of the sweep: {len(trials)} "
+                         f"run(s) not ended ({', '.join(trials)}); their metrics are safe in "
+                         "their trial directories")
+        self.uri, self.trials = uri, trials
 
 
 class Interrupted(Exception):  # noqa: N818 - a stop the user asked for, not a failure
@@ -342,11 +354,13 @@ def report_diverged(trials_dir: Path) -> list[str]:
     return names
 
 
-def finish_undelivered(trials_dir: Path, uri: str, experiment_id: str) -> None:
-    """Ends the runs whose trials could not deliver their end (or last rows) to MLflow."""
+def finish_undelivered(trials_dir: Path, uri: str, experiment_id: str) -> list[str]:
+    """Ends the runs whose trials could not deliver their end (or last rows) to MLflow; returns
+    the trials whose runs are still not ended (MLflow unreachable)."""
     from flatlm.ledger import STATE_FILE
     from flatlm.track import MlflowTracker
 
+    pending = []
     for state_file in sorted(trials_dir.glob(f"*/{STATE_FILE}")):
         try:
             state = json.loads(state_file.read_text())
@@ -357,6 +371,5 @@ def finish_undelivered(trials_dir: Path, uri: str, experiment_id: str) -> None:
             tracker = MlflowTracker(uri, out_dir, experiment_id=experiment_id,
                                     run_name=out_dir.name)
             if not tracker.finish():
-                print(f"MLflow still unreachable: run of trial {out_dir.name} not ended; "
-                      f"re-send with MlflowTracker({uri!r}, {str(out_dir)!r}).finish()",
-                      file=sys.stderr, flush=True)
+                pending.append(out_dir.name)
+    return pending

@@ -14,6 +14,10 @@ from _spec import Sweep, accuracy_key, sweep_task
 REPO = Path(__file__).resolve().parents[1]  # the checkout: analysis/ is not an installed package
 
 
+class TrackingUnreachable(Exception):  # noqa: N818 - the summary's store is down
+    """The summary could not read the sweep's runs from MLflow."""
+
+
 def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None) -> None:
     """Prints the correlation table of every checkpoint and the commands to look further."""
     if str(REPO) not in sys.path:  # `python sweeps/x.py` from anywhere: analysis/ importable
@@ -24,7 +28,11 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None) -> None:
     from flatlm.track import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri(workdir)
-    runs = load_runs(uri, sweep.name)
+    try:
+        runs = load_runs(uri, sweep.name)
+    except Exception as e:  # noqa: BLE001 - whatever MLflow raises when it cannot be reached
+        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise TrackingUnreachable(f"MLflow at {uri} could not be read ({first})") from None
     key, task = accuracy_key(sweep), sweep_task(sweep)
     with warnings.catch_warnings():  # an empty or thin regime is said in the conclusion
         warnings.simplefilter("ignore", UserWarning)
