@@ -33,7 +33,8 @@ def test_algorithms_are_compared_at_equal_loss_not_at_their_last_step():
     kls = {"fast": (0.5, 0.1, 0.02), "slow": (0.9, 0.4, 0.15)}
     rows = [{"run_id": alg, "step": step, "algorithm": alg, "pretrain/kl": kl,
              "probe/B/acc_mean": 0.5 + step / 1000}
-            for alg, series in kls.items() for step, kl in zip((100, 200, 300), series, strict=True)]
+            for alg, series in kls.items()
+            for step, kl in zip((100, 200, 300), series, strict=True)]
     table = summary_table(pd.DataFrame(rows), "probe/B/acc_mean", by=("algorithm",),
                           keys=("step", "pretrain/kl"), match_loss=True)
     assert table.attrs["target_kl"] == pytest.approx(0.15)
