@@ -2,7 +2,8 @@
 Ray takes it from here (``from _rayenv import ray, tune``).
 
 Loopback only, no token-auth prompt, no usage stats, no chdir into trial directories, quiet
-output. ``setdefault``: a variable the caller already set wins.
+output without colour codes. On a cluster the nodes' profiles set ``RAY_AUTH_MODE=token``
+(cluster.yaml), which wins. ``setdefault``: a variable the caller already set wins.
 """
 
 import os
@@ -13,6 +14,7 @@ RAY_ENVIRONMENT = {
     "RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS": "0", "RAY_DEDUP_LOGS": "0",
     "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "0",
     "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "HF_HUB_OFFLINE": "1",
+    "RAY_COLOR_PREFIX": "0",  # worker lines without ANSI colour codes (logs are files)
 }
 for _key, _value in RAY_ENVIRONMENT.items():
     os.environ.setdefault(_key, _value)

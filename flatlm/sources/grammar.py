@@ -207,8 +207,10 @@ def _check_reachable(path, nt_index, root_ids, parent, left, right, first_line, 
     if names and strict:
         raise _fail(path, first_line[names[0]], f"symbol {names[0]!r} is unreachable from the "
                     "start symbol S; remove its rules or add a rule that uses it")
-    if names:
-        log.warning("%s: unreachable symbols kept: %s", path, ", ".join(names))
+    if names:  # the shipped grammars' are known (the docstring above): no warning every load
+        shipped = Path(str(path)).resolve().parent == Path(__file__).resolve().parent / "data"
+        log.log(logging.INFO if shipped else logging.WARNING, "%s: unreachable symbols kept: %s",
+                path, ", ".join(names))
     return names
 
 
