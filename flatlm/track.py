@@ -176,6 +176,8 @@ class MlflowTracker:
         os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(int(http_max_retries))
         os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = str(int(http_backoff_factor))
         os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(http_timeout_s))
+        # MLflow prints two "View run ... at" lines per run end; a sweep prints its UI once.
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         from mlflow import MlflowClient
 
         self.tracking_uri = tracking_uri

@@ -103,6 +103,27 @@ def test_mlflow_server_on_head_loopback_and_tunnels_from_workers(name):
 
 
 @pytest.mark.parametrize("name", FILES)
+def test_ray_is_authenticated_its_dashboard_local_and_host_keys_checked(name):
+    """No unauthenticated job API on a reachable address, no unchecked host key."""
+    cfg = load(name)
+    text = (REPO / name).read_text()
+    assert "RAY_AUTH_MODE=disabled" not in text and "0.0.0.0" not in text
+    profiles = [c for c in cfg["setup_commands"] if "export PATH=" in c]
+    assert profiles and all("export RAY_AUTH_MODE=token" in c for c in profiles)
+    token = {r: loc for r, loc in cfg["file_mounts"].items() if r.endswith(".ray/auth_token")}
+    assert list(token.values()) == ["~/.ray/auth_token"]  # every node gets the cluster's token
+    (start,) = [c for c in cfg["head_start_ray_commands"] if "ray start --head" in c]
+    assert "--dashboard-host=127.0.0.1" in start
+    (tunnel,) = [c for c in cfg["worker_start_ray_commands"] if "ssh -N" in c]
+    assert "StrictHostKeyChecking=yes" in tunnel and "KnownHostsFile=/dev/null" not in tunnel
+    known = re.search(r"UserKnownHostsFile=(\S+)", tunnel).group(1).replace("$HOME", "~")
+    synced = [f.replace("/home/ubuntu", "~") for f in cfg["cluster_synced_files"]]
+    assert known in synced  # the head's key, published by the head, is what the tunnel trusts
+    published = " ".join(cfg["head_setup_commands"])
+    assert "ssh-keyscan" in published and known.replace("~", "") in published
+
+
+@pytest.mark.parametrize("name", FILES)
 def test_every_field_is_commented(name):
     """Each key line has a comment on it or on the line above (nanoGPT / Ray example style)."""
     lines = (REPO / name).read_text().splitlines()

@@ -27,7 +27,8 @@ the file mounts, the login-PATH setup, the MLflow server and its shutdown, the s
   sockets are this test's own.
 * ``provider``: ``head_ip: 127.0.0.1``, ``worker_ips: []``: this machine is the only node.
 * ``auth``: ``ssh_user: root``, the test's fresh key, and ``ssh_proxy_command`` (see above).
-* ``file_mounts``: the cluster key mounted from the test's key instead of ~/.ssh/flatlm-cluster.
+* ``file_mounts``: the cluster key mounted from the test's key instead of ~/.ssh/flatlm-cluster,
+  and the Ray token from a fresh one instead of ~/.ray/auth_token.
 * ``rsync_exclude``: also ``.venv*`` (CI's environment is .venv-ci: gigabytes, not code).
 * ``setup_commands``: the three commands that install uv, create ~/venv and pip-install the
   project (minutes, and network access) become one: ``~/venv`` is a symlink to the environment
@@ -45,6 +46,7 @@ import contextlib
 import getpass
 import hashlib
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -66,7 +68,7 @@ SSHD = "/usr/sbin/sshd"
 RAY = str(Path(sys.executable).parent / "ray")  # the CLI of the environment running the tests
 SWEEP_ARGS = ["--set", "train.steps=10", "--set", "train.checkpoint_steps=[10]",
               "--set", "measure.n_eval=32", "--set", "measure.n_downstream=40",
-              "--set", "measure.probe.epochs=2"]
+              "--set", "measure.probe.epochs=2", "--kl-threshold", "100"]  # every checkpoint
 TABLE_HEADER = "Correlations with downstream accuracy"
 
 RELAY = """\
@@ -253,6 +255,11 @@ def make_config(head: Head) -> dict:
     mounts = cfg["file_mounts"]
     (key_mount,) = [remote for remote, local in mounts.items() if "flatlm-cluster" in local]
     mounts[key_mount] = str(head.key)
+    (token_mount,) = [remote for remote, local in mounts.items() if "auth_token" in local]
+    token = head.base / "auth_token"  # the cluster's Ray token, made here as a user would
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    mounts[token_mount] = str(token)
     cfg["rsync_exclude"] = [*cfg["rsync_exclude"], ".venv*"]
     installs = [c for c in cfg["setup_commands"] if "uv" in c.split("#")[0]]
     assert len(installs) == 3, installs  # uv itself, the venv, the pip install
