@@ -66,6 +66,10 @@ TAG_ALGORITHM = "algorithm"
 TAG_REPORT = "flatlm.report"  # "1" on the analysis report's run; load_runs skips those
 TAG_OUTBOX = "flatlm.outbox"  # this tracker's key: finds a run whose creation reply was lost
 
+# MLflow 3's UI opens an experiment in its GenAI (traces) view unless the experiment says it
+# is model training: then its runs table, metrics and charts.
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 ARTIFACT_PATTERNS = ("*.png", "*.pdf", "*.svg", "*.json", "*.jsonl", "*.csv", "*.md", "*.txt")
 _MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limits
@@ -102,7 +106,8 @@ def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | Non
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
-            return client.create_experiment(name, artifact_location=artifact_location)
+            return client.create_experiment(name, artifact_location=artifact_location,
+                                            tags={EXPERIMENT_KIND: MODEL_TRAINING})
         except MlflowException:  # created concurrently by someone else
             exp = client.get_experiment_by_name(name)
             if exp is None:

@@ -89,6 +89,9 @@ def test_mlflow_params_flat_dict_and_dataclass():
 def test_ensure_experiment_is_idempotent(store):
     uri, eid = store
     assert ensure_experiment(uri, "exp") == eid
+    # MLflow's UI opens it as model training (runs, metrics, charts), not as GenAI traces
+    tags = MlflowClient(uri).get_experiment(eid).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 # -- one run per trial ------------------------------------------------------------------------
