@@ -21,6 +21,7 @@ from pathlib import Path
 
 from torch import nn
 
+from flatlm.manifest import verify_manifest
 from flatlm.models.bert import TRANSFORMERS, count_parameters, model_layout, unwrap
 from flatlm.models.lstm import BiLSTMForMaskedLM
 from flatlm.models.presets import ModelConfig, shape_string
@@ -83,7 +84,8 @@ def load_checkpoint(model_dir: str | Path) -> tuple[nn.Module, dict]:
     the class of its ``ln_mode`` (absent in older checkpoints: "post").
     """
     model_dir = Path(model_dir)
-    try:
+    verify_manifest(model_dir, skip_suffixes=(".pt",))  # what the model reads: not the
+    try:  # optimizer state, which can be twice its size
         info = json.loads((model_dir / INFO_NAME).read_text())
     except json.JSONDecodeError as e:  # a torn write: name the file, not just the position
         raise ValueError(f"{model_dir / INFO_NAME} is not valid JSON ({e}); the checkpoint is "

@@ -25,6 +25,7 @@ from torch import nn
 
 from flatlm.config import flatten_dict, to_dict
 from flatlm.dirlock import writer_lock
+from flatlm.manifest import write_manifest
 from flatlm.metrics_log import write_train_log
 from flatlm.models.bert import build_model
 from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, save_checkpoint
@@ -300,6 +301,7 @@ class _Run:
                               config=to_dict(self.cfg), history=self.history,
                               window={"count": self.window_count, "sums": self.window_sums()}),
                    tmp)
+        write_manifest(tmp)  # last: every file's hash, checked before a resume trusts it
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         write_train_log(self.out_dir, self.history)

@@ -83,11 +83,13 @@ def newest_checkpoint(out_dir: Path) -> Path | None:
 
 def readable_checkpoints(out_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
     """(the newest checkpoint that loads or None, [(newer unreadable checkpoint, why)])."""
+    from flatlm.manifest import verify_manifest
     from flatlm.models.checkpoint import load_checkpoint
 
     bad = []
     for _, ckpt in sorted(find_checkpoints(out_dir).items(), reverse=True):
         try:
+            verify_manifest(ckpt)
             load_state(ckpt)
             load_checkpoint(ckpt)
         except Exception as e:  # noqa: BLE001 - any unreadable file: fall back to an older one

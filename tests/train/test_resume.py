@@ -117,17 +117,39 @@ def _truncate(path):
     path.write_bytes(path.read_bytes()[: max(1, path.stat().st_size // 3)])
 
 
-@pytest.mark.parametrize("damage", ["model.safetensors", "training_state.pt", "config.json",
-                                    "flatlm.json"])
-def test_an_unreadable_newest_checkpoint_falls_back_to_the_one_before(damage, src, tiny_model,
-                                                                       tmp_path):
+def _flip_last_byte(path):
+    """One bit of the last tensor's data: the file still parses and loads."""
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, how", [
+    ("model.safetensors", _truncate), ("training_state.pt", _truncate),
+    ("config.json", _truncate), ("flatlm.json", _truncate),
+    ("model.safetensors", _flip_last_byte),  # caught by the manifest's hash alone
+])
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_one_before(damage, how, src,
+                                                                       tiny_model, tmp_path):
     cfg = TrainConfig(steps=9, batch_size=16, warmup_steps=2, checkpoint_steps=(3, 6, 9), seed=4)
     straight = train(cfg, src, tiny_model, tmp_path / "a", progress=False)
     with pytest.raises(_StopError):
         train(cfg, src, tiny_model, tmp_path / "b", progress=False, on_checkpoint=_stop_at(6))
-    _truncate(tmp_path / "b" / "checkpoints" / "step-6" / damage)  # a torn write / full disk
+    how(tmp_path / "b" / "checkpoints" / "step-6" / damage)  # a torn write, a full disk, a bit
     resumed = train(cfg, src, tiny_model, tmp_path / "b", progress=False, resume=True)
     for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b)  # resumed from step 3, bit for bit
     assert list(resumed.checkpoints) == [3, 6, 9]
     assert (tmp_path / "b" / "checkpoints" / "step-6.corrupt" / damage).exists()  # kept aside
+
+
+def test_a_flipped_bit_in_the_weights_is_an_error_naming_the_file(src, tiny_model, tmp_path):
+    from flatlm.models.checkpoint import load_checkpoint
+
+    cfg = TrainConfig(steps=2, batch_size=8, warmup_steps=1, checkpoint_steps=(2,))
+    train(cfg, src, tiny_model, tmp_path, progress=False)
+    ckpt = tmp_path / "checkpoints" / "step-2"
+    load_checkpoint(ckpt)  # intact: loads
+    _flip_last_byte(ckpt / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model\.safetensors: its SHA-256 differs"):
+        load_checkpoint(ckpt)
