@@ -24,6 +24,8 @@ import numpy as np
 from flatlm.sources.base import SourceError
 
 START = "S"
+ROW_TOLERANCE = 0.01  # |sum of a symbol's rule probabilities - 1| above this: a warning (the
+#   paper's file is off by 2e-4 from rounding)
 log = logging.getLogger(__name__)
 
 
@@ -237,6 +239,13 @@ def _normalise(path, nt_index, root_p, bprob, parent, emission, first_line):
                         "and cannot be normalised")
     if root_p.sum() <= 0:
         raise GrammarError(f"{path}: the root rules have total probability 0")
+    far = [(name, total[i]) for name, i in nt_index.items() if abs(total[i] - 1) > ROW_TOLERANCE]
+    if far or abs(root_p.sum() - 1) > ROW_TOLERANCE:  # rounding is fine; a typo is not
+        name, row = far[0] if far else (START, root_p.sum())
+        line = f":{first_line[name]}" if name in first_line else ""
+        log.warning("%s%s: the rules of %s sum to %.4g, not 1 (%d such symbol(s)); "
+                    "renormalised, so each rule's probability is its weight over the sum",
+                    path, line, name, row, len(far) + (abs(root_p.sum() - 1) > ROW_TOLERANCE))
     off = {"max_row_error": float(np.abs(total - 1).max()),
            "root_error": float(abs(root_p.sum() - 1))}
     return root_p / root_p.sum(), bprob / total[parent], emission / total[:, None], off
@@ -255,6 +264,9 @@ def parse_grammar(path: str | Path, text: str | None = None, *, strict: bool = F
     """
     path = Path(path)
     if text is None:
+        if path.is_dir():
+            raise GrammarError(f"grammar file {path} is a directory: give the grammar file "
+                               "itself (one rule per line)")
         if not path.is_file():
             raise GrammarError(f"grammar file {path} does not exist")
         text = path.read_text()

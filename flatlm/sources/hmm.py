@@ -351,11 +351,16 @@ def _load_npz(path: str) -> list[np.ndarray]:
             if missing:
                 raise SourceError(f"{path}: missing array(s) {', '.join(missing)}; found "
                                   f"{', '.join(data.files) or 'none'}")
-            return [np.array(data[a]) for a in ARRAYS]
+            arrays = [np.array(data[a]) for a in ARRAYS]
     except (OSError, ValueError) as err:
         if isinstance(err, SourceError):
             raise
         raise SourceError(f"{path}: not a readable .npz file ({err})") from err
+    for name, array in zip(ARRAYS, arrays, strict=True):
+        if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+            raise SourceError(f"{path}: array {name!r} has dtype {array.dtype}; probabilities "
+                              "must be real numbers (float)")
+    return arrays
 
 
 # ---- slow references (tiny HMMs only) ---------------------------------------------------------

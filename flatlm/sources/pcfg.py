@@ -149,6 +149,14 @@ class PCFG(Source):
                               f"this grammar's sentences have 1..{self.max_length} words; use a "
                               "value in that range")
         self.downstream_min_length = int(downstream_min_length)
+        long = {t: L for t, L in self.spans.items() if self.downstream_min_length < L}
+        if long:  # the span's label would be read off a sentence shorter than the span
+            task, span = next(iter(long.items()))
+            raise SourceError(f"pcfg spec field spans: {task}={span} is longer than the "
+                              f"shortest downstream sentence (downstream_min_length="
+                              f"{self.downstream_min_length}; this grammar's sentences have "
+                              f"1..{self.max_length} words); shorten the span or raise "
+                              "downstream_min_length")
         self._plans: dict = {}
 
     @classmethod

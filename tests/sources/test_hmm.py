@@ -166,6 +166,10 @@ def test_invalid_file_shapes_and_missing(tmp_path):
         load({"kind": "hmm", "file": str(tmp_path / "missing.npz")})
     with pytest.raises(SourceError, match="does not exist"):
         load({"kind": "hmm", "file": str(tmp_path / "nope.npz")})
+    np.savez(tmp_path / "complex.npz", initial=pi.astype(complex), transition=A, emission=E)
+    with pytest.raises(SourceError, match="'initial' has dtype complex128; probabilities must "
+                                          "be real"):  # not cast to real with a numpy warning
+        load({"kind": "hmm", "file": str(tmp_path / "complex.npz")})
 
 
 def test_entropy_matches_enumeration():

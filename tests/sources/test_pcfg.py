@@ -280,6 +280,14 @@ def test_downstream_sentences_have_the_minimum_length():
     assert torch.equal(src.sample_downstream(400, seed=0)[0], tokens)
     pre = src.sample(4000, seed=0)[1]
     assert int(pre.min()) < 5  # pre-training keeps short sentences
-    assert load("pcfg:paper,downstream_min_length=1").downstream_sentences(5, 0)[1].min() >= 1
+    assert load("pcfg:paper,downstream_min_length=4").downstream_sentences(5, 0)[1].min() >= 4
     with pytest.raises(ValueError, match="downstream_min_length"):
         load("pcfg:paper,downstream_min_length=17")
+    # a span longer than some downstream sentences: its label would be undefined
+    with pytest.raises(ValueError, match=r"spans: B=4 is longer than the shortest downstream "
+                                         r"sentence \(downstream_min_length=1"):
+        load("pcfg:paper,downstream_min_length=1")
+    with pytest.raises(ValueError, match="spans: B=9 is longer"):
+        load({"kind": "pcfg", "grammar": "paper", "spans": {"B": 9}})
+    assert load("pcfg:paper,downstream_min_length=1,spans.B=1,spans.C=1").spans == {"B": 1,
+                                                                                       "C": 1}
