@@ -34,7 +34,9 @@ of a fresh sqlite store races on its migrations).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import fnmatch
 import json
 import logging
@@ -88,20 +90,40 @@ def default_artifact_location(workdir: str | os.PathLike) -> str:
     return str(Path(workdir).resolve() / "mlruns")
 
 
+@contextlib.contextmanager
+def store_lock(tracking_uri: str):
+    """Serialises the first use of a sqlite store between processes: MLflow creates and migrates
+    its tables on first contact, and two sweeps starting in one directory race on that (a
+    traceback in one of them). Blocks until the other process is done; a server needs none."""
+    if not tracking_uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(tracking_uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None = None) -> str:
     """The id of experiment ``name``, created (or restored) if needed. Call it in the driver.
 
     For a sqlite store with no ``artifact_location`` the artifacts go beside the database
     (``<db dir>/mlruns``); for a server, ``None`` lets the server choose (``mlflow-artifacts:/``).
     """
+    if tracking_uri.startswith("sqlite:///") and artifact_location is None:
+        artifact_location = default_artifact_location(Path(tracking_uri[len("sqlite:///"):]).parent)
+    with store_lock(tracking_uri):
+        return _ensure_experiment(tracking_uri, name, artifact_location)
+
+
+def _ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None) -> str:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    if tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri[len("sqlite:///"):])
-        db.parent.mkdir(parents=True, exist_ok=True)
-        if artifact_location is None:
-            artifact_location = default_artifact_location(db.parent)
     client = MlflowClient(tracking_uri)
     exp = client.get_experiment_by_name(name)
     if exp is None:

@@ -242,12 +242,15 @@ def _reach_tracking(uri: str, name: str) -> None:
     retries, not MLflow's minutes of back-off). Creates nothing in the store but its schema."""
     from mlflow import MlflowClient
 
+    from flatlm.track import store_lock
+
     quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
              "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
     saved = {k: os.environ.get(k) for k in quick}
     os.environ.update(quick)
     try:
-        MlflowClient(uri).get_experiment_by_name(name)
+        with store_lock(uri):  # the store's first contact creates its tables
+            MlflowClient(uri).get_experiment_by_name(name)
     except Exception as e:  # noqa: BLE001 - any failure to reach the store
         first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise ValueError(f"MLflow tracking store {uri} is unreachable ({first}); start it "

@@ -370,3 +370,18 @@ def test_outage_with_real_server_loses_and_duplicates_nothing(tmp_path, template
         assert len(client.search_runs([eid])) == 2
     finally:
         _stop_server(proc)
+
+
+def test_first_use_of_a_fresh_store_is_serialised_between_processes(tmp_path):
+    """Four drivers start on one fresh sqlite store at once: MLflow's table creation and
+    migrations run once, under flatlm's lock, and every experiment is created."""
+    uri = default_tracking_uri(tmp_path)
+    code = ("import sys; from flatlm.track import ensure_experiment; "
+            "print(ensure_experiment(sys.argv[1], sys.argv[2]))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, uri, f"sweep{i}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-2000:] for _, err in outs]
+    names = {e.name for e in MlflowClient(uri).search_experiments()}
+    assert {f"sweep{i}" for i in range(4)} <= names
