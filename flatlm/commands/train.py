@@ -27,6 +27,7 @@ from flatlm.config import add_arguments, apply_overrides, overrides_from_args, p
 from flatlm.train.config import TrainConfig
 
 DIVERGED_EXIT = 3  # exit status of a run stopped by flatlm.train.loop.Diverged
+WRITE_FAILED_EXIT = 5  # a checkpoint could not be written (disk full); earlier ones intact
 
 
 def register(subparsers) -> None:
@@ -77,7 +78,7 @@ def run(args) -> int:
     import torch
 
     from flatlm.devices import resolve_device
-    from flatlm.train.loop import Diverged, train
+    from flatlm.train.loop import CheckpointWriteError, Diverged, train
 
     source = load(spec)
     device = resolve_device(args.device)
@@ -92,6 +93,9 @@ def run(args) -> int:
     except Diverged as e:
         print(f"flatlm train: {e}", file=sys.stderr)
         return DIVERGED_EXIT
+    except CheckpointWriteError as e:
+        print(f"flatlm train: error: {e}", file=sys.stderr)
+        return WRITE_FAILED_EXIT
     last = result.history[-1] if result.history else {}
     print(json.dumps({"step": result.step, **last,
                       "checkpoints": [str(p) for p in result.checkpoints.values()]}))

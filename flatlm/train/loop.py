@@ -62,6 +62,26 @@ RESUMABLE_CHANGES = ("steps", "checkpoint_steps", "log_every", "compile", "preci
                      "divergence_factor")
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a quota, a vanished directory). Its
+    partial copy is removed; the checkpoints before it are untouched, so a resume continues
+    from the newest of them once there is room."""
+
+    @classmethod
+    def of(cls, ckpt: Path, cause: BaseException) -> CheckpointWriteError:
+        free = shutil.disk_usage(_existing_parent(ckpt)).free
+        why = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        return cls(f"could not write checkpoint {ckpt} ({why}); {free / 2**30:.2f} GiB free on "
+                   "its disk. The earlier checkpoints are intact: free space, then resume (the "
+                   "same command with --resume)")
+
+
+def _existing_parent(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 class Diverged(RuntimeError):  # noqa: N818 - the name the sweeps and CLI catch
     """Training diverged: the loss read-out was non-finite (a non-finite gradient makes it so at
     the next update) or above ``train.divergence_factor`` times the first logged loss. Raised
@@ -292,16 +312,20 @@ class _Run:
         final = checkpoint_dir(self.out_dir, step)
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        save_checkpoint(model, tmp, source_spec=self.source.spec, model_cfg=self.model_cfg,
-                        extra={"step": step, "train": to_dict(self.cfg),
-                               "last_log": self.history[-1] if self.history else {}})
         rng = capture_rng(self.device)
-        save_state(TrainState(step=step, data=self.pipeline.state_dict(step), rng=rng,
-                              optimizer=self.ctx.optimizer.state_dict(),
-                              config=to_dict(self.cfg), history=self.history,
-                              window={"count": self.window_count, "sums": self.window_sums()}),
-                   tmp)
-        write_manifest(tmp)  # last: every file's hash, checked before a resume trusts it
+        try:
+            save_checkpoint(model, tmp, source_spec=self.source.spec, model_cfg=self.model_cfg,
+                            extra={"step": step, "train": to_dict(self.cfg),
+                                   "last_log": self.history[-1] if self.history else {}})
+            save_state(TrainState(step=step, data=self.pipeline.state_dict(step), rng=rng,
+                                  optimizer=self.ctx.optimizer.state_dict(),
+                                  config=to_dict(self.cfg), history=self.history,
+                                  window={"count": self.window_count,
+                                          "sums": self.window_sums()}), tmp)
+            write_manifest(tmp)  # last: every file's hash, checked before a resume trusts it
+        except (OSError, RuntimeError) as e:  # a full disk: torch says "basic_ios::clear"
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointWriteError.of(final, e) from e
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         write_train_log(self.out_dir, self.history)

@@ -153,3 +153,37 @@ def test_a_flipped_bit_in_the_weights_is_an_error_naming_the_file(src, tiny_mode
     _flip_last_byte(ckpt / "model.safetensors")
     with pytest.raises(ValueError, match=r"model\.safetensors: its SHA-256 differs"):
         load_checkpoint(ckpt)
+
+
+def test_a_full_disk_at_a_checkpoint_keeps_the_earlier_ones_and_says_so(src, tiny_model,
+                                                                       tmp_path, monkeypatch):
+    """torch.save on a full disk raises RuntimeError("basic_ios::clear"): the half-written
+    checkpoint is removed, the error names it and the free space, and a resume once there is
+    room ends where an uninterrupted run ends, bit for bit."""
+    import pickle
+
+    import flatlm.train.loop as loop
+    from flatlm.train.loop import CheckpointWriteError
+
+    cfg = TrainConfig(steps=6, batch_size=16, warmup_steps=2, checkpoint_steps=(3, 6), seed=2)
+    straight = train(cfg, src, tiny_model, tmp_path / "a", progress=False)
+    save_state = loop.save_state
+
+    def full_disk(state, ckpt_dir):
+        if state.step == 6:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos "
+                               "basic_ios::clear: iostream error")
+        save_state(state, ckpt_dir)
+
+    monkeypatch.setattr(loop, "save_state", full_disk)
+    with pytest.raises(CheckpointWriteError, match=r"could not write checkpoint .*step-6 "
+                                                   r"\(.*basic_ios::clear.*GiB free.*intact"):
+        train(cfg, src, tiny_model, tmp_path / "b", progress=False)
+    ckpts = sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir())
+    assert ckpts == ["step-3"]  # no step-6.tmp left behind
+    monkeypatch.setattr(loop, "save_state", save_state)
+    resumed = train(cfg, src, tiny_model, tmp_path / "b", progress=False, resume=True)
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    err = CheckpointWriteError("x")
+    assert str(pickle.loads(pickle.dumps(err))) == "x"  # crosses to a Ray driver intact
