@@ -29,7 +29,7 @@ SCALING = REPO / "sweeps" / "scaling.py"
 
 # The tiny sweep: 3 trials (sweeps/scaling.py's grid over TINY_MODELS), a few seconds each.
 TINY = {"train.steps": "20", "train.checkpoint_steps": "[10,20]", "train.log_every": "5",
-        "measure.n_eval": "64",
+        "measure.tasks": '["B"]', "measure.n_eval": "64",
         "measure.n_downstream": "60", "measure.probe.epochs": "5"}
 # What every trial's MLflow run must hold once per checkpoint step.
 KEYS = ("pretrain/loss", "pretrain/kl", "pretrain/entropy", "flat/trace_fisher",

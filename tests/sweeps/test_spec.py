@@ -13,6 +13,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "sweeps"))
 
+import algorithms  # noqa: E402
+import scaling  # noqa: E402
 import search  # noqa: E402
 from _spec import Sweep, check_sweep, objectives, shown_metrics, sweep_task  # noqa: E402
 from presets import base_for  # noqa: E402
@@ -25,7 +27,7 @@ def tiny_sweep(**overrides) -> Sweep:
 
 
 @pytest.mark.parametrize(("overrides", "task"), [
-    pytest.param({}, "B", id="pcfg-measuring-B"),
+    pytest.param({}, "A", id="pcfg-measuring-A-B"),
     pytest.param({"source": "dyck:6", "measure.tasks": []}, "g_star", id="dyck-all-tasks"),
     pytest.param({"source": "hmm:seed=0,vocab=20,states=6,length=6,blocks=2",
                   "measure.tasks": []}, "task-1", id="hmm-all-tasks"),
@@ -54,7 +56,7 @@ def test_the_search_scripts_default_objective_follows_the_source():
 
 def test_an_analysis_task_the_sweep_does_not_measure_fails_naming_the_fix():
     sweep = replace(tiny_sweep(), analysis_task="C")
-    with pytest.raises(ValueError, match=r"analysis_task 'C' is not measured .* measures B"):
+    with pytest.raises(ValueError, match=r"analysis_task 'C' is not measured .* measures A, B"):
         check_sweep(sweep)
     assert sweep_task(replace(tiny_sweep(**{"measure.tasks": []}), analysis_task="C")) == "C"
 
@@ -127,8 +129,8 @@ def test_resume_with_changed_settings_is_refused_naming_them(tmp_path):
                          "train.lr": tune.loguniform(1e-4, 1e-2)})
     record_settings(sweep, tmp_path)
     check_resume_settings(sweep, tmp_path, resume=True)  # the same settings: fine
-    changed = dc_replace(sweep, base=apply_overrides(sweep.base, {"train.steps": 999}))
-    with pytest.raises(ValueError, match=r"base\.train\.steps: 150 -> 999"):
+    changed = dc_replace(sweep, base=apply_overrides(sweep.base, {"train.steps": 9999}))
+    with pytest.raises(ValueError, match=r"base\.train\.steps: 3000 -> 9999"):
         check_resume_settings(changed, tmp_path, resume=True)
     wider = dc_replace(sweep, space={**sweep.space, "train.lr": tune.loguniform(1e-5, 1e-2)})
     with pytest.raises(ValueError, match=r"space\.train\.lr"):
@@ -183,3 +185,23 @@ def test_a_password_in_the_tracking_uri_is_refused():
         check_tracking_uri("https://me:s3cret@mlflow.example.org")
     check_tracking_uri("http://127.0.0.1:5000")
     check_tracking_uri("sqlite:////tmp/x/mlflow.db")
+
+
+def test_the_default_sweeps_aim_at_the_regime_they_are_about():
+    """What the tiny defaults were measured to reach (flatlm.replication.scales.SWEEP_SOURCE):
+    every model below KL 0.05 by the last checkpoint; the rule says 0.05, not a looser one."""
+    from flatlm.replication.scales import SWEEP_SOURCE
+
+    tiny = Namespace(preset="tiny")
+    sizes = scaling.build(tiny)
+    assert sizes.kl_threshold == 0.05 and sizes.base.train.dropout == 0.0
+    assert sizes.base.source == apply_overrides(sizes.base, {"source": SWEEP_SOURCE}).source
+    assert sizes.base.train.steps == 3000 and sizes.base.train.schedule == "linear"
+    assert tuple(sizes.base.measure.tasks) == ("A", "B")  # C is degenerate on this grammar
+    assert scaling.build(Namespace(preset="paper")).kl_threshold == 0.1  # the paper's scale
+    algs = algorithms.build(Namespace(preset="tiny", algorithms="adamw,sam,noreg,adversarial"))
+    assert algs.space["train.algorithm"]["grid_search"] == ["adamw", "sam", "noreg",
+                                                            "adversarial"]
+    assert algs.base.train.dropout is None  # each algorithm's own regularisation
+    with pytest.raises(ValueError, match="--algorithms 'adamw,adamx'"):
+        algorithms.build(Namespace(preset="tiny", algorithms="adamw,adamx"))
