@@ -8,8 +8,9 @@ Writes to DIR: ``fig1_accuracy_scatter.png``, ``fig2_over_steps.png``, ``fig3_ov
 ``correlations.md`` / ``.csv``, ``table1_by_algorithm.md`` / ``.csv``,
 ``table2_by_model.md`` / ``.csv``, ``conclusion.md`` (what the runs can and cannot conclude, in
 words: ``analysis/conclusion.py``) and ``runs.csv`` (the tidy table); prints the conclusion and
-the tables; and logs every file as an artifact of the experiment's run named ``report`` (tagged
-``flatlm.report=1``, so ``load_runs`` skips it), which replaces the previous report's run.
+the tables; and logs every file as an artifact of the run named ``report`` in the experiment
+``<experiment>.report`` (beside the sweep's, so that MLflow's charts of the sweep show only its
+trials), which replaces the previous report's run.
 Without ``--tracking-uri`` it uses ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``
 (which must exist: run it where the sweep ran, its ``--workdir``). With ``--trials DIR`` it reads
 trial directories instead (``analysis/trials.py``: what ``flatlm replicate`` and the sweeps
@@ -130,14 +131,22 @@ def _table_rule(summary) -> str:
             "lowest KL every run reached (the `step` column says where); mean ± std over runs.")
 
 
+def report_experiment(experiment: str) -> str:
+    """Where the report of ``experiment`` is logged: beside it, not among its runs, where
+    MLflow's charts would list it (and colour it) as one more run."""
+    return f"{experiment}.report"
+
+
 def log_report(tracking_uri: str, experiment: str, paths, params: dict) -> str | None:
-    """The experiment's run ``report`` (tag ``flatlm.report=1``) holding ``paths`` as
-    artifacts; an earlier report's run is deleted first (one report per experiment)."""
+    """The run ``report`` (tag ``flatlm.report=1``) of ``experiment`` holding ``paths`` as
+    artifacts; an earlier report's run there is deleted first (one report at a time)."""
     from mlflow import MlflowClient
 
+    from flatlm.track import ensure_experiment
+
     client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    for old in client.search_runs([exp.experiment_id], f"tags.`{TAG_REPORT}` = '1'"):
+    eid = ensure_experiment(tracking_uri, experiment)
+    for old in client.search_runs([eid], f"tags.`{TAG_REPORT}` = '1'"):
         client.delete_run(old.info.run_id)
     with tempfile.TemporaryDirectory() as outbox:
         tracker = MlflowTracker(tracking_uri, outbox, experiment_name=experiment,
@@ -198,8 +207,9 @@ def main(argv=None) -> int:
                   "rule": saturation_rule(**rule), "n_boot": args.n_boot, "seed": args.seed,
                   "runs": df["run_id"].nunique(), "checkpoints": len(df),
                   "checkpoints_in_regime": n_regime}
-        run_id = log_report(uri, args.experiment, paths, params)
-        print(f"logged to MLflow run {run_id} ('report')")
+        run_id = log_report(uri, report_experiment(args.experiment), paths, params)
+        print(f"logged to MLflow experiment {report_experiment(args.experiment)!r}, run "
+              f"{run_id} ('report')")
     print(f"wrote {len(paths)} files to {args.out}")
     return 0
 

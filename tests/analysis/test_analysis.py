@@ -370,8 +370,10 @@ def test_report_cli_writes_outputs_and_logs_one_report_run(store, tmp_path):
     assert fisher["r"] == pytest.approx(-RHO, abs=1e-9)
 
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(EXPERIMENT)
-    reports = client.search_runs([exp.experiment_id], "tags.`flatlm.report` = '1'")
+    exp = client.get_experiment_by_name(EXPERIMENT)  # the sweep's charts list its trials only
+    assert client.search_runs([exp.experiment_id], "tags.`flatlm.report` = '1'") == []
+    beside = client.get_experiment_by_name(f"{EXPERIMENT}.report")
+    reports = client.search_runs([beside.experiment_id])  # the second report replaced the first
     assert len(reports) == 1 and reports[0].info.run_name == "report"
     assert reports[0].info.status == "FINISHED"
     logged = {f.path for f in client.list_artifacts(reports[0].info.run_id)}
