@@ -24,7 +24,15 @@ _HELD: dict[Path, int] = {}  # lock path -> nesting depth in this process
 
 
 class DirectoryBusyError(ValueError):
-    """Another live process writes to the directory."""
+    """Another live process writes to the directory (its pid: ``holder``)."""
+
+    def __init__(self, directory: Path, holder: str):
+        super().__init__(f"{directory} is being written by another process (pid {holder}): "
+                         "wait for it to finish, or write to another directory")
+        self.directory, self.holder = directory, holder
+
+    def __reduce__(self):  # crosses process boundaries (Ray) with its fields
+        return DirectoryBusyError, (self.directory, self.holder)
 
 
 @contextlib.contextmanager
@@ -47,8 +55,7 @@ def writer_lock(directory: str | os.PathLike):
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise DirectoryBusyError(f"{directory} is being written by another process (pid {holder}): "
-                            "wait for it to finish, or write to another directory") from None
+        raise DirectoryBusyError(directory, holder) from None
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)

@@ -85,10 +85,9 @@ def one_driver(trials_dir: Path, name: str):
     try:
         lock.__enter__()
     except DirectoryBusyError as e:
-        holder = str(e).split("(pid ", 1)[-1].split(")", 1)[0]
-        raise ValueError(f"sweep {name!r} is being run by another driver (pid {holder}) in "
+        raise ValueError(f"sweep {name!r} is being run by another driver (pid {e.holder}) in "
                          f"{trials_dir.parent.parent}: wait for it to end, or stop it (kill "
-                         f"-INT {holder}) and then --resume") from None
+                         f"-INT {e.holder}) and then --resume") from None
     try:
         yield
     finally:
