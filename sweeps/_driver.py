@@ -4,10 +4,12 @@ after ``fit`` ends the MLflow runs whose trials could not deliver their end."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
 import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -220,12 +222,15 @@ def _tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, show: tu
     path = storage / sweep.name
     if resume and tune.Tuner.can_restore(str(path)):
         check_trusted(path)  # Tune unpickles tuner.pkl: code in it would run here
-        return tune.Tuner.restore(str(path), trainable=trainable_, resume_errored=True,
-                                  resume_unfinished=True)
+        check_digest(path)
+        tuner = tune.Tuner.restore(str(path), trainable=trainable_, resume_errored=True,
+                                   resume_unfinished=True)
+        record_digest(path)
+        return tuner
     if path.exists() and not resume:
         raise ValueError(f"{path} holds an earlier sweep named {sweep.name!r}: pass "
                          "--resume to continue it, or --name to start another")
-    return tune.Tuner(
+    tuner = tune.Tuner(
         trainable_,
         param_space={"base": to_dict(sweep.base), "overrides": dict(sweep.space),
                      "sweep": sweep_info},
@@ -234,7 +239,49 @@ def _tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, show: tu
             name=sweep.name, storage_path=str(storage), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             callbacks=[RecordSignals(), OneLinePerResult(show), *callbacks]))
+    record_digest(path)  # Tune wrote tuner.pkl as it built the Tuner
+    return tuner
 
+
+def _digest_file(path: Path) -> Path:
+    """Where the digest of ``path``'s ``tuner.pkl`` is kept: in this user's own cache, outside
+    the sweep's storage (which, on a cluster, others may be able to write)."""
+    key = hashlib.sha256(str(path.absolute()).encode()).hexdigest()[:24]
+    return Path.home() / ".cache" / "flatlm" / "tuner-digests" / f"{key}.json"
+
+
+def record_digest(path: Path) -> None:
+    """Records the SHA-256 of the ``tuner.pkl`` Tune just wrote for the sweep at ``path``."""
+    from flatlm.manifest import sha256
+
+    pkl = path / "tuner.pkl"
+    if not pkl.is_file():
+        return
+    file = _digest_file(path)
+    file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = file.with_name(file.name + ".tmp")
+    tmp.write_text(json.dumps({"path": str(path.absolute()), "sha256": sha256(pkl)}) + "\n")
+    tmp.chmod(0o600)
+    tmp.replace(file)
+
+
+def check_digest(path: Path) -> None:
+    """Before Tune unpickles ``tuner.pkl`` (running any code in it): it must be the file this
+    user's flatlm wrote. A sweep whose digest was never recorded here (another machine, an
+    older flatlm) is resumed with a warning."""
+    from flatlm.manifest import sha256
+
+    file = _digest_file(path)
+    if not file.exists():
+        print(f"warning: no digest of {path / 'tuner.pkl'} was recorded on this machine; "
+              "resuming on the owner and permission checks alone", file=sys.stderr, flush=True)
+        return
+    if json.loads(file.read_text())["sha256"] != sha256(path / "tuner.pkl"):
+        raise ValueError(f"refusing to resume from {path}: its tuner.pkl is not the file "
+                         f"flatlm wrote (its SHA-256 differs from the one kept in {file}); Ray "
+                         "would unpickle it, running any code in it. Start a new sweep with "
+                         "--name, or delete that digest file if you changed tuner.pkl "
+                         "yourself")
 
 def _reach_tracking(uri: str, name: str) -> None:
     """An unreachable store is an error naming the fix before Ray starts (with a few quick
