@@ -151,32 +151,49 @@ def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys, color_by: str
                  empty=not keys)
 
 
-def loss_matched(df: pd.DataFrame) -> tuple[pd.DataFrame, float]:
-    """One checkpoint per run at (nearly) the same loss: the target is the lowest KL every run
-    reached (the largest of the runs' smallest KLs), and each run contributes its checkpoint
-    whose KL is closest to it. Returns (those rows, the target). The paper compares algorithms
-    "at the same pre-training loss"; final checkpoints of runs that converge at different
-    speeds are not that."""
+def loss_matched(df: pd.DataFrame, kl_threshold: float | None = None
+                 ) -> tuple[pd.DataFrame, float, list[str]]:
+    """One checkpoint per run at (nearly) the same loss. The paper compares algorithms "at the
+    same pre-training loss"; final checkpoints of runs that converge at different speeds are
+    not that. The target is the lowest KL every run reached (the largest of the runs' smallest
+    KLs); each run contributes its checkpoint whose KL is closest to it. With ``kl_threshold``
+    a run that never got below it (a run that failed to fit) does not drag the target up for
+    the others: it contributes its lowest-KL checkpoint and is listed as unmatched. Returns
+    (those rows, the target, the unmatched runs' ids)."""
     rows = df.dropna(subset=[KL])
     if rows.empty:
-        return final_checkpoints(df), math.nan
-    target = float(rows.groupby("run_id")[KL].min().max())
-    gap = (rows[KL] - target).abs()
-    return rows.loc[gap.groupby(rows["run_id"]).idxmin()].sort_index(), target
+        return final_checkpoints(df), math.nan, []
+    best = rows.groupby("run_id")[KL].min()
+    fitted = best[best < kl_threshold] if kl_threshold is not None else best
+    if fitted.empty:
+        fitted = best
+    target = float(fitted.max())
+    gap = (rows[KL] - target).abs().where(rows["run_id"].isin(fitted.index), rows[KL])
+    unmatched = sorted(set(best.index) - set(fitted.index))
+    return rows.loc[gap.groupby(rows["run_id"]).idxmin()].sort_index(), target, unmatched
 
 
 def summary_table(df: pd.DataFrame, acc_key: str, *, by=("algorithm",),
                   keys=(LOSS, KL, TRACE_FISHER, TRACE_HESSIAN),
-                  match_loss: bool = False) -> pd.DataFrame:
+                  match_loss: bool = False, kl_threshold: float | None = None) -> pd.DataFrame:
     """Per group of ``by``: number of runs, then mean and std over runs of ``acc_key`` and
     ``keys`` at one checkpoint per run (columns ``<key> mean``, ``<key> std``): its final one,
     or with ``match_loss`` the one at the common loss of :func:`loss_matched` (the target KL in
-    ``table.attrs["target_kl"]``). When the runs measured the lookup table
+    ``table.attrs["target_kl"]``, the groups of runs that never reached ``kl_threshold`` in
+    ``table.attrs["unmatched"]``). When the runs measured the lookup table
     (``lookup/<task>/acc_mean``) a last row ``lookup table`` holds its accuracy (the true
     conditionals as features; loss = entropy, KL 0), as the paper's Table 1 does."""
-    final, target = loss_matched(df) if match_loss else (final_checkpoints(df), math.nan)
-    out = _summary(final, acc_key, by, keys)
+    unmatched: list[str] = []
+    if match_loss:
+        rows, target, unmatched = loss_matched(df, kl_threshold)
+    else:
+        rows, target = final_checkpoints(df), math.nan
+    out = _summary(rows, acc_key, by, keys)
     out.attrs["target_kl"] = target
+    by = [b for b in by if b in rows]
+    out.attrs["unmatched"] = sorted({" ".join(str(v) for v in r) for r in
+                                     rows[rows["run_id"].isin(unmatched)][by].itertuples(
+                                         index=False)}) if by else unmatched
     return out
 
 

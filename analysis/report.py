@@ -110,7 +110,7 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
     for name, by, matched in (("table1_by_algorithm", ("algorithm",), True),
                               ("table2_by_model", ("model", "algorithm"), False)):
         summary = summary_table(df, acc_key, by=by, keys=("step", LOSS, KL, *X_KEYS[:2]),
-                                match_loss=matched)
+                                match_loss=matched, kl_threshold=kl_threshold)
         summary.to_csv(out / f"{name}.csv", index=False)
         paths.append(out / f"{name}.csv")
         texts[f"{name}.md"] = f"{_table_rule(summary)}\n\n{summary_markdown(summary)}\n"
@@ -127,8 +127,13 @@ def _table_rule(summary) -> str:
     target = summary.attrs.get("target_kl", math.nan)
     if math.isnan(target):
         return "Final checkpoint of each run: mean ± std over runs."
-    return (f"At equal loss: each run's checkpoint whose KL is closest to {target:.3g} nats, the "
-            "lowest KL every run reached (the `step` column says where); mean ± std over runs.")
+    text = (f"At equal loss: each run's checkpoint whose KL is closest to {target:.3g} nats, the "
+            "lowest KL every run in the regime reached (the `step` column says where); mean ± "
+            "std over runs.")
+    if summary.attrs.get("unmatched"):
+        text += (f" Not at that loss: {', '.join(summary.attrs['unmatched'])}, whose runs never "
+                 "reached the regime; their rows are their lowest-KL checkpoints.")
+    return text
 
 
 def report_experiment(experiment: str) -> str:

@@ -44,3 +44,21 @@ def test_algorithms_are_compared_at_equal_loss_not_at_their_last_step():
     final = summary_table(pd.DataFrame(rows), "probe/B/acc_mean", by=("algorithm",),
                           keys=("step",)).set_index("algorithm")
     assert final.loc["fast", "step mean"] == 300
+
+
+def test_a_run_that_never_fits_does_not_set_the_common_loss():
+    """An adversarial run stuck at KL 0.33 would make 0.33 the common loss and read every other
+    run at its first checkpoint; with the regime's rule it is set apart and named instead."""
+    kls = {"adamw": (0.05, 0.035, 0.024), "sam": (0.06, 0.04, 0.025),
+           "adversarial": (0.34, 0.33, 0.33)}
+    rows = pd.DataFrame([{"run_id": alg, "step": step, "algorithm": alg, "pretrain/kl": kl,
+                          "probe/B/acc_mean": 0.9}
+                         for alg, series in kls.items()
+                         for step, kl in zip((1000, 2000, 3000), series, strict=True)])
+    table = summary_table(rows, "probe/B/acc_mean", keys=("step", "pretrain/kl"),
+                          match_loss=True, kl_threshold=0.05)
+    assert table.attrs["target_kl"] == pytest.approx(0.025)  # sam's best; adamw read near it
+    got = table.set_index("algorithm")
+    assert got.loc["adamw", "step mean"] == 3000 and got.loc["sam", "step mean"] == 3000
+    assert table.attrs["unmatched"] == ["adversarial"]
+    assert got.loc["adversarial", "pretrain/kl mean"] == pytest.approx(0.33)
