@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweeptools (any --im
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
-from sweeptools import REPO, TINY, Sweep, kill_own, set_args, sweep_env  # noqa: E402
+from sweeptools import LOOSE_RULE, REPO, TINY, Sweep, kill_own, set_args, sweep_env  # noqa: E402
 
 from flatlm.sources import SourceSpec  # noqa: E402
 
@@ -52,7 +52,7 @@ def test_a_tiny_sweep_of_any_source_finishes_with_its_task_measured(tmp_path, ra
     script.write_text(ONE_TRIAL)
     env = sweep_env(ray_tmpdir, PYTHONPATH=os.pathsep.join(
         [str(REPO / "sweeps"), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    args = set_args({**TINY, "source": source, "measure.tasks": "[]"})
+    args = [*set_args({**TINY, "source": source, "measure.tasks": "[]"}), *LOOSE_RULE]
     sweep = Sweep(args, tmp_path, env, script=script)
     try:
         rc = sweep.wait(timeout=300)

@@ -128,9 +128,11 @@ def test_ridge_head_dual_equals_primal():
 
 def test_adversarial_raises_the_heads_d2_loss_while_mlm_loss_falls(src, tiny_model,
                                                                     eval_sentences, tmp_path):
-    # labels of the released code's rule on every sentence: on this 2-4 word grammar they carry
-    # more of the signal the adversarial head is fitted to than posterior labels of 4-word ones
-    src = load({**src.spec, "label_rule": "inside", "downstream_min_length": 1})
+    # labels of the released code's rule on every sentence, over a span every sentence has
+    # (one word): on this 1-4 word grammar they carry more of the signal the adversarial head
+    # is fitted to than posterior labels of longer spans
+    src = load({**src.spec, "label_rule": "inside", "downstream_min_length": 1,
+                "spans": {"C": 1}})
     pool = DownstreamPool(src, "C", size=256, d1=64, d2=64, seed=99)  # held out of training
     probe = pool.draw(0, stream="eval")
 
