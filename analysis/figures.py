@@ -230,7 +230,8 @@ def summary_markdown(table: pd.DataFrame, digits: int = 3) -> str:
         if c.endswith(" mean"):
             key = c.removesuffix(" mean")
             std = table.get(f"{key} std")
-            shown[key] = [_pm(m, s, digits) for m, s in
+            places = 0 if key == "step" else digits  # a training step is a whole number
+            shown[key] = [_pm(m, s, places) for m, s in
                           zip(table[c], std if std is not None else [math.nan] * len(table),
                               strict=True)]
     return to_markdown(shown, digits)

@@ -44,6 +44,7 @@ def test_algorithms_are_compared_at_equal_loss_not_at_their_last_step():
     final = summary_table(pd.DataFrame(rows), "probe/B/acc_mean", by=("algorithm",),
                           keys=("step",)).set_index("algorithm")
     assert final.loc["fast", "step mean"] == 300
+    assert "| fast | 1 | 0.700 | 200 |" in summary_markdown(table)  # steps as whole numbers
 
 
 def test_a_run_that_never_fits_does_not_set_the_common_loss():
