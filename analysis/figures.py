@@ -6,10 +6,11 @@
   each named in the legend by what sets it apart (:func:`run_labels`).
 * Figs. 3/5 style, :func:`metrics_over_size`: final-checkpoint metrics over model size
   (``n_params``, log x), mean and standard deviation over the runs of each group.
+* Tables 1/2, :func:`summary_table` + :func:`summary_markdown`: accuracy by algorithm (and
+  model), with loss, KL and flatness columns, over each run's final checkpoint (or, for
+  Table 1, the checkpoint at the common loss: :func:`loss_matched`).
 
 Every point carries its standard error (the ``_se`` twin of its metric) as an error bar.
-* Tables 1/2, :func:`summary_table` + :func:`summary_markdown`: accuracy by algorithm (and
-  model), with loss, KL and flatness columns, over each run's final checkpoint.
 
 Figures are drawn on ``matplotlib.figure.Figure`` with the Agg canvas: no pyplot, no global
 backend switch, no display needed.
@@ -183,17 +184,14 @@ def summary_table(df: pd.DataFrame, acc_key: str, *, by=("algorithm",),
     ``table.attrs["unmatched"]``). When the runs measured the lookup table
     (``lookup/<task>/acc_mean``) a last row ``lookup table`` holds its accuracy (the true
     conditionals as features; loss = entropy, KL 0), as the paper's Table 1 does."""
-    unmatched: list[str] = []
-    if match_loss:
-        rows, target, unmatched = loss_matched(df, kl_threshold)
-    else:
-        rows, target = final_checkpoints(df), math.nan
+    rows, target, unmatched = (loss_matched(df, kl_threshold) if match_loss
+                               else (final_checkpoints(df), math.nan, []))
     out = _summary(rows, acc_key, by, keys)
-    out.attrs["target_kl"] = target
     by = [b for b in by if b in rows]
-    out.attrs["unmatched"] = sorted({" ".join(str(v) for v in r) for r in
-                                     rows[rows["run_id"].isin(unmatched)][by].itertuples(
-                                         index=False)}) if by else unmatched
+    stuck = rows[rows["run_id"].isin(unmatched)]
+    out.attrs["target_kl"] = target
+    out.attrs["unmatched"] = (sorted({" ".join(map(str, r)) for r in
+                                      stuck[by].itertuples(index=False)}) if by else unmatched)
     return out
 
 

@@ -154,7 +154,7 @@ def log_report(tracking_uri: str, experiment: str, paths, params: dict) -> str |
     for old in client.search_runs([eid], f"tags.`{TAG_REPORT}` = '1'"):
         client.delete_run(old.info.run_id)
     with tempfile.TemporaryDirectory() as outbox:
-        tracker = MlflowTracker(tracking_uri, outbox, experiment_name=experiment,
+        tracker = MlflowTracker(tracking_uri, outbox, experiment_id=eid,
                                 run_name="report", params=params, tags={TAG_REPORT: "1"})
         for path in paths:
             tracker.log_artifact(path)

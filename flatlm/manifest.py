@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 MANIFEST = "manifest.json"
@@ -53,8 +54,9 @@ def write_manifest(directory: str | os.PathLike) -> Path:
     return path
 
 
-def verify_manifest(directory: str | os.PathLike, skip_suffixes: tuple[str, ...] = ()) -> None:
-    """Raises ValueError naming the first listed file (but those ending in ``skip_suffixes``)
+def verify_manifest(directory: str | os.PathLike,
+                    which: Callable[[str], bool] = lambda name: True) -> None:
+    """Raises ValueError naming the first listed file (of those whose name ``which`` accepts)
     that is missing, of another size or of another hash; nothing when ``directory`` has no
     manifest."""
     directory = Path(directory)
@@ -67,7 +69,7 @@ def verify_manifest(directory: str | os.PathLike, skip_suffixes: tuple[str, ...]
         raise ValueError(f"{path} is damaged ({type(e).__name__}); the checkpoint cannot be "
                          "trusted: use an earlier one") from None
     for name, entry in entries.items():
-        if name.endswith(skip_suffixes) and skip_suffixes:
+        if not which(name):
             continue
         file = directory / name
         if not file.is_file():

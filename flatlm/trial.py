@@ -112,8 +112,7 @@ def tracked_params(cfg: TrialConfig) -> dict:
 
     train = resolve(cfg.train)
     if train.micro_batch_size is None:  # None = one pass (sam: each half-batch in one pass)
-        per_pass = train.batch_size // 2 if train.algorithm == "sam" else train.batch_size
-        train = dataclasses.replace(train, micro_batch_size=per_pass)
+        train = dataclasses.replace(train, micro_batch_size=train.sentences_per_pass)
     flat = to_flat_dict(dataclasses.replace(cfg, train=train))
     skipped = [f"train.{a}." for a in ("sam", "adversarial") if a != train.algorithm]
     skipped += [f"measure.{section}." for section, uses in _MEASURE_SECTIONS.items()

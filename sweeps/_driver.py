@@ -83,17 +83,14 @@ def one_driver(trials_dir: Path, name: str):
     The kernel drops the lock when a driver dies, so none goes stale."""
     from flatlm.dirlock import DirectoryBusyError, writer_lock
 
-    lock = writer_lock(trials_dir)
-    try:
-        lock.__enter__()
-    except DirectoryBusyError as e:
-        raise ValueError(f"sweep {name!r} is being run by another driver (pid {e.holder}) in "
-                         f"{trials_dir.parent.parent}: wait for it to end, or stop it (kill "
-                         f"-INT {e.holder}) and then --resume") from None
-    try:
+    with contextlib.ExitStack() as held:
+        try:  # only taking the lock is this error; the sweep's own errors pass through
+            held.enter_context(writer_lock(trials_dir))
+        except DirectoryBusyError as e:
+            raise ValueError(f"sweep {name!r} is being run by another driver (pid {e.holder}) "
+                             f"in {trials_dir.parent.parent}: wait for it to end, or stop it "
+                             f"(kill -INT {e.holder}) and then --resume") from None
         yield
-    finally:
-        lock.__exit__(None, None, None)
 
 
 SETTINGS_FILE = "flatlm_sweep.json"  # in the Ray experiment directory: what the trials run

@@ -30,6 +30,11 @@ INFO_NAME = "flatlm.json"
 FORMAT = "flatlm-checkpoint-1"  # bump when the meaning of a flatlm.json field changes
 
 
+def is_model_file(name: str) -> bool:
+    """A file of the model (weights, configs), not of the training state (``*.pt``)."""
+    return not name.endswith(".pt")
+
+
 def save_checkpoint(
     model: nn.Module,
     out_dir: str | Path,
@@ -84,8 +89,8 @@ def load_checkpoint(model_dir: str | Path) -> tuple[nn.Module, dict]:
     the class of its ``ln_mode`` (absent in older checkpoints: "post").
     """
     model_dir = Path(model_dir)
-    verify_manifest(model_dir, skip_suffixes=(".pt",))  # what the model reads: not the
-    try:  # optimizer state, which can be twice its size
+    verify_manifest(model_dir, is_model_file)  # what the model reads: not the training
+    try:  # state, which can be twice its size
         info = json.loads((model_dir / INFO_NAME).read_text())
     except json.JSONDecodeError as e:  # a torn write: name the file, not just the position
         raise ValueError(f"{model_dir / INFO_NAME} is not valid JSON ({e}); the checkpoint is "

@@ -156,6 +156,12 @@ class TrainConfig:
     #   exceeds this times the first logged loss; > 1; None = off (a non-finite loss always
     #   stops it)
 
+    @property
+    def sentences_per_pass(self) -> int:
+        """Sentences in one forward/backward pass before micro-batching: the batch, or each of
+        sam's two halves."""
+        return self.batch_size // 2 if self.algorithm == "sam" else self.batch_size
+
     def __post_init__(self):
         _check_finite(self, "")  # inf passes "> 0"; nan fails every check with a wrong message
         _check(self.algorithm in ALGORITHMS, "algorithm", self.algorithm,
@@ -167,7 +173,7 @@ class TrainConfig:
         if self.algorithm == "sam":
             _check(self.batch_size % 2 == 0 and self.batch_size >= 2, "batch_size",
                    self.batch_size, "sam splits the batch in two halves; use an even size")
-        per_pass = self.batch_size // 2 if self.algorithm == "sam" else self.batch_size
+        per_pass = self.sentences_per_pass
         if self.micro_batch_size is not None:
             _check(_is_int(self.micro_batch_size) and self.micro_batch_size >= 1
                    and per_pass % self.micro_batch_size == 0, "micro_batch_size",

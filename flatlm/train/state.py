@@ -84,13 +84,13 @@ def newest_checkpoint(out_dir: Path) -> Path | None:
 def readable_checkpoints(out_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
     """(the newest checkpoint that loads or None, [(newer unreadable checkpoint, why)])."""
     from flatlm.manifest import verify_manifest
-    from flatlm.models.checkpoint import load_checkpoint
+    from flatlm.models.checkpoint import is_model_file, load_checkpoint
 
     bad = []
     for _, ckpt in sorted(find_checkpoints(out_dir).items(), reverse=True):
         try:
-            verify_manifest(ckpt)
-            load_state(ckpt)
+            verify_manifest(ckpt, lambda name: not is_model_file(name))  # load_checkpoint
+            load_state(ckpt)  # checks the model's files
             load_checkpoint(ckpt)
         except Exception as e:  # noqa: BLE001 - any unreadable file: fall back to an older one
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
