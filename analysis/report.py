@@ -6,7 +6,9 @@
 
 Writes to DIR: ``fig1_accuracy_scatter.png``, ``fig2_over_steps.png``, ``fig3_over_size.png``,
 ``correlations.md`` / ``.csv``, ``table1_by_algorithm.md`` / ``.csv``,
-``table2_by_model.md`` / ``.csv``, ``conclusion.md`` (what the runs can and cannot conclude, in
+``table2_by_model.md`` / ``.csv``, ``selection.md`` / ``.csv`` / ``.png`` (would the flattest
+checkpoint have been a better pick than the lowest-loss one: ``analysis/selection.py``),
+``conclusion.md`` (what the runs can and cannot conclude, in
 words: ``analysis/conclusion.py``) and ``runs.csv`` (the tidy table); prints the conclusion and
 the tables; and logs every file as an artifact of the run named ``report`` in the experiment
 ``<experiment>.report`` (beside the sweep's, so that MLflow's charts of the sweep show only its
@@ -47,6 +49,7 @@ from analysis.figures import (  # noqa: E402
     summary_table,
 )
 from analysis.runs import load_runs  # noqa: E402
+from analysis.selection import write_selection  # noqa: E402
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN, probe_keys  # noqa: E402
 from flatlm.track import TAG_REPORT, MlflowTracker, default_tracking_uri  # noqa: E402
 
@@ -114,6 +117,8 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
         summary.to_csv(out / f"{name}.csv", index=False)
         paths.append(out / f"{name}.csv")
         texts[f"{name}.md"] = f"{_table_rule(summary)}\n\n{summary_markdown(summary)}\n"
+    if regime.any():  # which checkpoint flatness would pick vs the loss (analysis/selection.py)
+        paths += write_selection(df, out, acc_key, n_boot=n_boot, seed=seed, **rule)
     df.to_csv(out / "runs.csv", index=False)
     paths.append(out / "runs.csv")
     for name, text in texts.items():
@@ -142,9 +147,10 @@ def report_experiment(experiment: str) -> str:
     return f"{experiment}.report"
 
 
-def log_report(tracking_uri: str, experiment: str, paths, params: dict) -> str | None:
-    """The run ``report`` (tag ``flatlm.report=1``) of ``experiment`` holding ``paths`` as
-    artifacts; an earlier report's run there is deleted first (one report at a time)."""
+def log_report(tracking_uri: str, experiment: str, paths, params: dict, *,
+               run_name: str = "report") -> str | None:
+    """The run ``run_name`` (tag ``flatlm.report=1``) of ``experiment`` holding ``paths`` as
+    artifacts; an earlier run of that name there is deleted first (one report at a time)."""
     from mlflow import MlflowClient
 
     from flatlm.track import ensure_experiment
@@ -152,10 +158,11 @@ def log_report(tracking_uri: str, experiment: str, paths, params: dict) -> str |
     client = MlflowClient(tracking_uri)
     eid = ensure_experiment(tracking_uri, experiment)
     for old in client.search_runs([eid], f"tags.`{TAG_REPORT}` = '1'"):
-        client.delete_run(old.info.run_id)
+        if old.info.run_name == run_name:
+            client.delete_run(old.info.run_id)
     with tempfile.TemporaryDirectory() as outbox:
         tracker = MlflowTracker(tracking_uri, outbox, experiment_id=eid,
-                                run_name="report", params=params, tags={TAG_REPORT: "1"})
+                                run_name=run_name, params=params, tags={TAG_REPORT: "1"})
         for path in paths:
             tracker.log_artifact(path)
         ok = tracker.finish("FINISHED")
@@ -181,20 +188,25 @@ def check_store(uri: str, experiment: str) -> None:
                          f"there: {', '.join(sorted(names)) or 'none'}")
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def load_table(args) -> tuple:
+    """(the tidy table, the tracking URI or None) from ``--trials`` or ``--experiment``."""
     if args.trials is not None:
         from analysis.trials import load_trials
-        df, where = load_trials(args.trials), str(args.trials)
+        return load_trials(args.trials), None
+    uri = (args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+           or default_tracking_uri(Path.cwd()))
+    check_store(uri, args.experiment)
+    return load_runs(uri, args.experiment, source=getattr(args, "source", "auto")), uri
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    df, uri = load_table(args)
+    if uri is None:
         args.no_log = True
-    else:
-        uri = (args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-               or default_tracking_uri(Path.cwd()))
-        check_store(uri, args.experiment)
-        df, where = load_runs(uri, args.experiment, source=args.source), uri
     if df.empty:
-        print(f"no runs in {args.experiment or 'the trial directories'} at {where}",
-              file=sys.stderr)
+        print(f"no runs in {args.experiment or 'the trial directories'} at "
+              f"{uri or args.trials}", file=sys.stderr)
         return 1
     acc_key = accuracy_key(df.columns, args.task)
     if acc_key not in df:

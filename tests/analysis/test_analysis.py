@@ -360,7 +360,7 @@ def test_report_cli_writes_outputs_and_logs_one_report_run(store, tmp_path):
     expected = {"fig1_accuracy_scatter.png", "fig2_over_steps.png", "fig3_over_size.png",
                 "correlations.md", "correlations.csv", "table1_by_algorithm.md",
                 "table1_by_algorithm.csv", "table2_by_model.md", "table2_by_model.csv",
-                "conclusion.md", "runs.csv"}
+                "conclusion.md", "runs.csv", "selection.md", "selection.csv", "selection.png"}
     assert {p.name for p in out.iterdir()} == expected
     for name in expected:
         if name.endswith(".png"):
@@ -373,8 +373,9 @@ def test_report_cli_writes_outputs_and_logs_one_report_run(store, tmp_path):
     exp = client.get_experiment_by_name(EXPERIMENT)  # the sweep's charts list its trials only
     assert client.search_runs([exp.experiment_id], "tags.`flatlm.report` = '1'") == []
     beside = client.get_experiment_by_name(f"{EXPERIMENT}.report")
-    reports = client.search_runs([beside.experiment_id])  # the second report replaced the first
-    assert len(reports) == 1 and reports[0].info.run_name == "report"
+    reports = [r for r in client.search_runs([beside.experiment_id])
+               if r.info.run_name == "report"]  # the second report replaced the first
+    assert len(reports) == 1
     assert reports[0].info.status == "FINISHED"
     logged = {f.path for f in client.list_artifacts(reports[0].info.run_id)}
     assert logged == expected
@@ -421,3 +422,25 @@ def test_report_cli_requires_a_rule():
     res = subprocess.run([*run, "--experiment", "x", "--out", "y"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "--kl-threshold" in res.stderr
+
+
+def test_select_cli_through_mlflow_equals_the_table_and_logs_beside_the_report(store, runs,
+                                                                            tmp_path):
+    from analysis.selection import main, selection_table
+
+    uri, _ = store
+    args = ["--experiment", EXPERIMENT, "--out", str(tmp_path), "--tracking-uri", uri,
+            "--task", "A", "--kl-threshold", "0.01", "--n-boot", "100", "--seed", "4"]
+    assert main(args) == 0 and main(args) == 0  # the second replaces the first's run
+    csv = pd.read_csv(tmp_path / "selection.csv")
+    direct = selection_table(runs, ACC, kl_threshold=0.01, n_boot=100, seed=4)
+    pd.testing.assert_frame_equal(csv, direct.reset_index(drop=True), check_dtype=False,
+                                  rtol=1e-12)
+    assert set(csv.selector) == {TRACE_FISHER, TRACE_HESSIAN, LOSS, "random choice"}
+    client = MlflowClient(uri)
+    beside = client.get_experiment_by_name(f"{EXPERIMENT}.report")
+    picked = [r for r in client.search_runs([beside.experiment_id])
+              if r.info.run_name == "selection"]
+    assert len(picked) == 1
+    logged = {f.path for f in client.list_artifacts(picked[0].info.run_id)}
+    assert logged == {"selection.md", "selection.csv", "selection.png"}

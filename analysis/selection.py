@@ -1,0 +1,276 @@
+"""Model selection without downstream labels: does picking the flattest checkpoint pick a better
+model than picking the one of lowest loss (paper App. D)?
+
+    python analysis/selection.py --experiment NAME --out DIR (--kl-threshold X | --loss-tolerance Y)
+        [--tracking-uri URI] [--task B] [--selectors flat/trace_fisher,pretrain/loss]
+        [--n-boot 2000] [--seed 0] [--no-log]
+    python analysis/selection.py --trials DIR --out DIR --kl-threshold X
+
+**Candidates** are the checkpoints in the saturation regime (``analysis.correlate``'s rule),
+with a downstream accuracy and every selector measured. A **selector** is a metric where lower
+predicts better: a flatness measure (flatter is better, the paper's claim) or the pre-training
+loss (the baseline a flatness measure must beat). For each selector s, on the candidates:
+
+- ``spearman`` / ``kendall``: rank correlation of -s with the accuracy (1: s orders the
+  candidates exactly as their accuracy does; 0: no better than chance);
+- ``regret``: accuracy of the best candidate minus that of the candidate s picks (its minimum;
+  ties averaged): accuracy lost by trusting s instead of downstream labels;
+- ``gain_vs_loss``: the loss's regret minus s's (> 0: s picks a better model than the loss).
+
+A **random choice** is the reference row: expected regret max(acc) - mean(acc), expected rank
+correlation 0. Intervals: checkpoints of one run are not independent, so each statistic's 95%
+interval (and the two-sided p of ``gain_vs_loss``) comes from a cluster bootstrap over runs, as
+in ``analysis.correlate``: a resample draws runs with replacement with all their candidates and
+recomputes every statistic on them (paired: every selector on the same resample).
+
+Writes ``selection.md`` / ``selection.csv`` / ``selection.png`` to DIR and logs them to MLflow as
+the run ``selection`` of the experiment ``<experiment>.report``. ``analysis/report.py`` includes
+the same section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: the repo root holds `analysis` and `flatlm`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from scipy import stats  # noqa: E402
+
+from analysis.correlate import RUN, saturated, saturation_rule, to_markdown  # noqa: E402
+from flatlm.measure import HESSIAN_FISHER_GAP, LOSS  # noqa: E402
+
+RANDOM = "random choice"
+COLUMNS = ("selector", "statistic", "value", "ci_low", "ci_high", "p")
+STATISTICS = ("spearman", "kendall", "regret", "gain_vs_loss")
+
+
+def default_selectors(columns) -> list[str]:
+    """Every flatness measure in ``columns`` (``flat/*``, not a standard error or the H - F gap,
+    which is no flatness), then the pre-training loss."""
+    flat = [c for c in columns if c.startswith("flat/") and not c.endswith("_se")
+            and c != HESSIAN_FISHER_GAP]
+    return [*flat, LOSS] if LOSS in columns else flat
+
+
+def candidates(df: pd.DataFrame, acc_key: str, selectors, *, kl_threshold=None,
+               loss_tolerance=None) -> pd.DataFrame:
+    """The checkpoints in the regime with ``acc_key`` and every selector measured."""
+    missing = [k for k in (acc_key, *selectors) if k not in df]
+    if missing:
+        raise ValueError(f"selectors: no column {missing} in the runs; present flatness "
+                         f"columns: {default_selectors(df.columns)}")
+    inside = df[saturated(df, kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)]
+    return inside.dropna(subset=[acc_key, *selectors])
+
+
+def selection_stats(acc: np.ndarray, scores: dict[str, np.ndarray]) -> dict[tuple, float]:
+    """{(selector, statistic): value} on one set of candidates; ``scores``: lower = picked."""
+    best = acc.max()
+    out = {(RANDOM, "regret"): best - acc.mean(), (RANDOM, "spearman"): 0.0,
+           (RANDOM, "kendall"): 0.0}
+    for name, s in scores.items():
+        picked = acc[s == s.min()].mean()
+        out[name, "regret"] = best - picked
+        constant = np.ptp(s) == 0 or np.ptp(acc) == 0
+        out[name, "spearman"] = math.nan if constant else stats.spearmanr(-s, acc).statistic
+        out[name, "kendall"] = math.nan if constant else stats.kendalltau(-s, acc).statistic
+    if LOSS in scores:
+        out[RANDOM, "gain_vs_loss"] = out[LOSS, "regret"] - out[RANDOM, "regret"]
+        for name in scores:
+            if name != LOSS:
+                out[name, "gain_vs_loss"] = out[LOSS, "regret"] - out[name, "regret"]
+    return out
+
+
+def selection_table(df: pd.DataFrame, acc_key: str, selectors=None, *, kl_threshold=None,
+                    loss_tolerance=None, n_boot: int = 2000, level: float = 0.95,
+                    seed: int = 0) -> pd.DataFrame:
+    """One row per (selector, statistic): ``selector, statistic, value, ci_low, ci_high, p``
+    (``p`` only for ``gain_vs_loss``). ``attrs``: ``rule``, ``level``, ``n`` candidates,
+    ``runs``, ``acc_key`` and ``note`` when fewer than 2 runs leave no interval."""
+    if kl_threshold is None and loss_tolerance is None:
+        raise ValueError("selection needs a saturation rule: pass kl_threshold or "
+                         "loss_tolerance (selection by loss outside the regime is trivial)")
+    selectors = list(selectors or default_selectors(df.columns))
+    if not selectors:
+        raise ValueError("selectors: the runs have no flat/* or pretrain/loss column")
+    rows = candidates(df, acc_key, selectors, kl_threshold=kl_threshold,
+                      loss_tolerance=loss_tolerance)
+    rule = saturation_rule(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)
+    attrs = dict(rule=rule, level=level, n=len(rows), runs=rows[RUN].nunique(), acc_key=acc_key)
+    if rows.empty:
+        table = pd.DataFrame(columns=list(COLUMNS))
+        table.attrs.update(attrs, note=f"no checkpoint in the regime {rule} has {acc_key} and "
+                                       f"every selector: nothing to select from")
+        return table
+    acc = rows[acc_key].to_numpy(float)
+    scores = {k: rows[k].to_numpy(float) for k in selectors}
+    point = selection_stats(acc, scores)
+    boot = _bootstrap(acc, scores, rows[RUN], n_boot, np.random.default_rng(seed))
+    table = pd.DataFrame([_row(key, value, boot.get(key), level) for key, value in point.items()],
+                         columns=list(COLUMNS))
+    order = {name: i for i, name in enumerate([*selectors, RANDOM])}
+    table = table.sort_values(["selector", "statistic"], key=lambda c: c.map(
+        order if c.name == "selector" else {s: i for i, s in enumerate(STATISTICS)}),
+        kind="stable").reset_index(drop=True)
+    table.attrs.update(attrs)
+    if attrs["runs"] < 2:
+        table.attrs["note"] = (f"only {attrs['runs']} run in the regime: no interval (runs are "
+                               "the resampled units)")
+    return table
+
+
+def _bootstrap(acc, scores, runs, n_boot: int, rng) -> dict[tuple, np.ndarray]:
+    """{(selector, statistic): finite resampled values} over ``n_boot`` cluster resamples."""
+    codes, _ = pd.factorize(pd.Series(runs).to_numpy())
+    members = [np.flatnonzero(codes == c) for c in range(codes.max() + 1)]
+    if len(members) < 2 or n_boot <= 0:
+        return {}
+    draws: dict[tuple, list] = {}
+    for pick in rng.integers(0, len(members), size=(n_boot, len(members))):
+        idx = np.concatenate([members[c] for c in pick])
+        for key, v in selection_stats(acc[idx], {k: s[idx] for k, s in scores.items()}).items():
+            draws.setdefault(key, []).append(v)
+    return {k: np.asarray(v)[np.isfinite(v)] for k, v in draws.items()}
+
+
+def _row(key: tuple, value: float, boot: np.ndarray | None, level: float) -> tuple:
+    selector, statistic = key
+    lo = hi = p = math.nan
+    fixed = selector == RANDOM and statistic in ("spearman", "kendall")  # 0 by definition
+    if boot is not None and boot.size and not fixed:
+        alpha = (1 - level) / 2
+        lo, hi = (float(q) for q in np.quantile(boot, [alpha, 1 - alpha]))
+        if statistic == "gain_vs_loss":
+            tail = min((boot <= 0).sum(), (boot >= 0).sum())
+            p = min(1.0, 2 * (tail + 1) / (boot.size + 1))
+    return selector, statistic, float(value), lo, hi, p
+
+
+def verdict(table: pd.DataFrame) -> str:
+    """In words: which selectors pick better (or worse) models than the loss, by the intervals
+    of ``gain_vs_loss``; or why the table cannot say."""
+    a = table.attrs
+    head = (f"{a.get('n', 0)} candidate checkpoints of {a.get('runs', 0)} runs in the regime "
+            f"{a.get('rule', '')}, scored by {a.get('acc_key', 'accuracy')}.")
+    if a.get("note"):
+        return f"{head} {a['note']}."
+    gains = table[(table.statistic == "gain_vs_loss") & (table.selector != RANDOM)]
+    if gains.empty:
+        return f"{head} No pre-training loss column: no comparison with selection by the loss."
+    words = [head]
+    for r in gains.itertuples():
+        if not math.isfinite(r.ci_low):
+            side = "cannot be told apart (no interval)"
+        elif r.ci_low > 0:
+            side = "picks better models than the loss"
+        elif r.ci_high < 0:
+            side = "picks worse models than the loss"
+        else:
+            side = "cannot be told apart from the loss"
+        words.append(f"{r.selector} {side}: regret gain {r.value:+.4f} "
+                     f"[{r.ci_low:+.4f}, {r.ci_high:+.4f}].")
+    return " ".join(words)
+
+
+def selection_markdown(table: pd.DataFrame, digits: int = 4) -> str:
+    level = table.attrs.get("level", 0.95)
+    intro = (f"**Model selection without downstream labels.** {verdict(table)}\n\n"
+             f"Lower selector value = picked. spearman/kendall: rank correlation of -selector "
+             f"with accuracy; regret: best accuracy minus the picked one's; gain_vs_loss: the "
+             f"loss's regret minus the selector's (> 0: better than the loss). {level:.0%} "
+             f"intervals and p from a cluster bootstrap over runs.")
+    return intro + "\n\n" + to_markdown(table, digits, formats={"p": ".2g"})
+
+
+def selection_figure(table: pd.DataFrame, path: Path) -> Path:
+    """Two panels: each selector's Spearman and regret with their intervals, random beside."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 0.5 + 0.45 * max(3, table.selector.nunique())))
+    FigureCanvasAgg(fig)
+    names = list(dict.fromkeys(table.selector))
+    for ax, statistic in zip(fig.subplots(1, 2), ("spearman", "regret"), strict=True):
+        part = table[table.statistic == statistic].set_index("selector").reindex(names)
+        y = np.arange(len(names))
+        # a percentile interval of a max/min statistic need not contain the point: clip
+        err = np.vstack([part.value - part.ci_low, part.ci_high - part.value])
+        ax.errorbar(part.value, y, xerr=np.clip(np.nan_to_num(err), 0, None), fmt="o", capsize=3)
+        ax.set_yticks(y, names)
+        ax.axvline(0, color="grey", lw=0.8)
+        ax.set_xlabel(statistic + (" (higher: better ranking)" if statistic == "spearman"
+                                   else " (lower: better pick)"))
+        ax.invert_yaxis()
+    fig.suptitle(f"Selection by flatness vs loss; {table.attrs.get('rule', '')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def write_selection(df, out: Path, acc_key: str, selectors=None, **kw) -> list[Path]:
+    """``selection.md`` / ``.csv`` / ``.png`` under ``out`` (the figure only with candidates)."""
+    out.mkdir(parents=True, exist_ok=True)
+    table = selection_table(df, acc_key, selectors, **kw)
+    (out / "selection.md").write_text(selection_markdown(table) + "\n")
+    table.to_csv(out / "selection.csv", index=False)
+    paths = [out / "selection.md", out / "selection.csv"]
+    if len(table):
+        paths.append(selection_figure(table, out / "selection.png"))
+    return paths
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    runs = p.add_mutually_exclusive_group(required=True)
+    runs.add_argument("--experiment", help="MLflow experiment name")
+    runs.add_argument("--trials", type=Path, help="a root of trial directories instead")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--task", default=None, help="probe task (default: the first measured)")
+    rule = p.add_mutually_exclusive_group(required=True)
+    rule.add_argument("--kl-threshold", type=float, default=None)
+    rule.add_argument("--loss-tolerance", type=float, default=None)
+    p.add_argument("--selectors", default=None,
+                   help="comma-separated metric columns, lower = picked (default: every flat/* "
+                        "measure and pretrain/loss)")
+    p.add_argument("--n-boot", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-log", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    from analysis.report import accuracy_key, load_table, log_report, report_experiment
+
+    args = parse_args(argv)
+    df, uri = load_table(args)
+    if df.empty:
+        print("no runs to select from", file=sys.stderr)
+        return 1
+    acc_key = accuracy_key(df.columns, args.task)
+    selectors = args.selectors.split(",") if args.selectors else None
+    try:
+        paths = write_selection(df, args.out, acc_key, selectors, n_boot=args.n_boot,
+                                seed=args.seed, kl_threshold=args.kl_threshold,
+                                loss_tolerance=args.loss_tolerance)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    print((args.out / "selection.md").read_text())
+    if uri is not None and not args.no_log:
+        run_id = log_report(uri, report_experiment(args.experiment), paths,
+                            {"experiment": args.experiment, "accuracy": acc_key,
+                             "n_boot": args.n_boot, "seed": args.seed}, run_name="selection")
+        print(f"logged to MLflow experiment {report_experiment(args.experiment)!r}, run "
+              f"{run_id} ('selection')")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
