@@ -40,7 +40,6 @@ if __package__ in (None, ""):  # run as a script: the repo root holds `analysis`
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from scipy import stats  # noqa: E402
 
 from analysis.correlate import RUN, saturated, saturation_rule, to_markdown  # noqa: E402
 from flatlm.measure import HESSIAN_FISHER_GAP, LOSS  # noqa: E402
@@ -69,23 +68,61 @@ def candidates(df: pd.DataFrame, acc_key: str, selectors, *, kl_threshold=None,
     return inside.dropna(subset=[acc_key, *selectors])
 
 
-def selection_stats(acc: np.ndarray, scores: dict[str, np.ndarray]) -> dict[tuple, float]:
-    """{(selector, statistic): value} on one set of candidates; ``scores``: lower = picked."""
-    best = acc.max()
-    out = {(RANDOM, "regret"): best - acc.mean(), (RANDOM, "spearman"): 0.0,
-           (RANDOM, "kendall"): 0.0}
+def selection_stats(acc: np.ndarray, scores: dict[str, np.ndarray],
+                    weights: np.ndarray | None = None) -> dict[tuple, np.ndarray]:
+    """{(selector, statistic): values (B,)} for B weightings of the candidates; ``scores``:
+    lower = picked. ``weights`` (B, n): how many times each candidate is in each sample (a
+    cluster-bootstrap resample, or one row of ones: the candidates themselves). Every statistic
+    equals that of the sample with each row repeated its weight times (scipy's average-rank
+    Spearman and tau-b Kendall, ties averaged in the pick), without building it."""
+    w = np.ones((1, len(acc))) if weights is None else np.asarray(weights, float)
+    present = w > 0
+    best = np.where(present, acc, -np.inf).max(axis=1)
+    out = {(RANDOM, "regret"): best - (w @ acc) / w.sum(axis=1),
+           (RANDOM, "spearman"): np.zeros(len(w)), (RANDOM, "kendall"): np.zeros(len(w))}
+    acc_ranks, acc_signs = _ranks(acc, w), np.sign(acc[:, None] - acc[None, :])
     for name, s in scores.items():
-        picked = acc[s == s.min()].mean()
-        out[name, "regret"] = best - picked
-        constant = np.ptp(s) == 0 or np.ptp(acc) == 0
-        out[name, "spearman"] = math.nan if constant else stats.spearmanr(-s, acc).statistic
-        out[name, "kendall"] = math.nan if constant else stats.kendalltau(-s, acc).statistic
+        low = np.where(present, s, np.inf)
+        tie = w * (low == low.min(axis=1, keepdims=True))
+        out[name, "regret"] = best - (tie @ acc) / tie.sum(axis=1)
+        out[name, "spearman"] = _weighted_pearson(_ranks(-s, w), acc_ranks, w)
+        out[name, "kendall"] = _tau_b(np.sign(s[None, :] - s[:, None]), acc_signs, w)
     if LOSS in scores:
-        out[RANDOM, "gain_vs_loss"] = out[LOSS, "regret"] - out[RANDOM, "regret"]
-        for name in scores:
+        for name in (*scores, RANDOM):
             if name != LOSS:
                 out[name, "gain_vs_loss"] = out[LOSS, "regret"] - out[name, "regret"]
     return out
+
+
+def _ranks(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(B, n) average ranks (1-based) of each candidate in each weighted sample."""
+    below = (x[:, None] < x[None, :]).astype(float)  # [j, i]: x_j < x_i
+    equal = (x[:, None] == x[None, :]).astype(float)
+    return w @ below + (w @ equal + 1) / 2
+
+
+def _weighted_pearson(a: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
+    total = w.sum(axis=1, keepdims=True)
+    ac = a - (w * a).sum(axis=1, keepdims=True) / total
+    bc = b - (w * b).sum(axis=1, keepdims=True) / total
+    den = np.sqrt((w * ac * ac).sum(axis=1) * (w * bc * bc).sum(axis=1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, (w * ac * bc).sum(axis=1) / den, np.nan)
+
+
+def _tau_b(sx: np.ndarray, sy: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Kendall's tau-b of each weighted sample from the pairwise sign matrices (n, n)."""
+    n = w.sum(axis=1)
+    pairs = n * (n - 1) / 2
+
+    def pair_sum(m):  # over unordered pairs of the expanded sample, copies of a row included
+        return np.einsum("bi,ij,bj->b", w, m, w) / 2
+
+    tied_x = pair_sum((sx == 0).astype(float)) - n / 2
+    tied_y = pair_sum((sy == 0).astype(float)) - n / 2
+    den = np.sqrt((pairs - tied_x) * (pairs - tied_y))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, pair_sum(sx * sy) / den, np.nan)
 
 
 def selection_table(df: pd.DataFrame, acc_key: str, selectors=None, *, kl_threshold=None,
@@ -113,8 +150,8 @@ def selection_table(df: pd.DataFrame, acc_key: str, selectors=None, *, kl_thresh
     scores = {k: rows[k].to_numpy(float) for k in selectors}
     point = selection_stats(acc, scores)
     boot = _bootstrap(acc, scores, rows[RUN], n_boot, np.random.default_rng(seed))
-    table = pd.DataFrame([_row(key, value, boot.get(key), level) for key, value in point.items()],
-                         columns=list(COLUMNS))
+    table = pd.DataFrame([_row(key, float(value[0]), boot.get(key), level)
+                          for key, value in point.items()], columns=list(COLUMNS))
     order = {name: i for i, name in enumerate([*selectors, RANDOM])}
     table = table.sort_values(["selector", "statistic"], key=lambda c: c.map(
         order if c.name == "selector" else {s: i for i, s in enumerate(STATISTICS)}),
@@ -127,17 +164,17 @@ def selection_table(df: pd.DataFrame, acc_key: str, selectors=None, *, kl_thresh
 
 
 def _bootstrap(acc, scores, runs, n_boot: int, rng) -> dict[tuple, np.ndarray]:
-    """{(selector, statistic): finite resampled values} over ``n_boot`` cluster resamples."""
+    """{(selector, statistic): finite resampled values} over ``n_boot`` cluster resamples, as
+    weights: a resample draws runs with replacement, and each candidate counts as often as its
+    run was drawn."""
     codes, _ = pd.factorize(pd.Series(runs).to_numpy())
-    members = [np.flatnonzero(codes == c) for c in range(codes.max() + 1)]
-    if len(members) < 2 or n_boot <= 0:
+    n_runs = codes.max() + 1
+    if n_runs < 2 or n_boot <= 0:
         return {}
-    draws: dict[tuple, list] = {}
-    for pick in rng.integers(0, len(members), size=(n_boot, len(members))):
-        idx = np.concatenate([members[c] for c in pick])
-        for key, v in selection_stats(acc[idx], {k: s[idx] for k, s in scores.items()}).items():
-            draws.setdefault(key, []).append(v)
-    return {k: np.asarray(v)[np.isfinite(v)] for k, v in draws.items()}
+    drawn = rng.integers(0, n_runs, size=(n_boot, n_runs))
+    counts = np.stack([np.bincount(d, minlength=n_runs) for d in drawn])  # (B, runs)
+    stats_ = selection_stats(acc, scores, counts[:, codes])
+    return {k: v[np.isfinite(v)] for k, v in stats_.items()}
 
 
 def _row(key: tuple, value: float, boot: np.ndarray | None, level: float) -> tuple:

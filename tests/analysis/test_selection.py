@@ -82,7 +82,25 @@ def test_the_regime_rule_is_applied_before_ranking():
 def test_ties_in_the_selector_average_the_picked_accuracy():
     acc = np.array([0.5, 0.7, 0.9])
     out = selection_stats(acc, {LOSS: np.array([1.0, 1.0, 2.0])})
-    assert out[LOSS, "regret"] == pytest.approx(0.9 - 0.6)
+    assert out[LOSS, "regret"][0] == pytest.approx(0.9 - 0.6)
+
+
+def test_weighted_statistics_equal_scipy_on_the_expanded_sample():
+    """A bootstrap resample is a weighting; each statistic must equal the one of the sample with
+    every row repeated, ties included (scipy: average ranks, tau-b)."""
+    rng = np.random.default_rng(5)
+    acc = rng.choice([0.5, 0.6, 0.7, 0.8], size=12)  # ties in accuracy
+    s = rng.choice([1.0, 2.0, 3.0, 4.0, 5.0], size=12)  # ties in the selector
+    w = rng.integers(0, 3, size=(6, 12))
+    got = selection_stats(acc, {LOSS: s, TRACE_FISHER: -s}, w)
+    for b, weights in enumerate(w):
+        a, x = np.repeat(acc, weights), np.repeat(s, weights)
+        assert got[LOSS, "spearman"][b] == pytest.approx(stats.spearmanr(-x, a).statistic)
+        assert got[LOSS, "kendall"][b] == pytest.approx(stats.kendalltau(-x, a).statistic)
+        assert got[LOSS, "regret"][b] == pytest.approx(a.max() - a[x == x.min()].mean())
+        assert got[RANDOM, "regret"][b] == pytest.approx(a.max() - a.mean())
+        assert got[TRACE_FISHER, "gain_vs_loss"][b] == pytest.approx(
+            got[LOSS, "regret"][b] - (a.max() - a[x == x.max()].mean()))
 
 
 def test_bootstrap_resamples_runs_and_is_seeded():
