@@ -33,6 +33,8 @@ class Sweep:
     #   first task the base config measures (measure.tasks, else the source's)
     kl_threshold: float = 0.1  # saturation rule of the closing correlations: checkpoints with
     #   pretrain/kl below it (nats per token); correlations need one (analysis/correlate.py)
+    selection: bool = False  # the summary prints the whole model-selection table
+    #   (analysis/selection.py), not only its verdict
 
 
 def measured_tasks(cfg: TrialConfig) -> tuple[str, ...]:

@@ -42,7 +42,24 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None) -> None:
     if len(table):
         print(f"\nCorrelations with downstream accuracy ({key}), saturated checkpoints:")
         print(correlation_markdown(table))
+        _print_selection(sweep, runs, key)
     print(f"\nMLflow UI:  cd {workdir} && mlflow ui --backend-store-uri {uri}")
     print(f"Report:     python {REPO / 'analysis' / 'report.py'} --experiment {sweep.name} "
           f"--tracking-uri {uri} --task {task} --kl-threshold {sweep.kl_threshold:g} "
           f"--out {workdir / 'report' / sweep.name}")
+    if sweep.selection:
+        print(f"Selection:  python {REPO / 'analysis' / 'selection.py'} --experiment "
+              f"{sweep.name} --tracking-uri {uri} --task {task} --kl-threshold "
+              f"{sweep.kl_threshold:g} --out {workdir / 'report' / sweep.name}")
+
+
+def _print_selection(sweep: Sweep, runs, key: str) -> None:
+    """Would the flattest checkpoint have been a better pick than the lowest-loss one? The
+    verdict in words; the whole table for a selection sweep."""
+    from analysis.selection import selection_markdown, selection_table, verdict
+
+    table = selection_table(runs, key, kl_threshold=sweep.kl_threshold)
+    if sweep.selection:
+        print(f"\n{selection_markdown(table)}")
+    else:
+        print(f"\nModel selection: {textwrap.fill(verdict(table), 100)}")

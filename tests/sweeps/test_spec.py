@@ -16,6 +16,7 @@ sys.path.insert(0, str(REPO / "sweeps"))
 import algorithms  # noqa: E402
 import scaling  # noqa: E402
 import search  # noqa: E402
+import selection  # noqa: E402
 from _spec import Sweep, check_sweep, objectives, shown_metrics, sweep_task  # noqa: E402
 from presets import base_for  # noqa: E402
 
@@ -224,3 +225,35 @@ def test_the_default_sweeps_aim_at_the_regime_they_are_about():
     assert algs.base.train.dropout is None  # each algorithm's own regularisation
     with pytest.raises(ValueError, match="--algorithms 'adamw,adamx'"):
         algorithms.build(Namespace(preset="tiny", algorithms="adamw,adamx"))
+
+
+def test_the_selection_sweep_varies_algorithms_seeds_and_rates():
+    args = Namespace(preset="tiny", algorithms="adamw,sam", seeds=3, lrs="5e-3,1e-3")
+    sweep = selection.build(args)
+    assert sweep.name == "selection" and sweep.selection and sweep.kl_threshold == 0.05
+    grids = {k: v["grid_search"] for k, v in sweep.space.items()}
+    assert grids == {"train.algorithm": ["adamw", "sam"], "train.seed": [0, 1, 2],
+                     "train.lr": [5e-3, 1e-3]}
+    for bad, match in ((dict(algorithms="adam"), "--algorithms 'adam'"),
+                       (dict(seeds=0), "--seeds 0"), (dict(lrs="fast"), "--lrs 'fast'")):
+        with pytest.raises(ValueError, match=match):
+            selection.build(Namespace(**{**vars(args), **bad}))
+
+
+def test_the_summary_prints_the_selection_verdict_and_the_table_for_a_selection_sweep(capsys):
+    import _summary
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    flat = rng.uniform(10, 100, size=12)
+    runs = pd.DataFrame({"run_id": np.repeat([f"r{i}" for i in range(6)], 2), "step": 1,
+                         "pretrain/kl": 0.01, "pretrain/loss": rng.uniform(2, 2.01, size=12),
+                         "flat/trace_fisher": flat, "probe/A/acc_mean": 1 - flat / 200})
+    sweep = tiny_sweep()
+    _summary._print_selection(sweep, runs, "probe/A/acc_mean")
+    out = capsys.readouterr().out
+    assert "Model selection: 12 candidate checkpoints of 6 runs" in out
+    assert "flat/trace_fisher" in out and "regret gain +0.2434" in out and "| selector" not in out
+    _summary._print_selection(replace(sweep, selection=True), runs, "probe/A/acc_mean")
+    assert "| selector | statistic |" in capsys.readouterr().out
