@@ -164,3 +164,23 @@ def test_spec_round_trip_and_errors(tmp_path, lm_dir):
     for fields, message in cases:
         with pytest.raises(SourceError, match=message):
             lm_source(lm_dir, **fields)
+
+
+def test_a_trial_trains_and_measures_on_lm_text(tmp_path):
+    from flatlm.config import apply_overrides
+    from flatlm.trial import TrialConfig, run_trial
+
+    source = f"lm:{tiny_lm_dir(tmp_path / 'lm')},vocab=6,length=4,classes=2"
+    cfg = apply_overrides(TrialConfig(), {
+        "source": source, "model": "d16-h1-l1-i32", "train.steps": 4, "train.batch_size": 8,
+        "train.warmup_steps": 1, "train.checkpoint_steps": [4], "measure.n_eval": 16,
+        "measure.n_downstream": 60, "measure.tasks": ["mask-2"],
+        "measure.what": ["loss", "fisher", "probe", "lookup"], "measure.probe.epochs": 2,
+        "measure.probe.seeds": 2})
+    metrics = run_trial(cfg, tmp_path / "trial")[4]
+    assert 0.0 < metrics["pretrain/entropy"] < np.log(6)
+    assert metrics["pretrain/loss"] == pytest.approx(
+        metrics["pretrain/entropy"] + metrics["pretrain/kl"], abs=1e-6)
+    for key in ("probe/mask-2/acc_mean", "lookup/mask-2/acc_mean", "random_init/mask-2/acc_mean",
+                "flat/trace_fisher"):
+        assert np.isfinite(metrics[key]), key
