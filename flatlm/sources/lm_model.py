@@ -118,11 +118,16 @@ class RestrictedLM:
     def log_probs(self, input_ids: torch.Tensor, past=None, cache: bool = False):
         """(log p_r(. | input_ids[:, :s+1]) for every s: [B, L, k] in float32 or wider, the
         KV cache if ``cache``). ``past`` (a previous call's cache) continues its prefix."""
+        seen = 0 if past is None else past.get_seq_length()
+        # every position is real: an explicit mask (no padding guess when pad id = BOS id)
+        mask = torch.ones(input_ids.shape[0], seen + input_ids.shape[1], dtype=torch.int64,
+                          device=input_ids.device)
+        call = dict(input_ids=input_ids, attention_mask=mask, past_key_values=past, use_cache=cache)
         if self._head is not None:
-            out = self.lm.base_model(input_ids=input_ids, past_key_values=past, use_cache=cache)
+            out = self.lm.base_model(**call)
             logits = torch.nn.functional.linear(out.last_hidden_state, *self._head)  # (B, L, k)
         else:
-            out = self.lm(input_ids=input_ids, past_key_values=past, use_cache=cache)
+            out = self.lm(**call)
             logits = out.logits if self.ids is None else out.logits[..., self.ids.to(self.device)]
         wide = torch.promote_types(logits.dtype, torch.float32)
         return logits.to(wide).log_softmax(-1), out.past_key_values
