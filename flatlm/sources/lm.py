@@ -81,11 +81,19 @@ def _checked_spec(spec: dict) -> dict:
             raise SourceError(f"lm spec: {key!r} must be one of {', '.join(allowed)}, "
                               f"got {spec[key]!r}")
     try:
-        spec["device"] = str(resolve_device(str(spec["device"])))
+        spec["device"] = device_name(spec["device"])
     except ValueError as e:
         raise SourceError(f"lm spec: 'device': {e}") from None
     spec["model"] = _model_location(spec["model"])
     return spec
+
+
+def device_name(device) -> str:
+    """The one name of a device (``cuda`` -> ``cuda:<current>``), so an LM loads once there."""
+    device = resolve_device(str(device))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return str(device)
 
 
 def _model_location(model) -> str:
@@ -132,7 +140,7 @@ def _words(model: str, ids: torch.Tensor) -> list[str]:
         from transformers import AutoTokenizer
 
         tokens = AutoTokenizer.from_pretrained(model).convert_ids_to_tokens(ids.tolist())
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, ImportError):
         tokens = None
     if tokens is None or len(set(tokens)) != len(tokens) or None in tokens:
         return [f"tok{i}" for i in ids.tolist()]
@@ -150,7 +158,7 @@ class CausalLM(Source):
         self.max_length = self.spec["length"]
         self.classes = self.spec["classes"]
         self.tasks = tuple(f"mask-{k}" for k in range(1, self.max_length + 1))
-        self._lms = {str(lm.device): RestrictedLM(lm, self.ids)}
+        self._lms = {self.spec["device"]: RestrictedLM(lm, self.ids)}
 
     @classmethod
     def from_spec(cls, spec: dict) -> CausalLM:
@@ -158,16 +166,20 @@ class CausalLM(Source):
 
     def _lm(self, device: torch.device) -> RestrictedLM:
         """The restricted LM on ``device`` (loaded there once per process)."""
-        key = str(resolve_device(str(device)))
+        key = device_name(device)
         if key not in self._lms:
             lm = load_causal_lm(self.spec["model"], self.spec["dtype"], key)
             self._lms[key] = RestrictedLM(lm, self.ids)
         return self._lms[key]
 
+    @functools.cached_property
+    def _weights_digest(self) -> np.ndarray:
+        return weights_digest(self._lm(self.spec["device"]).lm)  # hashed once per instance
+
     def _fingerprint_arrays(self) -> list[np.ndarray]:
-        lm = self._lm(torch.device(self.spec["device"])).lm
-        setting = f"{self.spec['dtype']} bos={lm.config.bos_token_id} T={self.max_length}"
-        return [self.ids.numpy(), weights_digest(lm),
+        bos = self._lm(self.spec["device"]).bos
+        setting = f"{self.spec['dtype']} bos={bos} T={self.max_length}"
+        return [self.ids.numpy(), self._weights_digest,
                 np.frombuffer(setting.encode(), dtype=np.uint8)]
 
     # ---- sampling and the joint -----------------------------------------------------------------
@@ -176,8 +188,7 @@ class CausalLM(Source):
         """n sentences of T words by inverse CDF of p_r from ``np.random.default_rng(seed)``
         uniforms (one per word), on the spec's device: tokens [n, T], lengths [n] (all T)."""
         u = torch.from_numpy(np.random.default_rng(seed).random((n, self.max_length)))
-        lm = self._lm(torch.device(self.spec["device"]))
-        words = lm.sample(u, self.spec["batch"])
+        words = self._lm(self.spec["device"]).sample(u, self.spec["batch"])
         return words, torch.full((n,), self.max_length, dtype=torch.int64)
 
     def log_prob(self, tokens, lengths) -> torch.Tensor:
