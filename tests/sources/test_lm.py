@@ -184,3 +184,19 @@ def test_a_trial_trains_and_measures_on_lm_text(tmp_path):
     for key in ("probe/mask-2/acc_mean", "lookup/mask-2/acc_mean", "random_init/mask-2/acc_mean",
                 "flat/trace_fisher"):
         assert np.isfinite(metrics[key]), key
+
+
+def test_restricted_head_and_float32_agree_with_the_plain_routes(lm_dir):
+    src = lm_source(lm_dir, rule="bos", vocab=5, length=4)
+    fast = src._lm(torch.device("cpu"))
+    assert fast._head is not None  # the k-row head, checked against the full logits on load
+    plain = RestrictedLM(fast.lm, src.ids)
+    plain._head = None  # the full logits, sliced
+    inputs = torch.randint(0, N_TOKENS, (6, 5))
+    torch.testing.assert_close(fast.log_probs(inputs)[0], plain.log_probs(inputs)[0],
+                               rtol=0, atol=1e-12)
+    tokens, lengths = src.sample(20, seed=0)
+    f64 = src.conditionals(tokens, lengths, dtype=torch.float64)
+    f32 = lm_source(lm_dir, rule="bos", vocab=5, length=4, dtype="float32").conditionals(
+        tokens, lengths, dtype=torch.float64)
+    torch.testing.assert_close(f32, f64, rtol=0, atol=1e-5)
