@@ -43,7 +43,10 @@ RULES = ("unigram", "bos")
 def load_causal_lm(model: str, dtype: str, device: str):
     """The causal LM at ``model`` (directory or hub id) in ``dtype`` on ``device``, eval mode."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    bar_was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per trial buries a sweep's lines
     try:
         lm = AutoModelForCausalLM.from_pretrained(model, dtype=DTYPES[dtype])
     except (OSError, ValueError, KeyError) as e:
@@ -53,6 +56,9 @@ def load_causal_lm(model: str, dtype: str, device: str):
             f"can load: {str(e).splitlines()[0]}; give a directory written by save_pretrained "
             "or a hub id such as facebook/opt-125m"
         ) from None
+    finally:
+        if bar_was_on:
+            hf_logging.enable_progress_bar()
     if lm.config.bos_token_id is None:
         raise SourceError(f"lm spec: model {model!r} has no bos_token_id in its config; "
                           "sentences start from BOS, so set config.bos_token_id and save it")
@@ -104,8 +110,9 @@ class RestrictedLM:
         weight = head.weight[ids.to(head.weight.device)]
         bias = None if head.bias is None else head.bias[ids.to(head.weight.device)]
         probe = torch.full((1, 2), self.bos, device=weight.device)
-        full = self.lm(input_ids=probe).logits[..., ids.to(weight.device)]
-        hidden = self.lm.base_model(input_ids=probe).last_hidden_state
+        call = dict(input_ids=probe, attention_mask=torch.ones_like(probe))
+        full = self.lm(**call).logits[..., ids.to(weight.device)]
+        hidden = self.lm.base_model(**call).last_hidden_state
         mine = torch.nn.functional.linear(hidden, weight, bias)
         tol = 1e-4 * max(1.0, float(full.abs().max()))
         return (weight, bias) if torch.allclose(mine, full, rtol=0, atol=tol) else None
