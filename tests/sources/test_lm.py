@@ -166,9 +166,18 @@ def test_spec_round_trip_and_errors(tmp_path, lm_dir):
             lm_source(lm_dir, **fields)
 
 
-def test_a_trial_trains_and_measures_on_lm_text(tmp_path):
+def test_a_trial_on_lm_text_reaches_mlflow_and_the_analysis_table(tmp_path, monkeypatch):
+    """train + loss, Tr(F), probe, lookup on CPU, reported through the MLflow tracker (a sqlite
+    store) and read back by the analysis layer, as a sweep's trial is."""
+    from pathlib import Path
+
+    pytest.importorskip("mlflow")
     from flatlm.config import apply_overrides
+    from flatlm.track import MlflowTracker, default_tracking_uri
     from flatlm.trial import TrialConfig, run_trial
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))  # top-level analysis/
+    from analysis.runs import load_runs
 
     source = f"lm:{tiny_lm_dir(tmp_path / 'lm')},vocab=6,length=4,classes=2"
     cfg = apply_overrides(TrialConfig(), {
@@ -177,26 +186,17 @@ def test_a_trial_trains_and_measures_on_lm_text(tmp_path):
         "measure.n_downstream": 60, "measure.tasks": ["mask-2"],
         "measure.what": ["loss", "fisher", "probe", "lookup"], "measure.probe.epochs": 2,
         "measure.probe.seeds": 2})
-    metrics = run_trial(cfg, tmp_path / "trial")[4]
+    uri = default_tracking_uri(tmp_path)
+    with MlflowTracker(uri, tmp_path / "trial", experiment_name="lm", params=cfg) as tracker:
+        metrics = run_trial(cfg, tmp_path / "trial", tracker.report)[4]
     assert 0.0 < metrics["pretrain/entropy"] < np.log(6)
     assert metrics["pretrain/loss"] == pytest.approx(
         metrics["pretrain/entropy"] + metrics["pretrain/kl"], abs=1e-6)
-    for key in ("probe/mask-2/acc_mean", "lookup/mask-2/acc_mean", "random_init/mask-2/acc_mean",
-                "flat/trace_fisher"):
+    keys = ("probe/mask-2/acc_mean", "lookup/mask-2/acc_mean", "random_init/mask-2/acc_mean",
+            "flat/trace_fisher", "pretrain/kl")
+    for key in keys:
         assert np.isfinite(metrics[key]), key
-
-
-def test_restricted_head_and_float32_agree_with_the_plain_routes(lm_dir):
-    src = lm_source(lm_dir, rule="bos", vocab=5, length=4)
-    fast = src._lm(torch.device("cpu"))
-    assert fast._head is not None  # the k-row head, checked against the full logits on load
-    plain = RestrictedLM(fast.lm, src.ids)
-    plain._head = None  # the full logits, sliced
-    inputs = torch.randint(0, N_TOKENS, (6, 5))
-    torch.testing.assert_close(fast.log_probs(inputs)[0], plain.log_probs(inputs)[0],
-                               rtol=0, atol=1e-12)
-    tokens, lengths = src.sample(20, seed=0)
-    f64 = src.conditionals(tokens, lengths, dtype=torch.float64)
-    f32 = lm_source(lm_dir, rule="bos", vocab=5, length=4, dtype="float32").conditionals(
-        tokens, lengths, dtype=torch.float64)
-    torch.testing.assert_close(f32, f64, rtol=0, atol=1e-5)
+    (row,) = load_runs(uri, "lm").to_dict("records")
+    assert row["step"] == 4 and row["source"] == str(SourceSpec(source))
+    for key in keys:
+        assert row[key] == pytest.approx(metrics[key]), key
