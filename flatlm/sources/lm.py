@@ -19,10 +19,13 @@ enumeration; ``float32`` / ``bfloat16`` on a GPU by option).
 
 Spec fields (``lm:MODEL,key=value``): ``model`` (a save_pretrained directory or a hub id, e.g.
 ``lm:facebook/opt-125m``), ``vocab`` (V = k, default 2000), ``length`` (T, default 24), ``rule``
-(``unigram`` default, or ``bos``), ``rule_samples`` (sentences the unigram rule averages, default
-1000), ``seed`` (of those samples), ``classes`` (C, default 4), ``dtype`` (float32), ``device``
-(where ``sample`` and the rule run, default cpu; ``conditionals`` runs where the caller asks),
-``batch`` (sentences per forward, default 256).
+(``unigram`` default, or ``bos``; run on the CPU, so every machine picks the same words),
+``rule_samples`` (sentences the unigram rule averages, default 256), ``seed`` (of those samples),
+``classes`` (C, default 4), ``dtype`` (float32), ``device`` (where ``sample`` runs: auto, the
+default, is a GPU where there is one; ``conditionals`` runs where the caller asks), ``batch``
+(sentences per forward, default 256). Building the source loads the model (memoised per
+process), so a bad model, a ``vocab`` above the model's tokens or a ``length`` above its
+positions is an error before any work.
 
 Downstream tasks. The paper probes its OPT-trained models on QNLI and SST-2 (real GLUE text,
 mostly outside the restricted vocabulary; a download), which this source does not provide.
@@ -59,10 +62,11 @@ from flatlm.sources.lm_model import (
     weights_digest,
 )
 
-DEFAULTS = {"vocab": 2000, "length": 24, "rule": "unigram", "rule_samples": 1000, "seed": 0,
-            "classes": 4, "dtype": "float32", "device": "cpu", "batch": 256}
+DEFAULTS = {"vocab": 2000, "length": 24, "rule": "unigram", "rule_samples": 256, "seed": 0,
+            "classes": 4, "dtype": "float32", "device": "auto", "batch": 256}
 INTS = {"vocab": 2, "length": 1, "rule_samples": 1, "seed": 0, "classes": 2, "batch": 1}
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 def _checked_spec(spec: dict) -> dict:
@@ -80,10 +84,9 @@ def _checked_spec(spec: dict) -> dict:
         if spec[key] not in allowed:
             raise SourceError(f"lm spec: {key!r} must be one of {', '.join(allowed)}, "
                               f"got {spec[key]!r}")
-    try:
-        spec["device"] = device_name(spec["device"])
-    except ValueError as e:
-        raise SourceError(f"lm spec: 'device': {e}") from None
+    if not isinstance(spec["device"], str) or not DEVICE.fullmatch(spec["device"]):
+        raise SourceError(f"lm spec: 'device' must be auto, cpu, cuda or cuda:<index>, got "
+                          f"{spec['device']!r}")
     spec["model"] = _model_location(spec["model"])
     return spec
 
@@ -111,16 +114,17 @@ def _model_location(model) -> str:
 
 
 def _language(spec: dict):
-    """(LM, word token ids [V], words) of a checked spec: the model load and the rule run once
-    per process per language (``classes`` and ``batch`` do not change it)."""
-    keys = ("model", "dtype", "device", "vocab", "length", "rule", "rule_samples", "seed")
+    """(word token ids [V], words) of a checked spec. The model is loaded and the rule run on the
+    CPU (so that a sweep's driver and its GPU trials pick the same words), once per process per
+    language (``classes``, ``device`` and ``batch`` do not change it)."""
+    keys = ("model", "dtype", "vocab", "length", "rule", "rule_samples", "seed")
     return _language_of(json.dumps({k: spec[k] for k in keys}), spec["batch"])
 
 
 @functools.lru_cache(maxsize=4)
 def _language_of(spec_json: str, batch: int):
     spec = json.loads(spec_json)
-    lm = load_causal_lm(spec["model"], spec["dtype"], spec["device"])
+    lm = load_causal_lm(spec["model"], spec["dtype"], "cpu")
     n_tokens = lm.config.vocab_size - len(special_ids(lm.config) & set(range(lm.config.vocab_size)))
     if spec["vocab"] > n_tokens:
         raise SourceError(f"lm spec: 'vocab' {spec['vocab']} exceeds the {n_tokens} non-special "
@@ -131,7 +135,7 @@ def _language_of(spec_json: str, batch: int):
                           f"{longest} positions; lower 'length'")
     ids = top_ids(lm, spec["rule"], spec["vocab"], spec["length"], spec["rule_samples"],
                   spec["seed"], batch)
-    return lm, ids, _words(spec["model"], ids)
+    return ids, _words(spec["model"], ids)
 
 
 def _words(model: str, ids: torch.Tensor) -> list[str]:
@@ -154,11 +158,11 @@ class CausalLM(Source):
 
     def __init__(self, spec: dict):
         self.spec = _checked_spec(spec)
-        lm, self.ids, self.vocab = _language(self.spec)
+        self.ids, self.vocab = _language(self.spec)
         self.max_length = self.spec["length"]
         self.classes = self.spec["classes"]
         self.tasks = tuple(f"mask-{k}" for k in range(1, self.max_length + 1))
-        self._lms = {self.spec["device"]: RestrictedLM(lm, self.ids)}
+        self._lms: dict[str, RestrictedLM] = {}
 
     @classmethod
     def from_spec(cls, spec: dict) -> CausalLM:
@@ -166,7 +170,10 @@ class CausalLM(Source):
 
     def _lm(self, device: torch.device) -> RestrictedLM:
         """The restricted LM on ``device`` (loaded there once per process)."""
-        key = device_name(device)
+        try:
+            key = device_name(device)
+        except ValueError as e:  # e.g. device=cuda on a machine without one
+            raise SourceError(f"lm source, 'device': {e}") from None
         if key not in self._lms:
             lm = load_causal_lm(self.spec["model"], self.spec["dtype"], key)
             self._lms[key] = RestrictedLM(lm, self.ids)
@@ -174,10 +181,10 @@ class CausalLM(Source):
 
     @functools.cached_property
     def _weights_digest(self) -> np.ndarray:
-        return weights_digest(self._lm(self.spec["device"]).lm)  # hashed once per instance
+        return weights_digest(self._lm("cpu").lm)  # hashed once per instance
 
     def _fingerprint_arrays(self) -> list[np.ndarray]:
-        bos = self._lm(self.spec["device"]).bos
+        bos = self._lm("cpu").bos
         setting = f"{self.spec['dtype']} bos={bos} T={self.max_length}"
         return [self.ids.numpy(), self._weights_digest,
                 np.frombuffer(setting.encode(), dtype=np.uint8)]
@@ -186,7 +193,8 @@ class CausalLM(Source):
 
     def sample(self, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """n sentences of T words by inverse CDF of p_r from ``np.random.default_rng(seed)``
-        uniforms (one per word), on the spec's device: tokens [n, T], lengths [n] (all T)."""
+        uniforms (one per word), on the spec's ``device`` (auto: a GPU where there is one):
+        tokens [n, T], lengths [n] (all T), on the CPU."""
         u = torch.from_numpy(np.random.default_rng(seed).random((n, self.max_length)))
         words = self._lm(self.spec["device"]).sample(u, self.spec["batch"])
         return words, torch.full((n,), self.max_length, dtype=torch.int64)

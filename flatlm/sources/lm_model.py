@@ -11,7 +11,8 @@ i.e. the LM's next-token distribution renormalised over ``ids``, computing only 
 needs (the head's rows ``ids`` applied to the last hidden state; checked against the full
 logits once, else the full logits are sliced).
 
-Vocabulary rules (``top_ids``), both deterministic for a given model, seed and dtype on the CPU:
+Vocabulary rules (``top_ids``), both deterministic for a given model, seed and dtype on the CPU
+(where the source runs them):
 
 - ``"unigram"`` (default): the top-k of the LM's own unigram distribution over sentences of
   length T drawn from its unrestricted distribution after BOS, estimated without sampling noise in
@@ -88,7 +89,7 @@ def weights_digest(lm) -> np.ndarray:
     for name, tensor in sorted(lm.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
         h.update(f"{name}{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return np.frombuffer(h.digest(), dtype=np.uint8).copy()
 
 

@@ -160,10 +160,30 @@ def test_spec_round_trip_and_errors(tmp_path, lm_dir):
         ({"model": str(tmp_path)}, "is not a transformers causal LM"),
         ({"model": "./nowhere"}, "neither a directory nor a hub id"),
         ({"model": None}, "'model' is required"),
+        ({"device": "tpu"}, "'device' must be auto, cpu, cuda or cuda:<index>"),
     ]
     for fields, message in cases:
         with pytest.raises(SourceError, match=message):
             lm_source(lm_dir, **fields)
+    if not torch.cuda.is_available():  # a named GPU that is not there: an error at first use
+        with pytest.raises(SourceError, match="'device'.*no CUDA device"):
+            lm_source(lm_dir, device="cuda").sample(2, seed=0)
+
+
+def test_restricted_head_and_float32_agree_with_the_plain_routes(lm_dir):
+    src = lm_source(lm_dir, rule="bos", vocab=5, length=4)
+    fast = src._lm(torch.device("cpu"))
+    assert fast._head is not None  # the k-row head, checked against the full logits on load
+    plain = RestrictedLM(fast.lm, src.ids)
+    plain._head = None  # the full logits, sliced
+    inputs = torch.randint(0, N_TOKENS, (6, 5))
+    torch.testing.assert_close(fast.log_probs(inputs)[0], plain.log_probs(inputs)[0],
+                               rtol=0, atol=1e-12)
+    tokens, lengths = src.sample(20, seed=0)
+    f64 = src.conditionals(tokens, lengths, dtype=torch.float64)
+    f32 = lm_source(lm_dir, rule="bos", vocab=5, length=4, dtype="float32").conditionals(
+        tokens, lengths, dtype=torch.float64)
+    torch.testing.assert_close(f32, f64, rtol=0, atol=1e-5)
 
 
 def test_a_trial_on_lm_text_reaches_mlflow_and_the_analysis_table(tmp_path, monkeypatch):
