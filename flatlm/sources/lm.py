@@ -21,11 +21,11 @@ Spec fields (``lm:MODEL,key=value``): ``model`` (a save_pretrained directory or 
 ``lm:facebook/opt-125m``), ``vocab`` (V = k, default 2000), ``length`` (T, default 24), ``rule``
 (``unigram`` default, or ``bos``; run on the CPU, so every machine picks the same words),
 ``rule_samples`` (sentences the unigram rule averages, default 256), ``seed`` (of those samples),
-``classes`` (C, default 4), ``dtype`` (float32), ``device`` (where ``sample`` runs: auto, the
-default, is a GPU where there is one; ``conditionals`` runs where the caller asks), ``batch``
-(sentences per forward, default 256). Building the source loads the model (memoised per
-process), so a bad model, a ``vocab`` above the model's tokens or a ``length`` above its
-positions is an error before any work.
+``classes`` (C, default 4, or V if smaller), ``dtype`` (float32), ``device`` (where ``sample``
+runs: auto, the default, is a GPU where there is one; ``conditionals`` runs where the caller
+asks), ``batch`` (sentences per forward, default 256). Building the source loads the model
+(memoised per process), so a bad model, a ``vocab`` above the model's tokens or a ``length``
+above its positions is an error before any work.
 
 Downstream tasks. The paper probes its OPT-trained models on QNLI and SST-2 (real GLUE text,
 mostly outside the restricted vocabulary; a download), which this source does not provide.
@@ -75,11 +75,17 @@ def _checked_spec(spec: dict) -> dict:
     if unknown:
         raise SourceError(f"lm spec: unknown key(s) {unknown}; allowed keys are model, "
                           f"{', '.join(DEFAULTS)}")
+    given = spec
     spec = {"kind": "lm", "model": spec.get("model"), **DEFAULTS, **spec}
+    if "classes" not in given and isinstance(spec["vocab"], int):
+        spec["classes"] = min(DEFAULTS["classes"], spec["vocab"])  # a tiny vocabulary: fewer
     for key, lo in INTS.items():
         value = spec[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < lo:
             raise SourceError(f"lm spec: {key!r} must be an integer >= {lo}, got {value!r}")
+    if spec["classes"] > spec["vocab"]:
+        raise SourceError(f"lm spec: 'classes' {spec['classes']} exceeds 'vocab' "
+                          f"{spec['vocab']} (a class is a set of words); lower 'classes'")
     for key, allowed in (("rule", RULES), ("dtype", tuple(DTYPES))):
         if spec[key] not in allowed:
             raise SourceError(f"lm spec: {key!r} must be one of {', '.join(allowed)}, "

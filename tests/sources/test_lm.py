@@ -156,6 +156,7 @@ def test_spec_round_trip_and_errors(tmp_path, lm_dir):
         ({"rule": "top"}, "'rule' must be one of unigram, bos"),
         ({"dtype": "half"}, "'dtype' must be one of"),
         ({"classes": 1}, "'classes' must be an integer >= 2"),
+        ({"classes": 5}, "'classes' 5 exceeds 'vocab' 4"),
         ({"colour": 1}, "unknown key"),
         ({"model": str(tmp_path)}, "is not a transformers causal LM"),
         ({"model": "./nowhere"}, "neither a directory nor a hub id"),
