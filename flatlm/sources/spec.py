@@ -37,6 +37,7 @@ REGISTRY = {
     "pcfg": ("flatlm.sources.pcfg:PCFG", "grammar"),
     "hmm": ("flatlm.sources.hmm:HMM", "file"),
     "dyck": ("flatlm.sources.dyck:Dyck", "length"),
+    "lm": ("flatlm.sources.lm:CausalLM", "model"),
 }
 KINDS = tuple(REGISTRY)
 
