@@ -114,7 +114,8 @@ def tracked_params(cfg: TrialConfig) -> dict:
     if train.micro_batch_size is None:  # None = one pass (sam: each half-batch in one pass)
         train = dataclasses.replace(train, micro_batch_size=train.sentences_per_pass)
     flat = to_flat_dict(dataclasses.replace(cfg, train=train))
-    skipped = [f"train.{a}." for a in ("sam", "adversarial") if a != train.algorithm]
+    skipped = [f"train.{a}." for a in ("sam", "adversarial", "grow", "label_noise")
+               if a != train.algorithm]
     skipped += [f"measure.{section}." for section, uses in _MEASURE_SECTIONS.items()
                 if not set(uses) & set(cfg.measure.what)]
     out = {}
