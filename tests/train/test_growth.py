@@ -16,7 +16,7 @@ from flatlm.train import TrainConfig, resolve, train
 from flatlm.train.algorithms import StepContext, build_optimizer, mlm_loss_sum, standard_step
 from flatlm.train.config import GrowConfig
 from flatlm.train.data import BatchPipeline, FreshSamples
-from flatlm.train.growth import carry_state, grow_context, replication_scale
+from flatlm.train.growth import grow_context, replication_scale
 
 SMALL = "d16-h1-l1-i32"
 
