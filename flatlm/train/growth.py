@@ -109,9 +109,10 @@ def replication_scale(src: torch.Tensor, dst: torch.Tensor) -> float | None:
     if norm == 0.0:
         return 1.0 if not target.any() else None
     c = float((target * tiled).sum()) / norm
-    if c <= 0:
+    k = round(1.0 / c) if c > 0 else 0
+    if k < 1:  # growth never scales a parameter up, nor flips its sign
         return None
-    c = 1.0 / round(1.0 / c)
+    c = 1.0 / k
     error = float((target - c * tiled).abs().max())
     return c if error <= _SCALE_TOLERANCE * c * float(tiled.abs().max()) else None
 

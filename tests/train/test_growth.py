@@ -169,6 +169,7 @@ def test_replication_scale_recognises_only_scaled_tilings():
     assert replication_scale(w, torch.ones(6, 8)) is None
     assert replication_scale(w, -w.repeat(2, 1)) is None
     assert replication_scale(w, torch.randn(6, 8)) is None
+    assert replication_scale(w.abs() / 10, torch.ones(6, 8)) is None  # c ~ 10: not 1/k
     assert replication_scale(w, w.repeat(2, 2)[:5]) is None  # not a whole tiling
 
 
