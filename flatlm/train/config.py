@@ -265,6 +265,9 @@ class TrainConfig:
         _check(isinstance(self.sam, SamConfig), "sam", self.sam, "use a SamConfig")
         _check(isinstance(self.adversarial, AdversarialConfig), "adversarial", self.adversarial,
                "use an AdversarialConfig")
+        _check(isinstance(self.grow, GrowConfig), "grow", self.grow, "use a GrowConfig")
+        _check(isinstance(self.label_noise, LabelNoiseConfig), "label_noise", self.label_noise,
+               "use a LabelNoiseConfig")
         self._check_growth()
         steps = tuple(self.checkpoint_steps)
         _check(all(_is_int(s) for s in steps), "checkpoint_steps", self.checkpoint_steps,
@@ -281,17 +284,13 @@ class TrainConfig:
         _check(self.divergence_factor is None or self.divergence_factor > 1,
                "divergence_factor", self.divergence_factor, "use a factor > 1, or None (off)")
 
-
     def _check_growth(self) -> None:
-        """The sub-configs' types, and grow's steps inside the run (its shapes: at train())."""
-        _check(isinstance(self.grow, GrowConfig), "grow", self.grow, "use a GrowConfig")
-        _check(isinstance(self.label_noise, LabelNoiseConfig), "label_noise", self.label_noise,
-               "use a LabelNoiseConfig")
+        """grow: at least one growth, each inside the run (its shapes are checked at train())."""
         if self.algorithm != "grow":
             return
         _check(bool(self.grow.steps), "grow.steps", self.grow.steps,
-               "algorithm 'grow' needs at least one growth, e.g. train.grow.steps=[500] "
-               "train.grow.to=[d64-h2-l2-i256]")
+               "algorithm 'grow' needs at least one growth, e.g. train.grow.steps=500 "
+               "train.grow.to=d64-h2-l2-i256")
         bad = [s for s in self.grow.steps if not 1 <= s < self.steps]
         _check(not bad, "grow.steps", self.grow.steps,
                f"step(s) {bad} lie outside the run; grow after 1..{self.steps - 1} updates "

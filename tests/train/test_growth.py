@@ -199,10 +199,10 @@ def test_resume_across_a_growth_equals_never_stopping(stop, src, straight_grow, 
 
 
 @pytest.mark.parametrize("overrides, named", [
-    ({"grow.steps": "[4, 2]", "grow.to": "[d32-h2-l1-i64, d32-h2-l2-i64]"}, r"train\.grow\.steps"),
+    ({"grow.steps": "[4, 2]", "grow.to": "d32-h2-l1-i64,d32-h2-l2-i64"}, r"train\.grow\.steps"),
     ({"grow.steps": "[2]", "grow.to": "[]"}, r"train\.grow\.to=\(\): give one shape"),
-    ({"grow.steps": "[10]", "grow.to": "[d32-h2-l1-i64]"}, r"train\.grow\.steps=\(10,\).*1\.\.9"),
-    ({"grow.steps": "[0]", "grow.to": "[d32-h2-l1-i64]"}, r"train\.grow\.steps=\(0,\)"),
+    ({"grow.steps": "[10]", "grow.to": "d32-h2-l1-i64"}, r"train\.grow\.steps=\(10,\).*1\.\.9"),
+    ({"grow.steps": "[0]", "grow.to": "d32-h2-l1-i64"}, r"train\.grow\.steps=\(0,\)"),
     ({}, r"train\.grow\.steps=\(\): algorithm 'grow' needs at least one growth"),
 ])
 def test_bad_schedules_are_named(overrides, named):
