@@ -7,7 +7,7 @@ import pytest
 
 from flatlm.config import apply_overrides
 from flatlm.metrics_log import read_train_log
-from flatlm.trial import TrialConfig, read_metrics, run_trial, tracked_params
+from flatlm.trial import TrialConfig, read_metrics, run_trial, tracked_params, validate_trial
 
 TINY = {
     "source": '{"kind":"pcfg","random":{"vocab":12,"depth":2,"nonterminals_per_level":3,'
@@ -61,15 +61,30 @@ def test_tracked_params_are_resolved_and_only_of_what_ran():
     assert params["train.dropout"] == 0.1 and params["train.weight_decay"] == 0.01
     assert params["train.micro_batch_size"] == 16 and params["train.warmup_steps"] == 2
     assert not [k for k in params if k.startswith(("train.sam.", "train.adversarial.",
+                                                   "train.grow.", "train.label_noise.",
                                                    "measure.finetune.", "measure.flatness."))]
     assert "measure.probe.epochs" in params and "measure.loss.batch_size" in params
     sam = tracked_params(tiny(**{"train.algorithm": "sam", "measure.what": ["fisher"]}))
     assert sam["train.sam.rho"] == 0.05 and sam["train.micro_batch_size"] == 8  # half batch
     assert "measure.probe.epochs" not in sam
+    noisy = tracked_params(tiny(**{"train.algorithm": "label_noise"}))
+    assert noisy["train.label_noise.p"] == 0.1 and not [k for k in noisy if "grow." in k]
     assert tracked_params(tiny(**{"measure.flatness.n_inputs": None}))[
         "measure.flatness.n_inputs"] == "all"
     assert tracked_params(tiny(**{"measure.flatness.n_inputs": 32}))[
         "measure.flatness.n_inputs"] == 32
+
+
+def test_a_growing_trial_measures_the_grown_model(tmp_path):
+    cfg = tiny(**{"train.algorithm": "grow", "train.steps": 4, "train.checkpoint_steps": [2, 4],
+                  "train.grow.steps": [2], "train.grow.to": ["d32-h4-l2-i64"],
+                  "measure.what": ["loss", "fisher"]})
+    rows = run_trial(cfg, tmp_path)
+    assert rows[4]["n_params"] > 2 * rows[2]["n_params"]
+    assert all(math.isfinite(rows[s]["flat/trace_fisher"]) for s in (2, 4))
+    assert tracked_params(cfg)["train.grow.to"] == ("d32-h4-l2-i64",)
+    with pytest.raises(ValueError, match=r"train\.grow\.to\[0\]='d24-h2-l1-i32'"):
+        validate_trial(apply_overrides(cfg, {"train.grow.to": ["d24-h2-l1-i32"]}))
 
 
 def test_resume_continues_and_remeasures_a_lost_checkpoint(tmp_path):

@@ -6,6 +6,8 @@
 - ``algorithms``: ``build_optimizer`` and the updates ``standard_step``, ``sam_step``,
   ``adversarial_step`` (``STEPS``), ``ridge_head_loss``.
 - ``data``: batch streams whose position is one integer, masking, the adversarial D pool.
+- ``growth``: algorithm "grow", the model replaced by its function-preserving embedding mid-run.
+- ``label_noise``: algorithm "label_noise", SGD on targets replaced by uniform words.
 - ``state``: ``TrainState`` and the checkpoint layout ``OUT/checkpoints/step-<N>/``.
 - ``loop``: ``train(cfg, source, model_cfg, out_dir, *, device, on_checkpoint, ...)``.
 """
@@ -17,7 +19,8 @@ import importlib
 # name -> submodule, imported lazily: ``flatlm.train.config`` is read when sweep configs are
 # parsed and should not pay for importing torch and transformers.
 _EXPORTS = {
-    "config": "ALGORITHMS AdversarialConfig SamConfig TrainConfig resolve",
+    "config": "ALGORITHMS AdversarialConfig GrowConfig LabelNoiseConfig SamConfig TrainConfig "
+              "resolve",
     "schedules": "warmup_constant",
     "algorithms": "STEPS build_optimizer ridge_head_loss sentence_features",
     "state": "TrainState checkpoint_dir find_checkpoints newest_checkpoint",

@@ -3,7 +3,8 @@
 ``ALGORITHMS`` (``flatlm.train.config``) holds each algorithm's defaults (optimizer, weight decay,
 dropout, warmup); ``STEPS`` maps it to its update:
 
-- ``standard_step`` (adamw, sgd, noreg): gradient of the batch's mean MLM loss, one optimizer step.
+- ``standard_step`` (adamw, sgd, noreg, grow, label_noise): gradient of the batch's mean MLM
+  loss, one optimizer step (grow's growth: ``growth.py``; label_noise's targets: ``data.py``).
 - ``sam_step`` (sam): the gradient of the first half of the batch gives the perturbation
   eps = rho g / ||g||; the gradient of the second half at theta + eps updates theta (A.5).
 - ``adversarial_step`` (adversarial): the MLM loss minus lambda times the D2 loss of a linear
@@ -181,5 +182,7 @@ STEPS: dict[str, Step] = {
     "noreg": standard_step,
     "sam": sam_step,
     "adversarial": adversarial_step,
+    "grow": standard_step,  # the growth itself happens between updates (flatlm.train.growth)
+    "label_noise": standard_step,  # on noisy targets (flatlm.train.label_noise)
 }
 assert set(STEPS) == set(ALGORITHMS)

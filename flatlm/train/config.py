@@ -3,8 +3,10 @@
 The model shape is a ``ModelConfig`` and the language a source spec; neither is a field here. Fields
 left ``None`` take the algorithm's default from ``ALGORITHMS`` (the paper's values, A.5);
 ``resolve(cfg)`` fills them in, and the loop works on the resolved config. Settings of one
-algorithm sit in their own small config: ``cfg.sam`` (``SamConfig``) and ``cfg.adversarial``
-(``AdversarialConfig``); their keys are ``train.sam.rho``, ``train.adversarial.lambda`` etc.
+algorithm sit in their own small config: ``cfg.sam`` (``SamConfig``), ``cfg.adversarial``
+(``AdversarialConfig``), ``cfg.grow`` (``GrowConfig``) and ``cfg.label_noise``
+(``LabelNoiseConfig``); their keys are ``train.sam.rho``, ``train.adversarial.lambda``,
+``train.grow.steps``, ``train.label_noise.p`` etc.
 ``flatlm.config`` converts to and from dicts (``to_dict``, ``from_dict``).
 
 >>> cfg = resolve(TrainConfig(algorithm="noreg", steps=100))
@@ -64,6 +66,15 @@ ALGORITHMS: dict[str, AlgorithmDefaults] = {
         optimizer="adamw", weight_decay=0.01, dropout=0.1, warmup_steps=1000,
         summary="MLM loss minus lambda times the D2 loss of a downstream head fitted in closed "
                 "form on D1 (A.5)"),
+    "grow": AlgorithmDefaults(
+        optimizer="adamw", weight_decay=0.01, dropout=0.1, warmup_steps=1000,
+        summary="adamw whose model grows function-preservingly (B.4: width by replication, "
+                "depth by zero-output blocks) at train.grow.steps (flatlm.train.growth)"),
+    "label_noise": AlgorithmDefaults(
+        optimizer="sgd", weight_decay=0.01, dropout=0.1, warmup_proportion=0.12,
+        summary="sgd (its defaults) whose masked-word targets are each replaced, with probability "
+                "train.label_noise.p, by a uniformly drawn word (Section 3.3; "
+                "flatlm.train.label_noise)"),
 }
 
 
@@ -104,6 +115,42 @@ class AdversarialConfig:
         _check(self.ridge > 0, "adversarial.ridge", self.ridge, "use a value > 0")
 
 
+@dataclass(frozen=True, kw_only=True)
+class GrowConfig:
+    """Growth's schedule (``algorithm="grow"``): after ``steps[j]`` updates the model becomes its
+    function-preserving embedding (``flatlm.models.embed.grow``) into the shape ``to[j]``.
+
+    Each shape must be a growth of the one before it (the first: of the run's model), which
+    ``flatlm.train.growth.check_schedule`` checks against the model before any work.
+    """
+
+    steps: tuple[int, ...] = ()  # updates after which to grow; strictly increasing, each in
+    #   1..train.steps - 1
+    to: tuple[str, ...] = ()  # the shape after each growth (d64-h2-l2-i256, a preset), one per
+    #   step
+
+    def __post_init__(self):
+        _check(all(_is_int(s) for s in self.steps), "grow.steps", self.steps, "use integers")
+        _check(list(self.steps) == sorted(set(self.steps)), "grow.steps", self.steps,
+               "use strictly increasing steps, one growth each")
+        _check(len(self.to) == len(self.steps), "grow.to", self.to,
+               f"give one shape per growth step ({len(self.steps)} in train.grow.steps)")
+        _check(all(isinstance(t, str) and t.strip() for t in self.to), "grow.to", self.to,
+               "use model shapes or presets such as d64-h2-l2-i256")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabelNoiseConfig:
+    """Label-noise SGD's setting (``algorithm="label_noise"``, Section 3.3)."""
+
+    p: float = 0.1  # probability that a masked word's target is replaced by a word drawn
+    #   uniformly from the vocabulary (possibly itself); in [0, 1]
+
+    def __post_init__(self):
+        _check_finite(self, "label_noise.")
+        _check(0.0 <= self.p <= 1.0, "label_noise.p", self.p, "use a probability in [0, 1]")
+
+
 # The flat keys these settings had before they moved into SamConfig / AdversarialConfig.
 _RENAMED = {"sam_rho": "sam.rho",
             **{f"adversarial_{k}": f"adversarial.{k}"
@@ -116,7 +163,8 @@ class TrainConfig:
 
     RENAMED_KEYS: ClassVar[dict[str, str]] = _RENAMED  # old key -> new (override errors)
 
-    algorithm: str = "adamw"  # a key of ALGORITHMS: adamw, sgd, noreg, sam, adversarial
+    algorithm: str = "adamw"  # a key of ALGORITHMS: adamw, sgd, noreg, sam, adversarial, grow,
+    #   label_noise
     steps: int = 1000  # optimizer updates in the run; >= 1 (paper: 30K+ for PCFG)
     batch_size: int = 4096  # sentences per update; >= 1 (paper: 4096); sam: even
     micro_batch_size: int | None = None  # sentences per forward/backward (gradient
@@ -146,6 +194,8 @@ class TrainConfig:
     #   every epoch)
     sam: SamConfig = field(default_factory=SamConfig)  # sam only
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)  # adversarial only
+    grow: GrowConfig = field(default_factory=GrowConfig)  # grow only
+    label_noise: LabelNoiseConfig = field(default_factory=LabelNoiseConfig)  # label_noise only
     checkpoint_steps: tuple[int, ...] = ()  # updates after which to save (0 = the initial
     #   model); each in 0..steps; stored sorted and unique
     seed: int = 0  # initialisation, data order, masking and dropout all derive from it
@@ -215,6 +265,10 @@ class TrainConfig:
         _check(isinstance(self.sam, SamConfig), "sam", self.sam, "use a SamConfig")
         _check(isinstance(self.adversarial, AdversarialConfig), "adversarial", self.adversarial,
                "use an AdversarialConfig")
+        _check(isinstance(self.grow, GrowConfig), "grow", self.grow, "use a GrowConfig")
+        _check(isinstance(self.label_noise, LabelNoiseConfig), "label_noise", self.label_noise,
+               "use a LabelNoiseConfig")
+        self._check_growth()
         steps = tuple(self.checkpoint_steps)
         _check(all(_is_int(s) for s in steps), "checkpoint_steps", self.checkpoint_steps,
                "use integers")
@@ -229,6 +283,18 @@ class TrainConfig:
                f"use one of {PRECISIONS}")
         _check(self.divergence_factor is None or self.divergence_factor > 1,
                "divergence_factor", self.divergence_factor, "use a factor > 1, or None (off)")
+
+    def _check_growth(self) -> None:
+        """grow: at least one growth, each inside the run (its shapes are checked at train())."""
+        if self.algorithm != "grow":
+            return
+        _check(bool(self.grow.steps), "grow.steps", self.grow.steps,
+               "algorithm 'grow' needs at least one growth, e.g. train.grow.steps=500 "
+               "train.grow.to=d64-h2-l2-i256")
+        bad = [s for s in self.grow.steps if not 1 <= s < self.steps]
+        _check(not bad, "grow.steps", self.grow.steps,
+               f"step(s) {bad} lie outside the run; grow after 1..{self.steps - 1} updates "
+               "(train.steps)")
 
 
 def _number(x):

@@ -285,6 +285,11 @@ class BatchPipeline:
         mlm = mask_batch(tokens, lengths, self.cfg.mask, generator(self.cfg.seed, "mask", i),
                          n_words=self.sentences.n_words, replace=self.cfg.mask_replace,
                          max_predictions=self.cfg.max_predictions)
+        if self.cfg.algorithm == "label_noise":  # its own random stream: the rest as plain sgd
+            from flatlm.train.label_noise import with_label_noise
+
+            mlm = with_label_noise(mlm, self.cfg.label_noise.p, self.sentences.n_words,
+                                   self.cfg.seed, i)
         inputs = StepInputs(mlm, self.pool.draw(i) if self.pool is not None else None)
         return inputs.pin_memory() if self.device.type == "cuda" else inputs
 

@@ -42,6 +42,7 @@ from flatlm.train.data import (
     derive_seed,
     read_corpus,
 )
+from flatlm.train.growth import check_schedule, grow_context, growth_due, shape_at
 from flatlm.train.state import (
     TrainState,
     capture_rng,
@@ -129,6 +130,7 @@ def train(
     """
     cfg = resolve(cfg)
     model_cfg = dataclasses.replace(parse_model(model_cfg), dropout=cfg.dropout)
+    check_schedule(cfg, model_cfg)  # grow: every shape a growth of the one before it
     device = torch.device(device)
     out_dir = Path(out_dir).absolute()
     start, unreadable = _start_checkpoint(cfg, model_cfg, out_dir, resume)  # cheap checks first
@@ -201,6 +203,7 @@ def _start_checkpoint(cfg, model_cfg, out_dir, resume):
     if state.step > cfg.steps:
         raise ValueError(f"resume from {ckpt}: it is past train.steps={cfg.steps}")
     info = json.loads((ckpt / INFO_NAME).read_text())
+    model_cfg = shape_at(cfg, model_cfg, state.step)  # grow: the shape it had grown into
     if info["model"] != model_cfg.to_dict():
         raise ValueError(f"resume from {ckpt}: the checkpoint's model is {info['model']}, this "
                          f"run asks for {model_cfg.to_dict()}")
@@ -230,6 +233,7 @@ class _Run:
             torch.manual_seed(derive_seed(cfg.seed, "dropout", 0))  # inside the forked RNG
         else:
             model, state = load_checkpoint(start[0])[0], start[1]
+            model_cfg = shape_at(cfg, model_cfg, state.step)
             pipeline.check_state(state.data, state.step)
             restore_rng(state.rng, device)
         model = model.to(device).train()
@@ -245,7 +249,7 @@ class _Run:
     def loop(self, on_checkpoint: CheckpointHook | None, progress: bool) -> None:
         from tqdm.auto import tqdm
 
-        cfg, optimizer, step_fn = self.cfg, self.ctx.optimizer, STEPS[self.cfg.algorithm]
+        cfg, step_fn = self.cfg, STEPS[self.cfg.algorithm]
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not progress, unit="step",
                    desc=f"train {cfg.algorithm}")
         with bar:
@@ -255,9 +259,10 @@ class _Run:
                     self.checkpoint(on_checkpoint)
                 if self.step >= cfg.steps:
                     return
+                self.grow_if_due()
                 lr = learning_rate(self.step, peak=cfg.lr, warmup_steps=cfg.warmup_steps,
                                    total_steps=cfg.steps, schedule=cfg.schedule)
-                for group in optimizer.param_groups:
+                for group in self.ctx.optimizer.param_groups:  # grow replaces it
                     group["lr"] = lr
                 metrics = step_fn(self.ctx, self.pipeline.inputs_at(self.step))
                 self.step += 1
@@ -266,6 +271,14 @@ class _Run:
                     record = self.flush(lr)
                     bar.set_postfix(loss=f"{record['train/loss']:.4f}", refresh=False)
                 bar.update()
+
+    def grow_if_due(self) -> None:
+        """grow: the model becomes its function-preserving embedding into the next shape, the
+        optimizer state carried over (``flatlm.train.growth``)."""
+        target = growth_due(self.cfg, self.model_cfg, self.step)
+        if target is not None:
+            self.ctx = grow_context(self.ctx, target, step=self.step)
+            self.model_cfg = target
 
     def accumulate(self, metrics: dict[str, torch.Tensor]) -> None:
         for k, v in metrics.items():

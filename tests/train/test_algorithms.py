@@ -32,6 +32,7 @@ RUNS = {  # algorithm -> fields besides the shared ones; SGD needs a larger rate
     "adamw-rate": {"algorithm": "adamw", "mask": 0.3},  # each word masked at a rate
     "adamw-accumulated": {"algorithm": "adamw", "micro_batch_size": 16},
     "adamw-bf16": {"algorithm": "adamw", "precision": "bf16"},  # the CUDA autocast, on the CPU
+    "label_noise": {"lr": 0.5},  # p = 0.1 of the targets replaced: still learns
 }
 
 
