@@ -12,7 +12,9 @@ run would have:
   (at most ``max_predictions`` per sentence), replaced by BERT's 80/10/10 rule by default.
 - ``DownstreamPool``: labelled sentences D for the adversarial algorithm, with disjoint D1, D2.
 - ``BatchPipeline``: update i -> ``StepInputs`` on the device, optionally prepared one step ahead in
-  a background thread (CUDA), which changes nothing but the timing.
+  a background thread (CUDA), which changes nothing but the timing; with ``train.unpad`` (on for
+  CUDA) each pass's sentences are sorted by length, so that micro-batches are cut to their
+  longest sentence.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from flatlm.seeds import derive_seed, generator
 from flatlm.sources.base import Source
 from flatlm.tokens import MASK_ID, WORD_OFFSET, encode, uniform_positions
-from flatlm.train.config import TrainConfig
+from flatlm.train.config import TrainConfig, switch_on
 
 # ------------------------------------------------------------------------------ sentence streams
 
@@ -130,6 +132,8 @@ class MLMBatch:
     attention_mask: torch.Tensor  # (n, T+2)
     positions: torch.Tensor  # (n,) int64 or (n, T) bool
     targets: torch.Tensor  # (n,) or (n, T) int64 word ids
+    lengths: tuple[int, ...] | None = None  # words per sentence, kept on the host so that
+    #   ``trimmed`` needs no device sync; None = not known (``trimmed`` keeps every column)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -142,7 +146,38 @@ class MLMBatch:
         """Consecutive sub-batches of ``size`` sentences."""
         parts = [t.split(size) for t in (self.input_ids, self.attention_mask, self.positions,
                                          self.targets)]
-        return [MLMBatch(*p) for p in zip(*parts, strict=True)]
+        lengths = ([self.lengths[i:i + size] for i in range(0, len(self), size)]
+                   if self.lengths is not None else [None] * len(parts[0]))
+        return [MLMBatch(*p, lengths=n) for *p, n in zip(*parts, lengths, strict=True)]
+
+    def trimmed(self) -> MLMBatch:
+        """The batch cut to its longest sentence (+ [CLS], [SEP]); itself if ``lengths`` is None.
+
+        Exact: sentences are right-padded, padding is masked out of attention and position ids
+        count from the left, so each kept position's output is unchanged.
+        """
+        if self.lengths is None or not self.lengths:
+            return self
+        words = max(self.lengths)
+        if words + 2 >= self.input_ids.shape[1]:
+            return self
+        cut = self.positions.dtype == torch.bool  # (n, T) masks lose their padding columns too
+        return MLMBatch(self.input_ids[:, :words + 2], self.attention_mask[:, :words + 2],
+                        self.positions[:, :words] if cut else self.positions,
+                        self.targets[:, :words] if cut else self.targets, lengths=self.lengths)
+
+    def grouped_by_length(self, lengths: torch.Tensor, pass_size: int) -> MLMBatch:
+        """The rows sorted by ``lengths`` (longest first, stable) within each consecutive pass of
+        ``pass_size`` sentences, with ``lengths`` attached: consecutive micro-batches of a pass
+        then hold sentences of similar length and ``trimmed`` cuts each tightly. A pass's loss is
+        a sum over its masked words, so this changes only the order of that sum (and which
+        dropout draw meets which word). On the CPU, before the batch goes to the device.
+        """
+        order = torch.cat([
+            start + lengths[start:start + pass_size].argsort(descending=True, stable=True)
+            for start in range(0, len(self), pass_size)])
+        rows = (self.input_ids, self.attention_mask, self.positions, self.targets)
+        return MLMBatch(*(t[order] for t in rows), lengths=tuple(lengths[order].tolist()))
 
     def to(self, device: torch.device) -> MLMBatch:
         return _to(self, device)
@@ -285,6 +320,8 @@ class BatchPipeline:
         mlm = mask_batch(tokens, lengths, self.cfg.mask, generator(self.cfg.seed, "mask", i),
                          n_words=self.sentences.n_words, replace=self.cfg.mask_replace,
                          max_predictions=self.cfg.max_predictions)
+        if switch_on(self.cfg.unpad, self.device.type):
+            mlm = mlm.grouped_by_length(lengths, self.cfg.sentences_per_pass)
         inputs = StepInputs(mlm, self.pool.draw(i) if self.pool is not None else None)
         return inputs.pin_memory() if self.device.type == "cuda" else inputs
 
