@@ -41,6 +41,7 @@ from flatlm.train.data import (
     DownstreamPool,
     FreshSamples,
     derive_seed,
+    prefetch_depth,
     read_corpus,
 )
 from flatlm.train.state import (
@@ -173,7 +174,7 @@ def _pipeline(cfg, source, device, corpus) -> tuple[BatchPipeline, int]:
                              f"{list(source.tasks)}")
         pool = DownstreamPool(source, task, size=adv.pool, d1=adv.d1, d2=adv.d2, seed=cfg.seed,
                               device=device)
-    pipeline = BatchPipeline(cfg, sentences, device, pool=pool, prefetch=device.type == "cuda")
+    pipeline = BatchPipeline(cfg, sentences, device, pool=pool, prefetch=prefetch_depth(device))
     return pipeline, pool.n_classes if pool else 0
 
 
