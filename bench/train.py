@@ -15,8 +15,9 @@ per sentence, V = 200 words, 18 input positions, about 70% of them real tokens):
 - ``flatlm-padded``: flatlm's update on the same batches without unpadding: what it alone gains.
 
 Every side accumulates gradients over micro-batches as training does: each starts at
-``--micro-batch-size`` (default: the whole batch) and halves it after an out-of-memory error, so
-the paper's batch 4096 runs for every preset on one GPU; the micro-batch each side used is
+``--micro-batch-size`` (default: the whole batch on CUDA; flatlm: a quarter of it, four length
+groups each cut to its longest sentence) and halves it after an out-of-memory error, so the
+paper's batch 4096 runs for every preset on one GPU; the micro-batch each side used is
 recorded. Same shape, dropout (0.1) and initialisation on every side.
 
 Throughput is the best of ``--repeats`` interleaved passes over ``--batches`` batches, counted
@@ -157,10 +158,9 @@ def seconds_per_step(step, data, device, warmup: int) -> tuple[float, float]:
     return (time.perf_counter() - wall) / len(data), (time.process_time() - cpu) / len(data)
 
 
-def fitting_side(build, data, device, args):
+def fitting_side(build, data, device, args, micro: int):
     """(step, micro-batch, parameters) of the side ``build(micro)`` makes, at the largest
-    micro-batch from ``--micro-batch-size`` down (halving) whose warm-up steps fit in memory."""
-    micro = args.micro_batch_size or args.batch_size
+    micro-batch from ``micro`` down (halving) whose warm-up steps fit in memory."""
     while True:
         try:
             model, step = build(micro)
@@ -184,7 +184,17 @@ def device_name(device: torch.device) -> str:
     return f"cpu {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
 
 
+def fresh_device(device: torch.device) -> None:
+    """The previous preset's memory freed and its compiled graphs dropped (torch.compile keeps
+    at most 8 per function: the presets after that would silently run eagerly)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch._dynamo.reset()
+
+
 def bench_preset(preset, src, device, args) -> list[dict]:
+    fresh_device(device)
     model_cfg = dataclasses.replace(parse_model(preset), dropout=0.1)
     data = batches(src, args, device)
     builders = {"flatlm": lambda m: flatlm_step(model_cfg, src, device, args, m)}
@@ -193,7 +203,10 @@ def bench_preset(preset, src, device, args) -> list[dict]:
             builders[name] = lambda m: flatlm_step(model_cfg, src, device, args, m, padded=True)
         else:
             builders[name] = lambda m, name=name: stock_step(model_cfg, src, device, name, m)
-    sides = {name: fitting_side(build, data, device, args) for name, build in builders.items()}
+    start = {name: args.flatlm_micro if name.startswith("flatlm") else args.micro_batch_size
+             for name in builders}
+    sides = {name: fitting_side(build, data, device, args, start[name])
+             for name, build in builders.items()}
     assert len({n for _, _, n in sides.values()}) == 1  # the same model on every side
     times = {name: [] for name in sides}
     for _ in range(args.repeats):  # interleaved, so drifts in machine load hit every side alike
@@ -246,8 +259,12 @@ def parse_args(argv):
     p.add_argument("--batch-size", type=int, default=None,
                    help="sentences per update (default: 4096 on CUDA, 256 on the CPU)")
     p.add_argument("--micro-batch-size", type=int, default=None,
-                   help="sentences per pass to start from, halved on out-of-memory (default: "
-                        "the whole batch on CUDA, 64 on the CPU)")
+                   help="sentences per pass the baselines start from, halved on out-of-memory "
+                        "(default: the whole batch on CUDA, 64 on the CPU)")
+    p.add_argument("--flatlm-micro-batch-size", type=int, default=None,
+                   help="the same for flatlm (and flatlm-padded); default: a quarter of the "
+                        "batch with unpadding (four length groups, each cut to its longest "
+                        "sentence), else as --micro-batch-size")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
                    help="flatlm's precision (train.precision; auto: bf16 on CUDA)")
     p.add_argument("--compile", default="auto", help="train.compile: true, false, auto")
@@ -269,8 +286,12 @@ def parse_args(argv):
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
     args.batch_size = args.batch_size or (4096 if cuda else 256)
-    if args.micro_batch_size is None and not cuda:
-        args.micro_batch_size = min(64, args.batch_size)
+    if args.micro_batch_size is None:
+        args.micro_batch_size = args.batch_size if cuda else min(64, args.batch_size)
+    unpad = switch_on(train_config(args, None).unpad, "cuda" if cuda else "cpu")
+    args.flatlm_micro = args.flatlm_micro_batch_size or (
+        min(args.micro_batch_size, args.batch_size // 4)
+        if unpad and args.batch_size % 4 == 0 else args.micro_batch_size)
     args.baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
     unknown = [b for b in args.baselines if b not in BASELINES]
     if unknown:
@@ -278,7 +299,7 @@ def parse_args(argv):
     args.peak_name = PEAK_NAME if args.peak_flops == PEAK_FLOPS else "--peak-flops"
     args.command = " ".join(["python", "bench/train.py", *(argv if argv is not None
                                                            else sys.argv[1:])])
-    train_config(args, args.micro_batch_size)  # bad settings: the config's message, now
+    train_config(args, args.flatlm_micro)  # bad settings: the config's message, now
     return args
 
 
