@@ -22,7 +22,8 @@ recorded. Same shape, dropout (0.1) and initialisation on every side.
 
 Throughput is the best of ``--repeats`` interleaved passes over ``--batches`` batches, counted
 two ways: real tokens ([CLS], the words, [SEP]: what the step must compute) and input positions
-(batch x 18, padding included). On a GPU, model FLOPs utilisation is 6 x parameters x real
+(batch x 18, padding included); ``flatlm_positions_per_batch`` is what flatlm's trimmed
+micro-batches hold. On a GPU, model FLOPs utilisation is 6 x parameters x real
 tokens / time / peak, with peak = 798 TFLOP/s, the dense bf16 matmul peak measured on the
 project's H100 (8192^3; ``--peak-flops`` to change it); the same over input positions is kept
 beside it (``mfu_positions``), comparable with earlier figures that counted padding. On a CPU a
@@ -215,12 +216,15 @@ def bench_preset(preset, src, device, args) -> list[dict]:
     wall = {name: min(t[0] for t in ts) for name, ts in times.items()}
     cpu = {name: min(t[1] for t in ts) for name, ts in times.items()}
     real = sum(int(b.mlm.attention_mask.sum()) for b in data) / len(data)  # per batch
+    computed = sum(m.trimmed().input_ids.numel() for b in data
+                   for m in b.mlm.split(sides["flatlm"][1])) / len(data)  # flatlm's positions
     positions = args.batch_size * (src.max_length + 2)
     n_params, cfg = sides["flatlm"][2], train_config(args, None)
     common = {
         "device": device_name(device), "command": args.command, "preset": preset,
         "params": n_params, "batch": args.batch_size, "positions": src.max_length + 2,
-        "real_tokens_per_batch": real, "real_fraction": real / positions, "vocab": src.V,
+        "real_tokens_per_batch": real, "real_fraction": real / positions,
+        "flatlm_positions_per_batch": computed, "vocab": src.V,
         "dtype": "bf16" if isinstance(autocast_for(cfg, device)(), torch.autocast) else "fp32",
         "compile": switch_on(cfg.compile, device.type),
         "unpad": switch_on(cfg.unpad, device.type), "batches": args.batches,
