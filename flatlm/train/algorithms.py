@@ -85,7 +85,7 @@ def accumulate_mlm(ctx: StepContext, batch: MLMBatch) -> torch.Tensor:
     size = ctx.cfg.micro_batch_size or len(batch)
     total = torch.zeros((), device=batch.input_ids.device)
     for micro in batch.split(size):
-        with ctx.autocast():  # trimmed: without the padding columns no sentence of it needs
+        with ctx.autocast():  # trimmed: cut to its longest sentence if its lengths are known
             loss = ctx.mlm_loss(ctx.model, micro.trimmed()) / n
         loss.backward()
         total += loss.detach()
