@@ -31,8 +31,8 @@ second row divides by process CPU time instead of wall time, which other process
 machine disturb less; ``load_avg_1m`` records how shared it was.
 
     python bench/train.py             # CPU, small presets: bench/results/train_cpu.json
-    python bench/train.py --device cuda --batch-size 4096 \\
-        --presets bert-12.8m,bert-41m,bert-110m,bert-234m,bert-950m   # -> train_cuda.json
+    for p in bert-12.8m bert-41m bert-110m bert-234m bert-950m; do       # batch 4096
+        python bench/train.py --device cuda --presets $p --merge; done   # -> train_cuda.json
 
 Only the core library is imported (no Ray, MLflow or datasets).
 """
@@ -185,6 +185,32 @@ def device_name(device: torch.device) -> str:
     return f"cpu {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
 
 
+def interleaved(builders, start, data, device, args):
+    """({side: [(wall, cpu) per pass]}, {side: (micro-batch, parameters)}), every side built
+    first and their passes interleaved, so that drifts in a shared machine's load hit all alike."""
+    sides = {name: fitting_side(build, data, device, args, start[name])
+             for name, build in builders.items()}
+    times = {name: [] for name in sides}
+    for _ in range(args.repeats):
+        for name, (step, _, _) in sides.items():
+            times[name].append(seconds_per_step(step, data, device, 0))
+    return times, {name: s[1:] for name, s in sides.items()}
+
+
+def one_at_a_time(builders, start, data, device, args):
+    """As ``interleaved``, one side after the other, each freed before the next is built: a
+    GPU is not shared, and four copies of bert-950m's AdamW state would not fit beside each
+    other."""
+    times, sides = {}, {}
+    for name, build in builders.items():
+        step, micro, n_params = fitting_side(build, data, device, args, start[name])
+        times[name] = [seconds_per_step(step, data, device, 0) for _ in range(args.repeats)]
+        sides[name] = (micro, n_params)
+        del step
+        fresh_device(device)
+    return times, sides
+
+
 def fresh_device(device: torch.device) -> None:
     """The previous preset's memory freed and its compiled graphs dropped (torch.compile keeps
     at most 8 per function: the presets after that would silently run eagerly)."""
@@ -206,29 +232,26 @@ def bench_preset(preset, src, device, args) -> list[dict]:
             builders[name] = lambda m, name=name: stock_step(model_cfg, src, device, name, m)
     start = {name: args.flatlm_micro if name.startswith("flatlm") else args.micro_batch_size
              for name in builders}
-    sides = {name: fitting_side(build, data, device, args, start[name])
-             for name, build in builders.items()}
-    assert len({n for _, _, n in sides.values()}) == 1  # the same model on every side
-    times = {name: [] for name in sides}
-    for _ in range(args.repeats):  # interleaved, so drifts in machine load hit every side alike
-        for name, (step, _, _) in sides.items():
-            times[name].append(seconds_per_step(step, data, device, 0))
+    measure = interleaved if device.type == "cpu" else one_at_a_time
+    times, sides = measure(builders, start, data, device, args)
+    assert len({n for _, n in sides.values()}) == 1  # the same model on every side
     wall = {name: min(t[0] for t in ts) for name, ts in times.items()}
     cpu = {name: min(t[1] for t in ts) for name, ts in times.items()}
     real = sum(int(b.mlm.attention_mask.sum()) for b in data) / len(data)  # per batch
     computed = sum(m.trimmed().input_ids.numel() for b in data
-                   for m in b.mlm.split(sides["flatlm"][1])) / len(data)  # flatlm's positions
+                   for m in b.mlm.split(sides["flatlm"][0])) / len(data)  # flatlm's positions
     positions = args.batch_size * (src.max_length + 2)
-    n_params, cfg = sides["flatlm"][2], train_config(args, None)
+    n_params, cfg = sides["flatlm"][1], train_config(args, None)
     common = {
-        "device": device_name(device), "command": args.command, "preset": preset,
+        "device": device_name(device), "command": args.command, "torch": torch.__version__,
+        "preset": preset,
         "params": n_params, "batch": args.batch_size, "positions": src.max_length + 2,
         "real_tokens_per_batch": real, "real_fraction": real / positions,
         "flatlm_positions_per_batch": computed, "vocab": src.V,
         "dtype": "bf16" if isinstance(autocast_for(cfg, device)(), torch.autocast) else "fp32",
         "compile": switch_on(cfg.compile, device.type),
         "unpad": switch_on(cfg.unpad, device.type), "batches": args.batches,
-        "repeats": args.repeats, "micro_batch": {name: s[1] for name, s in sides.items()}}
+        "repeats": args.repeats, "micro_batch": {name: s[0] for name, s in sides.items()}}
     rows = []
     for name in args.baselines:
         base = {**common, "baseline_name": f"{name}: {BASELINES[name]}"}
@@ -287,6 +310,9 @@ def parse_args(argv):
                         "torch's default)")
     p.add_argument("--out", type=Path, default=None,
                    help="default bench/results/train_<cpu|cuda>.json")
+    p.add_argument("--merge", action="store_true",
+                   help="replace only these presets' rows in --out (run presets one at a "
+                        "time, e.g. within a time limit per command)")
     args = p.parse_args(argv)
     cuda = args.device.startswith("cuda")
     args.batch_size = args.batch_size or (4096 if cuda else 256)
@@ -322,6 +348,9 @@ def main(argv=None) -> None:
         rows += new
     out = args.out or Path(__file__).parent / "results" / f"train_{device.type}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.merge and out.exists():  # keep the other presets' rows: one preset per command
+        done = {r["preset"] for r in rows}
+        rows = [r for r in json.loads(out.read_text()) if r["preset"] not in done] + rows
     out.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"wrote {out}")
 
