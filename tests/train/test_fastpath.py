@@ -1,5 +1,5 @@
 """The fast path (``train.unpad``: length-grouped, trimmed micro-batches; ``train.compile``) gives
-the plain path's updates: exactly in float64 up to summation order, to 1e-5 in a float32 run, and
+the plain path's updates: exactly in float64 up to summation order, to 1e-6 in a float32 run, and
 a fast run still resumes bit for bit."""
 
 import contextlib
@@ -106,9 +106,9 @@ def test_an_unpadded_run_equals_the_plain_run(paper, model, tmp_path):
                  progress=False)
     for (name, a), b in zip(plain.model.named_parameters(), fast.model.parameters(),
                             strict=True):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=name)
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=name)  # seen: 7.5e-9
     for a, b in zip(plain.history, fast.history, strict=True):
-        assert b["train/loss"] == pytest.approx(a["train/loss"], abs=1e-5)
+        assert b["train/loss"] == pytest.approx(a["train/loss"], abs=1e-6)
 
 
 def test_an_unpadded_run_resumes_bit_for_bit(paper, tmp_path):
