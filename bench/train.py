@@ -1,24 +1,38 @@
-"""Pre-training throughput: flatlm's update against the stock transformers recipe, same batches.
+"""Pre-training throughput: flatlm's update against stock transformers recipes, same batches.
 
 For each preset, in the same run, on the same masked batches of the paper's PCFG (one masked word
-per sentence, V = 200 words, 18 input positions):
+per sentence, V = 200 words, 18 input positions, about 70% of them real tokens):
 
-- flatlm: ``flatlm.train.algorithms.standard_step`` (the adamw update the loop runs): the MLM head
-  only at the masked words (``word_logits(..., positions=)``), SDPA attention, AdamW; on CUDA also
-  bf16 autocast (``--dtype bf16``), the fused AdamW kernel and, with ``--compile``, torch.compile.
-- baseline: ``transformers.BertForMaskedLM`` as usually trained: float32, eager attention, logits
-  at every position over the whole vocabulary, the loss through ``labels=`` (-100 off the masked
-  words), unfused (for-loop) AdamW.
+- flatlm: what ``flatlm.train`` runs (``BatchPipeline.cpu_inputs`` then ``standard_step``, the
+  adamw update): each pass's sentences sorted by length into micro-batches cut to their longest
+  sentence (``train.unpad``), the MLM head only at the masked words, SDPA attention, AdamW; on
+  CUDA also bf16 autocast, the fused AdamW kernel and torch.compile (``train.compile=auto``).
+- ``hf-fp32``: ``transformers.BertForMaskedLM`` as it used to be trained: float32, eager
+  attention, logits at every position over the whole vocabulary, the loss through ``labels=``
+  (-100 off the masked words), for-loop AdamW.
+- ``hf-bf16``: the same model as transformers 5 trains it by default: SDPA attention, bf16
+  autocast, torch's default (foreach) AdamW. The fair comparison for flatlm's bf16.
+- ``flatlm-padded``: flatlm's update on the same batches without unpadding: what it alone gains.
 
-Both models have the same shape, dropout (0.1) and initialisation. Tokens per second count input
-positions (batch x 18), over the best of ``--repeats`` interleaved passes. On a GPU, model FLOPs
-utilisation is 6 x parameters x tokens / time / peak (peak: bf16 dense tensor-core FLOP/s of the
-device, ``PEAK_FLOPS``). On a CPU a second row divides by process CPU time instead of wall time,
-which other processes on a shared machine disturb less; ``load_avg_1m`` records how shared it was.
+Every side accumulates gradients over micro-batches as training does: each starts at
+``--micro-batch-size`` (default: the whole batch on CUDA; flatlm: a quarter of it, four length
+groups each cut to its longest sentence) and halves it after an out-of-memory error, so the
+paper's batch 4096 runs for every preset on one GPU; the micro-batch each side used is
+recorded. Same shape, dropout (0.1) and initialisation on every side.
 
-    python bench/train.py                      # CPU, small presets: bench/results/train_cpu.json
-    python bench/train.py --device cuda --presets bert-41m,bert-110m --dtype bf16 \\
-        --batch-size 256 --out bench/results/train_cuda.json
+Throughput is the best of ``--repeats`` interleaved passes over ``--batches`` batches, counted
+two ways: real tokens ([CLS], the words, [SEP]: what the step must compute) and input positions
+(batch x 18, padding included); ``flatlm_positions_per_batch`` is what flatlm's trimmed
+micro-batches hold. On a GPU, model FLOPs utilisation is 6 x parameters x real
+tokens / time / peak, with peak = 798 TFLOP/s, the dense bf16 matmul peak measured on the
+project's H100 (8192^3; ``--peak-flops`` to change it); the same over input positions is kept
+beside it (``mfu_positions``), comparable with earlier figures that counted padding. On a CPU a
+second row divides by process CPU time instead of wall time, which other processes on a shared
+machine disturb less; ``load_avg_1m`` records how shared it was.
+
+    python bench/train.py             # CPU, small presets: bench/results/train_cpu.json
+    for p in bert-12.8m bert-41m bert-110m bert-234m bert-950m; do       # batch 4096
+        python bench/train.py --device cuda --presets $p --merge; done   # -> train_cuda.json
 
 Only the core library is imported (no Ray, MLflow or datasets).
 """
@@ -26,10 +40,13 @@ Only the core library is imported (no Ray, MLflow or datasets).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import gc
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -39,14 +56,23 @@ from transformers import BertForMaskedLM
 from flatlm.models import bert_config, build_model, count_parameters, parse_model
 from flatlm.sources import load
 from flatlm.tokens import WORD_OFFSET
-from flatlm.train.algorithms import StepContext, build_optimizer, mlm_loss_sum, standard_step
-from flatlm.train.config import TrainConfig, resolve
-from flatlm.train.data import StepInputs, generator, mask_batch
+from flatlm.train.algorithms import StepContext, build_optimizer, standard_step
+from flatlm.train.compiled import loss_function
+from flatlm.train.config import TrainConfig, resolve, switch_on
+from flatlm.train.data import BatchPipeline, FreshSamples, StepInputs
 from flatlm.train.loop import autocast_for
 
-PEAK_FLOPS = {"H100": 989e12, "H200": 989e12}  # bf16 dense, per GPU (SXM)
-BASELINE = ("transformers BertForMaskedLM fp32 eager attention, full-sequence logits over the "
-            "vocabulary + labels=-100 loss, unfused AdamW")
+PEAK_FLOPS = 798e12  # dense bf16 matmul (8192^3), measured on the project's H100 80 GB
+PEAK_NAME = "dense bf16 matmul 8192^3 measured on the project's H100 (798 TFLOP/s)"
+BASELINES = {
+    "hf-fp32": "transformers BertForMaskedLM fp32, eager attention, full-sequence logits over "
+               "the vocabulary + labels=-100 loss, for-loop AdamW",
+    "hf-bf16": "transformers BertForMaskedLM bf16 autocast, SDPA attention (transformers 5's "
+               "default), full-sequence logits over the vocabulary + labels=-100 loss, "
+               "foreach AdamW (torch's default)",
+    "flatlm-padded": "flatlm's own update without train.unpad: every micro-batch at all 18 "
+                     "positions (what unpadding alone gains)",
+}
 
 
 def _sync(device: torch.device) -> None:
@@ -54,45 +80,64 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def batches(src, n: int, batch_size: int, device: torch.device) -> list[StepInputs]:
-    """``n`` masked batches of fresh sentences, on ``device``."""
-    out = []
-    for i in range(n):
-        tokens, lengths = src.sample(batch_size, seed=1000 + i)
-        out.append(StepInputs(mask_batch(tokens, lengths, "one", generator(0, "mask", i))))
-    return [b.to(device) for b in out]
+def train_config(args, micro: int) -> TrainConfig:
+    """flatlm's settings for the bench: the adamw update, constant rate, no warmup."""
+    return resolve(TrainConfig(batch_size=args.batch_size, micro_batch_size=micro,
+                               precision=args.dtype, compile=args.compile, unpad=args.unpad,
+                               warmup_steps=0))
 
 
-def flatlm_step(model_cfg, src, device, dtype: str, compile_: bool):
-    cfg = resolve(TrainConfig(batch_size=1, precision=dtype, compile=compile_, warmup_steps=0))
+def batches(src, args, device: torch.device) -> list[StepInputs]:
+    """``--batches`` masked batches of fresh sentences, prepared as training prepares them."""
+    cfg = train_config(args, None)
+    pipeline = BatchPipeline(cfg, FreshSamples(src, args.batch_size, seed=1000), device)
+    return [pipeline.cpu_inputs(i).to(device) for i in range(args.batches)]
+
+
+def flatlm_step(model_cfg, src, device, args, micro: int, *, padded: bool = False):
+    """flatlm's update; ``padded``: on the batches with their lengths dropped, so that no
+    micro-batch is cut (the same sentences and order as the unpadded side)."""
+    cfg = train_config(args, micro)
     model = build_model(model_cfg, src.V, src.max_length, seed=0).to(device).train()
-    ctx = StepContext(cfg=cfg, model=model, optimizer=build_optimizer(cfg, model,
-                                                                      fused=device.type == "cuda"),
-                      autocast=autocast_for(cfg, device),
-                      mlm_loss=torch.compile(mlm_loss_sum) if compile_ else mlm_loss_sum)
+    ctx = StepContext(cfg=cfg, model=model,
+                      optimizer=build_optimizer(cfg, model, fused=device.type == "cuda"),
+                      autocast=autocast_for(cfg, device), mlm_loss=loss_function(cfg, device))
+    if padded:
+        return model, lambda inputs: standard_step(
+            ctx, StepInputs(dataclasses.replace(inputs.mlm, lengths=None)))
     return model, lambda inputs: standard_step(ctx, inputs)
 
 
-def stock_step(model_cfg, src, device):
+def stock_step(model_cfg, src, device, baseline: str, micro: int):
     config = bert_config(model_cfg, src.V, src.max_length)
+    bf16 = baseline == "hf-bf16"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = BertForMaskedLM._from_config(config, attn_implementation="eager")
+        model = BertForMaskedLM._from_config(config,
+                                             attn_implementation="sdpa" if bf16 else "eager")
     model = model.to(device).train()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
+    loop = {} if bf16 else {"foreach": False, "fused": False}
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
                              {"params": rest, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.98), eps=1e-6, foreach=False, fused=False)
+                            lr=1e-3, betas=(0.9, 0.98), eps=1e-6, **loop)
+
+    def autocast():
+        if not bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=torch.bfloat16)
 
     def step(inputs: StepInputs):
-        b = inputs.mlm
-        labels = torch.full_like(b.input_ids, -100)
-        rows = torch.arange(len(b), device=labels.device)
-        labels[rows, b.positions + 1] = b.targets + WORD_OFFSET
         opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=b.input_ids, attention_mask=b.attention_mask, labels=labels).loss
-        loss.backward()
+        for b in inputs.mlm.split(micro):  # one masked word per sentence: mean = sum / batch
+            labels = torch.full_like(b.input_ids, -100)
+            rows = torch.arange(len(b), device=labels.device)
+            labels[rows, b.positions + 1] = b.targets + WORD_OFFSET
+            with autocast():
+                out = model(input_ids=b.input_ids, attention_mask=b.attention_mask,
+                            labels=labels)
+            (out.loss * (len(b) / len(inputs.mlm))).backward()
         opt.step()
 
     return model, step
@@ -114,86 +159,198 @@ def seconds_per_step(step, data, device, warmup: int) -> tuple[float, float]:
     return (time.perf_counter() - wall) / len(data), (time.process_time() - cpu) / len(data)
 
 
+def fitting_side(build, data, device, args, micro: int):
+    """(step, micro-batch, parameters) of the side ``build(micro)`` makes, at the largest
+    micro-batch from ``micro`` down (halving) whose warm-up steps fit in memory."""
+    while True:
+        try:
+            model, step = build(micro)
+            for i in range(args.warmup):
+                step(data[i % len(data)])
+            _sync(device)
+            return step, micro, count_parameters(model)
+        except torch.OutOfMemoryError:
+            if micro % 2 or micro == 1:
+                raise
+        model = step = None  # out of the handler: its traceback no longer holds the tensors
+        gc.collect()
+        torch.cuda.empty_cache()
+        micro //= 2
+        print(f"  out of memory: trying micro-batch {micro}", flush=True)
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
 
 
-def peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+def interleaved(builders, start, data, device, args):
+    """({side: [(wall, cpu) per pass]}, {side: (micro-batch, parameters)}), every side built
+    first and their passes interleaved, so that drifts in a shared machine's load hit all alike."""
+    sides = {name: fitting_side(build, data, device, args, start[name])
+             for name, build in builders.items()}
+    times = {name: [] for name in sides}
+    for _ in range(args.repeats):
+        for name, (step, _, _) in sides.items():
+            times[name].append(seconds_per_step(step, data, device, 0))
+    return times, {name: s[1:] for name, s in sides.items()}
+
+
+def one_at_a_time(builders, start, data, device, args):
+    """As ``interleaved``, one side after the other, each freed before the next is built: a
+    GPU is not shared, and four copies of bert-950m's AdamW state would not fit beside each
+    other."""
+    times, sides = {}, {}
+    for name, build in builders.items():
+        step, micro, n_params = fitting_side(build, data, device, args, start[name])
+        times[name] = [seconds_per_step(step, data, device, 0) for _ in range(args.repeats)]
+        sides[name] = (micro, n_params)
+        del step
+        fresh_device(device)
+    return times, sides
+
+
+def fresh_device(device: torch.device) -> None:
+    """The previous preset's memory freed and its compiled graphs dropped (torch.compile keeps
+    at most 8 per function: the presets after that would silently run eagerly)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch._dynamo.reset()
 
 
 def bench_preset(preset, src, device, args) -> list[dict]:
+    fresh_device(device)
     model_cfg = dataclasses.replace(parse_model(preset), dropout=0.1)
-    data = batches(src, args.batches, args.batch_size, device)
-    ours, our_step = flatlm_step(model_cfg, src, device, args.dtype, args.compile)
-    stock, stock_step_fn = stock_step(model_cfg, src, device)
-    assert count_parameters(ours) == count_parameters(stock)
-    t_ours, t_stock = [], []
-    for _ in range(args.repeats):  # interleaved, so drifts in machine load hit both alike
-        t_ours.append(seconds_per_step(our_step, data, device, args.warmup))
-        t_stock.append(seconds_per_step(stock_step_fn, data, device, args.warmup))
-    s_ours, s_stock = min(t[0] for t in t_ours), min(t[0] for t in t_stock)
-    tokens = args.batch_size * (src.max_length + 2)
-    n_params = count_parameters(ours)
-    common = {"device": device_name(device), "preset": preset, "batch": args.batch_size,
-              "positions": src.max_length + 2, "vocab": src.V, "params": n_params,
-              "dtype": args.dtype if args.dtype != "auto" else
-              ("bf16" if device.type == "cuda" else "fp32"),
-              "compile": args.compile, "baseline_name": BASELINE,
-              "batches": args.batches, "repeats": args.repeats}
-    rows = [{"metric": "train_tokens_per_s", "flatlm": tokens / s_ours,
-             "baseline": tokens / s_stock, "ratio": s_stock / s_ours, **common}]
-    if device.type == "cpu":
-        c_ours, c_stock = min(t[1] for t in t_ours), min(t[1] for t in t_stock)
-        rows.append({"metric": "train_tokens_per_cpu_s", "flatlm": tokens / c_ours,
-                     "baseline": tokens / c_stock, "ratio": c_stock / c_ours,
-                     "load_avg_1m": round(os.getloadavg()[0], 2), **common})
-    peak = peak_flops(device)
-    if peak:
-        mfu = [6 * n_params * tokens / s / peak for s in (s_ours, s_stock)]
-        rows.append({"metric": "mfu", "flatlm": mfu[0], "baseline": mfu[1],
-                     "ratio": mfu[0] / mfu[1], "peak_flops": peak, **common})
+    data = batches(src, args, device)
+    builders = {"flatlm": lambda m: flatlm_step(model_cfg, src, device, args, m)}
+    for name in args.baselines:
+        if name == "flatlm-padded":
+            builders[name] = lambda m: flatlm_step(model_cfg, src, device, args, m, padded=True)
+        else:
+            builders[name] = lambda m, name=name: stock_step(model_cfg, src, device, name, m)
+    start = {name: args.flatlm_micro if name.startswith("flatlm") else args.micro_batch_size
+             for name in builders}
+    measure = interleaved if device.type == "cpu" else one_at_a_time
+    times, sides = measure(builders, start, data, device, args)
+    assert len({n for _, n in sides.values()}) == 1  # the same model on every side
+    wall = {name: min(t[0] for t in ts) for name, ts in times.items()}
+    cpu = {name: min(t[1] for t in ts) for name, ts in times.items()}
+    real = sum(int(b.mlm.attention_mask.sum()) for b in data) / len(data)  # per batch
+    computed = sum(m.trimmed().input_ids.numel() for b in data
+                   for m in b.mlm.split(sides["flatlm"][0])) / len(data)  # flatlm's positions
+    positions = args.batch_size * (src.max_length + 2)
+    n_params, cfg = sides["flatlm"][1], train_config(args, None)
+    common = {
+        "device": device_name(device), "command": args.command, "torch": torch.__version__,
+        "preset": preset,
+        "params": n_params, "batch": args.batch_size, "positions": src.max_length + 2,
+        "real_tokens_per_batch": real, "real_fraction": real / positions,
+        "flatlm_positions_per_batch": computed, "vocab": src.V,
+        "dtype": "bf16" if isinstance(autocast_for(cfg, device)(), torch.autocast) else "fp32",
+        "compile": switch_on(cfg.compile, device.type),
+        "unpad": switch_on(cfg.unpad, device.type), "batches": args.batches,
+        "repeats": args.repeats, "micro_batch": {name: s[0] for name, s in sides.items()}}
+    rows = []
+    for name in args.baselines:
+        base = {**common, "baseline_name": f"{name}: {BASELINES[name]}"}
+        rows.append({"metric": "train_tokens_per_s", "flatlm": real / wall["flatlm"],
+                     "baseline": real / wall[name], "ratio": wall[name] / wall["flatlm"],
+                     "flatlm_positions_per_s": positions / wall["flatlm"],
+                     "baseline_positions_per_s": positions / wall[name], **base})
+        if device.type == "cpu":
+            rows.append({"metric": "train_tokens_per_cpu_s", "flatlm": real / cpu["flatlm"],
+                         "baseline": real / cpu[name], "ratio": cpu[name] / cpu["flatlm"],
+                         "load_avg_1m": round(os.getloadavg()[0], 2), **base})
+        else:
+            mfu = {k: 6 * n_params * real / wall[k] / args.peak_flops for k in ("flatlm", name)}
+            rows.append({"metric": "mfu", "flatlm": mfu["flatlm"], "baseline": mfu[name],
+                         "ratio": mfu["flatlm"] / mfu[name],
+                         "mfu_positions": {k: v * positions / real for k, v in mfu.items()},
+                         "peak_flops": args.peak_flops, "peak_name": args.peak_name, **base})
     return rows
 
 
-def main(argv=None) -> None:
+def print_rows(rows: list[dict]) -> None:
+    for r in rows:
+        print(f"{r['preset']:>10} {r['metric']:>22} vs {r['baseline_name'].split(':')[0]}: "
+              f"flatlm {r['flatlm']:,.4g}  baseline {r['baseline']:,.4g}  "
+              f"ratio {r['ratio']:.2f}x", flush=True)
+
+
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
     p.add_argument("--presets", default="bert-2m,bert-4.8m,bert-8.3m")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="sentences per update (default: 4096 on CUDA, 256 on the CPU)")
+    p.add_argument("--micro-batch-size", type=int, default=None,
+                   help="sentences per pass the baselines start from, halved on out-of-memory "
+                        "(default: the whole batch on CUDA, 64 on the CPU)")
+    p.add_argument("--flatlm-micro-batch-size", type=int, default=None,
+                   help="the same for flatlm (and flatlm-padded); default: a quarter of the "
+                        "batch with unpadding (four length groups, each cut to its longest "
+                        "sentence), else as --micro-batch-size")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
-                   help="flatlm's precision (auto: bf16 on CUDA); the baseline is always fp32")
-    p.add_argument("--compile", action="store_true", help="torch.compile flatlm's loss")
+                   help="flatlm's precision (train.precision; auto: bf16 on CUDA)")
+    p.add_argument("--compile", default="auto", help="train.compile: true, false, auto")
+    p.add_argument("--unpad", default="true", help="train.unpad: true, false, auto")
+    p.add_argument("--baselines", default="hf-fp32,hf-bf16,flatlm-padded",
+                   help=f"comma-separated, of {', '.join(BASELINES)}")
     p.add_argument("--source", default="pcfg:paper")
     p.add_argument("--batches", type=int, default=4, help="distinct batches per timed pass")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5, help="timed passes per side (best kept)")
+    p.add_argument("--warmup", type=int, default=3, help="steps per side before timing "
+                   "(on CUDA: enough for torch.compile to see the micro-batch shapes)")
+    p.add_argument("--repeats", type=int, default=3, help="timed passes per side (best kept)")
+    p.add_argument("--peak-flops", type=float, default=PEAK_FLOPS)
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads for torch (default 1: OpenMP threads that wait on cores "
                         "held by other processes make shared-machine timings erratic; 0 = "
                         "torch's default)")
     p.add_argument("--out", type=Path, default=None,
                    help="default bench/results/train_<cpu|cuda>.json")
+    p.add_argument("--merge", action="store_true",
+                   help="replace only these presets' rows in --out (run presets one at a "
+                        "time, e.g. within a time limit per command)")
     args = p.parse_args(argv)
+    cuda = args.device.startswith("cuda")
+    args.batch_size = args.batch_size or (4096 if cuda else 256)
+    if args.micro_batch_size is None:
+        args.micro_batch_size = args.batch_size if cuda else min(64, args.batch_size)
+    unpad = switch_on(train_config(args, None).unpad, "cuda" if cuda else "cpu")
+    args.flatlm_micro = args.flatlm_micro_batch_size or (
+        min(args.micro_batch_size, args.batch_size // 4)
+        if unpad and args.batch_size % 4 == 0 else args.micro_batch_size)
+    args.baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
+    unknown = [b for b in args.baselines if b not in BASELINES]
+    if unknown:
+        p.error(f"--baselines: unknown {unknown}; use {', '.join(BASELINES)}")
+    args.peak_name = PEAK_NAME if args.peak_flops == PEAK_FLOPS else "--peak-flops"
+    args.command = " ".join(["python", "bench/train.py", *(argv if argv is not None
+                                                           else sys.argv[1:])])
+    train_config(args, args.flatlm_micro)  # bad settings: the config's message, now
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cpu" and args.threads > 0:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # the baseline stays true fp32
+        torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 baseline stays true fp32
     src = load(args.source)
     rows = []
     for preset in args.presets.split(","):
-        rows += bench_preset(preset.strip(), src, device, args)
-        for r in rows[-2:]:
-            print(f"{r['preset']:>10} {r['metric']:>18}: flatlm {r['flatlm']:,.4g}  "
-                  f"baseline {r['baseline']:,.4g}  ratio {r['ratio']:.2f}x", flush=True)
+        new = bench_preset(preset.strip(), src, device, args)
+        print_rows(new)
+        rows += new
     out = args.out or Path(__file__).parent / "results" / f"train_{device.type}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.merge and out.exists():  # keep the other presets' rows: one preset per command
+        done = {r["preset"] for r in rows}
+        rows = [r for r in json.loads(out.read_text()) if r["preset"] not in done] + rows
     out.write_text(json.dumps(rows, indent=1) + "\n")
     print(f"wrote {out}")
 

@@ -2,12 +2,13 @@
 
     flatlm train --source pcfg:paper --model bert-12.8m --algorithm adamw --steps 30000 \\
         --checkpoint-steps 0,10000,20000,30000 --batch-size 4096 --seed 0 --out runs/a
-    flatlm train ... --algorithm sam --sam-rho 0.1 --no-compile --set adversarial.task=C
+    flatlm train ... --algorithm sam --sam-rho 0.1 --compile false --set adversarial.task=C
     flatlm train ... --out runs/a --steps 60000 --resume      # continue the same run
 
 Every ``TrainConfig`` field is an option, generated from its type (``flatlm.config``): nested
 settings join with '-' (``--sam-rho`` is ``sam.rho``, ``--adversarial-lambda`` is
-``adversarial.lambda``), a bool is ``--compile/--no-compile``, a tuple is comma-separated
+``adversarial.lambda``), a bool is ``--x/--no-x`` (the true / false / auto switches take a
+value: ``--compile false``), a tuple is comma-separated
 (``--checkpoint-steps 0,100``) and ``none`` clears an optional field. ``--set KEY=VALUE`` takes
 the same keys. Checkpoints go to ``OUT/checkpoints/step-<N>/`` (default: only the last step).
 

@@ -11,7 +11,8 @@ dropout, warmup); ``STEPS`` maps it to its update:
   head fitted in closed form on the features of D1 (A.5; ``ridge_head_loss``).
 
 Every update accumulates gradients over micro-batches of ``cfg.micro_batch_size`` sentences,
-weighted so that the result is the gradient of the mean over the batch's masked words.
+weighted so that the result is the gradient of the mean over the batch's masked words; each
+micro-batch is cut to its longest sentence when its lengths are known (``train.unpad``).
 Step functions return their metrics as device tensors, so an update never waits on the device:
 
     train/loss                mean cross-entropy (nats) of the batch's masked words (sam: of the
@@ -85,8 +86,8 @@ def accumulate_mlm(ctx: StepContext, batch: MLMBatch) -> torch.Tensor:
     size = ctx.cfg.micro_batch_size or len(batch)
     total = torch.zeros((), device=batch.input_ids.device)
     for micro in batch.split(size):
-        with ctx.autocast():
-            loss = ctx.mlm_loss(ctx.model, micro) / n
+        with ctx.autocast():  # trimmed: cut to its longest sentence if its lengths are known
+            loss = ctx.mlm_loss(ctx.model, micro.trimmed()) / n
         loss.backward()
         total += loss.detach()
     return total

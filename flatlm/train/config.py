@@ -34,6 +34,13 @@ from typing import ClassVar
 from flatlm.schedules import SCHEDULES
 
 PRECISIONS = ("auto", "fp32", "bf16")
+_SWITCH_WORDS = {"true": True, "on": True, "false": False, "off": False, "auto": "auto"}
+
+
+def switch_on(value: bool | str, device_type: str) -> bool:
+    """Whether a True / False / "auto" switch (``compile``, ``unpad``) is on for a device type
+    ("cuda", "cpu"): "auto" is on for CUDA only."""
+    return device_type == "cuda" if value == "auto" else bool(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,7 +208,12 @@ class TrainConfig:
     seed: int = 0  # initialisation, data order, masking and dropout all derive from it
     log_every: int = 10  # updates between loss read-outs (each costs one host sync); >= 1
     precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU), "fp32" or "bf16"
-    compile: bool = False  # torch.compile the loss computation (CUDA; minutes to warm up)
+    compile: bool | str = "auto"  # torch.compile the forward and loss: True, False or "auto"
+    #   (on for CUDA, off on the CPU); a compile failure falls back to eager with one warning
+    unpad: bool | str = "auto"  # sort each pass's sentences by length into its micro-batches
+    #   and cut each micro-batch to its longest sentence: the same update up to the order of
+    #   float sums (and which dropout draw meets which word), without computing on padding.
+    #   True, False or "auto" (on for CUDA; off on the CPU, which keeps CPU runs bit for bit)
     divergence_factor: float | None = 10.0  # stop the run (``Diverged``) when a logged loss
     #   exceeds this times the first logged loss; > 1; None = off (a non-finite loss always
     #   stops it)
@@ -281,6 +293,12 @@ class TrainConfig:
                "use an integer >= 1")
         _check(self.precision in PRECISIONS, "precision", self.precision,
                f"use one of {PRECISIONS}")
+        for name in ("compile", "unpad"):
+            value = getattr(self, name)
+            flag = _SWITCH_WORDS.get(str(value).lower(), value)  # "true" from a command line
+            _check(flag is True or flag is False or flag == "auto", name, value,
+                   "use true, false or auto (on for CUDA, off on the CPU)")
+            object.__setattr__(self, name, flag)
         _check(self.divergence_factor is None or self.divergence_factor > 1,
                "divergence_factor", self.divergence_factor, "use a factor > 1, or None (off)")
 

@@ -11,13 +11,16 @@ run would have:
 - ``mask_batch``: one masked word per sentence, uniform over its words, or each word at a rate
   (at most ``max_predictions`` per sentence), replaced by BERT's 80/10/10 rule by default.
 - ``DownstreamPool``: labelled sentences D for the adversarial algorithm, with disjoint D1, D2.
-- ``BatchPipeline``: update i -> ``StepInputs`` on the device, optionally prepared one step ahead in
-  a background thread (CUDA), which changes nothing but the timing.
+- ``BatchPipeline``: update i -> ``StepInputs`` on the device, optionally prepared a few steps
+  ahead in background threads (CUDA), which changes nothing but the timing; with ``train.unpad``
+  (on for CUDA) each pass's sentences are sorted by length, so that micro-batches are cut to
+  their longest sentence.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -26,7 +29,7 @@ import torch
 from flatlm.seeds import derive_seed, generator
 from flatlm.sources.base import Source
 from flatlm.tokens import MASK_ID, WORD_OFFSET, encode, uniform_positions
-from flatlm.train.config import TrainConfig
+from flatlm.train.config import TrainConfig, switch_on
 
 # ------------------------------------------------------------------------------ sentence streams
 
@@ -59,10 +62,12 @@ class CorpusBatches:
         self._perm: tuple[int, torch.Tensor] | None = None  # cache: (epoch, permutation)
 
     def _permutation(self, epoch: int) -> torch.Tensor:
-        if self._perm is None or self._perm[0] != epoch:
+        cached = self._perm  # one read: prefetch threads may replace the cache meanwhile
+        if cached is None or cached[0] != epoch:
             n = len(self.tokens)
-            self._perm = (epoch, torch.randperm(n, generator=generator(self.seed, "epoch", epoch)))
-        return self._perm[1]
+            cached = (epoch, torch.randperm(n, generator=generator(self.seed, "epoch", epoch)))
+            self._perm = cached
+        return cached[1]
 
     def indices_at(self, i: int) -> torch.Tensor:
         """Corpus rows of update i: positions i B .. (i+1) B - 1 of the concatenated epochs."""
@@ -130,6 +135,8 @@ class MLMBatch:
     attention_mask: torch.Tensor  # (n, T+2)
     positions: torch.Tensor  # (n,) int64 or (n, T) bool
     targets: torch.Tensor  # (n,) or (n, T) int64 word ids
+    lengths: tuple[int, ...] | None = None  # words per sentence, kept on the host so that
+    #   ``trimmed`` needs no device sync; None = not known (``trimmed`` keeps every column)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -142,7 +149,38 @@ class MLMBatch:
         """Consecutive sub-batches of ``size`` sentences."""
         parts = [t.split(size) for t in (self.input_ids, self.attention_mask, self.positions,
                                          self.targets)]
-        return [MLMBatch(*p) for p in zip(*parts, strict=True)]
+        lengths = ([self.lengths[i:i + size] for i in range(0, len(self), size)]
+                   if self.lengths is not None else [None] * len(parts[0]))
+        return [MLMBatch(*p, lengths=n) for *p, n in zip(*parts, lengths, strict=True)]
+
+    def trimmed(self) -> MLMBatch:
+        """The batch cut to its longest sentence (+ [CLS], [SEP]); itself if ``lengths`` is None.
+
+        Exact: sentences are right-padded, padding is masked out of attention and position ids
+        count from the left, so each kept position's output is unchanged.
+        """
+        if self.lengths is None or not self.lengths:
+            return self
+        words = max(self.lengths)
+        if words + 2 >= self.input_ids.shape[1]:
+            return self
+        cut = self.positions.dtype == torch.bool  # (n, T) masks lose their padding columns too
+        return MLMBatch(self.input_ids[:, :words + 2], self.attention_mask[:, :words + 2],
+                        self.positions[:, :words] if cut else self.positions,
+                        self.targets[:, :words] if cut else self.targets, lengths=self.lengths)
+
+    def grouped_by_length(self, lengths: torch.Tensor, pass_size: int) -> MLMBatch:
+        """The rows sorted by ``lengths`` (longest first, stable) within each consecutive pass of
+        ``pass_size`` sentences, with ``lengths`` attached: consecutive micro-batches of a pass
+        then hold sentences of similar length and ``trimmed`` cuts each tightly. A pass's loss is
+        a sum over its masked words, so this changes only the order of that sum (and which
+        dropout draw meets which word). On the CPU, before the batch goes to the device.
+        """
+        order = torch.cat([
+            start + lengths[start:start + pass_size].argsort(descending=True, stable=True)
+            for start in range(0, len(self), pass_size)])
+        rows = (self.input_ids, self.attention_mask, self.positions, self.targets)
+        return MLMBatch(*(t[order] for t in rows), lengths=tuple(lengths[order].tolist()))
 
     def to(self, device: torch.device) -> MLMBatch:
         return _to(self, device)
@@ -268,16 +306,27 @@ class StepInputs:
         return StepInputs(_map(self.mlm, pin), _map(self.probe, pin) if self.probe else None)
 
 
+def prefetch_depth(device: torch.device) -> int:
+    """Updates to prepare ahead on ``device``: none on the CPU (the cores train), else up to 4
+    on half the host's cores. A 4096-sentence batch of the paper's grammar takes about 0.1 s of
+    one core to sample and mask, longer than a GPU update of a small model."""
+    if device.type != "cuda":
+        return 0
+    return max(1, min(4, (os.cpu_count() or 2) // 2))
+
+
 class BatchPipeline:
-    """Update index -> ``StepInputs`` on ``device``. ``prefetch`` prepares update i + 1 on the CPU
-    in a background thread while update i runs; the inputs are the same either way."""
+    """Update index -> ``StepInputs`` on ``device``. ``prefetch`` = k > 0 prepares updates
+    i + 1 .. i + k on the CPU in k background threads while update i runs; the inputs are the
+    same either way (each is a pure function of its index)."""
 
     def __init__(self, cfg: TrainConfig, sentences: FreshSamples | CorpusBatches,
                  device: torch.device, *, pool: DownstreamPool | None = None,
-                 prefetch: bool = False):
+                 prefetch: int = 0):
         self.cfg, self.sentences, self.device, self.pool = cfg, sentences, device, pool
-        self._executor = ThreadPoolExecutor(1) if prefetch else None
-        self._ahead: tuple[int, object] | None = None  # (index, future)
+        self.depth = int(prefetch)
+        self._executor = ThreadPoolExecutor(self.depth) if self.depth else None
+        self._ahead: dict[int, Future] = {}  # update index -> its inputs being prepared
 
     def cpu_inputs(self, i: int) -> StepInputs:
         """Update i's inputs on the CPU, in pinned memory when bound for CUDA."""
@@ -290,17 +339,21 @@ class BatchPipeline:
 
             mlm = with_label_noise(mlm, self.cfg.label_noise.p, self.sentences.n_words,
                                    self.cfg.seed, i)
+        if switch_on(self.cfg.unpad, self.device.type):
+            mlm = mlm.grouped_by_length(lengths, self.cfg.sentences_per_pass)
         inputs = StepInputs(mlm, self.pool.draw(i) if self.pool is not None else None)
         return inputs.pin_memory() if self.device.type == "cuda" else inputs
 
     def inputs_at(self, i: int) -> StepInputs:
         if self._executor is None:
             return self.cpu_inputs(i).to(self.device)
-        if self._ahead is not None and self._ahead[0] == i:
-            inputs = self._ahead[1].result()
-        else:
-            inputs = self._executor.submit(self.cpu_inputs, i).result()
-        self._ahead = (i + 1, self._executor.submit(self.cpu_inputs, i + 1))
+        ahead = self._ahead.pop(i, None)
+        inputs = ahead.result() if ahead is not None else self.cpu_inputs(i)
+        for j in [j for j in self._ahead if not i < j <= i + self.depth]:
+            self._ahead.pop(j).cancel()  # a jump (resume, evaluation): not needed any more
+        for j in range(i + 1, i + self.depth + 1):
+            if j not in self._ahead:
+                self._ahead[j] = self._executor.submit(self.cpu_inputs, j)
         return inputs.to(self.device)
 
     def close(self) -> None:

@@ -32,7 +32,8 @@ from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, save_checkpoint
 from flatlm.models.presets import ModelConfig, parse_model
 from flatlm.schedules import learning_rate
 from flatlm.sources.base import Source
-from flatlm.train.algorithms import STEPS, StepContext, build_optimizer, mlm_loss_sum
+from flatlm.train.algorithms import STEPS, StepContext, build_optimizer
+from flatlm.train.compiled import loss_function
 from flatlm.train.config import TrainConfig, resolve
 from flatlm.train.data import (
     BatchPipeline,
@@ -40,6 +41,7 @@ from flatlm.train.data import (
     DownstreamPool,
     FreshSamples,
     derive_seed,
+    prefetch_depth,
     read_corpus,
 )
 from flatlm.train.growth import check_schedule, grow_context, growth_due, shape_at
@@ -60,7 +62,7 @@ log = logging.getLogger(__name__)
 CheckpointHook = Callable[[int, nn.Module, Path], None]
 # Fields a resumed run may change: how long it runs and what it saves, not what it computes.
 RESUMABLE_CHANGES = ("steps", "checkpoint_steps", "log_every", "compile", "precision",
-                     "divergence_factor")
+                     "divergence_factor", "unpad")
 
 
 class CheckpointWriteError(OSError):
@@ -174,7 +176,7 @@ def _pipeline(cfg, source, device, corpus) -> tuple[BatchPipeline, int]:
                              f"{list(source.tasks)}")
         pool = DownstreamPool(source, task, size=adv.pool, d1=adv.d1, d2=adv.d2, seed=cfg.seed,
                               device=device)
-    pipeline = BatchPipeline(cfg, sentences, device, pool=pool, prefetch=device.type == "cuda")
+    pipeline = BatchPipeline(cfg, sentences, device, pool=pool, prefetch=prefetch_depth(device))
     return pipeline, pool.n_classes if pool else 0
 
 
@@ -240,7 +242,7 @@ class _Run:
         optimizer = build_optimizer(cfg, model, fused=device.type == "cuda")
         ctx = StepContext(cfg=cfg, model=model, optimizer=optimizer, n_classes=n_classes,
                           autocast=autocast_for(cfg, device),
-                          mlm_loss=torch.compile(mlm_loss_sum) if cfg.compile else mlm_loss_sum)
+                          mlm_loss=loss_function(cfg, device))
         if start is None:
             return cls(cfg, source, model_cfg, out_dir, device, pipeline, ctx)
         optimizer.load_state_dict(state.optimizer)

@@ -76,13 +76,22 @@ def test_downstream_pool_draws_disjoint_labelled_sets(src):
     assert torch.equal(pool.draw(3).input_ids, probe.input_ids)
 
 
+@pytest.mark.parametrize("depth", [1, 3])
+@pytest.mark.parametrize("stream", ["fresh", "corpus"])
 @pytest.mark.parametrize("mask", ["one", 0.2])
-def test_prefetching_changes_nothing(src, mask):
+def test_prefetching_changes_nothing(src, mask, stream, depth):
     cfg = TrainConfig(batch_size=8, mask=mask)
-    plain = BatchPipeline(cfg, FreshSamples(src, 8, 0), torch.device("cpu"))
-    ahead = BatchPipeline(cfg, FreshSamples(src, 8, 0), torch.device("cpu"), prefetch=True)
+    corpus = src.sample(20, seed=3)  # epochs end mid-batch: threads share the permutation cache
+
+    def sentences():
+        if stream == "fresh":
+            return FreshSamples(src, 8, 0)
+        return CorpusBatches(*corpus, 8, 0, n_words=src.V)
+
+    plain = BatchPipeline(cfg, sentences(), torch.device("cpu"))
+    ahead = BatchPipeline(cfg, sentences(), torch.device("cpu"), prefetch=depth)
     try:
-        for i in (0, 1, 2, 5, 6):
+        for i in (0, 1, 2, 5, 6, 7, 8, 3, 4):
             a, b = plain.inputs_at(i).mlm, ahead.inputs_at(i).mlm
             assert all(torch.equal(x, y) for x, y in zip(
                 (a.input_ids, a.positions, a.targets), (b.input_ids, b.positions, b.targets),
