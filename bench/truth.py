@@ -7,14 +7,20 @@ Compares, in the same run and on the same sentences:
   against flatlm's own slow route of paper A.3 (one inside pass per candidate word). NLTK's parse
   yields one best tree, not the conditionals, so that ratio understates the gap: getting the
   conditionals from a per-sentence parser takes T x V parses per sentence.
+- PCFG, side by side with torch-struct (``bench/torch_struct_peer.py``: its CKY in the log
+  semiring, marginals by autograd) on the same sentences, each grouped by length, on the same
+  device and in the same dtype; the largest absolute difference of the conditionals is reported
+  and must stay below ``AGREEMENT`` (float32: 1e-4; float64 agrees to ~1e-14).
 - HMM (the default 200 words / 100 states / length 16): flatlm's forward-backward conditionals
   against hmmlearn's forward-backward state posteriors (``predict_proba``), which is less work.
 
     python bench/truth.py                      # CPU, writes bench/results/truth_cpu.json
+    python bench/truth.py --device cuda --n-nltk 10 --out bench/results/truth_gpu.json
     python bench/truth.py --device cuda --skip-baselines --out bench/results/truth_gpu.json
 
-Only the core library is imported (NLTK and hmmlearn when baselines run), so it runs on a GPU
-host without Ray, MLflow or datasets.
+Only the core library is imported (torch-struct, NLTK and hmmlearn when baselines run), so it
+runs on a GPU host without Ray, MLflow or datasets (``--skip-baselines`` where those three are
+missing).
 """
 
 from __future__ import annotations
@@ -32,6 +38,11 @@ import torch
 
 from flatlm.sources import load
 from flatlm.sources.reference import slow_conditionals
+
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_struct_peer import TorchStructPCFG  # noqa: E402
+
+AGREEMENT = 1e-4  # float32 conditionals, flatlm vs torch-struct: largest absolute difference
 
 
 def _sync(device):
@@ -56,6 +67,36 @@ def flatlm_rate(src, n, device, batch_size) -> float:
     tokens, lengths = src.sample(n, seed=0)
     tokens, lengths = tokens.to(device), lengths.to(device)
     return timed_rate(lambda: src.conditionals(tokens, lengths, batch_size=batch_size), n, device)
+
+
+def by_length(fn, tokens, lengths, batch_size, V):
+    """fn(tokens [b, L], lengths [b]) -> [b, L, V] over groups of one length, written in place."""
+    out = torch.zeros(*tokens.shape, V, device=tokens.device)
+    for L in lengths.unique().tolist():
+        for rows in (lengths == L).nonzero().squeeze(-1).split(batch_size):
+            out[rows, :L] = fn(tokens[rows, :L], lengths[rows]).to(out.dtype)
+    return out
+
+
+def torch_struct_row(src, n, device, batch_size, **common) -> dict:
+    """flatlm and torch-struct on the same n sentences, same device, float32; agreement
+    checked."""
+    peer = TorchStructPCFG(src.grammar, device=device)
+    tokens, lengths = src.sample(n, seed=1)
+    tokens, lengths = tokens.to(device), lengths.to(device)
+    ours = src.conditionals(tokens, lengths, batch_size=batch_size)
+    theirs = by_length(peer.conditionals, tokens, lengths, batch_size, src.V)
+    gap = float((ours - theirs).abs().max())
+    if not gap < AGREEMENT:
+        raise SystemExit(f"flatlm and torch-struct disagree: max |diff| {gap:.3g} >= {AGREEMENT}")
+    fast = timed_rate(lambda: src.conditionals(tokens, lengths, batch_size=batch_size), n,
+                      device)
+    slow = timed_rate(lambda: by_length(peer.conditionals, tokens, lengths, batch_size, src.V),
+                      n, device, repeats=1)
+    return row("pcfg_paper_conditionals", fast, slow,
+               "torch-struct CKY (log semiring, marginals by autograd), same sentences",
+               device, agreement_max_abs=gap, agreement_tolerance=AGREEMENT, n_sentences=n,
+               batch_size=batch_size, **common)
 
 
 def nltk_grammar(src):
@@ -116,6 +157,10 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--n-nltk", type=int, default=40, help="sentences NLTK parses")
     ap.add_argument("--n-slow", type=int, default=2, help="sentences for the slow route")
+    ap.add_argument("--n-torch-struct", type=int, default=64,
+                    help="sentences for the torch-struct comparison (flatlm timed on the same)")
+    ap.add_argument("--torch-struct-batch", type=int, default=256,
+                    help="sentences per torch-struct call (its dense rule tensor is per sentence)")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     ap.add_argument("--out", default="bench/results/truth_cpu.json")
@@ -137,6 +182,8 @@ def main() -> None:
         rows += [row("pcfg_paper_conditionals", pcfg_fast, float("nan"), "none", device, **common),
                  row("hmm_default_conditionals", hmm_fast, float("nan"), "none", device, **common)]
     else:
+        rows.append(torch_struct_row(pcfg, args.n_torch_struct, device, args.torch_struct_batch,
+                                     **common))
         rows.append(row("pcfg_paper_conditionals", pcfg_fast, nltk_rate(pcfg, args.n_nltk),
                         "nltk.ViterbiParser (one best parse per sentence)", device, **common))
         rows.append(row("pcfg_paper_conditionals", pcfg_fast, slow_route_rate(pcfg, args.n_slow),
