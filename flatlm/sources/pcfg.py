@@ -251,24 +251,28 @@ class PCFG(Source):
             raise ValueError(f"unknown task {task!r}; this PCFG's tasks are {self.tasks}")
 
     def labels(self, tokens, lengths, task: str, rule: str | None = None, *,
-               batch_size: int = 1024) -> torch.Tensor:
+               batch_size: int = 4096) -> torch.Tensor:
         """Nonterminal labels for ``task`` by ``rule`` (default: the spec's ``label_rule``)."""
         return self.labels_of_tasks(tokens, lengths, (task,), rule, batch_size=batch_size)[task]
 
     def labels_of_tasks(self, tokens, lengths, tasks, rule: str | None = None, *,
-                        batch_size: int = 1024) -> dict[str, torch.Tensor]:
-        """{task: labels [n]} for several tasks from one inside (and outside) pass per batch."""
+                        batch_size: int = 4096) -> dict[str, torch.Tensor]:
+        """{task: labels [n]} for several tasks from one inside (and outside) pass per batch, on
+        the tokens' device. Sentences are grouped by length, as in ``conditionals``: each chart
+        is only as wide as its sentences, and the labels equal those of one padded batch."""
         for task in tasks:
             self._check_task(task)
         rule = rule or self.label_rule
         if rule not in LABEL_RULES:
             raise ValueError(f"label rule {rule!r}: use one of {LABEL_RULES}")
         tokens, lengths = as_tokens(tokens, lengths)
-        parts = [self._labels_batch(tokens[i : i + batch_size], lengths[i : i + batch_size],
-                                    tasks, rule) for i in range(0, len(tokens), batch_size)]
-        if not parts:
-            return {task: torch.zeros(0, dtype=torch.int64) for task in tasks}
-        return {task: torch.cat([p[task] for p in parts]) for task in tasks}
+        out = {task: torch.full_like(lengths, -1) for task in tasks}
+        for L in lengths.unique().tolist():
+            for rows in (lengths == L).nonzero().squeeze(-1).split(batch_size):
+                labels = self._labels_batch(tokens[rows, :L], lengths[rows], tasks, rule)
+                for task, y in labels.items():
+                    out[task][rows] = y
+        return out
 
     def _labelled_sample(self, n, seed, rule, tasks, device):
         """Sentences of at least ``downstream_min_length`` words, labelled for all tasks at

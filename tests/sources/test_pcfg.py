@@ -291,3 +291,20 @@ def test_downstream_sentences_have_the_minimum_length():
         load({"kind": "pcfg", "grammar": "paper", "spans": {"B": 9}})
     assert load("pcfg:paper,downstream_min_length=1,spans.B=1,spans.C=1").spans == {"B": 1,
                                                                                        "C": 1}
+
+
+@pytest.mark.parametrize("rule", ["posterior", "span", "inside"])
+def test_labels_grouped_by_length_equal_one_padded_batch(rule):
+    """The fast path (a chart per sentence length, batches cut across groups) labels as one
+    chart over the whole padded batch does, on the paper grammar (2..16 words)."""
+    src = load("pcfg:paper")
+    tokens, lengths = src.sample(120, seed=5)
+    tokens, lengths = tokens[:, : int(lengths.max())], lengths
+    tasks = ("A", "B", "C")
+    plain = src._labels_batch(tokens, lengths, tasks, rule)
+    grouped = src.labels_of_tasks(tokens, lengths, tasks, rule, batch_size=7)
+    assert len(lengths.unique()) > 5
+    for task in tasks:
+        assert grouped[task].dtype == torch.int64
+        assert torch.equal(grouped[task], plain[task]), task
+    assert bool((grouped["B"][lengths < 4] == -1).all()) and bool((grouped["A"] >= 0).all())
