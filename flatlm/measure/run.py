@@ -182,17 +182,21 @@ def _probe_tasks(features, source, data: EvalData, cfg: MeasureConfig, stage: st
 
 
 def _references(source, data: EvalData, cfg: MeasureConfig, device, what) -> dict:
-    """The lookup table's and the random model's probe results (computed once per trial)."""
+    """The lookup table's and the random model's probe results (computed once per trial, on
+    ``device``; their time, ``time/lookup_s`` and ``time/random_init_s``, at that checkpoint)."""
+    times = {}
     if "lookup" in what and "lookup" not in data.reference:
-        features = lookup_features(source, data.downstream_tokens, data.downstream_lengths,
-                                   device=device)
-        data.reference["lookup"] = _probe_tasks(features, source, data, cfg, "lookup")
+        with timer(times, "lookup"):
+            features = lookup_features(source, data.downstream_tokens, data.downstream_lengths,
+                                       device=device)
+            data.reference["lookup"] = _probe_tasks(features, source, data, cfg, "lookup")
     if "probe" in what and data.random_model is not None and "random_init" not in \
             data.reference:
-        data.reference["random_init"] = _probes(data.random_model.to(device), source, data, cfg,
-                                                "random_init", device)
+        with timer(times, "random_init"):
+            data.reference["random_init"] = _probes(data.random_model.to(device), source, data,
+                                                    cfg, "random_init", device)
         data.random_model = None  # measured: free its memory
-    return {k: v for metrics in data.reference.values() for k, v in metrics.items()}
+    return {**{k: v for metrics in data.reference.values() for k, v in metrics.items()}, **times}
 
 
 def _flatness(model, source, data, cfg, device, what) -> dict[str, float]:
