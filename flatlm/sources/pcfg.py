@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from flatlm.seeds import derive_seed
-from flatlm.sources.base import Source, SourceError, as_tokens
+from flatlm.sources.base import Source, SourceError, as_tokens, padding_mask
 from flatlm.sources.grammar import (
     Grammar,
     RandomGrammarConfig,
@@ -125,6 +125,34 @@ def _check_acceptance(grammar: Grammar, max_length: int) -> float:
     raise SourceError(f"pcfg max_length={max_length}: only {kept:.2g} of this grammar's "
                       f"sentences have at most {max_length} words, so sampling would not finish "
                       f"({shortest}); raise max_length, or make the recursive rules rarer")
+
+
+MIN_GROUP = {"cpu": 1, "cuda": 8192}
+# sentences per length group, by device type: a CPU pays for arithmetic, so every length gets its
+# own chart (1); a GPU pays per kernel launch below a few thousand sentences per chart (H100:
+# 108k sent/s at 16k sentences, 365k at 65k, replication_facts.md), so neighbouring lengths share
+# a chart, padded to the longest, until it holds this many (bench/truth.py --min-group)
+
+
+def length_groups(lengths: torch.Tensor, min_group: int | None = None):
+    """[(rows, L)]: the sentences in groups of neighbouring lengths, each with its longest length
+    L; a group closes once it holds ``min_group`` sentences (default ``MIN_GROUP`` of the
+    lengths' device type; 1: one group per length). Charts accept mixed lengths (padding scores
+    0), so the grouping changes the work and the rounding, never the answer."""
+    if min_group is None:
+        min_group = MIN_GROUP.get(lengths.device.type, 1)
+    if min_group < 1:
+        raise ValueError(f"min_group={min_group}: use an int >= 1 (1: one group per length)")
+    values, counts = (a.tolist() for a in lengths.unique(return_counts=True))
+    groups, members, size = [], [], 0
+    for L, count in zip(values, counts, strict=True):
+        members.append(L)
+        size += count
+        if size >= min_group or values[-1] == L:
+            rows = torch.isin(lengths, torch.tensor(members, device=lengths.device))
+            groups.append((rows.nonzero().squeeze(-1), L))
+            members, size = [], 0
+    return groups
 
 
 class PCFG(Source):
@@ -203,28 +231,29 @@ class PCFG(Source):
         return torch.from_numpy(tokens), torch.from_numpy(lengths)
 
     def conditionals(self, tokens, lengths, *, device=None, dtype=torch.float32,
-                     batch_size: int = 4096) -> torch.Tensor:
-        """As ``Source.conditionals``. Sentences are grouped by length over the whole input, so
-        each chart is only as wide as its sentences (the work grows like T^3) and each group is
-        large (per-op overhead amortised); results are written in place, no reordering copies."""
+                     batch_size: int = 4096, min_group: int | None = None) -> torch.Tensor:
+        """As ``Source.conditionals``. Sentences are grouped by length over the whole input
+        (``length_groups``), so each chart is only as wide as its sentences (the work grows like
+        T^3) and each group is large (per-op overhead amortised); results are written in place,
+        no reordering copies."""
         tokens, lengths = self._prepare(tokens, lengths, device)
         probs = torch.zeros(*tokens.shape, self.V, device=tokens.device, dtype=dtype)
-        for L in lengths.unique().tolist():
-            group = (lengths == L).nonzero().squeeze(-1)
+        for group, L in length_groups(lengths, min_group):
             plan = self.plan(L, tokens.device, dtype)
             for rows in group.split(batch_size):
                 chart = inside(tokens[rows, :L], plan)
                 probs[rows, :L] = self._checked(
-                    word_conditionals(outside(chart, lengths[rows], plan), plan), rows)
+                    word_conditionals(outside(chart, lengths[rows], plan), plan), rows,
+                    lengths[rows])
         return probs
 
     def _conditionals_batch(self, tokens, lengths, dtype):
         return self.conditionals(tokens, lengths, dtype=dtype)
 
     @staticmethod
-    def _checked(probs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Refuses a position no word can fill (the sentence is not in the language)."""
-        impossible = probs.sum(-1) == 0
+    def _checked(probs: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Refuses a real position no word can fill (the sentence is not in the language)."""
+        impossible = (probs.sum(-1) == 0) & padding_mask(lengths, probs.shape[1])
         if impossible.any():
             b, t = (int(i) for i in impossible.nonzero()[0])
             raise ValueError(f"sentence {int(rows[b])}: no word at position {t} makes it a "
@@ -256,9 +285,10 @@ class PCFG(Source):
         return self.labels_of_tasks(tokens, lengths, (task,), rule, batch_size=batch_size)[task]
 
     def labels_of_tasks(self, tokens, lengths, tasks, rule: str | None = None, *,
-                        batch_size: int = 4096) -> dict[str, torch.Tensor]:
+                        batch_size: int = 4096, min_group: int | None = None
+                        ) -> dict[str, torch.Tensor]:
         """{task: labels [n]} for several tasks from one inside (and outside) pass per batch, on
-        the tokens' device. Sentences are grouped by length, as in ``conditionals``: each chart
+        the tokens' device. Sentences are grouped by length as in ``conditionals``: each chart
         is only as wide as its sentences, and the labels equal those of one padded batch."""
         for task in tasks:
             self._check_task(task)
@@ -267,8 +297,8 @@ class PCFG(Source):
             raise ValueError(f"label rule {rule!r}: use one of {LABEL_RULES}")
         tokens, lengths = as_tokens(tokens, lengths)
         out = {task: torch.full_like(lengths, -1) for task in tasks}
-        for L in lengths.unique().tolist():
-            for rows in (lengths == L).nonzero().squeeze(-1).split(batch_size):
+        for group, L in length_groups(lengths, min_group):
+            for rows in group.split(batch_size):
                 labels = self._labels_batch(tokens[rows, :L], lengths[rows], tasks, rule)
                 for task, y in labels.items():
                     out[task][rows] = y
