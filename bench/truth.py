@@ -15,17 +15,20 @@ Compares, in the same run and on the same sentences:
   against hmmlearn's forward-backward state posteriors (``predict_proba``), which is less work.
 
     python bench/truth.py                      # CPU, writes bench/results/truth_cpu.json
-    python bench/truth.py --device cuda --n-nltk 10 --out bench/results/truth_gpu.json
-    python bench/truth.py --device cuda --skip-baselines --out bench/results/truth_gpu.json
+    python bench/truth.py --device cuda --n-nltk 10 --n 65536 --batch-size 65536 \
+        --min-group 2048 8192 32768 --out bench/results/truth_gpu.json
 
 Only the core library is imported (torch-struct, NLTK and hmmlearn when baselines run), so it
-runs on a GPU host without Ray, MLflow or datasets (``--skip-baselines`` where those three are
-missing).
+runs on a GPU host without Ray, MLflow or datasets; a baseline whose package is missing is
+skipped with a message. torch-struct is pure Python: for a host without a package index,
+``pip download torch-struct --no-deps -d wheels/`` here and ``pip install --no-index --no-deps
+wheels/torch_struct-*.whl`` there.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -63,10 +66,20 @@ def timed_rate(fn, n_items: int, device, repeats: int = 3) -> float:
     return n_items / best
 
 
-def flatlm_rate(src, n, device, batch_size) -> float:
+def flatlm_rate(src, n, device, batch_size, **options) -> float:
     tokens, lengths = src.sample(n, seed=0)
     tokens, lengths = tokens.to(device), lengths.to(device)
-    return timed_rate(lambda: src.conditionals(tokens, lengths, batch_size=batch_size), n, device)
+    return timed_rate(lambda: src.conditionals(tokens, lengths, batch_size=batch_size, **options),
+                      n, device)
+
+
+def min_group_rows(src, n, device, batch_size, values, **common) -> list[dict]:
+    """flatlm with neighbouring lengths merged into charts of >= min_group sentences, against one
+    chart per length (min_group=1), in the same run (``flatlm.sources.pcfg.MIN_GROUP``)."""
+    per_length = flatlm_rate(src, n, device, batch_size, min_group=1)
+    return [row("pcfg_paper_conditionals", flatlm_rate(src, n, device, batch_size, min_group=m),
+                per_length, "flatlm, one chart per length (min_group=1)", device, min_group=m,
+                n_sentences=n, batch_size=batch_size, **common) for m in values]
 
 
 def by_length(fn, tokens, lengths, batch_size, V):
@@ -144,6 +157,14 @@ def hmmlearn_rate(src, n) -> float:
     return timed_rate(lambda: model.predict_proba(X, lengths.numpy()), n, "cpu", repeats=1)
 
 
+def installed(package: str) -> bool:
+    """Whether a baseline's package imports; says so when it does not."""
+    if importlib.util.find_spec(package) is None:
+        print(f"skipped: {package} is not installed (its baseline rows are left out)")
+        return False
+    return True
+
+
 def row(metric, flatlm, baseline, name, device, **extra) -> dict:
     out = {"metric": metric, "flatlm": flatlm, "baseline": baseline, "baseline_name": name,
            "ratio": flatlm / baseline, "device": device}
@@ -161,6 +182,9 @@ def main() -> None:
                     help="sentences for the torch-struct comparison (flatlm timed on the same)")
     ap.add_argument("--torch-struct-batch", type=int, default=256,
                     help="sentences per torch-struct call (its dense rule tensor is per sentence)")
+    ap.add_argument("--min-group", type=int, nargs="*", default=[],
+                    help="also time charts merged to >= this many sentences (several values: a "
+                         "row each, against min_group=1)")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     ap.add_argument("--out", default="bench/results/truth_cpu.json")
@@ -182,16 +206,20 @@ def main() -> None:
         rows += [row("pcfg_paper_conditionals", pcfg_fast, float("nan"), "none", device, **common),
                  row("hmm_default_conditionals", hmm_fast, float("nan"), "none", device, **common)]
     else:
-        rows.append(torch_struct_row(pcfg, args.n_torch_struct, device, args.torch_struct_batch,
-                                     **common))
-        rows.append(row("pcfg_paper_conditionals", pcfg_fast, nltk_rate(pcfg, args.n_nltk),
-                        "nltk.ViterbiParser (one best parse per sentence)", device, **common))
+        if installed("torch_struct"):
+            rows.append(torch_struct_row(pcfg, args.n_torch_struct, device,
+                                         args.torch_struct_batch, **common))
+        if installed("nltk"):
+            rows.append(row("pcfg_paper_conditionals", pcfg_fast, nltk_rate(pcfg, args.n_nltk),
+                            "nltk.ViterbiParser (one best parse per sentence)", device, **common))
         rows.append(row("pcfg_paper_conditionals", pcfg_fast, slow_route_rate(pcfg, args.n_slow),
                         "flatlm slow route (one inside pass per candidate word, float64)",
                         device, **common))
-        rows.append(row("hmm_default_conditionals", hmm_fast, hmmlearn_rate(hmm, args.n),
-                        "hmmlearn CategoricalHMM.predict_proba (forward-backward)", device,
-                        **common))
+        if installed("hmmlearn"):
+            rows.append(row("hmm_default_conditionals", hmm_fast, hmmlearn_rate(hmm, args.n),
+                            "hmmlearn CategoricalHMM.predict_proba (forward-backward)", device,
+                            **common))
+    rows += min_group_rows(pcfg, args.n, device, args.batch_size, args.min_group, **common)
     for r in rows:
         print(f"{r['metric']:26s} flatlm {r['flatlm']:10.0f}/s  {r['baseline_name']}: "
               f"{r['baseline']:10.1f}/s  ratio {r['ratio']:8.1f}x")
