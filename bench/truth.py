@@ -16,7 +16,7 @@ Compares, in the same run and on the same sentences:
 
     python bench/truth.py                      # CPU, writes bench/results/truth_cpu.json
     python bench/truth.py --device cuda --n-nltk 10 --n 65536 --batch-size 65536 \
-        --min-group 2048 8192 32768 --out bench/results/truth_gpu.json
+        --min-group 1024 4096 16384 --out bench/results/truth_gpu.json
 
 Only the core library is imported (torch-struct, NLTK and hmmlearn when baselines run), so it
 runs on a GPU host without Ray, MLflow or datasets; a baseline whose package is missing is

@@ -127,11 +127,12 @@ def _check_acceptance(grammar: Grammar, max_length: int) -> float:
                       f"({shortest}); raise max_length, or make the recursive rules rarer")
 
 
-MIN_GROUP = {"cpu": 1, "cuda": 8192}
+MIN_GROUP = {"cpu": 1, "cuda": 4096}
 # sentences per length group, by device type: a CPU pays for arithmetic, so every length gets its
 # own chart (1); a GPU pays per kernel launch below a few thousand sentences per chart (H100:
 # 108k sent/s at 16k sentences, 365k at 65k, replication_facts.md), so neighbouring lengths share
-# a chart, padded to the longest, until it holds this many (bench/truth.py --min-group)
+# a chart, padded to the longest, until it holds this many: the default batch of ``conditionals``
+# and ``labels_of_tasks`` (not yet measured on a GPU: bench/truth.py --min-group)
 
 
 def length_groups(lengths: torch.Tensor, min_group: int | None = None):
