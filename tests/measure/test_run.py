@@ -23,9 +23,10 @@ def test_probe_results_come_with_majority_random_and_lookup_rows():
     assert first[probe_key("g_star", "num_classes")] == 9
     assert data.random_model is None  # measured once, then freed
     assert first["probe/feature_rank"] >= 1.0 and first["random_init/feature_rank"] >= 1.0
-    assert first["time/lookup_s"] > 0 and first["time/random_init_s"] > 0
+    assert min(first[f"time/{k}_s"] for k in ("lookup", "random_init", "eval_data")) > 0
     second = measure_model(model, src, data, cfg, "cpu")
-    assert "time/probe_s" in second and "time/lookup_s" not in second  # computed once
+    assert "time/probe_s" in second  # every checkpoint; the once-per-trial work once
+    assert not {"time/lookup_s", "time/random_init_s", "time/eval_data_s"} & set(second)
     reference = {k: v for k, v in first.items() if k.startswith(("random_init/", "lookup/"))}
     assert all(second[k] == v for k, v in reference.items())
     no_random = measure_model(model, src, eval_data(src, cfg), cfg, "cpu")
