@@ -16,7 +16,7 @@ Compares, in the same run and on the same sentences:
 
     python bench/truth.py                      # CPU, writes bench/results/truth_cpu.json
     python bench/truth.py --device cuda --n-nltk 10 --n 65536 --batch-size 65536 \
-        --min-group 1024 4096 16384 --out bench/results/truth_gpu.json
+        --min-group 1024 4096 16384 --fused --out bench/results/truth_gpu.json
 
 Only the core library is imported (torch-struct, NLTK and hmmlearn when baselines run), so it
 runs on a GPU host without Ray, MLflow or datasets; a baseline whose package is missing is
@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from flatlm.sources import load
+from flatlm.sources.pcfg import FUSED, MIN_GROUP
 from flatlm.sources.reference import slow_conditionals
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -71,6 +72,19 @@ def flatlm_rate(src, n, device, batch_size, **options) -> float:
     tokens, lengths = tokens.to(device), lengths.to(device)
     return timed_rate(lambda: src.conditionals(tokens, lengths, batch_size=batch_size, **options),
                       n, device)
+
+
+def fused_rows(src, n, device, batch_size, min_groups, **common) -> list[dict]:
+    """flatlm's fused inside-outside (``flatlm.sources.inside_outside_fused``) against its
+    split-by-split route, same sentences and length groups, for each min_group."""
+    rows = []
+    for m in min_groups or [None]:
+        fast = flatlm_rate(src, n, device, batch_size, min_group=m, fused=True)
+        plain = flatlm_rate(src, n, device, batch_size, min_group=m, fused=False)
+        rows.append(row("pcfg_paper_conditionals", fast, plain,
+                        "flatlm split by split (inside_outside), same length groups", device,
+                        fused=True, min_group=m, n_sentences=n, batch_size=batch_size, **common))
+    return rows
 
 
 def min_group_rows(src, n, device, batch_size, values, **common) -> list[dict]:
@@ -185,6 +199,9 @@ def main() -> None:
     ap.add_argument("--min-group", type=int, nargs="*", default=[],
                     help="also time charts merged to >= this many sentences (several values: a "
                          "row each, against min_group=1)")
+    ap.add_argument("--fused", action="store_true",
+                    help="also time the fused inside-outside against the split-by-split route "
+                         "(at 1 and each --min-group)")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     ap.add_argument("--out", default="bench/results/truth_cpu.json")
@@ -201,7 +218,9 @@ def main() -> None:
     rows = []
     common = {"unit": unit, "hardware": desc, "torch": torch.__version__,
               "command": "python bench/truth.py " + " ".join(sys.argv[1:]),
-              "load_average_1min": os.getloadavg()[0]}
+              "load_average_1min": os.getloadavg()[0],
+              "defaults": {"fused": FUSED.get(torch.device(device).type, False),
+                           "min_group": MIN_GROUP.get(torch.device(device).type, 1)}}
     if args.skip_baselines:
         rows += [row("pcfg_paper_conditionals", pcfg_fast, float("nan"), "none", device, **common),
                  row("hmm_default_conditionals", hmm_fast, float("nan"), "none", device, **common)]
@@ -220,6 +239,8 @@ def main() -> None:
                             "hmmlearn CategoricalHMM.predict_proba (forward-backward)", device,
                             **common))
     rows += min_group_rows(pcfg, args.n, device, args.batch_size, args.min_group, **common)
+    if args.fused:
+        rows += fused_rows(pcfg, args.n, device, args.batch_size, [1, *args.min_group], **common)
     for r in rows:
         print(f"{r['metric']:26s} flatlm {r['flatlm']:10.0f}/s  {r['baseline_name']}: "
               f"{r['baseline']:10.1f}/s  ratio {r['ratio']:8.1f}x")
