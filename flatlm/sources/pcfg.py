@@ -63,7 +63,12 @@ from flatlm.sources.inside_outside import (
     sentence_logprob,
     word_conditionals,
 )
-from flatlm.sources.inside_outside_fused import FusedPlan, conditionals_fused
+from flatlm.sources.inside_outside_fused import (
+    FusedPlan,
+    conditionals_fused,
+    inside_fused,
+    outside_fused,
+)
 from flatlm.sources.pcfg_sampler import RuleTable, sample_sentences
 
 LABEL_RULES = ("posterior", "span", "inside")
@@ -307,21 +312,23 @@ class PCFG(Source):
         return self.labels_of_tasks(tokens, lengths, (task,), rule, batch_size=batch_size)[task]
 
     def labels_of_tasks(self, tokens, lengths, tasks, rule: str | None = None, *,
-                        batch_size: int = 4096, min_group: int | None = None
-                        ) -> dict[str, torch.Tensor]:
+                        batch_size: int = 4096, min_group: int | None = None,
+                        fused: bool | None = None) -> dict[str, torch.Tensor]:
         """{task: labels [n]} for several tasks from one inside (and outside) pass per batch, on
-        the tokens' device. Sentences are grouped by length as in ``conditionals``: each chart
-        is only as wide as its sentences, and the labels equal those of one padded batch."""
+        the tokens' device. Sentences are grouped by length and the route chosen (``fused``) as
+        in ``conditionals``; the labels equal those of one padded batch."""
         for task in tasks:
             self._check_task(task)
         rule = rule or self.label_rule
         if rule not in LABEL_RULES:
             raise ValueError(f"label rule {rule!r}: use one of {LABEL_RULES}")
         tokens, lengths = as_tokens(tokens, lengths)
+        fused = FUSED.get(tokens.device.type, False) if fused is None else fused
         out = {task: torch.full_like(lengths, -1) for task in tasks}
         for group, L in length_groups(lengths, min_group):
             for rows in group.split(batch_size):
-                labels = self._labels_batch(tokens[rows, :L], lengths[rows], tasks, rule)
+                labels = self._labels_batch(tokens[rows, :L], lengths[rows], tasks, rule,
+                                            fused)
                 for task, y in labels.items():
                     out[task][rows] = y
         return out
@@ -366,11 +373,16 @@ class PCFG(Source):
         with np.errstate(divide="ignore"):
             return torch.from_numpy(np.log(np.clip(lc, 0.0, None)))
 
-    def _labels_batch(self, tokens, lengths, tasks, rule) -> dict[str, torch.Tensor]:
+    def _labels_batch(self, tokens, lengths, tasks, rule,
+                      fused: bool = False) -> dict[str, torch.Tensor]:
         plan = self.plan(tokens.shape[1], tokens.device, torch.float64)
-        chart = inside(tokens, plan)
+        if fused:
+            chart, stacked = inside_fused(tokens, self.fused_plan(plan))
+        else:
+            chart = inside(tokens, plan)
         if rule == "posterior":
-            out_chart = outside(chart, lengths, plan)
+            out_chart = outside_fused(stacked, lengths, self.fused_plan(plan)) if fused else \
+                outside(chart, lengths, plan)
             log_px = sentence_logprob(chart, lengths, plan)[:, None]  # (B, 1)
         labels = {}
         for task in tasks:
