@@ -7,19 +7,28 @@ Compares, in the same run and on the same sentences:
   against flatlm's own slow route of paper A.3 (one inside pass per candidate word). NLTK's parse
   yields one best tree, not the conditionals, so that ratio understates the gap: getting the
   conditionals from a per-sentence parser takes T x V parses per sentence.
+- PCFG, side by side with torch-struct (``bench/torch_struct_peer.py``: its CKY in the log
+  semiring, marginals by autograd) on the same sentences, each grouped by length, on the same
+  device and in the same dtype; the largest absolute difference of the conditionals is reported
+  and must stay below ``AGREEMENT`` (float32: 1e-4; float64 agrees to ~1e-14).
 - HMM (the default 200 words / 100 states / length 16): flatlm's forward-backward conditionals
   against hmmlearn's forward-backward state posteriors (``predict_proba``), which is less work.
 
     python bench/truth.py                      # CPU, writes bench/results/truth_cpu.json
-    python bench/truth.py --device cuda --skip-baselines --out bench/results/truth_gpu.json
+    python bench/truth.py --device cuda --n-nltk 10 --n 65536 --batch-size 65536 \
+        --min-group 1024 4096 16384 --fused --out bench/results/truth_gpu.json
 
-Only the core library is imported (NLTK and hmmlearn when baselines run), so it runs on a GPU
-host without Ray, MLflow or datasets.
+Only the core library is imported (torch-struct, NLTK and hmmlearn when baselines run), so it
+runs on a GPU host without Ray, MLflow or datasets; a baseline whose package is missing is
+skipped with a message. torch-struct is pure Python: for a host without a package index,
+``pip download torch-struct --no-deps -d wheels/`` here and ``pip install --no-index --no-deps
+wheels/torch_struct-*.whl`` there.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -31,7 +40,13 @@ import numpy as np
 import torch
 
 from flatlm.sources import load
+from flatlm.sources.pcfg import FUSED, MIN_GROUP
 from flatlm.sources.reference import slow_conditionals
+
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_struct_peer import TorchStructPCFG  # noqa: E402
+
+AGREEMENT = 1e-4  # float32 conditionals, flatlm vs torch-struct: largest absolute difference
 
 
 def _sync(device):
@@ -52,10 +67,63 @@ def timed_rate(fn, n_items: int, device, repeats: int = 3) -> float:
     return n_items / best
 
 
-def flatlm_rate(src, n, device, batch_size) -> float:
+def flatlm_rate(src, n, device, batch_size, **options) -> float:
     tokens, lengths = src.sample(n, seed=0)
     tokens, lengths = tokens.to(device), lengths.to(device)
-    return timed_rate(lambda: src.conditionals(tokens, lengths, batch_size=batch_size), n, device)
+    return timed_rate(lambda: src.conditionals(tokens, lengths, batch_size=batch_size, **options),
+                      n, device)
+
+
+def fused_rows(src, n, device, batch_size, min_groups, **common) -> list[dict]:
+    """flatlm's fused inside-outside (``flatlm.sources.inside_outside_fused``) against its
+    split-by-split route, same sentences and length groups, for each min_group."""
+    rows = []
+    for m in min_groups or [None]:
+        fast = flatlm_rate(src, n, device, batch_size, min_group=m, fused=True)
+        plain = flatlm_rate(src, n, device, batch_size, min_group=m, fused=False)
+        rows.append(row("pcfg_paper_conditionals", fast, plain,
+                        "flatlm split by split (inside_outside), same length groups", device,
+                        fused=True, min_group=m, n_sentences=n, batch_size=batch_size, **common))
+    return rows
+
+
+def min_group_rows(src, n, device, batch_size, values, **common) -> list[dict]:
+    """flatlm with neighbouring lengths merged into charts of >= min_group sentences, against one
+    chart per length (min_group=1), in the same run (``flatlm.sources.pcfg.MIN_GROUP``)."""
+    per_length = flatlm_rate(src, n, device, batch_size, min_group=1)
+    return [row("pcfg_paper_conditionals", flatlm_rate(src, n, device, batch_size, min_group=m),
+                per_length, "flatlm, one chart per length (min_group=1)", device, min_group=m,
+                n_sentences=n, batch_size=batch_size, **common) for m in values]
+
+
+def by_length(fn, tokens, lengths, batch_size, V):
+    """fn(tokens [b, L], lengths [b]) -> [b, L, V] over groups of one length, written in place."""
+    out = torch.zeros(*tokens.shape, V, device=tokens.device)
+    for L in lengths.unique().tolist():
+        for rows in (lengths == L).nonzero().squeeze(-1).split(batch_size):
+            out[rows, :L] = fn(tokens[rows, :L], lengths[rows]).to(out.dtype)
+    return out
+
+
+def torch_struct_row(src, n, device, batch_size, **common) -> dict:
+    """flatlm and torch-struct on the same n sentences, same device, float32; agreement
+    checked."""
+    peer = TorchStructPCFG(src.grammar, device=device)
+    tokens, lengths = src.sample(n, seed=1)
+    tokens, lengths = tokens.to(device), lengths.to(device)
+    ours = src.conditionals(tokens, lengths, batch_size=batch_size)
+    theirs = by_length(peer.conditionals, tokens, lengths, batch_size, src.V)
+    gap = float((ours - theirs).abs().max())
+    if not gap < AGREEMENT:
+        raise SystemExit(f"flatlm and torch-struct disagree: max |diff| {gap:.3g} >= {AGREEMENT}")
+    fast = timed_rate(lambda: src.conditionals(tokens, lengths, batch_size=batch_size), n,
+                      device)
+    slow = timed_rate(lambda: by_length(peer.conditionals, tokens, lengths, batch_size, src.V),
+                      n, device, repeats=1)
+    return row("pcfg_paper_conditionals", fast, slow,
+               "torch-struct CKY (log semiring, marginals by autograd), same sentences",
+               device, agreement_max_abs=gap, agreement_tolerance=AGREEMENT, n_sentences=n,
+               batch_size=batch_size, **common)
 
 
 def nltk_grammar(src):
@@ -103,6 +171,14 @@ def hmmlearn_rate(src, n) -> float:
     return timed_rate(lambda: model.predict_proba(X, lengths.numpy()), n, "cpu", repeats=1)
 
 
+def installed(package: str) -> bool:
+    """Whether a baseline's package imports; says so when it does not."""
+    if importlib.util.find_spec(package) is None:
+        print(f"skipped: {package} is not installed (its baseline rows are left out)")
+        return False
+    return True
+
+
 def row(metric, flatlm, baseline, name, device, **extra) -> dict:
     out = {"metric": metric, "flatlm": flatlm, "baseline": baseline, "baseline_name": name,
            "ratio": flatlm / baseline, "device": device}
@@ -116,6 +192,16 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--n-nltk", type=int, default=40, help="sentences NLTK parses")
     ap.add_argument("--n-slow", type=int, default=2, help="sentences for the slow route")
+    ap.add_argument("--n-torch-struct", type=int, default=64,
+                    help="sentences for the torch-struct comparison (flatlm timed on the same)")
+    ap.add_argument("--torch-struct-batch", type=int, default=256,
+                    help="sentences per torch-struct call (its dense rule tensor is per sentence)")
+    ap.add_argument("--min-group", type=int, nargs="*", default=[],
+                    help="also time charts merged to >= this many sentences (several values: a "
+                         "row each, against min_group=1)")
+    ap.add_argument("--fused", action="store_true",
+                    help="also time the fused inside-outside against the split-by-split route "
+                         "(at 1 and each --min-group)")
     ap.add_argument("--skip-baselines", action="store_true")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     ap.add_argument("--out", default="bench/results/truth_cpu.json")
@@ -132,19 +218,29 @@ def main() -> None:
     rows = []
     common = {"unit": unit, "hardware": desc, "torch": torch.__version__,
               "command": "python bench/truth.py " + " ".join(sys.argv[1:]),
-              "load_average_1min": os.getloadavg()[0]}
+              "load_average_1min": os.getloadavg()[0],
+              "defaults": {"fused": FUSED.get(torch.device(device).type, False),
+                           "min_group": MIN_GROUP.get(torch.device(device).type, 1)}}
     if args.skip_baselines:
         rows += [row("pcfg_paper_conditionals", pcfg_fast, float("nan"), "none", device, **common),
                  row("hmm_default_conditionals", hmm_fast, float("nan"), "none", device, **common)]
     else:
-        rows.append(row("pcfg_paper_conditionals", pcfg_fast, nltk_rate(pcfg, args.n_nltk),
-                        "nltk.ViterbiParser (one best parse per sentence)", device, **common))
+        if installed("torch_struct"):
+            rows.append(torch_struct_row(pcfg, args.n_torch_struct, device,
+                                         args.torch_struct_batch, **common))
+        if installed("nltk"):
+            rows.append(row("pcfg_paper_conditionals", pcfg_fast, nltk_rate(pcfg, args.n_nltk),
+                            "nltk.ViterbiParser (one best parse per sentence)", device, **common))
         rows.append(row("pcfg_paper_conditionals", pcfg_fast, slow_route_rate(pcfg, args.n_slow),
                         "flatlm slow route (one inside pass per candidate word, float64)",
                         device, **common))
-        rows.append(row("hmm_default_conditionals", hmm_fast, hmmlearn_rate(hmm, args.n),
-                        "hmmlearn CategoricalHMM.predict_proba (forward-backward)", device,
-                        **common))
+        if installed("hmmlearn"):
+            rows.append(row("hmm_default_conditionals", hmm_fast, hmmlearn_rate(hmm, args.n),
+                            "hmmlearn CategoricalHMM.predict_proba (forward-backward)", device,
+                            **common))
+    rows += min_group_rows(pcfg, args.n, device, args.batch_size, args.min_group, **common)
+    if args.fused:
+        rows += fused_rows(pcfg, args.n, device, args.batch_size, [1, *args.min_group], **common)
     for r in rows:
         print(f"{r['metric']:26s} flatlm {r['flatlm']:10.0f}/s  {r['baseline_name']}: "
               f"{r['baseline']:10.1f}/s  ratio {r['ratio']:8.1f}x")

@@ -93,6 +93,16 @@ def pair_terms(p: torch.Tensor, log_q: torch.Tensor, word: torch.Tensor) -> dict
     }
 
 
+TRUTH_BYTES = 2**28  # one call's exact conditionals (float64): 8192 paper-grammar sentences
+
+
+def truth_chunk(n_batch: int, T: int, V: int) -> int:
+    """Sentences whose exact conditionals are computed in one call: as many as ``TRUTH_BYTES``
+    holds, at least one model batch. One large call per chunk, not one per model batch, so the
+    source's batched inference (grouped by length) runs at full width on the device."""
+    return max(n_batch, TRUTH_BYTES // (8 * max(1, T * V)))
+
+
 @torch.no_grad()
 def loss_terms(
     model: nn.Module,
@@ -106,34 +116,44 @@ def loss_terms(
     """Per-sentence values [n] (float64, CPU) of loss, entropy, kl and loss_data, keyed by the
     metric keys: the value at the sentence's position ("one") or the mean over its positions
     ("all"). The model must already be on ``device`` (default: its own); it runs in eval mode and
-    its train/eval mode is put back afterwards.
+    its train/eval mode is put back afterwards. The truth is computed on ``device`` too, a chunk
+    of sentences at a time (``truth_chunk``).
     """
     tokens, lengths = as_tokens(tokens, lengths)
     tokens, lengths = tokens.cpu(), lengths.cpu()
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    rows, pos = masked_pairs(lengths, cfg)  # (P,), (P,)
+    rows, pos = masked_pairs(lengths, cfg)  # (P,), (P,), rows ascending
     n = len(lengths)
     sums = {key: torch.zeros(n, dtype=torch.float64) for key in (LOSS, ENTROPY, KL, LOSS_DATA)}
+    chunk = truth_chunk(cfg.batch_size, tokens.shape[1], source.V)
     was_training = model.training
     model.eval()
     try:
-        for i in range(0, len(rows), cfg.batch_size):
-            r, t = rows[i : i + cfg.batch_size], pos[i : i + cfg.batch_size]  # (B,)
-            sentences, which = torch.unique(r, return_inverse=True)  # each sentence's truth once
-            truth = source.conditionals(tokens[sentences], lengths[sentences], device=device,
-                                        dtype=torch.float64)  # (U, T, V)
-            ids, mask = encode(tokens[r].to(device), lengths[r].to(device))  # (B, T+2)
-            t_dev = t.to(device)
-            ids = mask_positions(ids, t_dev, check=False)
-            log_q = word_logits(model, ids, mask, t_dev).double().log_softmax(-1)  # (B, V)
-            p = truth[which.to(device), t_dev]  # (B, V)
-            word = tokens[r, t].to(device)  # (B,)
-            for key, value in pair_terms(p, log_q, word).items():
-                sums[key].index_add_(0, r, value.cpu())
+        for start in range(0, n, chunk):
+            stop = min(n, start + chunk)
+            truth = source.conditionals(tokens[start:stop], lengths[start:stop], device=device,
+                                        dtype=torch.float64)  # (C, T, V)
+            lo, hi = (int(i) for i in torch.searchsorted(rows, torch.tensor([start, stop])))
+            for i in range(lo, hi, cfg.batch_size):
+                r, t = rows[i : min(i + cfg.batch_size, hi)], pos[i : min(i + cfg.batch_size, hi)]
+                _add_batch(sums, model, truth, tokens, lengths, r, t, start, device)
     finally:
         model.train(was_training)
     count = torch.bincount(rows, minlength=n).double()  # (n,): 1 ("one") or L_i ("all")
     return {key: s / count for key, s in sums.items()}
+
+
+def _add_batch(sums, model, truth, tokens, lengths, r, t, start, device) -> None:
+    """Adds one model batch of masked pairs (sentence r, position t) to the per-sentence sums;
+    ``truth`` holds the conditionals of the sentences from ``start`` on."""
+    ids, mask = encode(tokens[r].to(device), lengths[r].to(device))  # (B, T+2)
+    t_dev = t.to(device)
+    ids = mask_positions(ids, t_dev, check=False)
+    log_q = word_logits(model, ids, mask, t_dev).double().log_softmax(-1)  # (B, V)
+    p = truth[(r - start).to(device), t_dev]  # (B, V)
+    word = tokens[r, t].to(device)  # (B,)
+    for key, value in pair_terms(p, log_q, word).items():
+        sums[key].index_add_(0, r, value.cpu())
 
 
 def pretrain_loss(

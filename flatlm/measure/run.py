@@ -92,6 +92,7 @@ class EvalData:
     classes: dict  # task -> class ids (n_downstream,), -1 = undefined for that sentence
     random_model: nn.Module | None = None  # the trial's shape, randomly initialised
     reference: dict = field(default_factory=dict)  # cached reference metrics (once per trial)
+    seconds: float | None = None  # eval_data's wall time, reported at the first checkpoint
 
 
 def downstream_of(source: Source, cfg: MeasureConfig) -> tuple[str, tuple[str, ...]]:
@@ -113,14 +114,16 @@ def eval_data(source: Source, cfg: MeasureConfig, model_cfg=None, *, device=None
     key = cache_key(source.fingerprint(), source.spec or {}, {
         "seed": cfg.seed, "n_eval": cfg.n_eval, "n_downstream": cfg.n_downstream, "rule": rule,
         "tasks": list(tasks)})
+    start = time.perf_counter()
     t = cached_tensors(cache_dir, key, lambda: _draw(source, cfg, rule, tasks, device))
+    seconds = time.perf_counter() - start
     random_model = None
     if model_cfg is not None and "probe" in cfg.what:
         random_model = build_model(model_cfg, source.V, source.max_length,
                                    seed=derive_seed(cfg.seed, "random-features")).eval()
     classes = {task: t[f"class/{task}"] for task in tasks}
     return EvalData(t["tokens"], t["lengths"], t["downstream_tokens"], t["downstream_lengths"],
-                    classes, random_model)
+                    classes, random_model, seconds=seconds)
 
 
 def _draw(source: Source, cfg: MeasureConfig, rule: str, tasks, device) -> dict:
@@ -182,17 +185,23 @@ def _probe_tasks(features, source, data: EvalData, cfg: MeasureConfig, stage: st
 
 
 def _references(source, data: EvalData, cfg: MeasureConfig, device, what) -> dict:
-    """The lookup table's and the random model's probe results (computed once per trial)."""
+    """The lookup table's and the random model's probe results (computed once per trial, on
+    ``device``; their time, ``time/lookup_s`` and ``time/random_init_s``, at that checkpoint,
+    and at the first one ``time/eval_data_s``, drawing and labelling or reading the cache)."""
+    times = {} if data.seconds is None else {"time/eval_data_s": data.seconds}
+    data.seconds = None
     if "lookup" in what and "lookup" not in data.reference:
-        features = lookup_features(source, data.downstream_tokens, data.downstream_lengths,
-                                   device=device)
-        data.reference["lookup"] = _probe_tasks(features, source, data, cfg, "lookup")
+        with timer(times, "lookup"):
+            features = lookup_features(source, data.downstream_tokens, data.downstream_lengths,
+                                       device=device)
+            data.reference["lookup"] = _probe_tasks(features, source, data, cfg, "lookup")
     if "probe" in what and data.random_model is not None and "random_init" not in \
             data.reference:
-        data.reference["random_init"] = _probes(data.random_model.to(device), source, data, cfg,
-                                                "random_init", device)
+        with timer(times, "random_init"):
+            data.reference["random_init"] = _probes(data.random_model.to(device), source, data,
+                                                    cfg, "random_init", device)
         data.random_model = None  # measured: free its memory
-    return {k: v for metrics in data.reference.values() for k, v in metrics.items()}
+    return {**{k: v for metrics in data.reference.values() for k, v in metrics.items()}, **times}
 
 
 def _flatness(model, source, data, cfg, device, what) -> dict[str, float]:

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from flatlm.seeds import derive_seed
-from flatlm.sources.base import Source, SourceError, as_tokens
+from flatlm.sources.base import Source, SourceError, as_tokens, padding_mask
 from flatlm.sources.grammar import (
     Grammar,
     RandomGrammarConfig,
@@ -62,6 +62,12 @@ from flatlm.sources.inside_outside import (
     outside,
     sentence_logprob,
     word_conditionals,
+)
+from flatlm.sources.inside_outside_fused import (
+    FusedPlan,
+    conditionals_fused,
+    inside_fused,
+    outside_fused,
 )
 from flatlm.sources.pcfg_sampler import RuleTable, sample_sentences
 
@@ -125,6 +131,40 @@ def _check_acceptance(grammar: Grammar, max_length: int) -> float:
     raise SourceError(f"pcfg max_length={max_length}: only {kept:.2g} of this grammar's "
                       f"sentences have at most {max_length} words, so sampling would not finish "
                       f"({shortest}); raise max_length, or make the recursive rules rarer")
+
+
+FUSED = {"cpu": False, "cuda": True}
+# inside-outside with all splits of a width at once (inside_outside_fused), by device type: 2.9x
+# fewer kernels at T = 16, for a GPU bound by launches; 1.6x slower on a CPU (more memory traffic).
+# Not yet measured on a GPU: bench/truth.py --fused times it against the split-by-split route.
+
+MIN_GROUP = {"cpu": 1, "cuda": 4096}
+# sentences per length group, by device type: a CPU pays for arithmetic, so every length gets its
+# own chart (1); a GPU pays per kernel launch below a few thousand sentences per chart (H100:
+# 108k sent/s at 16k sentences, 365k at 65k, replication_facts.md), so neighbouring lengths share
+# a chart, padded to the longest, until it holds this many: the default batch of ``conditionals``
+# and ``labels_of_tasks`` (not yet measured on a GPU: bench/truth.py --min-group)
+
+
+def length_groups(lengths: torch.Tensor, min_group: int | None = None):
+    """[(rows, L)]: the sentences in groups of neighbouring lengths, each with its longest length
+    L; a group closes once it holds ``min_group`` sentences (default ``MIN_GROUP`` of the
+    lengths' device type; 1: one group per length). Charts accept mixed lengths (padding scores
+    0), so the grouping changes the work and the rounding, never the answer."""
+    if min_group is None:
+        min_group = MIN_GROUP.get(lengths.device.type, 1)
+    if min_group < 1:
+        raise ValueError(f"min_group={min_group}: use an int >= 1 (1: one group per length)")
+    values, counts = (a.tolist() for a in lengths.unique(return_counts=True))
+    groups, members, size = [], [], 0
+    for L, count in zip(values, counts, strict=True):
+        members.append(L)
+        size += count
+        if size >= min_group or values[-1] == L:
+            rows = torch.isin(lengths, torch.tensor(members, device=lengths.device))
+            groups.append((rows.nonzero().squeeze(-1), L))
+            members, size = [], 0
+    return groups
 
 
 class PCFG(Source):
@@ -203,28 +243,44 @@ class PCFG(Source):
         return torch.from_numpy(tokens), torch.from_numpy(lengths)
 
     def conditionals(self, tokens, lengths, *, device=None, dtype=torch.float32,
-                     batch_size: int = 4096) -> torch.Tensor:
-        """As ``Source.conditionals``. Sentences are grouped by length over the whole input, so
-        each chart is only as wide as its sentences (the work grows like T^3) and each group is
-        large (per-op overhead amortised); results are written in place, no reordering copies."""
+                     batch_size: int = 4096, min_group: int | None = None,
+                     fused: bool | None = None) -> torch.Tensor:
+        """As ``Source.conditionals``. Sentences are grouped by length over the whole input
+        (``length_groups``), so each chart is only as wide as its sentences (the work grows like
+        T^3) and each group is large (per-op overhead amortised); results are written in place,
+        no reordering copies. ``fused``: all splits of a width at once (default ``FUSED`` of the
+        device type)."""
         tokens, lengths = self._prepare(tokens, lengths, device)
+        fused = FUSED.get(tokens.device.type, False) if fused is None else fused
         probs = torch.zeros(*tokens.shape, self.V, device=tokens.device, dtype=dtype)
-        for L in lengths.unique().tolist():
-            group = (lengths == L).nonzero().squeeze(-1)
+        for group, L in length_groups(lengths, min_group):
             plan = self.plan(L, tokens.device, dtype)
             for rows in group.split(batch_size):
+                if fused:
+                    probs[rows, :L] = self._checked(conditionals_fused(
+                        tokens[rows, :L], lengths[rows], self.fused_plan(plan)), rows,
+                        lengths[rows])
+                    continue
                 chart = inside(tokens[rows, :L], plan)
                 probs[rows, :L] = self._checked(
-                    word_conditionals(outside(chart, lengths[rows], plan), plan), rows)
+                    word_conditionals(outside(chart, lengths[rows], plan), plan), rows,
+                    lengths[rows])
         return probs
+
+    def fused_plan(self, plan: Plan) -> FusedPlan:
+        """``FusedPlan`` of a cached ``plan`` (cached beside it)."""
+        key = (plan.T, str(plan.root.device), plan.root.dtype, "fused")
+        if key not in self._plans:
+            self._plans[key] = FusedPlan.of(plan)
+        return self._plans[key]
 
     def _conditionals_batch(self, tokens, lengths, dtype):
         return self.conditionals(tokens, lengths, dtype=dtype)
 
     @staticmethod
-    def _checked(probs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Refuses a position no word can fill (the sentence is not in the language)."""
-        impossible = probs.sum(-1) == 0
+    def _checked(probs: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Refuses a real position no word can fill (the sentence is not in the language)."""
+        impossible = (probs.sum(-1) == 0) & padding_mask(lengths, probs.shape[1])
         if impossible.any():
             b, t = (int(i) for i in impossible.nonzero()[0])
             raise ValueError(f"sentence {int(rows[b])}: no word at position {t} makes it a "
@@ -251,24 +307,31 @@ class PCFG(Source):
             raise ValueError(f"unknown task {task!r}; this PCFG's tasks are {self.tasks}")
 
     def labels(self, tokens, lengths, task: str, rule: str | None = None, *,
-               batch_size: int = 1024) -> torch.Tensor:
+               batch_size: int = 4096) -> torch.Tensor:
         """Nonterminal labels for ``task`` by ``rule`` (default: the spec's ``label_rule``)."""
         return self.labels_of_tasks(tokens, lengths, (task,), rule, batch_size=batch_size)[task]
 
     def labels_of_tasks(self, tokens, lengths, tasks, rule: str | None = None, *,
-                        batch_size: int = 1024) -> dict[str, torch.Tensor]:
-        """{task: labels [n]} for several tasks from one inside (and outside) pass per batch."""
+                        batch_size: int = 4096, min_group: int | None = None,
+                        fused: bool | None = None) -> dict[str, torch.Tensor]:
+        """{task: labels [n]} for several tasks from one inside (and outside) pass per batch, on
+        the tokens' device. Sentences are grouped by length and the route chosen (``fused``) as
+        in ``conditionals``; the labels equal those of one padded batch."""
         for task in tasks:
             self._check_task(task)
         rule = rule or self.label_rule
         if rule not in LABEL_RULES:
             raise ValueError(f"label rule {rule!r}: use one of {LABEL_RULES}")
         tokens, lengths = as_tokens(tokens, lengths)
-        parts = [self._labels_batch(tokens[i : i + batch_size], lengths[i : i + batch_size],
-                                    tasks, rule) for i in range(0, len(tokens), batch_size)]
-        if not parts:
-            return {task: torch.zeros(0, dtype=torch.int64) for task in tasks}
-        return {task: torch.cat([p[task] for p in parts]) for task in tasks}
+        fused = FUSED.get(tokens.device.type, False) if fused is None else fused
+        out = {task: torch.full_like(lengths, -1) for task in tasks}
+        for group, L in length_groups(lengths, min_group):
+            for rows in group.split(batch_size):
+                labels = self._labels_batch(tokens[rows, :L], lengths[rows], tasks, rule,
+                                            fused)
+                for task, y in labels.items():
+                    out[task][rows] = y
+        return out
 
     def _labelled_sample(self, n, seed, rule, tasks, device):
         """Sentences of at least ``downstream_min_length`` words, labelled for all tasks at
@@ -310,11 +373,16 @@ class PCFG(Source):
         with np.errstate(divide="ignore"):
             return torch.from_numpy(np.log(np.clip(lc, 0.0, None)))
 
-    def _labels_batch(self, tokens, lengths, tasks, rule) -> dict[str, torch.Tensor]:
+    def _labels_batch(self, tokens, lengths, tasks, rule,
+                      fused: bool = False) -> dict[str, torch.Tensor]:
         plan = self.plan(tokens.shape[1], tokens.device, torch.float64)
-        chart = inside(tokens, plan)
+        if fused:
+            chart, stacked = inside_fused(tokens, self.fused_plan(plan))
+        else:
+            chart = inside(tokens, plan)
         if rule == "posterior":
-            out_chart = outside(chart, lengths, plan)
+            out_chart = outside_fused(stacked, lengths, self.fused_plan(plan)) if fused else \
+                outside(chart, lengths, plan)
             log_px = sentence_logprob(chart, lengths, plan)[:, None]  # (B, 1)
         labels = {}
         for task in tasks:

@@ -147,3 +147,21 @@ def test_config_rejects_bad_values():
         LossConfig(positions="some")
     with pytest.raises(ValueError, match="batch_size"):
         LossConfig(batch_size=0)
+
+
+@pytest.mark.parametrize("positions", ["one", "all"])
+def test_truth_in_chunks_changes_no_term(src, model, positions, monkeypatch):
+    """The truth computed a few sentences at a time (chunks that cut model batches) gives the
+    terms of one call over all sentences: each pair reads its own sentence's conditionals."""
+    import flatlm.measure.loss as loss_module
+
+    tokens, lengths = src.sample(40, seed=3)
+    cfg = LossConfig(positions=positions, batch_size=6, seed=4)
+    whole = loss_terms(model, src, tokens, lengths, cfg)
+    per_token = 8 * src.max_length * src.V
+    monkeypatch.setattr(loss_module, "TRUTH_BYTES", 7 * per_token)  # chunks of 7 sentences
+    assert loss_module.truth_chunk(cfg.batch_size, src.max_length, src.V) == 7
+    chunked = loss_terms(model, src, tokens, lengths, cfg)
+    for key in KEYS:
+        torch.testing.assert_close(chunked[key], whole[key], rtol=0, atol=1e-6)
+    assert loss_module.truth_chunk(cfg.batch_size, src.max_length, 10**9) == cfg.batch_size

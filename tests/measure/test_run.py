@@ -23,7 +23,10 @@ def test_probe_results_come_with_majority_random_and_lookup_rows():
     assert first[probe_key("g_star", "num_classes")] == 9
     assert data.random_model is None  # measured once, then freed
     assert first["probe/feature_rank"] >= 1.0 and first["random_init/feature_rank"] >= 1.0
+    assert min(first[f"time/{k}_s"] for k in ("lookup", "random_init", "eval_data")) > 0
     second = measure_model(model, src, data, cfg, "cpu")
+    assert "time/probe_s" in second  # every checkpoint; the once-per-trial work once
+    assert not {"time/lookup_s", "time/random_init_s", "time/eval_data_s"} & set(second)
     reference = {k: v for k, v in first.items() if k.startswith(("random_init/", "lookup/"))}
     assert all(second[k] == v for k, v in reference.items())
     no_random = measure_model(model, src, eval_data(src, cfg), cfg, "cpu")
@@ -66,3 +69,30 @@ def test_the_trial_config_names_the_label_rule_and_tasks(tmp_path):
     run_trial(cfg, tmp_path)
     written = json.loads((tmp_path / "config.json").read_text())["measure"]
     assert written["label_rule"] == "count" and written["tasks"] == ["g_star"]
+
+
+def test_labels_are_computed_on_the_device_given_and_equal_the_plain_and_cached_ones(
+        tmp_path, monkeypatch):
+    """eval_data hands its device to the labelling (a spy records it); the labels equal those of
+    the plain path (no device) and of the cache."""
+    from flatlm.sources.pcfg import PCFG
+
+    src = load({"kind": "pcfg", "random": {"vocab": 6, "depth": 2, "nonterminals_per_level": 2,
+                                           "roots": 2}, "seed": 0, "spans": {"B": 2}})
+    cfg = MeasureConfig(what=("probe",), n_eval=5, n_downstream=40)
+    seen, labels_of_tasks = [], PCFG.labels_of_tasks
+
+    def spy(self, tokens, lengths, *args, **kwargs):
+        seen.append(tokens.device)
+        return labels_of_tasks(self, tokens, lengths, *args, **kwargs)
+
+    monkeypatch.setattr(PCFG, "labels_of_tasks", spy)
+    on_device = eval_data(src, cfg, device=torch.device("cpu"), cache_dir=tmp_path)
+    assert seen == [torch.device("cpu")]
+    plain = eval_data(src, cfg)
+    cached = eval_data(src, cfg, device=torch.device("cpu"), cache_dir=tmp_path)
+    assert len(seen) == 2  # the cached call labelled nothing
+    for task in src.tasks:
+        assert torch.equal(on_device.classes[task], plain.classes[task])
+        assert torch.equal(cached.classes[task], plain.classes[task])
+        assert on_device.classes[task].dtype == torch.int64

@@ -291,3 +291,41 @@ def test_downstream_sentences_have_the_minimum_length():
         load({"kind": "pcfg", "grammar": "paper", "spans": {"B": 9}})
     assert load("pcfg:paper,downstream_min_length=1,spans.B=1,spans.C=1").spans == {"B": 1,
                                                                                        "C": 1}
+
+
+@pytest.mark.parametrize("rule", ["posterior", "span", "inside"])
+def test_labels_grouped_by_length_equal_one_padded_batch(rule):
+    """The fast path (a chart per sentence length, batches cut across groups) labels as one
+    chart over the whole padded batch does, on the paper grammar (2..16 words)."""
+    src = load("pcfg:paper")
+    tokens, lengths = src.sample(120, seed=5)
+    tokens, lengths = tokens[:, : int(lengths.max())], lengths
+    tasks = ("A", "B", "C")
+    plain = src._labels_batch(tokens, lengths, tasks, rule)
+    grouped = src.labels_of_tasks(tokens, lengths, tasks, rule, batch_size=7)
+    merged = src.labels_of_tasks(tokens, lengths, tasks, rule, min_group=25, fused=True)
+    assert len(lengths.unique()) > 5  # (merged and fused: the GPU's defaults)
+    for task in tasks:
+        assert grouped[task].dtype == torch.int64
+        assert torch.equal(grouped[task], plain[task]), task
+        assert torch.equal(merged[task], plain[task]), task
+    assert bool((grouped["B"][lengths < 4] == -1).all()) and bool((grouped["A"] >= 0).all())
+
+
+def test_merged_length_groups_give_the_per_length_conditionals():
+    """Neighbouring lengths sharing a padded chart (the GPU default) change only the rounding."""
+    from flatlm.sources.pcfg import length_groups
+
+    src = load("pcfg:paper")
+    tokens, lengths = src.sample(150, seed=6)
+    groups = length_groups(lengths, 40)
+    rows = torch.cat([g for g, _ in groups])
+    assert 1 < len(groups) < len(lengths.unique())
+    assert sorted(rows.tolist()) == list(range(150))
+    assert all(int(lengths[g].max()) == L for g, L in groups)
+    assert len(length_groups(lengths)) == len(lengths.unique())  # CPU default: one per length
+    per_length = src.conditionals(tokens, lengths, dtype=torch.float64)
+    merged = src.conditionals(tokens, lengths, dtype=torch.float64, min_group=40, batch_size=33)
+    torch.testing.assert_close(merged, per_length, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="min_group"):
+        src.conditionals(tokens, lengths, min_group=0)
