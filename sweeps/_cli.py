@@ -108,6 +108,8 @@ def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
     from flatlm.trial import validate_trial
 
     overrides = parse_overrides(getattr(args, "overrides", []))
+    if getattr(args, "source", None) is not None:  # --source is --set source (resolve_source)
+        overrides["source"] = args.source
     swept = sorted(set(overrides) & set(sweep.space))
     sweep = replace(sweep, base=apply_overrides(sweep.base, overrides),
                     **{k: v for k, v in (("name", getattr(args, "name", None)),
