@@ -24,10 +24,11 @@ The per-input value averages ``cfg.labels_per_input`` directions (default 8), wh
 that a variance-based standard error misses (``curvature.grouped_mean_se``).
 
 ||J^T u_i||^2 for every input i of a batch comes from one forward and one backward of
-sum_i <u_i, z_i> (``measure.ghost``) for BERT, post- or pre-LN; ``method="vmap"`` is
-``torch.func.vmap(grad)`` over an unrolled BiLSTM (``measure.per_example``); ``method="loop"`` is
-the per-example backward loop they replace (the reference in tests and benchmarks), and the
-fallback for any other model.
+sum_i <u_i, z_i> (``measure.ghost``) for BERT, post- or pre-LN, and through an unrolled BiLSTM
+(``method="lstm-ghost"``, ``measure.lstm_ghost``); ``method="vmap"`` is ``torch.func.vmap(grad)``
+over the unrolled BiLSTM (``measure.per_example``; on a CPU no faster than the loop, measured);
+``method="loop"`` is the per-example backward loop they replace (the reference in tests and
+benchmarks), and the fallback for any other model.
 
 >>> import torch
 >>> from flatlm.models import build_model, parse_model
@@ -166,8 +167,9 @@ def trace_fisher(
     """Estimate Tr(F) over the first ``cfg.n_inputs`` sentences, one masked word each.
 
     ``device``: where to compute (default: the model's; the model must already be there).
-    ``method``: "ghost" (one batched backward; BERT, either ln_mode), "vmap" (BiLSTM), "loop"
-    (per-example backward; any model), or "auto" (the first of these the model supports).
+    ``method``: "ghost" (one batched backward; BERT, either ln_mode), "lstm-ghost" (the same for a
+    BiLSTM), "vmap" (BiLSTM), "loop" (per-example backward; any model), or "auto" (the first of
+    these the model supports).
     Returns ``{"mean", "se", "n", "n_params"}`` and, with ``per_example``, the (n,) per-input
     values (each the mean over ``cfg.labels_per_input`` directions). ``se`` is the standard error
     of the mean of these i.i.d. values, or batch means over ``cfg.se_groups`` groups
