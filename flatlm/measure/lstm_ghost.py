@@ -80,7 +80,12 @@ class _Forward:
                 *(g for _, _, gates in self.saved for g in gates)]
 
 
-def _lstm_norms(model, fwd: _Forward, grads: list) -> dict[str, torch.Tensor]:
+def _sq(t: torch.Tensor) -> torch.Tensor:
+    """Per-example squared norm (B,) of a (B, ...) tensor, in float64."""
+    return t.double().square().flatten(1).sum(1)
+
+
+def _lstm_norms(fwd: _Forward, grads: list) -> dict[str, torch.Tensor]:
     """Per-example squared norms (B,) of the LSTM's parameters by name."""
     out = {}
     T = fwd.embedded.shape[1]
@@ -88,7 +93,7 @@ def _lstm_norms(model, fwd: _Forward, grads: list) -> dict[str, torch.Tensor]:
         layer, sfx = divmod(j, 2)
         name = f"lstm.{{}}_l{layer}{'_reverse' if sfx else ''}"
         delta = torch.stack(grads[j * T:(j + 1) * T], 1)  # (B, T, 4h)
-        bias_sq = delta.sum(1).double().square().sum(1)
+        bias_sq = _sq(delta.sum(1))
         out.update({name.format("weight_ih"): _linear_weight_sq(x, delta).double(),
                     name.format("weight_hh"): _linear_weight_sq(prev, delta).double(),
                     name.format("bias_ih"): bias_sq, name.format("bias_hh"): bias_sq})
@@ -104,10 +109,9 @@ def _head_norms(model, fwd: _Forward, g_embedded, g_projected, g_z, u_ids):
     per_example = g_e.new_zeros(len(g_e), emb.num_embeddings, g_e.shape[-1])
     per_example.scatter_add_(1, fwd.ids[..., None].expand_as(g_e), g_e)
     per_example += u_ids[:, :, None] * fwd.z.detach()[:, None, :]  # the decoder's u z^T
-    sq = lambda t: t.double().square().flatten(1).sum(1)  # noqa: E731
-    return {"embed.weight": sq(per_example), "bias": sq(u_ids),
-            "proj.weight": sq(g_projected) * sq(fwd.hidden.detach()), "proj.bias": sq(g_projected),
-            "norm.weight": sq(g_z * xhat), "norm.bias": sq(g_z)}
+    return {"embed.weight": _sq(per_example), "bias": _sq(u_ids),
+            "proj.weight": _sq(g_projected) * _sq(fwd.hidden.detach()),
+            "proj.bias": _sq(g_projected), "norm.weight": _sq(g_z * xhat), "norm.bias": _sq(g_z)}
 
 
 def per_example_sq_norms(model: nn.Module, params: dict[str, nn.Parameter], input_ids,
@@ -126,7 +130,7 @@ def per_example_sq_norms(model: nn.Module, params: dict[str, nn.Parameter], inpu
         for j, u in enumerate(directions):
             u_ids = torch.nn.functional.pad(u.to(fwd.logits.dtype), (WORD_OFFSET, 0))  # (B, V+4)
             grads = torch.autograd.grad(fwd.logits, targets, u_ids, retain_graph=True)
-            norms = {**_lstm_norms(model, fwd, grads[3:]),
+            norms = {**_lstm_norms(fwd, grads[3:]),
                      **_head_norms(model, fwd, *grads[:3], u_ids)}
             out[j] = sum(norms[name] for name in wanted)
     return out
