@@ -84,6 +84,8 @@ def source_overrides(preset: str, source: str | None) -> dict:
         return {}
     kind = source_kind(source)
     out: dict = {"source": source}
+    if kind != "pcfg":  # paper-code's inside-probability labels are a PCFG's: the source's own
+        out["measure.label_rule"] = None
     if kind == "hmm":
         lstm = (TINY_LSTMS if preset == "tiny" else PAPER_LSTMS)[-1]
         out.update({"model": lstm, "measure.tasks": hmm_tasks(load(source).max_length)})

@@ -53,6 +53,9 @@ def test_an_hmm_scales_bilstms_on_the_papers_tasks():
     check_sweep(sweep)  # every grid point builds
     paper = scaling.build(Namespace(preset="paper", source=HMM))
     assert paper.space["model"]["grid_search"] == list(PAPER_LSTMS)
+    released = scaling.build(Namespace(preset="paper-code", source=HMM))
+    assert released.base.measure.label_rule is None  # not the PCFG's inside rule
+    check_sweep(released)
     assert hmm_tasks(16) == ["task-6", "task-10"] and hmm_tasks(8) == ["task-6"]
     assert hmm_tasks(4) == ["task-2"]
     assert str(steps.build(Namespace(preset="tiny", source=HMM)).base.model) == TINY_LSTMS[-1]
