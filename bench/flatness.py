@@ -40,6 +40,7 @@ import dataclasses
 import json
 import math
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -189,7 +190,7 @@ def bench_model(name: str, src, args) -> list[dict]:
         xs = sub(args.loop_inputs)
         vals, sec = timed(lambda cfg=cfg, xs=xs: per_input_values(
             model, xs, cfg, device=args.device, method="loop"), args.device)
-        ref = per_input_values(model, xs, cfg, device=args.device, method="ghost")
+        ref = per_input_values(model, xs, cfg, device=args.device)  # ghost / vmap (LSTM)
         loop[k] = {"ms_per_input": sec / len(xs) * 1e3, "n": len(xs),
                    "max_rel_diff": float(((vals - ref).abs() / ref.abs()).max()),
                    "to_target": sec / len(xs) * need[k]}
@@ -203,7 +204,7 @@ def bench_model(name: str, src, args) -> list[dict]:
         runs.append(curvlinops_run(model, x_all, probe, args, B, k))
         print(f"[{name}] curvlinops GGN Hutchinson {setting}: {runs[-1]['mean']:.4g} +- "
               f"{runs[-1]['se']:.3g}, to {args.target:.0%}: {runs[-1]['seconds_to_target']:.1f} s")
-    cl = min(runs, key=lambda r: r["seconds_to_target"])
+    cl = min(runs, key=lambda r: r["seconds_to_target"]) if runs else None
 
     best = min(to_target, key=to_target.get)
     common = {
@@ -242,18 +243,22 @@ def bench_model(name: str, src, args) -> list[dict]:
          "flatlm": to_target["sampled"], "flatlm_estimator": "sampled",
          "baseline": loop["sampled"]["to_target"],
          "baseline_name": "per-example backward loop, same sampled labels"},
-        {"metric": "seconds_to_2pct_rse_trace_fisher", "flatlm": to_target[best],
-         "flatlm_estimator": best, "baseline": cl["seconds_to_target"],
-         "baseline_name": "curvlinops 3.0.1 GGNLinearOperator + hutchinson_trace "
-                          "(GGN = F for cross-entropy; eager attention)",
-         "baseline_estimate": cl["mean"], "baseline_estimate_se": cl["se"],
-         "hutchinson_batch_size": cl["batch_size"], "hutchinson_probes_per_batch": cl["probes"],
-         "hutchinson_settings_tried": {f"{r['batch_size']}x{r['probes']}": r["seconds_to_target"]
-                                       for r in runs}},
     ]
+    if cl is not None:  # --hutchinson with no settings leaves curvlinops out (LSTMs)
+        rows.append({
+            "metric": "seconds_to_2pct_rse_trace_fisher", "flatlm": to_target[best],
+            "flatlm_estimator": best, "baseline": cl["seconds_to_target"],
+            "baseline_name": "curvlinops 3.0.1 GGNLinearOperator + hutchinson_trace "
+                             "(GGN = F for cross-entropy; eager attention)",
+            "baseline_estimate": cl["mean"], "baseline_estimate_se": cl["se"],
+            "hutchinson_batch_size": cl["batch_size"],
+            "hutchinson_probes_per_batch": cl["probes"],
+            "hutchinson_settings_tried": {f"{r['batch_size']}x{r['probes']}":
+                                          r["seconds_to_target"] for r in runs}})
     for row in rows:
         row["ratio"] = row["baseline"] / row["flatlm"]
         row["device"] = device_name(args.device)
+        row["command"] = "python " + " ".join(sys.argv)
         row.update(common)
         print(f"[{name}] {row['metric']}: flatlm {row['flatlm_estimator']} "
               f"{row['flatlm']:.2f} s vs {row['baseline_name']} {row['baseline']:.2f} s: "
@@ -282,8 +287,9 @@ def main() -> None:
     p.add_argument("--max-inputs", type=int, default=30_000)
     p.add_argument("--loop-inputs", type=int, default=300)
     p.add_argument("--hutchinson-batches", type=int, default=40)
-    p.add_argument("--hutchinson", nargs="+", default=["8x1", "32x1", "32x4", "32x16", "128x4"],
-                   help="curvlinops settings tried, BATCHxPROBES; the fastest is reported")
+    p.add_argument("--hutchinson", nargs="*", default=["8x1", "32x1", "32x4", "32x16", "128x4"],
+                   help="curvlinops settings tried, BATCHxPROBES; the fastest is reported "
+                        "(none: no curvlinops rows, e.g. for the BiLSTMs)")
     p.add_argument("--target", type=float, default=0.02, help="relative standard error")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (1: time by process CPU time, robust on a shared "

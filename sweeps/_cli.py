@@ -5,7 +5,7 @@ A script defines ``build(args) -> Sweep`` (``_spec``) and calls ``sys.exit(main(
     python sweeps/scaling.py                       # tiny CPU sweep on a local Ray instance
     python sweeps/scaling.py --preset paper --address auto --gpus-per-trial 0.5
     python sweeps/scaling.py --set train.steps=400 --set measure.n_eval=500
-    python sweeps/scaling.py --set source=dyck:6 --set measure.tasks=[]   # any source
+    python sweeps/scaling.py --source hmm:seed=0   # any source, with its kind's defaults
     python sweeps/scaling.py --resume              # continue an interrupted sweep
 
 A bad sweep exits with code 2 and ``error: <what and the fix>`` before any trial starts.
@@ -54,6 +54,10 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override a trial config key for every trial "
                        "(repeatable), e.g. train.steps=400")
+        p.add_argument("--source", metavar="SPEC",
+                       help="the language (as --set source=SPEC), with its kind's defaults: an "
+                            "hmm trains BiLSTMs and probes task-6 / task-10, dyck probes g_star "
+                            "(sweeps/presets.py source_overrides); default: the preset's PCFG")
         p.add_argument("--name", help="the MLflow and Ray experiment name (default: the "
                        "script's, e.g. scaling); letters, digits and . _ + -")
     p.add_argument("--workdir", default=".", help="where mlflow.db, mlruns/, ray_results/ and "
@@ -75,12 +79,37 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
     return p
 
 
+def resolve_source(args: argparse.Namespace) -> None:
+    """Sets ``args.source`` to the sweep's language: ``--source``, else ``--set source=`` (the two
+    are one setting, so either gets the kind's defaults), else None. Both, naming different
+    sources, is an error naming both."""
+    from flatlm.sources import SourceSpec
+
+    given = {flag: value for flag, value in (
+        ("--source", getattr(args, "source", None)),
+        ("--set source", parse_overrides(getattr(args, "overrides", [])).get("source")))
+        if value is not None}
+    specs = {}
+    for flag, value in given.items():
+        try:
+            specs[flag] = SourceSpec(value)
+        except ValueError as e:
+            raise ValueError(f"{flag} {value!r}: {e}") from None
+    if len(set(specs.values())) > 1:
+        first, second = given["--source"], given["--set source"]
+        raise ValueError(f"--source {first!r} and --set source={second!r} name different "
+                         "sources; give one of them")
+    args.source = next(iter(given.values()), None)
+
+
 def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
     """The sweep with the command line's ``--set`` overrides and resource flags applied."""
     from flatlm.config import apply_overrides
     from flatlm.trial import validate_trial
 
     overrides = parse_overrides(getattr(args, "overrides", []))
+    if getattr(args, "source", None) is not None:  # --source is --set source (resolve_source)
+        overrides["source"] = args.source
     swept = sorted(set(overrides) & set(sweep.space))
     sweep = replace(sweep, base=apply_overrides(sweep.base, overrides),
                     **{k: v for k, v in (("name", getattr(args, "name", None)),
@@ -108,6 +137,11 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
     if args.verbose:  # read by the trials (local Ray workers inherit the environment)
         os.environ["FLATLM_VERBOSE"] = "1"
     workdir = Path(args.workdir).absolute()
+    try:  # before Ray and MLflow are imported: a bad source is an error in seconds
+        resolve_source(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     from _driver import Interrupted, TrackingIncomplete, run_sweep
     from _spec import shown_metrics
     from _summary import TrackingUnreachable, summarise

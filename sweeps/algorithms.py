@@ -30,7 +30,7 @@ def add_arguments(p) -> None:
 def build(args):
     """The sweep (``_spec.Sweep``); imports here keep ``--help`` fast."""
     from _rayenv import tune
-    from _spec import Sweep
+    from _spec import Sweep, measured_tasks
     from presets import TINY_KL_THRESHOLD, base_for
 
     from flatlm.config import apply_overrides
@@ -41,10 +41,11 @@ def build(args):
     if unknown or not algorithms:
         raise ValueError(f"--algorithms {args.algorithms!r}: use a comma-separated list of "
                          f"{', '.join(ALGORITHMS)}")
-    base = base_for(args.preset)
+    base = base_for(args.preset, getattr(args, "source", None))
     tiny = args.preset == "tiny"
-    if tiny:  # the adversary attacks the probed task, on a small pool
-        base = apply_overrides(base, {"train.adversarial.task": "B", "train.adversarial.d1": 32,
+    if tiny:  # the adversary attacks the probed task (B of a PCFG, the source's first else)
+        task = "B" if "B" in measured_tasks(base) else measured_tasks(base)[0]
+        base = apply_overrides(base, {"train.adversarial.task": task, "train.adversarial.d1": 32,
                                       "train.adversarial.d2": 32, "train.adversarial.pool": 256})
     return Sweep(name="algorithms", base=base,
                  space={"train.algorithm": tune.grid_search(algorithms)},

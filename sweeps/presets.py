@@ -7,11 +7,18 @@ from flatlm.config import apply_overrides
 from flatlm.measure.probe import RELEASED
 from flatlm.replication import scales
 from flatlm.replication.protocols import model_for, protocol_overrides
+from flatlm.sources import SourceSpec, load
 from flatlm.trial import TrialConfig
 
 # The languages and model grids live with the replication's scales (one place for both).
 SWEEP_SOURCE, TINY_MODELS, PAPER_MODELS = (scales.SWEEP_SOURCE, scales.TINY_MODELS,
                                            scales.PAPER_MODELS)
+# The BiLSTMs of the HMM sweeps (paper A.1 / A.4), smallest first: two tiny ones for a CPU, and
+# the paper's 10M-135M range from its grid (9.1M, 23.7M, 48.9M, 81.6M, 110M parameters with
+# 200 words; ``flatlm.models.presets.parameter_count``).
+TINY_LSTMS = ("lstm-h16-l1", "lstm-h32-l2")
+PAPER_LSTMS = ("lstm-h256-l6", "lstm-h512-l4", "lstm-h512-l8", "lstm-h768-l6", "lstm-h768-l8")
+PAPER_HMM_POSITIONS = (6, 10)  # A.1: task-6 and task-10 classify the 6th and 10th hidden state
 TINY_KL_THRESHOLD = 0.05  # the tiny sweeps' saturation rule: every tiny model gets below it
 #   by step 2000-3000 of tiny_cpu() (0.032 / 0.019 / 0.009 at 3000, no dropout)
 
@@ -57,12 +64,47 @@ def paper_code_pcfg() -> TrialConfig:
                                   "model": model_for(str(base.model), "paper-code")})
 
 
-def base_for(preset: str) -> TrialConfig:
-    return {"tiny": tiny_cpu, "paper": paper_pcfg, "paper-code": paper_code_pcfg}[preset]()
+def source_kind(source: str | None) -> str:
+    """The kind of a sweep's ``--source`` (pcfg when none is given: the presets' own)."""
+    return "pcfg" if source is None else SourceSpec(source).kind
 
 
-def models_for(preset: str) -> tuple[str, ...]:
-    """The model grid of a preset: tiny shapes, or Table 3's (pre-LN under paper-code)."""
+def hmm_tasks(length: int) -> list[str]:
+    """The paper's HMM tasks that sentences of ``length`` words have (task-6, task-10), else the
+    middle position's."""
+    return [f"task-{k}" for k in PAPER_HMM_POSITIONS if k <= length] or [
+        f"task-{(length + 1) // 2}"]
+
+
+def source_overrides(preset: str, source: str | None) -> dict:
+    """What ``--source`` changes in a preset's base: the source, and per kind the paper's
+    setting for it: an HMM trains a BiLSTM (A.4) and probes task-6 / task-10 (A.1); Dyck probes
+    g* (section 5); a PCFG keeps the preset's model and tasks (every grammar has A, B, C)."""
+    if source is None:
+        return {}
+    kind = source_kind(source)
+    out: dict = {"source": source}
+    if kind != "pcfg":  # paper-code's inside-probability labels are a PCFG's: the source's own
+        out["measure.label_rule"] = None
+    if kind == "hmm":
+        lstm = (TINY_LSTMS if preset == "tiny" else PAPER_LSTMS)[-1]
+        out.update({"model": lstm, "measure.tasks": hmm_tasks(load(source).max_length)})
+    elif kind == "dyck":
+        out["measure.tasks"] = ["g_star"]
+    return out
+
+
+def base_for(preset: str, source: str | None = None) -> TrialConfig:
+    """A preset's base trial, on ``source`` (``--source``) with its kind's defaults."""
+    base = {"tiny": tiny_cpu, "paper": paper_pcfg, "paper-code": paper_code_pcfg}[preset]()
+    return apply_overrides(base, source_overrides(preset, source))
+
+
+def models_for(preset: str, source: str | None = None) -> tuple[str, ...]:
+    """The model grid of a preset: tiny shapes, or Table 3's (pre-LN under paper-code); on an
+    HMM source the BiLSTMs (TINY_LSTMS, or PAPER_LSTMS under paper / paper-code)."""
+    if source_kind(source) == "hmm":
+        return TINY_LSTMS if preset == "tiny" else PAPER_LSTMS
     if preset == "tiny":
         return TINY_MODELS
     return tuple(model_for(m, "paper" if preset == "paper" else "paper-code")

@@ -36,8 +36,9 @@ def build(args):
              "train.weight_decay": tune.loguniform(1e-4, 1e-1),
              "train.dropout": tune.uniform(0.0, 0.2)}
     tiny = args.preset == "tiny"
-    return Sweep(name="search", base=base_for(args.preset), space=space, searcher="optuna",
-                 objectives=objectives, num_samples=args.samples or (4 if tiny else 64),
+    base = base_for(args.preset, getattr(args, "source", None))  # --source (_cli.main)
+    return Sweep(name="search", base=base, space=space, searcher="optuna", objectives=objectives,
+                 num_samples=args.samples or (4 if tiny else 64),
                  max_concurrent=2 if tiny else 8, gpus_per_trial=0.0 if tiny else 0.5)
 
 

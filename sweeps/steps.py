@@ -24,7 +24,7 @@ def build(args):
         steps, every = 4500, 500
     else:
         steps, every = 200_000, 10_000
-    base = apply_overrides(base_for(args.preset), {
+    base = apply_overrides(base_for(args.preset, getattr(args, "source", None)), {
         "train.steps": steps, "train.checkpoint_steps": list(range(every, steps + 1, every))})
     tiny = args.preset == "tiny"
     return Sweep(name="steps", base=base, space={"train.seed": tune.grid_search([0, 1, 2])},

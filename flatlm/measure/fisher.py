@@ -24,10 +24,11 @@ The per-input value averages ``cfg.labels_per_input`` directions (default 8), wh
 that a variance-based standard error misses (``curvature.grouped_mean_se``).
 
 ||J^T u_i||^2 for every input i of a batch comes from one forward and one backward of
-sum_i <u_i, z_i> (``measure.ghost``) for BERT, post- or pre-LN; ``method="vmap"`` is
-``torch.func.vmap(grad)`` over an unrolled BiLSTM (``measure.per_example``); ``method="loop"`` is
-the per-example backward loop they replace (the reference in tests and benchmarks), and the
-fallback for any other model.
+sum_i <u_i, z_i> (``measure.ghost``) for BERT, post- or pre-LN, and through an unrolled BiLSTM
+(``method="lstm-ghost"``, ``measure.lstm_ghost``); ``method="vmap"`` is ``torch.func.vmap(grad)``
+over the unrolled BiLSTM (``measure.per_example``; on a CPU no faster than the loop, measured);
+``method="loop"`` is the per-example backward loop they replace (the reference in tests and
+benchmarks), and the fallback for any other model.
 
 >>> import torch
 >>> from flatlm.models import build_model, parse_model
@@ -45,7 +46,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flatlm.measure import ghost, per_example
+from flatlm.measure import ghost, lstm_ghost, per_example
 from flatlm.measure.curvature import (
     FlatnessConfig,
     MaskedInputs,
@@ -57,7 +58,7 @@ from flatlm.measure.curvature import (
 )
 from flatlm.models.bert import word_logits
 
-METHODS = ("auto", "ghost", "vmap", "loop")
+METHODS = ("auto", "ghost", "lstm-ghost", "vmap", "loop")
 
 
 def output_directions(
@@ -103,6 +104,16 @@ def _vmap_values(model, params, x: MaskedInputs, cfg: FlatnessConfig, g) -> torc
                                             x.positions, u)
 
 
+def _lstm_ghost_values(model, params, x: MaskedInputs, cfg: FlatnessConfig, g) -> torch.Tensor:
+    """The same (k, B) for a BiLSTM from one batched backward per direction
+    (``measure.lstm_ghost``)."""
+    with torch.no_grad():
+        logits = word_logits(model, x.input_ids, x.attention_mask, x.positions)  # (B, V)
+    u = output_directions(logits, cfg.labels_per_input, cfg.estimator, g).to(logits.dtype)
+    return lstm_ghost.per_example_sq_norms(model, params, x.input_ids, x.attention_mask,
+                                           x.positions, u)
+
+
 def _loop_values(model, params, x: MaskedInputs, cfg: FlatnessConfig, g) -> torch.Tensor:
     """The same (k, B) by one forward and backward per example and direction."""
     with torch.no_grad():
@@ -130,12 +141,13 @@ def per_input_values(
         raise ValueError(f"method={method!r}: use one of {METHODS}")
     if method == "auto":
         method = ("ghost" if ghost.supports(model) else
-                  "vmap" if per_example.supports(model) else "loop")
+                  "lstm-ghost" if lstm_ghost.supports(model) else "loop")
     device = device or model_device_dtype(model)[0]
     params = selected_parameters(model, cfg.exclude)
     g = torch.Generator(device=device).manual_seed(cfg.seed + 1)
     values = torch.zeros(len(x), dtype=torch.float64)
-    fn = {"ghost": _ghost_values, "vmap": _vmap_values, "loop": _loop_values}[method]
+    fn = {"ghost": _ghost_values, "lstm-ghost": _lstm_ghost_values, "vmap": _vmap_values,
+          "loop": _loop_values}[method]
     with eval_mode(model):
         for rows, batch in x.sorted_batches(cfg.batch_size, device):
             values[rows] = fn(model, params, batch, cfg, g).double().mean(0).cpu()
@@ -155,8 +167,9 @@ def trace_fisher(
     """Estimate Tr(F) over the first ``cfg.n_inputs`` sentences, one masked word each.
 
     ``device``: where to compute (default: the model's; the model must already be there).
-    ``method``: "ghost" (one batched backward; BERT, either ln_mode), "vmap" (BiLSTM), "loop"
-    (per-example backward; any model), or "auto" (the first of these the model supports).
+    ``method``: "ghost" (one batched backward; BERT, either ln_mode), "lstm-ghost" (the same for a
+    BiLSTM), "vmap" (BiLSTM), "loop" (per-example backward; any model), or "auto" (the first of
+    these the model supports).
     Returns ``{"mean", "se", "n", "n_params"}`` and, with ``per_example``, the (n,) per-input
     values (each the mean over ``cfg.labels_per_input`` directions). ``se`` is the standard error
     of the mean of these i.i.d. values, or batch means over ``cfg.se_groups`` groups

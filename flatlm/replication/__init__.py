@@ -7,4 +7,6 @@
   config and a grid of variants.
 - ``runner``: runs an experiment's trials one after another into trial directories, resumably,
   within a time budget (``flatlm replicate``; ``sweeps/replicate.py`` runs the same trials on Ray).
+- ``section5``: Theorem 5.1 on Dyck: fits of the masked-LM loss, their exact Tr H and how well
+  their features give g* (``bench/dyck_section5.py``).
 """

@@ -1,11 +1,14 @@
-"""Every source sweeps: a one-trial sweep on an HMM and one on Dyck, end to end through the real
+"""Every source sweeps, by ``--source``: the scaling sweep's two tiny BiLSTMs on an HMM (then the
+analysis report on its MLflow store) and a one-trial sweep on Dyck, end to end through the real
 command line (``_cli.main``), real Ray and a real MLflow sqlite store.
 
-The task the sweep shows, searches on and summarises comes from the source (its first task, as
-``measure.tasks=[]`` measures all of them), never a hard-coded PCFG task.
+The task the sweep shows, searches on and summarises comes from the source's defaults
+(``sweeps/presets.py``: task-6 of an HMM, g_star of Dyck), never a hard-coded PCFG task.
 """
 
+import csv
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,12 +18,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweeptools (any --im
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
-from sweeptools import LOOSE_RULE, REPO, TINY, Sweep, kill_own, set_args, sweep_env  # noqa: E402
+from sweeptools import (  # noqa: E402
+    LOOSE_RULE,
+    REPO,
+    SCALING,
+    TINY,
+    Sweep,
+    kill_own,
+    set_args,
+    sweep_env,
+)
 
 from flatlm.sources import SourceSpec  # noqa: E402
 
 STEPS = [10, 20]
-ONE_TRIAL = '''"""One tiny trial of the tiny preset, on whatever source --set gives."""
+ONE_TRIAL = '''"""One tiny trial of the tiny preset, on whatever source --source gives."""
 import sys
 
 from _cli import main
@@ -30,7 +42,7 @@ from presets import base_for
 
 
 def build(args):
-    return Sweep(name="sources", base=base_for(args.preset),
+    return Sweep(name="sources", base=base_for(args.preset, args.source),
                  space={"model": tune.grid_search(["d16-h1-l1-i32"])})
 
 
@@ -40,20 +52,22 @@ if __name__ == "__main__":
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("source", "task"), [
-    pytest.param("hmm:seed=0,vocab=20,states=6,length=6,blocks=2", "task-1", id="hmm"),
-    pytest.param("dyck:6", "g_star", id="dyck"),
+@pytest.mark.parametrize(("source", "task", "models"), [
+    pytest.param("hmm:seed=0,vocab=20,states=6,length=6,blocks=2", "task-6",
+                 ["lstm-h16-l1", "lstm-h32-l2"], id="hmm-scaling-lstms"),
+    pytest.param("dyck:6", "g_star", ["d16-h1-l1-i32"], id="dyck"),
 ])
 def test_a_tiny_sweep_of_any_source_finishes_with_its_task_measured(tmp_path, ray_tmpdir,
-                                                                      source, task):
+                                                                      source, task, models):
     from mlflow import MlflowClient
 
     script = tmp_path / "one_trial.py"
     script.write_text(ONE_TRIAL)
     env = sweep_env(ray_tmpdir, PYTHONPATH=os.pathsep.join(
         [str(REPO / "sweeps"), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    args = [*set_args({**TINY, "source": source, "measure.tasks": "[]"}), *LOOSE_RULE]
-    sweep = Sweep(args, tmp_path, env, script=script)
+    tiny = {k: v for k, v in TINY.items() if k != "measure.tasks"}  # the source's defaults
+    args = ["--source", source, "--name", "sources", *set_args(tiny), *LOOSE_RULE]
+    sweep = Sweep(args, tmp_path, env, script=SCALING if len(models) > 1 else script)
     try:
         rc = sweep.wait(timeout=300)
     finally:
@@ -61,17 +75,38 @@ def test_a_tiny_sweep_of_any_source_finishes_with_its_task_measured(tmp_path, ra
     assert rc == 0, sweep.tail()
 
     accuracy = f"probe/{task}/acc_mean"
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("sources").experiment_id])
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["source"] == str(SourceSpec(source))  # its canonical form
-    for key in ("pretrain/loss", "pretrain/kl", "flat/trace_fisher", accuracy):
-        history = client.get_metric_history(run.info.run_id, key)
-        assert sorted(m.step for m in history) == STEPS, key
-    assert 0.0 <= run.data.metrics[accuracy] <= 1.0
-    names = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"curves.png", "metrics.jsonl", "trial_config.json"} <= names, names
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("sources").experiment_id])
+    assert sorted(run.data.tags["model"] for run in runs) == models
+    for run in runs:
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["source"] == str(SourceSpec(source))  # its canonical form
+        for key in ("pretrain/loss", "pretrain/kl", "flat/trace_fisher", accuracy):
+            history = client.get_metric_history(run.info.run_id, key)
+            assert sorted(m.step for m in history) == STEPS, key
+        assert 0.0 <= run.data.metrics[accuracy] <= 1.0
+        names = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"curves.png", "metrics.jsonl", "trial_config.json"} <= names, names
     out = sweep.stdout
     assert f" {task}/acc_mean=" in out  # the result lines show the source's task
     assert f"Correlations with downstream accuracy ({accuracy})" in out, sweep.tail()
     assert f"--task {task} " in out
+    if len(models) > 1:
+        assert_the_report_reads_the_sweep(tmp_path, uri, task, models)
+
+
+def assert_the_report_reads_the_sweep(tmp_path, uri: str, task: str, models: list[str]) -> None:
+    """``analysis/report.py`` on the sweep's store: every model's checkpoints in its table."""
+    report = tmp_path / "report"
+    done = subprocess.run([sys.executable, str(REPO / "analysis" / "report.py"), "--experiment",
+                           "sources", "--task", task, "--out", str(report), "--kl-threshold",
+                           "100", "--tracking-uri", uri, "--n-boot", "50", "--no-log"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(report / "runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted({row["model"] for row in rows}) == models
+    assert sorted(int(float(row["step"])) for row in rows) == sorted(STEPS * len(models))
+    assert all(0.0 <= float(row[f"probe/{task}/acc_mean"]) <= 1.0 for row in rows)
+    assert (report / "conclusion.md").read_text().strip()

@@ -1,0 +1,79 @@
+"""``--source SPEC`` on the sweep scripts: one setting with ``--set source=SPEC``, and each kind's
+defaults (an HMM trains BiLSTMs and probes task-6 / task-10; Dyck probes g*). No Ray started."""
+
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "sweeps"))
+
+import algorithms  # noqa: E402
+import scaling  # noqa: E402
+import steps  # noqa: E402
+from _cli import parser, resolve_source  # noqa: E402
+from _spec import check_sweep, sweep_task  # noqa: E402
+from presets import PAPER_LSTMS, TINY_LSTMS, TINY_MODELS, hmm_tasks  # noqa: E402
+
+from flatlm.sources import SourceSpec  # noqa: E402
+
+HMM = "hmm:seed=0,vocab=20,states=6,length=12,blocks=2"
+
+
+def args_of(*argv: str) -> Namespace:
+    args = parser("A sweep.").parse_args(list(argv))
+    resolve_source(args)
+    return args
+
+
+def test_source_and_set_source_are_one_setting():
+    assert args_of("--source", HMM).source == HMM
+    assert args_of("--set", f"source={HMM}").source == HMM
+    assert args_of("--source", HMM, "--set", f"source={HMM}").source == HMM  # the same: fine
+    assert args_of().source is None
+
+
+def test_conflicting_sources_are_an_error_naming_both():
+    with pytest.raises(ValueError, match=r"--source 'dyck:6' and --set source='dyck:8' name "
+                                         r"different sources"):
+        args_of("--source", "dyck:6", "--set", "source=dyck:8")
+    with pytest.raises(ValueError, match=r"--source 'dyck:5': .*even"):
+        args_of("--source", "dyck:5")
+
+
+def test_an_hmm_scales_bilstms_on_the_papers_tasks():
+    sweep = scaling.build(args_of("--source", HMM))
+    assert sweep.space["model"]["grid_search"] == list(TINY_LSTMS)
+    assert sweep.base.source == SourceSpec(HMM)
+    assert tuple(sweep.base.measure.tasks) == ("task-6", "task-10")
+    assert sweep.base.measure.grow_to is None  # BiLSTMs do not grow (B.4 is for BERTs)
+    check_sweep(sweep)  # every grid point builds
+    paper = scaling.build(Namespace(preset="paper", source=HMM))
+    assert paper.space["model"]["grid_search"] == list(PAPER_LSTMS)
+    released = scaling.build(Namespace(preset="paper-code", source=HMM))
+    assert released.base.measure.label_rule is None  # not the PCFG's inside rule
+    check_sweep(released)
+    assert hmm_tasks(16) == ["task-6", "task-10"] and hmm_tasks(8) == ["task-6"]
+    assert hmm_tasks(4) == ["task-2"]
+    assert str(steps.build(Namespace(preset="tiny", source=HMM)).base.model) == TINY_LSTMS[-1]
+
+
+def test_dyck_keeps_the_berts_and_probes_g_star():
+    sweep = scaling.build(args_of("--source", "dyck:6"))
+    assert sweep.space["model"]["grid_search"] == list(TINY_MODELS)
+    assert sweep_task(sweep) == "g_star"
+    algs = algorithms.build(Namespace(preset="tiny", source="dyck:6", algorithms="adversarial"))
+    assert algs.base.train.adversarial.task == "g_star"  # the adversary attacks the probed task
+    check_sweep(algs)
+
+
+def test_a_bad_source_on_the_command_line_exits_2_before_any_trial(tmp_path):
+    out = subprocess.run([sys.executable, str(REPO / "sweeps" / "scaling.py"), "--source",
+                          "dyck:6", "--set", "source=dyck:8", "--workdir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "error: --source 'dyck:6' and --set source='dyck:8'" in out.stderr
+    assert not (tmp_path / "mlflow.db").exists()
