@@ -29,6 +29,9 @@ Two weightings, each under its own keys (``flatlm.measure``):
   E_x E_{t ~ Unif}[CE_t]; standard error std / sqrt(n) over the n per-sentence values.
 
 All arithmetic after the model's logits is in float64.
+
+A source without a truth (real text, ``Source.has_truth`` False) has no entropy and no KL:
+``pretrain/loss`` is then the one-hot validation loss, equal to ``pretrain/loss_data``.
 """
 
 from __future__ import annotations
@@ -93,6 +96,21 @@ def pair_terms(p: torch.Tensor, log_q: torch.Tensor, word: torch.Tensor) -> dict
     }
 
 
+def data_terms(log_q: torch.Tensor, word: torch.Tensor) -> dict:
+    """Per-pair terms of a source without a truth (real text): the one-hot validation loss is
+    all there is, and it is ``pretrain/loss`` as well as ``pretrain/loss_data``."""
+    one_hot = -log_q.gather(1, word[:, None]).squeeze(1)
+    return {LOSS: one_hot, LOSS_DATA: one_hot}
+
+
+def _truth_at(source: Source, tokens, lengths, r: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """(B, V) true conditionals at the pairs (r, t), each sentence's truth computed once."""
+    sentences, which = torch.unique(r, return_inverse=True)
+    truth = source.conditionals(tokens[sentences], lengths[sentences], device=t.device,
+                                dtype=torch.float64)  # (U, T, V)
+    return truth[which.to(t.device), t]
+
+
 @torch.no_grad()
 def loss_terms(
     model: nn.Module,
@@ -103,32 +121,32 @@ def loss_terms(
     *,
     device: str | torch.device | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Per-sentence values [n] (float64, CPU) of loss, entropy, kl and loss_data, keyed by the
-    metric keys: the value at the sentence's position ("one") or the mean over its positions
-    ("all"). The model must already be on ``device`` (default: its own); it runs in eval mode and
-    its train/eval mode is put back afterwards.
+    """Per-sentence values [n] (float64, CPU) of loss, entropy, kl and loss_data (loss and
+    loss_data only for a source without a truth, ``Source.has_truth``), keyed by the metric keys:
+    the value at the sentence's position ("one") or the mean over its positions ("all"). The model
+    must already be on ``device`` (default: its own); it runs in eval mode and its train/eval mode
+    is put back afterwards.
     """
     tokens, lengths = as_tokens(tokens, lengths)
     tokens, lengths = tokens.cpu(), lengths.cpu()
     device = torch.device(device) if device is not None else next(model.parameters()).device
     rows, pos = masked_pairs(lengths, cfg)  # (P,), (P,)
     n = len(lengths)
-    sums = {key: torch.zeros(n, dtype=torch.float64) for key in (LOSS, ENTROPY, KL, LOSS_DATA)}
+    keys = (LOSS, ENTROPY, KL, LOSS_DATA) if source.has_truth else (LOSS, LOSS_DATA)
+    sums = {key: torch.zeros(n, dtype=torch.float64) for key in keys}
     was_training = model.training
     model.eval()
     try:
         for i in range(0, len(rows), cfg.batch_size):
             r, t = rows[i : i + cfg.batch_size], pos[i : i + cfg.batch_size]  # (B,)
-            sentences, which = torch.unique(r, return_inverse=True)  # each sentence's truth once
-            truth = source.conditionals(tokens[sentences], lengths[sentences], device=device,
-                                        dtype=torch.float64)  # (U, T, V)
             ids, mask = encode(tokens[r].to(device), lengths[r].to(device))  # (B, T+2)
             t_dev = t.to(device)
             ids = mask_positions(ids, t_dev, check=False)
             log_q = word_logits(model, ids, mask, t_dev).double().log_softmax(-1)  # (B, V)
-            p = truth[which.to(device), t_dev]  # (B, V)
             word = tokens[r, t].to(device)  # (B,)
-            for key, value in pair_terms(p, log_q, word).items():
+            terms = (pair_terms(_truth_at(source, tokens, lengths, r, t_dev), log_q, word)
+                     if source.has_truth else data_terms(log_q, word))
+            for key, value in terms.items():
                 sums[key].index_add_(0, r, value.cpu())
     finally:
         model.train(was_training)
