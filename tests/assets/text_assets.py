@@ -43,6 +43,7 @@ def _tsv(path: Path, header: list[str], rows: list[list]) -> None:
 def make_text_assets(root: Path, *, n_docs: int = 300, n_glue: int = 240) -> dict[str, Path]:
     """Writes corpus.txt, tokenizer/ and glue/{SST-2,MRPC}/{train,dev}.tsv under ``root``."""
     rng = random.Random(0)
+    root.mkdir(parents=True, exist_ok=True)
     corpus = root / "corpus.txt"
     corpus.write_text("\n".join(" ".join(_sentence(rng, rng.random() < 0.5) for _ in range(3))
                                 for _ in range(n_docs)) + "\n")
