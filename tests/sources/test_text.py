@@ -93,3 +93,11 @@ def test_a_glue_file_without_the_tasks_columns_is_named(assets, tmp_path):
     with pytest.raises(SourceError, match=r"CoLA/train.tsv lacks column\(s\) \['sentence'\]"):
         load(f"text:{assets['corpus']},tokenizer={assets['tokenizer']},length=16,"
              f"glue={tmp_path / 'glue'}")
+
+
+def test_a_corpus_of_text_refuses_an_entropy_before_any_work(src, tmp_path):
+    from flatlm.corpus import CorpusConfig, make_corpus
+
+    with pytest.raises(ValueError, match=r"no truth, so no entropy; use n_entropy=0"):
+        make_corpus(src, CorpusConfig(n_train=10, seed=0), tmp_path / "c", progress=False)
+    assert not (tmp_path / "c").exists()
