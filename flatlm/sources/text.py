@@ -20,9 +20,14 @@ split for GLUE fine-tuning (``flatlm.measure.glue``).
 
 Spec fields (``text:FILES,tokenizer=...``): ``files`` (a ``.txt`` file, a directory of them, or
 a hub dataset id), ``tokenizer`` (a ``save_pretrained`` directory or a hub id, e.g.
-``bert-large-uncased``), ``length`` (T, default 128), ``validation`` (held-out share of blocks,
-default 0.05), ``seed`` (the split, default 0), ``glue`` (optional directory), ``max_documents``
-(read at most this many documents; default all).
+``bert-large-uncased``), ``length`` (T words, default 128; the model reads T + 2 positions with
+[CLS] and [SEP], so ``length=126`` is BERT's 128 positions), ``validation`` (held-out share of
+blocks, default 0.05), ``seed`` (the split, default 0), ``glue`` (optional directory),
+``max_documents`` (read at most this many documents, streamed from the hub; default all).
+
+Limits: the corpus is tokenised and packed in memory once per process (fine for millions of
+tokens, not for all of OpenWebText: cap it with ``max_documents``); STS-B (regression) is not a
+task.
 """
 
 from __future__ import annotations
