@@ -25,7 +25,7 @@ def conclusion(df: pd.DataFrame, table: pd.DataFrame, acc_key: str, *,
                x: str = TRACE_FISHER, min_runs: int = MIN_RUNS) -> str:
     """A paragraph on ``df`` (the tidy table) and ``table`` (its ``correlation_table`` under the
     same rule): what it can conclude, what it cannot and what would change that."""
-    rule = saturation_rule(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)
+    rule = saturation_rule(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance, df=df)
     inside = df[saturated(df, kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)]
     runs_in = inside[RUN].nunique() if RUN in inside else 0
     words = [f"{df[RUN].nunique()} runs, {len(df)} checkpoints; {len(inside)} checkpoints of "
@@ -46,7 +46,8 @@ def conclusion(df: pd.DataFrame, table: pd.DataFrame, acc_key: str, *,
 
 def _no_regime(df: pd.DataFrame) -> str:
     if KL not in df or df[KL].isna().all():
-        return "No KL was measured, so the regime is undefined; use --loss-tolerance."
+        return ("No KL was measured (a source without a truth, e.g. real text), so a KL rule "
+                "selects nothing; use --loss-tolerance (within it of the lowest loss reached).")
     final = df.sort_values("step").groupby(RUN).tail(1)[KL]
     return (f"No checkpoint reached it (smallest KL seen {df[KL].min():.3g} nats; final KL per "
             f"run {final.min():.3g} to {final.max():.3g}), so nothing can be concluded about "

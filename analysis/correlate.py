@@ -3,9 +3,11 @@
 1. **Saturation regime**, by a stated rule on each checkpoint (row), which is required:
    ``pretrain/kl < kl_threshold`` (the model is within ``kl_threshold`` nats of the true
    conditionals), or ``pretrain/loss - pretrain/entropy <= loss_tolerance`` (the same in terms of
-   the loss; ``loss = entropy + KL`` on an exact source). Early checkpoints tie accuracy to the
-   loss and would swamp the result. When no row qualifies the table is empty and a warning
-   names the rule and the smallest KL seen.
+   the loss; ``loss = entropy + KL`` on an exact source). A source without a truth (real text)
+   has neither KL nor entropy: there the tolerance is to the lowest loss any checkpoint reached,
+   ``pretrain/loss - min pretrain/loss <= loss_tolerance``, and a KL rule selects nothing. Early
+   checkpoints tie accuracy to the loss and would swamp the result. When no row qualifies the
+   table is empty and a warning names the rule and the smallest KL seen.
 2. **Correlations** of a downstream accuracy (``probe/<task>/acc_mean``) with
    ``flat/trace_fisher``, ``flat/trace_hessian`` (and their ``_grown`` twins, measured in one
    common shape across model sizes, when present) and ``pretrain/loss``: Pearson, Spearman and
@@ -49,14 +51,16 @@ MIN_RUNS = 5  # fewer runs in the regime than this: a warning (cluster bootstrap
 RUN = "run_id"
 
 
-def saturation_rule(*, kl_threshold: float | None = None,
-                    loss_tolerance: float | None = None) -> str:
-    """The rule in words (for tables and figure captions)."""
+def saturation_rule(*, kl_threshold: float | None = None, loss_tolerance: float | None = None,
+                    df: pd.DataFrame | None = None) -> str:
+    """The rule in words (for tables and figure captions); with ``df``, the loss rule says
+    whether it is to the entropy or (no truth) to the lowest loss."""
     _check_rule(kl_threshold, loss_tolerance)
     if kl_threshold is not None:
         return f"{KL} < {kl_threshold:g}"
     if loss_tolerance is not None:
-        return f"{LOSS} - {ENTROPY} <= {loss_tolerance:g}"
+        floor = ENTROPY if df is None or has_truth_columns(df) else f"min {LOSS} (no truth)"
+        return f"{LOSS} - {floor} <= {loss_tolerance:g}"
     return "all checkpoints (no saturation rule)"  # for figures; correlations need a rule
 
 
@@ -65,10 +69,18 @@ def saturated(df: pd.DataFrame, *, kl_threshold: float | None = None,
     """Boolean mask of the rows in the saturation regime (all rows when no rule is given)."""
     _check_rule(kl_threshold, loss_tolerance)
     if kl_threshold is not None:
+        if KL not in df:  # a source without a truth: no row is known to be near it
+            return pd.Series(False, index=df.index)
         return (df[KL] < kl_threshold).fillna(False).astype(bool)
     if loss_tolerance is not None:
-        return ((df[LOSS] - df[ENTROPY]) <= loss_tolerance).fillna(False).astype(bool)
+        floor = df[ENTROPY] if has_truth_columns(df) else df[LOSS].min()
+        return ((df[LOSS] - floor) <= loss_tolerance).fillna(False).astype(bool)
     return pd.Series(True, index=df.index)
+
+
+def has_truth_columns(df: pd.DataFrame) -> bool:
+    """Whether the runs measured the entropy of a known truth (a synthetic source)."""
+    return ENTROPY in df and not df[ENTROPY].isna().all()
 
 
 def correlation_table(df: pd.DataFrame, acc_key: str, *, x_keys=X_KEYS, control: str = LOSS,
@@ -92,7 +104,7 @@ def correlation_table(df: pd.DataFrame, acc_key: str, *, x_keys=X_KEYS, control:
     if RUN not in df:
         raise ValueError(f"df has no {RUN!r} column: the bootstrap resamples runs; build df "
                          "with analysis.runs.load_runs")
-    rule = saturation_rule(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)
+    rule = saturation_rule(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance, df=df)
     rows = df[saturated(df, kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)]
     note = _regime_note(df, rows, rule, min_runs)
     rng = np.random.default_rng(seed)
@@ -125,6 +137,10 @@ def correlation_table(df: pd.DataFrame, acc_key: str, *, x_keys=X_KEYS, control:
 
 def _regime_note(df: pd.DataFrame, rows: pd.DataFrame, rule: str, min_runs: int) -> str:
     """Why the table is empty or thin ("" when neither)."""
+    if rows.empty and KL not in df:
+        return (f"no checkpoint satisfies the saturation rule {rule}: the runs measured no {KL} "
+                "(a source without a truth, e.g. real text); use loss_tolerance "
+                "(--loss-tolerance), to the lowest loss reached")
     if rows.empty:
         smallest = df[KL].min() if KL in df else math.nan
         return (f"no checkpoint satisfies the saturation rule {rule} (smallest {KL} seen: "

@@ -160,8 +160,9 @@ def loss_matched(df: pd.DataFrame, kl_threshold: float | None = None
     KLs); each run contributes its checkpoint whose KL is closest to it. With ``kl_threshold``
     a run that never got below it (a run that failed to fit) does not drag the target up for
     the others: it contributes its lowest-KL checkpoint and is listed as unmatched. Returns
-    (those rows, the target, the unmatched runs' ids)."""
-    rows = df.dropna(subset=[KL])
+    (those rows, the target, the unmatched runs' ids). Runs without a KL (a source without a
+    truth, e.g. real text) give their final checkpoints, and the target NaN says so."""
+    rows = df.dropna(subset=[KL]) if KL in df else df.iloc[:0]
     if rows.empty:
         return final_checkpoints(df), math.nan, []
     best = rows.groupby("run_id")[KL].min()

@@ -69,7 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     rule.add_argument("--kl-threshold", type=float, default=None,
                       help="saturation regime (one of the two is required): pretrain/kl < X")
     rule.add_argument("--loss-tolerance", type=float, default=None,
-                      help="saturation regime: pretrain/loss - pretrain/entropy <= Y")
+                      help="saturation regime: pretrain/loss - pretrain/entropy <= Y (no "
+                           "entropy, e.g. real text: within Y of the lowest loss reached)")
     p.add_argument("--n-boot", type=int, default=1000,
                    help="cluster-bootstrap resamples (runs resampled)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
@@ -100,7 +101,7 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
     corr_md = correlation_markdown(table)
     paths = [
         accuracy_scatter(df, acc_key, out / "fig1_accuracy_scatter.png", regime=regime,
-                         title=f"Fig. 1: {acc_key}; regime: {saturation_rule(**rule)}"),
+                         title=f"Fig. 1: {acc_key}; regime: {saturation_rule(**rule, df=df)}"),
         metrics_over_steps(df, out / "fig2_over_steps.png",
                            keys=(LOSS, KL, TRACE_FISHER, acc_key)),
         metrics_over_size(df, out / "fig3_over_size.png",
@@ -221,7 +222,7 @@ def main(argv=None) -> int:
     print("\nTable 1:\n" + (args.out / "table1_by_algorithm.md").read_text())
     if not args.no_log:
         params = {"experiment": args.experiment, "accuracy": acc_key,
-                  "rule": saturation_rule(**rule), "n_boot": args.n_boot, "seed": args.seed,
+                  "rule": saturation_rule(**rule, df=df), "n_boot": args.n_boot, "seed": args.seed,
                   "runs": df["run_id"].nunique(), "checkpoints": len(df),
                   "checkpoints_in_regime": n_regime}
         run_id = log_report(uri, report_experiment(args.experiment), paths, params)

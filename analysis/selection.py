@@ -139,7 +139,7 @@ def selection_table(df: pd.DataFrame, acc_key: str, selectors=None, *, kl_thresh
         raise ValueError("selectors: the runs have no flat/* or pretrain/loss column")
     rows = candidates(df, acc_key, selectors, kl_threshold=kl_threshold,
                       loss_tolerance=loss_tolerance)
-    rule = saturation_rule(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)
+    rule = saturation_rule(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance, df=df)
     attrs = dict(rule=rule, level=level, n=len(rows), runs=rows[RUN].nunique(), acc_key=acc_key)
     if rows.empty:
         table = pd.DataFrame(columns=list(COLUMNS))

@@ -76,6 +76,9 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
                    help="saturation rule of the closing summary: checkpoints with "
                         "pretrain/kl below this (default: 0.05 nats for --preset tiny, whose "
                         "models get below it; 0.1 for the paper's)")
+    p.add_argument("--loss-tolerance", type=float,
+                   help="the summary's rule instead: pretrain/loss within this of the entropy "
+                        "(a source without a truth, e.g. text: of the lowest loss reached)")
     return p
 
 
@@ -117,7 +120,9 @@ def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
                                          ("cpus_per_trial", args.cpus_per_trial),
                                          ("gpus_per_trial", args.gpus_per_trial),
                                          ("max_failures", args.max_failures),
-                                         ("kl_threshold", args.kl_threshold)) if v is not None})
+                                         ("kl_threshold", args.kl_threshold),
+                                         ("loss_tolerance", getattr(args, "loss_tolerance", None)))
+                       if v is not None})
     if swept:  # the search space would silently replace the value
         validate_trial(sweep.base)  # a bad value is named as such first
         raise ValueError(f"--set {', '.join(swept)}: this sweep varies {', '.join(swept)} "

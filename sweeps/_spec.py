@@ -33,6 +33,8 @@ class Sweep:
     #   first task the base config measures (measure.tasks, else the source's)
     kl_threshold: float = 0.1  # saturation rule of the closing correlations: checkpoints with
     #   pretrain/kl below it (nats per token); correlations need one (analysis/correlate.py)
+    loss_tolerance: float | None = None  # the rule instead, when set: pretrain/loss within it
+    #   of the entropy, or, for a source without a truth (real text), of the lowest loss reached
     selection: bool = False  # the summary prints the whole model-selection table
     #   (analysis/selection.py), not only its verdict
 
@@ -58,6 +60,19 @@ def sweep_task(sweep: Sweep) -> str:
 def accuracy_key(sweep: Sweep) -> str:
     """``probe/<task>/acc_mean`` of the sweep's task: what its correlations are with."""
     return probe_keys(sweep_task(sweep))[0]
+
+
+def saturation(sweep: Sweep) -> dict:
+    """The closing summary's saturation rule, as the keyword analysis/correlate.py takes."""
+    if sweep.loss_tolerance is not None:
+        return {"loss_tolerance": sweep.loss_tolerance}
+    return {"kl_threshold": sweep.kl_threshold}
+
+
+def saturation_flag(sweep: Sweep) -> str:
+    """The same rule as analysis/report.py's flag: ``--kl-threshold 0.05``."""
+    ((key, value),) = saturation(sweep).items()
+    return f"--{key.replace('_', '-')} {value:g}"
 
 
 def shown_metrics(sweep: Sweep) -> tuple[str, ...]:

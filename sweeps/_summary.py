@@ -9,7 +9,7 @@ import textwrap
 import warnings
 from pathlib import Path
 
-from _spec import Sweep, accuracy_key, sweep_task
+from _spec import Sweep, accuracy_key, saturation, saturation_flag, sweep_task
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout: analysis/ is not an installed package
 
@@ -36,8 +36,8 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None) -> None:
     key, task = accuracy_key(sweep), sweep_task(sweep)
     with warnings.catch_warnings():  # an empty or thin regime is said in the conclusion
         warnings.simplefilter("ignore", UserWarning)
-        table = correlation_table(runs, key, kl_threshold=sweep.kl_threshold)
-    words = conclusion(runs, table, key, kl_threshold=sweep.kl_threshold)
+        table = correlation_table(runs, key, **saturation(sweep))
+    words = conclusion(runs, table, key, **saturation(sweep))
     print(f"\nWhat this sweep can conclude:\n{textwrap.fill(words, 100)}")
     if len(table):
         print(f"\nCorrelations with downstream accuracy ({key}), saturated checkpoints:")
@@ -45,12 +45,12 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None) -> None:
         _print_selection(sweep, runs, key)
     print(f"\nMLflow UI:  cd {workdir} && mlflow ui --backend-store-uri {uri}")
     print(f"Report:     python {REPO / 'analysis' / 'report.py'} --experiment {sweep.name} "
-          f"--tracking-uri {uri} --task {task} --kl-threshold {sweep.kl_threshold:g} "
+          f"--tracking-uri {uri} --task {task} {saturation_flag(sweep)} "
           f"--out {workdir / 'report' / sweep.name}")
     if sweep.selection:
         print(f"Selection:  python {REPO / 'analysis' / 'selection.py'} --experiment "
-              f"{sweep.name} --tracking-uri {uri} --task {task} --kl-threshold "
-              f"{sweep.kl_threshold:g} --out {workdir / 'report' / sweep.name}")
+              f"{sweep.name} --tracking-uri {uri} --task {task} {saturation_flag(sweep)} "
+              f"--out {workdir / 'report' / sweep.name}")
 
 
 def _print_selection(sweep: Sweep, runs, key: str) -> None:
@@ -58,7 +58,7 @@ def _print_selection(sweep: Sweep, runs, key: str) -> None:
     verdict in words; the whole table for a selection sweep."""
     from analysis.selection import selection_markdown, selection_table, verdict
 
-    table = selection_table(runs, key, kl_threshold=sweep.kl_threshold)
+    table = selection_table(runs, key, **saturation(sweep))
     if sweep.selection:
         print(f"\n{selection_markdown(table)}")
     else:

@@ -2,7 +2,8 @@
 
 Keys are ``<stage>/<quantity>[_<stat>]``. Each estimate comes with its standard error (``_se``).
 
-Pre-training (exact on a synthetic source, over a validation set; see ``measure.loss``), per
+Pre-training (exact on a synthetic source, over a validation set; see ``measure.loss``; on real
+text, which has no truth, only pretrain/loss = pretrain/loss_data, the one-hot loss), per
 token (every masked word weighs the same, as ``Source.entropy`` and the paper's code weigh them):
     pretrain/loss       cross-entropy of the model at masked positions (nats) =
                         pretrain/entropy + pretrain/kl
@@ -29,6 +30,9 @@ the same held-out sentences, labelled as ``Source.sample_downstream`` labels the
     lookup/<task>/<stat>     the same probe on the concatenated true conditionals of every
                         position (the paper's "lookup table"; reference row, once per trial)
     finetune/<task>/acc_mean, finetune/<task>/acc_std   the whole model fine-tuned, over seeds
+    glue/<task>/<metric>, glue/<task>/<metric>_std   GLUE fine-tuning on a text source's task
+                        (``measure.glue``): the dev split scored with GLUE's metric(s) for the
+                        task (accuracy; CoLA matthews_correlation; MRPC, QQP also f1), over seeds
     <stage>/feature_rank    effective rank (participation ratio) of the probed features over
                         all downstream sentences: a collapse of the representation shows here
   with <stat> one of PROBE_STATS: acc_mean, acc_std (over head seeds), acc_se (honest standard
@@ -86,3 +90,8 @@ def finetune_keys(task: str) -> tuple[str, str]:
 
 def lookup_key(task: str) -> str:
     return probe_key(task, "acc_mean", "lookup")
+
+
+def glue_key(task: str, metric: str) -> str:
+    """``glue/<task>/<metric>``: ``glue_key("cola", "matthews_correlation")``."""
+    return f"glue/{task}/{metric}"

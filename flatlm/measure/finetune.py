@@ -60,25 +60,25 @@ class FinetuneConfig:
 
 
 @torch.no_grad()
-def _accuracy(model, head, ids, mask, y, batch_size) -> float:
+def predict(model, head, ids, mask, batch_size: int) -> torch.Tensor:
+    """Predicted classes [n] of the fine-tuned ``model`` + ``head`` (dropout off)."""
     model.eval()
-    correct = 0
-    for i in range(0, len(y), batch_size):
-        logits = head(cls_features(model, ids[i : i + batch_size], mask[i : i + batch_size]))
-        correct += int((logits.argmax(-1) == y[i : i + batch_size]).sum())
-    return correct / len(y)
+    return torch.cat([head(cls_features(model, ids[i : i + batch_size],
+                                        mask[i : i + batch_size])).argmax(-1)
+                      for i in range(0, len(ids), batch_size)])
 
 
-def finetuned_accuracy(
+def finetuned_predictions(
     model: nn.Module,
     train: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    test: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor],
     num_classes: int,
     cfg: FinetuneConfig,
     seed: int,
-) -> float:
-    """Test accuracy after one fine-tuning run from ``seed`` on (input_ids, attention_mask,
-    classes) tensors already on the model's device; ``model`` is copied, never modified."""
+) -> torch.Tensor:
+    """Test predictions [n_test] after one fine-tuning run from ``seed`` on (input_ids,
+    attention_mask, classes) tensors already on the model's device; ``test`` is (input_ids,
+    attention_mask). ``model`` is copied, never modified."""
     device = train[0].device
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -107,7 +107,20 @@ def finetuned_accuracy(
                 loss.backward()
                 opt.step()
                 step += 1
-        return _accuracy(tuned, head, *test, cfg.eval_batch_size)
+        return predict(tuned, head, *test, cfg.eval_batch_size)
+
+
+def finetuned_accuracy(
+    model: nn.Module,
+    train: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    num_classes: int,
+    cfg: FinetuneConfig,
+    seed: int,
+) -> float:
+    """Test accuracy after one fine-tuning run from ``seed`` (``finetuned_predictions``)."""
+    pred = finetuned_predictions(model, train, test[:2], num_classes, cfg, seed)
+    return float((pred == test[2]).double().mean())
 
 
 def finetune_accuracy(

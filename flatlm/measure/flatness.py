@@ -46,7 +46,8 @@ from flatlm.measure.fisher import trace_fisher
 from flatlm.measure.hessian_trace import trace_hessian
 from flatlm.sources.base import Source
 
-__all__ = ["FlatnessConfig", "measure_flatness", "soft_labels", "trace_fisher", "trace_hessian"]
+__all__ = ["FlatnessConfig", "data_hessian", "measure_flatness", "soft_labels", "trace_fisher",
+           "trace_hessian"]
 
 
 def soft_labels(
@@ -92,6 +93,16 @@ def measure_flatness(
         HESSIAN_FISHER_GAP: hessian["gap_mean"], se_key(HESSIAN_FISHER_GAP): hessian["gap_se"],
     }
     if data_labels:
-        data = trace_hessian(model, tokens, lengths, cfg, positions=x.positions, device=device)
-        out[TRACE_HESSIAN_DATA], out[se_key(TRACE_HESSIAN_DATA)] = data["mean"], data["se"]
+        out.update(data_hessian(model, tokens, lengths, cfg, device))
     return out
+
+
+def data_hessian(model: nn.Module, tokens: torch.Tensor, lengths: torch.Tensor,
+                 cfg: FlatnessConfig, device: str | torch.device | None = None) -> dict:
+    """``flat/trace_hessian_data`` and its ``_se``: the Hessian of the loss with one-hot data
+    labels (the only Hessian a source without a truth, real text, has), on the masked inputs
+    ``measure_flatness`` uses."""
+    device = device or model_device_dtype(model)[0]
+    x = masked_inputs(tokens, lengths, cfg.seed, n=cfg.n_inputs)
+    data = trace_hessian(model, tokens, lengths, cfg, positions=x.positions, device=device)
+    return {TRACE_HESSIAN_DATA: data["mean"], se_key(TRACE_HESSIAN_DATA): data["se"]}

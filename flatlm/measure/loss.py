@@ -29,6 +29,9 @@ Two weightings, each under its own keys (``flatlm.measure``):
   E_x E_{t ~ Unif}[CE_t]; standard error std / sqrt(n) over the n per-sentence values.
 
 All arithmetic after the model's logits is in float64.
+
+A source without a truth (real text, ``Source.has_truth`` False) has no entropy and no KL:
+``pretrain/loss`` is then the one-hot validation loss, equal to ``pretrain/loss_data``.
 """
 
 from __future__ import annotations
@@ -93,6 +96,13 @@ def pair_terms(p: torch.Tensor, log_q: torch.Tensor, word: torch.Tensor) -> dict
     }
 
 
+def data_terms(log_q: torch.Tensor, word: torch.Tensor) -> dict:
+    """Per-pair terms of a source without a truth (real text): the one-hot validation loss is
+    all there is, and it is ``pretrain/loss`` as well as ``pretrain/loss_data``."""
+    one_hot = -log_q.gather(1, word[:, None]).squeeze(1)
+    return {LOSS: one_hot, LOSS_DATA: one_hot}
+
+
 TRUTH_BYTES = 2**28  # one call's exact conditionals (float64): 8192 paper-grammar sentences
 
 
@@ -113,18 +123,20 @@ def loss_terms(
     *,
     device: str | torch.device | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Per-sentence values [n] (float64, CPU) of loss, entropy, kl and loss_data, keyed by the
-    metric keys: the value at the sentence's position ("one") or the mean over its positions
-    ("all"). The model must already be on ``device`` (default: its own); it runs in eval mode and
-    its train/eval mode is put back afterwards. The truth is computed on ``device`` too, a chunk
-    of sentences at a time (``truth_chunk``).
+    """Per-sentence values [n] (float64, CPU) of loss, entropy, kl and loss_data (loss and
+    loss_data only for a source without a truth, ``Source.has_truth``), keyed by the metric keys:
+    the value at the sentence's position ("one") or the mean over its positions ("all"). The model
+    must already be on ``device`` (default: its own); it runs in eval mode and its train/eval mode
+    is put back afterwards. The truth is computed on ``device`` too, a chunk of sentences at a
+    time (``truth_chunk``).
     """
     tokens, lengths = as_tokens(tokens, lengths)
     tokens, lengths = tokens.cpu(), lengths.cpu()
     device = torch.device(device) if device is not None else next(model.parameters()).device
     rows, pos = masked_pairs(lengths, cfg)  # (P,), (P,), rows ascending
     n = len(lengths)
-    sums = {key: torch.zeros(n, dtype=torch.float64) for key in (LOSS, ENTROPY, KL, LOSS_DATA)}
+    keys = (LOSS, ENTROPY, KL, LOSS_DATA) if source.has_truth else (LOSS, LOSS_DATA)
+    sums = {key: torch.zeros(n, dtype=torch.float64) for key in keys}
     chunk = truth_chunk(cfg.batch_size, tokens.shape[1], source.V)
     was_training = model.training
     model.eval()
@@ -132,7 +144,7 @@ def loss_terms(
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
             truth = source.conditionals(tokens[start:stop], lengths[start:stop], device=device,
-                                        dtype=torch.float64)  # (C, T, V)
+                                        dtype=torch.float64) if source.has_truth else None
             lo, hi = (int(i) for i in torch.searchsorted(rows, torch.tensor([start, stop])))
             for i in range(lo, hi, cfg.batch_size):
                 r, t = rows[i : min(i + cfg.batch_size, hi)], pos[i : min(i + cfg.batch_size, hi)]
@@ -145,14 +157,16 @@ def loss_terms(
 
 def _add_batch(sums, model, truth, tokens, lengths, r, t, start, device) -> None:
     """Adds one model batch of masked pairs (sentence r, position t) to the per-sentence sums;
-    ``truth`` holds the conditionals of the sentences from ``start`` on."""
+    ``truth`` holds the conditionals (C, T, V) of the sentences from ``start`` on (None: a
+    source without a truth, whose only term is the one-hot loss)."""
     ids, mask = encode(tokens[r].to(device), lengths[r].to(device))  # (B, T+2)
     t_dev = t.to(device)
     ids = mask_positions(ids, t_dev, check=False)
     log_q = word_logits(model, ids, mask, t_dev).double().log_softmax(-1)  # (B, V)
-    p = truth[(r - start).to(device), t_dev]  # (B, V)
     word = tokens[r, t].to(device)  # (B,)
-    for key, value in pair_terms(p, log_q, word).items():
+    terms = (data_terms(log_q, word) if truth is None
+             else pair_terms(truth[(r - start).to(device), t_dev], log_q, word))
+    for key, value in terms.items():
         sums[key].index_add_(0, r, value.cpu())
 
 

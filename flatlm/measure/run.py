@@ -19,10 +19,18 @@ import numpy as np
 import torch
 from torch import nn
 
+from flatlm.measure import (
+    ENTROPY,
+    HESSIAN_FISHER_GAP,
+    KL,
+    TRACE_FISHER,
+    TRACE_HESSIAN,
+    se_key,
+)
 from flatlm.measure.curvature import FlatnessConfig
 from flatlm.measure.eval_cache import cache_key, cached_tensors
 from flatlm.measure.finetune import FinetuneConfig, finetune_accuracy
-from flatlm.measure.flatness import measure_flatness
+from flatlm.measure.flatness import data_hessian, measure_flatness
 from flatlm.measure.lookup import lookup_features
 from flatlm.measure.loss import LossConfig, pretrain_loss
 from flatlm.measure.probe import (
@@ -39,7 +47,7 @@ from flatlm.sources.base import Source
 
 log = logging.getLogger(__name__)
 
-WHAT = ("loss", "fisher", "hessian", "probe", "finetune", "lookup")
+WHAT = ("loss", "fisher", "hessian", "probe", "finetune", "lookup", "glue")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +55,8 @@ class MeasureConfig:
     """What to measure at each checkpoint, and on how much data."""
 
     # measurements to run, from WHAT: loss (pretrain/*), fisher (Tr F), hessian (Tr H and the
-    # gap to Tr F; implies fisher), probe, finetune, lookup
+    # gap to Tr F; implies fisher), probe, finetune, lookup, glue (GLUE fine-tuning on a text
+    # source's task files, measure.glue, with finetune's settings)
     what: tuple[str, ...] = ("loss", "fisher", "hessian", "probe", "lookup")
     # validation sentences for pretrain/* and the flatness inputs; >= 2. 4000: relative s.e. of
     # Tr(F) ~2.5% (8 sampled labels per input, bench/flatness_se.py)
@@ -98,6 +107,9 @@ class EvalData:
 def downstream_of(source: Source, cfg: MeasureConfig) -> tuple[str, tuple[str, ...]]:
     """(label rule, tasks) that ``cfg`` measures on ``source``, the source's defaults filled in,
     or a ValueError naming the fields."""
+    if "glue" in cfg.what and not (hasattr(source, "glue_split") and source.tasks):
+        raise ValueError("measure.what: 'glue' needs a text source with GLUE task files (text:"
+                         "FILES,tokenizer=...,glue=DIR); drop 'glue' or add the source's glue")
     try:
         return source.check_downstream(cfg.label_rule, cfg.tasks)
     except ValueError as e:
@@ -117,6 +129,10 @@ def eval_data(source: Source, cfg: MeasureConfig, model_cfg=None, *, device=None
     start = time.perf_counter()
     t = cached_tensors(cache_dir, key, lambda: _draw(source, cfg, rule, tasks, device))
     seconds = time.perf_counter() - start
+    skipped = skipped_without_truth(source, cfg)
+    if skipped:
+        log.warning("%s has no exact conditionals: not measured: %s; pretrain/loss is the "
+                    "one-hot validation loss", type(source).__name__, ", ".join(skipped))
     random_model = None
     if model_cfg is not None and "probe" in cfg.what:
         random_model = build_model(model_cfg, source.V, source.max_length,
@@ -126,9 +142,24 @@ def eval_data(source: Source, cfg: MeasureConfig, model_cfg=None, *, device=None
                     classes, random_model, seconds=seconds)
 
 
+def skipped_without_truth(source: Source, cfg: MeasureConfig) -> list[str]:
+    """The metrics ``cfg`` asks for that ``source`` cannot give: those that need its exact
+    conditionals, on a source without them (``Source.has_truth``); [] otherwise."""
+    if source.has_truth:
+        return []
+    what, skipped = set(cfg.what), []
+    if "loss" in what:
+        skipped += [ENTROPY, KL]
+    if "hessian" in what:  # the one-hot Hessian flat/trace_hessian_data is measured instead
+        skipped += [TRACE_HESSIAN, HESSIAN_FISHER_GAP]
+    if "lookup" in what:
+        skipped.append("lookup/*")
+    return skipped
+
+
 def _draw(source: Source, cfg: MeasureConfig, rule: str, tasks, device) -> dict:
     seeds = np.random.SeedSequence(cfg.seed, spawn_key=(7,)).generate_state(2)
-    tokens, lengths = source.sample(cfg.n_eval, int(seeds[0]))
+    tokens, lengths = source.sample_validation(cfg.n_eval, int(seeds[0]))
     dtok, dlen, classes = source.sample_downstream(cfg.n_downstream, int(seeds[1]), rule=rule,
                                                    tasks=tasks, device=device)
     return {"tokens": tokens, "lengths": lengths, "downstream_tokens": dtok,
@@ -152,7 +183,8 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
 
             with timer(out, "flatness_grown"):
                 out.update(grown_flatness(model, cfg.grow_to, source, data.tokens, data.lengths,
-                                          cfg.flatness, device, hessian="hessian" in what))
+                                          cfg.flatness, device,
+                                          hessian="hessian" in what and source.has_truth))
     if "probe" in what:
         with timer(out, "probe"):
             out.update(_probes(model, source, data, cfg, "probe", device))
@@ -162,6 +194,12 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
                 out.update(finetune_accuracy(model, source, data.downstream_tokens,
                                              data.downstream_lengths, y, task, cfg.finetune,
                                              device))
+    if "glue" in what:
+        from flatlm.measure.glue import glue_finetune
+
+        for task in data.classes:
+            with timer(out, f"glue_{task}"):
+                out.update(glue_finetune(model, source, task, cfg.finetune, device))
     out.update(_references(source, data, cfg, device, what))
     return out
 
@@ -190,7 +228,7 @@ def _references(source, data: EvalData, cfg: MeasureConfig, device, what) -> dic
     and at the first one ``time/eval_data_s``, drawing and labelling or reading the cache)."""
     times = {} if data.seconds is None else {"time/eval_data_s": data.seconds}
     data.seconds = None
-    if "lookup" in what and "lookup" not in data.reference:
+    if "lookup" in what and source.has_truth and "lookup" not in data.reference:
         with timer(times, "lookup"):
             features = lookup_features(source, data.downstream_tokens, data.downstream_lengths,
                                        device=device)
@@ -205,13 +243,15 @@ def _references(source, data: EvalData, cfg: MeasureConfig, device, what) -> dic
 
 
 def _flatness(model, source, data, cfg, device, what) -> dict[str, float]:
-    if "hessian" in what:
+    if "hessian" in what and source.has_truth:
         return measure_flatness(model, source, data.tokens, data.lengths, cfg.flatness, device)
-    from flatlm.measure import TRACE_FISHER, se_key
     from flatlm.measure.fisher import trace_fisher
 
     fisher = trace_fisher(model, data.tokens, data.lengths, cfg.flatness, device=device)
-    return {TRACE_FISHER: fisher["mean"], se_key(TRACE_FISHER): fisher["se"]}
+    out = {TRACE_FISHER: fisher["mean"], se_key(TRACE_FISHER): fisher["se"]}
+    if "hessian" in what:  # no truth: the Hessian of the one-hot loss on the data's words
+        out.update(data_hessian(model, data.tokens, data.lengths, cfg.flatness, device))
+    return out
 
 
 @contextmanager

@@ -10,6 +10,7 @@ A spec is a dict with a ``kind`` and that kind's fields, a JSON object string, o
     load("hmm:path/to/hmm.npz")              # arrays initial, transition, emission
     load("dyck:length=8")                    # or "dyck:8"
     load("lm:facebook/opt-125m")             # OPT text, top-2000 tokens, T = 24 (A.1)
+    load("text:corpus/,tokenizer=bert-large-uncased,glue=glue/")  # real text + GLUE, no truth
     load(SourceSpec("hmm:seed=0"))           # a spec checked on construction (sources.spec)
 
 >>> src = load("dyck:4")

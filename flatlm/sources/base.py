@@ -68,6 +68,7 @@ class Source(ABC):
     max_length: int
     tasks: tuple[str, ...]
     label_offset: int = 0  # added to a raw label to give its class id (Dyck's signed g*: T)
+    has_truth: bool = True  # exact conditionals known; False for real text (sources.text)
 
     @property
     @abstractmethod
@@ -81,6 +82,11 @@ class Source(ABC):
     @abstractmethod
     def sample(self, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """n sentences: tokens [n, T] int64 (padding -1) and lengths [n] int64, on the CPU."""
+
+    def sample_validation(self, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Validation sentences, as ``sample``: fresh draws are held out already; a finite
+        corpus (``sources.text``) gives its held-out split (perhaps fewer than n)."""
+        return self.sample(n, seed)
 
     @abstractmethod
     def _conditionals_batch(

@@ -38,6 +38,7 @@ REGISTRY = {
     "hmm": ("flatlm.sources.hmm:HMM", "file"),
     "dyck": ("flatlm.sources.dyck:Dyck", "length"),
     "lm": ("flatlm.sources.lm:CausalLM", "model"),
+    "text": ("flatlm.sources.text:TextCorpus", "files"),
 }
 KINDS = tuple(REGISTRY)
 

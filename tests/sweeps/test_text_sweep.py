@@ -1,0 +1,77 @@
+"""Real text sweeps: ``python sweeps/scaling.py --set source=text:...`` on a tiny local corpus,
+tokenizer and GLUE-shaped SST-2, one trial, end to end through real Ray and an MLflow sqlite store;
+its GLUE metric and one-hot loss reach MLflow, the summary uses --loss-tolerance (no truth, no
+KL), and analysis/report.py reads the runs back."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweeptools (any --import-mode)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "assets"))
+pytest.importorskip("ray")
+pytest.importorskip("mlflow")
+
+from sweeptools import REPO, TINY, Sweep, kill_own, set_args, sweep_env  # noqa: E402
+from text_assets import make_text_assets, text_spec  # noqa: E402
+
+ONE_TRIAL = '''"""One tiny trial of the tiny preset, on whatever source --set gives."""
+import sys
+
+from _cli import main
+from _rayenv import tune
+from _spec import Sweep
+from presets import base_for
+
+
+def build(args):
+    return Sweep(name="text", base=base_for(args.preset),
+                 space={"model": tune.grid_search(["d16-h1-l1-i32"])})
+
+
+if __name__ == "__main__":
+    sys.exit(main(build, __doc__))
+'''
+
+
+@pytest.mark.slow
+def test_a_tiny_text_sweep_reaches_mlflow_and_the_report(tmp_path, ray_tmpdir):
+    from mlflow import MlflowClient
+
+    spec = text_spec(make_text_assets(tmp_path / "assets"), length=16)
+    script = tmp_path / "one_trial.py"
+    script.write_text(ONE_TRIAL)
+    env = sweep_env(ray_tmpdir, PYTHONPATH=os.pathsep.join(
+        [str(REPO / "sweeps"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    overrides = {**TINY, "source": spec, "measure.tasks": '["sst2"]', "train.mask": "0.15",
+                 "measure.what": '["loss","fisher","probe","glue"]',
+                 "measure.finetune.epochs": "1", "measure.finetune.seeds": "1"}
+    sweep = Sweep([*set_args(overrides), "--loss-tolerance", "10"], tmp_path, env, script=script)
+    try:
+        rc = sweep.wait(timeout=300)
+    finally:
+        kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
+    assert rc == 0, sweep.tail()
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("text").experiment_id])
+    for key in ("pretrain/loss", "pretrain/loss_data", "flat/trace_fisher",
+                "probe/sst2/acc_mean", "glue/sst2/accuracy"):
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == \
+            [10, 20], key
+    assert "pretrain/kl" not in run.data.metrics
+    out = sweep.stdout
+    assert "pretrain/loss - min pretrain/loss (no truth) <= 10" in out, sweep.tail()
+    assert "--loss-tolerance 10 " in out
+
+    report = subprocess.run(
+        [sys.executable, str(REPO / "analysis" / "report.py"), "--experiment", "text",
+         "--tracking-uri", uri, "--task", "sst2", "--loss-tolerance", "10", "--out",
+         str(tmp_path / "report"), "--n-boot", "50"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "glue/sst2/accuracy" in (tmp_path / "report" / "runs.csv").read_text().splitlines()[0]
