@@ -1,0 +1,332 @@
+"""Data-parallel pre-training: ``train.world_size`` processes share every update.
+
+Rank r of W takes rows r B/W .. (r+1) B/W - 1 of the very batch a one-process run draws at that
+update (every rank draws and masks the whole batch, a pure function of (seed, i), and keeps its
+slice; sam: that slice of each half). A rank's backward gives the gradient of the mean over its own
+masked words; ``reduce_gradients`` all-reduces (gradient x local count, loss x local count, local
+count) and divides by the global count, so that every rank applies the gradient of the mean over
+the global batch's masked words: the one-process update, up to the order of float summation
+(tests/train/test_distributed.py holds the parameters to 1e-6 of the one-process run's).
+
+The calling process is rank 0: it alone holds the run directory's lock, writes checkpoints and
+the train log, and runs ``on_checkpoint`` (so a Tune trial's reports and its MLflow tracker stay
+in the trial's process). Ranks 1..W-1 are spawned processes that run the same loop and write
+nothing. A checkpoint stores every rank's RNG state and all ranks resume from the checkpoint rank 0
+chose, so a resumed run equals the uninterrupted one. Rank r draws dropout from its own stream
+(``derive_seed(seed, "dropout", r)``): with dropout > 0 a W-rank run is another, equally valid,
+draw than the one-process run; without dropout (noreg, sam) it is the same run.
+
+Devices: gloo processes on the CPU; on CUDA rank r uses GPU ``index + r`` over NCCL. The gradient
+is all-reduced after the backward of the whole batch (no overlap with it, unlike torch's DDP, which
+this loop cannot use: it averages over ranks, not over masked words, and the MLM head is called
+outside the model's ``forward``). adversarial is refused (its head is fitted on all of D1 at once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from flatlm.dirlock import writer_lock
+from flatlm.models.presets import parse_model
+from flatlm.seeds import derive_seed
+from flatlm.train.algorithms import StepContext, accumulate_mlm
+from flatlm.train.config import TrainConfig, resolve
+from flatlm.train.data import BatchPipeline, MLMBatch, StepInputs
+from flatlm.train.loop import TrainResult, _pipeline, _Run, _start_checkpoint
+from flatlm.train.state import capture_rng, find_checkpoints, load_state, restore_rng, set_aside
+
+# A rank waits this long in a collective, e.g. while rank 0 measures a checkpoint.
+TIMEOUT = timedelta(hours=4)
+BUCKET = 2**25  # gradient elements per all-reduce (128 MiB of float32)
+
+
+def train_data_parallel(cfg: TrainConfig, source, model_cfg, out_dir, *, device="cpu",
+                        on_checkpoint=None, progress=True, resume=False, corpus=None):
+    """``flatlm.train.train`` over ``cfg.world_size`` processes, this one rank 0 (see the
+    module docstring); same arguments, same result. Bad input raises before a process starts."""
+    cfg = resolve(cfg)
+    model_cfg = dataclasses.replace(parse_model(model_cfg), dropout=cfg.dropout)
+    device = rank_device(torch.device(device), 0, cfg.world_size)  # checks the GPUs
+    out_dir = Path(out_dir).absolute()
+    start, unreadable = _start_checkpoint(cfg, model_cfg, out_dir, resume)
+    job = {"cfg": cfg, "source": source.spec, "model_cfg": model_cfg, "out_dir": out_dir,
+           "device": str(device), "ckpt": start[0] if start else None, "corpus": corpus}
+    with writer_lock(out_dir), _ranks(job, cfg.world_size, device):
+        for bad, _ in unreadable:  # no rank reads them: each loads job["ckpt"]
+            set_aside(bad)
+        run = _train_rank(cfg, source, model_cfg, out_dir, device, start, corpus,
+                          on_checkpoint, progress)  # rank 0
+    return TrainResult(model=run.ctx.model, step=run.step, history=run.history,
+                       checkpoints=find_checkpoints(out_dir))
+
+
+def rank_device(device: torch.device, rank: int, world_size: int) -> torch.device:
+    """Rank ``rank``'s device: the CPU, or GPU ``device.index + rank`` (which must exist)."""
+    if device.type != "cuda":
+        return device
+    first, count = device.index or 0, torch.cuda.device_count()
+    if first + world_size > count:
+        raise ValueError(f"train.world_size={world_size}: one GPU per process from "
+                         f"cuda:{first} needs {first + world_size} GPUs, this machine has {count} "
+                         "(visible: CUDA_VISIBLE_DEVICES); lower train.world_size, or ask the "
+                         "sweep for that many (--gpus-per-trial)")
+    return torch.device("cuda", first + rank)
+
+
+# ------------------------------------------------------------------------------ one rank's run
+
+
+def _train_rank(cfg, source, model_cfg, out_dir, device, start, corpus, on_checkpoint, progress):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pipeline = ShardedPipeline.of(_pipeline(cfg, source, device, corpus)[0], rank, world)
+    cuda = [device.index] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            run = _RankRun.begin(cfg, source, model_cfg, out_dir, device, pipeline, 0, start)
+            run.seed_dropout(rank, start)
+            run.loop(on_checkpoint if rank == 0 else None, progress and rank == 0)
+    finally:
+        pipeline.close()
+    return run
+
+
+class ShardedPipeline(BatchPipeline):
+    """Rank ``rank``'s slice of every update's inputs (``shard``), prepared as ``BatchPipeline``
+    prepares the whole batch."""
+
+    @classmethod
+    def of(cls, whole: BatchPipeline, rank: int, world_size: int) -> ShardedPipeline:
+        whole.close()
+        pipeline = cls(whole.cfg, whole.sentences, whole.device,
+                       prefetch=whole.device.type == "cuda")
+        pipeline.rank, pipeline.world_size = rank, world_size
+        return pipeline
+
+    def cpu_inputs(self, i: int) -> StepInputs:
+        mlm = shard(super().cpu_inputs(i).mlm, self.rank, self.world_size,
+                    halves=self.cfg.algorithm == "sam")
+        inputs = StepInputs(mlm)
+        return inputs.pin_memory() if self.device.type == "cuda" else inputs
+
+
+def shard(batch: MLMBatch, rank: int, world_size: int, *, halves: bool = False) -> MLMBatch:
+    """Rows ``rank`` B/W .. (rank+1) B/W - 1 of ``batch``; ``halves``: that slice of each half,
+    concatenated (so that sam's split in two halves gives the ranks' slices of the halves)."""
+    if not halves:
+        return batch.split(len(batch) // world_size)[rank]
+    first, second = (h.split(len(h) // world_size)[rank] for h in batch.split(len(batch) // 2))
+    return MLMBatch(*(torch.cat([getattr(first, f.name), getattr(second, f.name)])
+                      for f in dataclasses.fields(MLMBatch)))
+
+
+# ------------------------------------------------------------------------------ the updates
+
+
+def reduce_gradients(model: torch.nn.Module, loss: torch.Tensor, n_local) -> torch.Tensor:
+    """Turns every rank's ``.grad`` (of its mean loss over its ``n_local`` masked words) into the
+    gradient of the mean over all ranks' masked words; returns that mean ``loss``.
+
+    Parameters without a gradient keep none (the same on every rank: one model, one code path).
+    """
+    n_local = torch.as_tensor(n_local, dtype=torch.float32, device=loss.device).reshape(1)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    n_total = torch.cat([loss.detach().float().reshape(1) * n_local, n_local])
+    dist.all_reduce(n_total)  # (sum of the losses, masked words)
+    n = n_total[1].clamp(min=1)
+    for bucket in _buckets(grads):
+        flat = torch.cat([g.reshape(-1) for g in bucket]).mul_(n_local)
+        dist.all_reduce(flat)
+        flat.div_(n)
+        for g, part in zip(bucket, flat.split([g.numel() for g in bucket]), strict=True):
+            g.copy_(part.view_as(g))
+    return n_total[0] / n
+
+
+def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    out, size = [[]], 0
+    for g in grads:
+        if out[-1] and size + g.numel() > BUCKET:
+            out.append([])
+            size = 0
+        out[-1].append(g)
+        size += g.numel()
+    return out if out[0] else []
+
+
+def data_parallel_step(ctx: StepContext, inputs: StepInputs) -> dict[str, torch.Tensor]:
+    """``standard_step`` on a rank's slice, with the gradient reduced over the ranks."""
+    ctx.optimizer.zero_grad(set_to_none=True)
+    loss = accumulate_mlm(ctx, inputs.mlm)
+    loss = reduce_gradients(ctx.model, loss, inputs.mlm.n_targets())
+    ctx.optimizer.step()
+    return {"train/loss": loss}
+
+
+def data_parallel_sam_step(ctx: StepContext, inputs: StepInputs) -> dict[str, torch.Tensor]:
+    """``sam_step`` on a rank's slices of the two halves: the perturbation from the first half's
+    gradient reduced over the ranks (its norm is the global one), the update from the second's."""
+    first, second = inputs.mlm.split(len(inputs.mlm) // 2)
+    params = [p for p in ctx.model.parameters() if p.requires_grad]
+    ctx.optimizer.zero_grad(set_to_none=True)
+    loss = reduce_gradients(ctx.model, accumulate_mlm(ctx, first), first.n_targets())
+    with torch.no_grad():
+        grads = [p.grad for p in params if p.grad is not None]
+        scale = ctx.cfg.sam.rho / (torch.nn.utils.get_total_norm(grads) + 1e-12)
+        theta = [p.detach().clone() for p in params]
+        for p in params:
+            if p.grad is not None:
+                p.add_(p.grad * scale)  # theta + eps
+    ctx.optimizer.zero_grad(set_to_none=True)
+    loss_perturbed = reduce_gradients(ctx.model, accumulate_mlm(ctx, second),
+                                      second.n_targets())
+    with torch.no_grad():
+        for p, saved in zip(params, theta, strict=True):
+            p.copy_(saved)
+    ctx.optimizer.step()
+    return {"train/loss": loss, "train/sam_loss_perturbed": loss_perturbed}
+
+
+DATA_PARALLEL_STEPS = {"adamw": data_parallel_step, "sgd": data_parallel_step,
+                       "noreg": data_parallel_step, "sam": data_parallel_sam_step}
+
+
+class _RankRun(_Run):
+    """A rank's run: its own update (``DATA_PARALLEL_STEPS``), every rank's RNG state in a
+    checkpoint, and only rank 0 writing it."""
+
+    steps = DATA_PARALLEL_STEPS
+
+    def seed_dropout(self, rank: int, start) -> None:
+        if start is None:
+            torch.manual_seed(derive_seed(self.cfg.seed, "dropout", rank))
+        else:
+            restore_rng(start[1].rng["ranks"][rank], self.device)
+
+    def checkpoint(self, on_checkpoint) -> None:
+        self.ranks_rng = [None] * dist.get_world_size()
+        dist.all_gather_object(self.ranks_rng, capture_rng(self.device))
+        if dist.get_rank() == 0:
+            super().checkpoint(on_checkpoint)
+
+    def capture_rng(self) -> dict:
+        return {**super().capture_rng(), "ranks": self.ranks_rng}
+
+
+# ------------------------------------------------------------------------------ the processes
+
+
+@contextmanager
+def _ranks(job: dict, world_size: int, device: torch.device):
+    """Starts ranks 1..W-1 (spawned processes running ``job``) and joins the process group as
+    rank 0; on exit leaves it and waits for them. A rank's error is raised here."""
+    if dist.is_initialized():
+        raise ValueError("train.world_size > 1 inside a process that already belongs to a "
+                         "torch.distributed group; train with train.world_size=1 there")
+    port, ctx = _free_port(), mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    helpers = [ctx.Process(target=_helper, args=(rank, world_size, port, job, errors,
+                                                 os.getpid()), name=f"flatlm-rank-{rank}")
+               for rank in range(1, world_size)]
+    threads = torch.get_num_threads()
+    for p in helpers:
+        p.start()
+    try:
+        _join_group(0, world_size, port, device)
+        yield
+    except BaseException as e:
+        if dist.is_initialized():  # the ranks waiting in a collective on rank 0 fail now
+            dist.destroy_process_group()
+        _stop(helpers)
+        helper_error = _first_error(errors)
+        if helper_error is not None and not isinstance(helper_error, dist.DistError) \
+                and isinstance(e, (dist.DistError, RuntimeError)):
+            raise helper_error from e  # rank 0 failed because a rank had
+        raise
+    else:
+        _stop(helpers, wait_s=60.0)
+        failed = [p for p in helpers if p.exitcode != 0]
+        if failed:
+            error = _first_error(errors)
+            raise error or RuntimeError(f"data-parallel {failed[0].name} exited with "
+                                        f"{failed[0].exitcode}")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        torch.set_num_threads(threads)
+
+
+def _helper(rank, world_size, port, job, errors, parent_pid) -> None:
+    """Rank ``rank`` (a spawned process): trains ``job`` without writing; its error goes to
+    ``errors``; it ends when its parent does."""
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    try:
+        from flatlm.sources import load
+
+        device = rank_device(torch.device(job["device"]), rank, world_size)
+        _join_group(rank, world_size, port, device)
+        start = (job["ckpt"], load_state(job["ckpt"])) if job["ckpt"] else None
+        _train_rank(job["cfg"], load(job["source"]), job["model_cfg"], job["out_dir"], device,
+                    start, job["corpus"], None, False)
+    except BaseException as e:  # noqa: BLE001 - handed to rank 0, which raises it
+        errors.put(_picklable(e))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _join_group(rank: int, world_size: int, port: int, device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:  # the ranks share the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size, timeout=TIMEOUT)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Ends this rank once rank 0's process is gone (NCCL would wait for its timeout)."""
+    while os.getppid() == parent_pid:
+        time.sleep(2.0)
+    os._exit(1)
+
+
+def _stop(helpers, wait_s: float = 10.0) -> None:
+    deadline = time.monotonic() + wait_s
+    for p in helpers:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in helpers:
+        if p.is_alive():
+            p.terminate()
+            p.join()
+
+
+def _first_error(errors) -> BaseException | None:
+    return None if errors.empty() else errors.get()
+
+
+def _picklable(e: BaseException) -> BaseException:
+    import pickle
+
+    try:
+        return pickle.loads(pickle.dumps(e))
+    except Exception:  # noqa: BLE001 - an exception that does not cross processes: its text
+        return RuntimeError(f"{type(e).__name__}: {e}")
