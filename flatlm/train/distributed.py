@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -46,8 +46,11 @@ from flatlm.train.data import BatchPipeline, MLMBatch, StepInputs
 from flatlm.train.loop import TrainResult, _pipeline, _Run, _start_checkpoint
 from flatlm.train.state import capture_rng, find_checkpoints, load_state, restore_rng, set_aside
 
-# A rank waits this long in a collective, e.g. while rank 0 measures a checkpoint.
-TIMEOUT = timedelta(hours=4)
+# A rank waits this long in a collective (a dead NCCL rank is noticed after it); while rank 0
+# measures a checkpoint the others wait on the store instead, as long as rank 0 lives.
+TIMEOUT = timedelta(minutes=30)
+POLL = timedelta(seconds=0.2)
+ABORT = "abort"  # the store key rank 0 sets when it fails
 BUCKET = 2**25  # gradient elements per all-reduce (128 MiB of float32)
 
 
@@ -216,8 +219,12 @@ class _RankRun(_Run):
     def checkpoint(self, on_checkpoint) -> None:
         self.ranks_rng = [None] * dist.get_world_size()
         dist.all_gather_object(self.ranks_rng, capture_rng(self.device))
+        done = f"checkpoint-{self.step}"
         if dist.get_rank() == 0:
             super().checkpoint(on_checkpoint)
+            _STORE[0].set(done, "1")
+        else:  # measuring may outlast a collective's timeout
+            _wait_for(done)
 
     def capture_rng(self) -> dict:
         return {**super().capture_rng(), "ranks": self.ranks_rng}
@@ -233,19 +240,23 @@ def _ranks(job: dict, world_size: int, device: torch.device):
     if dist.is_initialized():
         raise ValueError("train.world_size > 1 inside a process that already belongs to a "
                          "torch.distributed group; train with train.world_size=1 there")
-    port, ctx = _free_port(), mp.get_context("spawn")
+    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=TIMEOUT,
+                          wait_for_workers=False)
+    ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
-    helpers = [ctx.Process(target=_helper, args=(rank, world_size, port, job, errors,
+    helpers = [ctx.Process(target=_helper, args=(rank, world_size, store.port, job, errors,
                                                  os.getpid()), name=f"flatlm-rank-{rank}")
                for rank in range(1, world_size)]
     threads = torch.get_num_threads()
     for p in helpers:
         p.start()
     try:
-        _join_group(0, world_size, port, device)
+        _await_ranks(store, helpers, errors)
+        _join_group(0, world_size, store, device)
         yield
     except BaseException as e:
-        if dist.is_initialized():  # the ranks waiting in a collective on rank 0 fail now
+        store.set(ABORT, "1")  # the ranks waiting on the store stop now, those in a collective
+        if dist.is_initialized():  # once it is gone
             dist.destroy_process_group()
         _stop(helpers)
         helper_error = _first_error(errors)
@@ -264,6 +275,7 @@ def _ranks(job: dict, world_size: int, device: torch.device):
         if dist.is_initialized():
             dist.destroy_process_group()
         torch.set_num_threads(threads)
+        errors.close()
 
 
 def _helper(rank, world_size, port, job, errors, parent_pid) -> None:
@@ -274,32 +286,54 @@ def _helper(rank, world_size, port, job, errors, parent_pid) -> None:
         from flatlm.sources import load
 
         device = rank_device(torch.device(job["device"]), rank, world_size)
-        _join_group(rank, world_size, port, device)
+        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=TIMEOUT)
+        store.set(f"started-{rank}", "1")
+        _join_group(rank, world_size, store, device)
         start = (job["ckpt"], load_state(job["ckpt"])) if job["ckpt"] else None
         _train_rank(job["cfg"], load(job["source"]), job["model_cfg"], job["out_dir"], device,
                     start, job["corpus"], None, False)
     except BaseException as e:  # noqa: BLE001 - handed to rank 0, which raises it
         errors.put(_picklable(e))
+        if _STORE[0] is not None and _STORE[0].check([ABORT]):
+            sys.exit(1)  # rank 0 stopped first and raises its own error: no second traceback
         raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _join_group(rank: int, world_size: int, port: int, device: torch.device) -> None:
+# This process's store (one run at a time: a process belongs to one group).
+_STORE: list = [None]
+
+
+def _join_group(rank: int, world_size: int, store, device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:  # the ranks share the cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    _STORE[0] = store
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
                             world_size=world_size, timeout=TIMEOUT)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _wait_for(key: str) -> None:
+    """Waits until rank 0 sets ``key`` in the store; raises if rank 0 stopped instead."""
+    while not _STORE[0].check([key]):
+        if _STORE[0].check([ABORT]):
+            raise RuntimeError("rank 0 stopped (its error is raised there)")
+        time.sleep(POLL.total_seconds())
+
+
+def _await_ranks(store, helpers, errors) -> None:
+    """Waits until every spawned rank has started (imports done, store reached); a rank that
+    dies first is an error, not a wait for the timeout."""
+    keys = [f"started-{rank}" for rank in range(1, len(helpers) + 1)]
+    while not store.check(keys):
+        dead = [p for p in helpers if not p.is_alive()]
+        if dead:
+            raise _first_error(errors) or RuntimeError(
+                f"data-parallel {dead[0].name} exited with {dead[0].exitcode} before training")
+        time.sleep(0.05)
 
 
 def _watch_parent(parent_pid: int) -> None:
