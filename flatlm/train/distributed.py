@@ -63,13 +63,17 @@ def train_data_parallel(cfg: TrainConfig, source, model_cfg, out_dir, *, device=
     device = rank_device(torch.device(device), 0, cfg.world_size)  # checks the GPUs
     out_dir = Path(out_dir).absolute()
     start, unreadable = _start_checkpoint(cfg, model_cfg, out_dir, resume)
+    pipeline = _sharded_pipeline(cfg, source, device, corpus, 0)  # checks train.data
     job = {"cfg": cfg, "source": source.spec, "model_cfg": model_cfg, "out_dir": out_dir,
            "device": str(device), "ckpt": start[0] if start else None, "corpus": corpus}
-    with writer_lock(out_dir), _ranks(job, cfg.world_size, device):
-        for bad, _ in unreadable:  # no rank reads them: each loads job["ckpt"]
-            set_aside(bad)
-        run = _train_rank(cfg, source, model_cfg, out_dir, device, start, corpus,
-                          on_checkpoint, progress)  # rank 0
+    try:
+        with writer_lock(out_dir), _ranks(job, cfg.world_size, device):
+            for bad, _ in unreadable:  # no rank reads them: each loads job["ckpt"]
+                set_aside(bad)
+            run = _train_rank(cfg, source, model_cfg, out_dir, device, start, pipeline,
+                              on_checkpoint, progress)  # rank 0
+    finally:
+        pipeline.close()
     return TrainResult(model=run.ctx.model, step=run.step, history=run.history,
                        checkpoints=find_checkpoints(out_dir))
 
@@ -90,17 +94,18 @@ def rank_device(device: torch.device, rank: int, world_size: int) -> torch.devic
 # ------------------------------------------------------------------------------ one rank's run
 
 
-def _train_rank(cfg, source, model_cfg, out_dir, device, start, corpus, on_checkpoint, progress):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    pipeline = ShardedPipeline.of(_pipeline(cfg, source, device, corpus)[0], rank, world)
+def _sharded_pipeline(cfg, source, device, corpus, rank: int) -> ShardedPipeline:
+    return ShardedPipeline.of(_pipeline(cfg, source, device, corpus)[0], rank, cfg.world_size)
+
+
+def _train_rank(cfg, source, model_cfg, out_dir, device, start, pipeline, on_checkpoint,
+                progress):
+    rank = dist.get_rank()
     cuda = [device.index] if device.type == "cuda" else []
-    try:
-        with torch.random.fork_rng(devices=cuda):
-            run = _RankRun.begin(cfg, source, model_cfg, out_dir, device, pipeline, 0, start)
-            run.seed_dropout(rank, start)
-            run.loop(on_checkpoint if rank == 0 else None, progress and rank == 0)
-    finally:
-        pipeline.close()
+    with torch.random.fork_rng(devices=cuda):
+        run = _RankRun.begin(cfg, source, model_cfg, out_dir, device, pipeline, 0, start)
+        run.seed_dropout(rank, start)
+        run.loop(on_checkpoint if rank == 0 else None, progress and rank == 0)
     return run
 
 
@@ -290,12 +295,17 @@ def _helper(rank, world_size, port, job, errors, parent_pid) -> None:
         store.set(f"started-{rank}", "1")
         _join_group(rank, world_size, store, device)
         start = (job["ckpt"], load_state(job["ckpt"])) if job["ckpt"] else None
-        _train_rank(job["cfg"], load(job["source"]), job["model_cfg"], job["out_dir"], device,
-                    start, job["corpus"], None, False)
+        cfg, source = job["cfg"], load(job["source"])
+        pipeline = _sharded_pipeline(cfg, source, device, job["corpus"], rank)
+        try:
+            _train_rank(cfg, source, job["model_cfg"], job["out_dir"], device, start, pipeline,
+                        None, False)
+        finally:
+            pipeline.close()
     except BaseException as e:  # noqa: BLE001 - handed to rank 0, which raises it
-        errors.put(_picklable(e))
         if _STORE[0] is not None and _STORE[0].check([ABORT]):
-            sys.exit(1)  # rank 0 stopped first and raises its own error: no second traceback
+            sys.exit(1)  # rank 0 stopped first and raises its own error
+        errors.put(_picklable(e))
         raise
     finally:
         if dist.is_initialized():
