@@ -10,7 +10,8 @@ the global batch's masked words: the one-process update, up to the order of floa
 
 The calling process is rank 0: it alone holds the run directory's lock, writes checkpoints and
 the train log, and runs ``on_checkpoint`` (so a Tune trial's reports and its MLflow tracker stay
-in the trial's process). Ranks 1..W-1 are spawned processes that run the same loop and write
+in the trial's process). Ranks 1..W-1 are processes started from a fork server (this module
+imported once, in a process with no threads or CUDA state) that run the same loop and write
 nothing. A checkpoint stores every rank's RNG state and all ranks resume from the checkpoint rank 0
 chose, so a resumed run equals the uninterrupted one. Rank r draws dropout from its own stream
 (``derive_seed(seed, "dropout", r)``): with dropout > 0 a W-rank run is another, equally valid,
@@ -240,14 +241,15 @@ class _RankRun(_Run):
 
 @contextmanager
 def _ranks(job: dict, world_size: int, device: torch.device):
-    """Starts ranks 1..W-1 (spawned processes running ``job``) and joins the process group as
+    """Starts ranks 1..W-1 (processes running ``job``) and joins the process group as
     rank 0; on exit leaves it and waits for them. A rank's error is raised here."""
     if dist.is_initialized():
         raise ValueError("train.world_size > 1 inside a process that already belongs to a "
                          "torch.distributed group; train with train.world_size=1 there")
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=TIMEOUT,
                           wait_for_workers=False)
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")  # a clean process forked with the imports done once
+    ctx.set_forkserver_preload([__name__])
     errors = ctx.SimpleQueue()
     helpers = [ctx.Process(target=_helper, args=(rank, world_size, store.port, job, errors,
                                                  os.getpid()), name=f"flatlm-rank-{rank}")
@@ -284,7 +286,7 @@ def _ranks(job: dict, world_size: int, device: torch.device):
 
 
 def _helper(rank, world_size, port, job, errors, parent_pid) -> None:
-    """Rank ``rank`` (a spawned process): trains ``job`` without writing; its error goes to
+    """Rank ``rank`` (a started process): trains ``job`` without writing; its error goes to
     ``errors``; it ends when its parent does."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     try:
@@ -335,7 +337,7 @@ def _wait_for(key: str) -> None:
 
 
 def _await_ranks(store, helpers, errors) -> None:
-    """Waits until every spawned rank has started (imports done, store reached); a rank that
+    """Waits until every other rank has started (imports done, store reached); a rank that
     dies first is an error, not a wait for the timeout."""
     keys = [f"started-{rank}" for rank in range(1, len(helpers) + 1)]
     while not store.check(keys):
@@ -348,9 +350,12 @@ def _await_ranks(store, helpers, errors) -> None:
 
 def _watch_parent(parent_pid: int) -> None:
     """Ends this rank once rank 0's process is gone (NCCL would wait for its timeout)."""
-    while os.getppid() == parent_pid:
+    while True:
+        try:
+            os.kill(parent_pid, 0)  # no signal: only whether it exists
+        except ProcessLookupError:
+            os._exit(1)
         time.sleep(2.0)
-    os._exit(1)
 
 
 def _stop(helpers, wait_s: float = 10.0) -> None:
