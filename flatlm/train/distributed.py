@@ -267,9 +267,10 @@ def _ranks(job: dict, world_size: int, device: torch.device):
             dist.destroy_process_group()
         _stop(helpers)
         helper_error = _first_error(errors)
-        if helper_error is not None and not isinstance(helper_error, dist.DistError) \
-                and isinstance(e, (dist.DistError, RuntimeError)):
-            raise helper_error from e  # rank 0 failed because a rank had
+        lost_peer = isinstance(e, dist.DistError) or type(e) is RuntimeError  # gloo's error
+        if lost_peer and helper_error is not None \
+                and not isinstance(helper_error, dist.DistError):
+            raise helper_error from e  # rank 0 failed because that rank had
         raise
     else:
         _stop(helpers, wait_s=60.0)

@@ -78,6 +78,15 @@ def test_bad_world_sizes_are_refused_naming_the_field(fields, message):
         TrainConfig(**fields)
 
 
+def test_resuming_on_another_number_of_ranks_is_refused(src, tiny_model, tmp_path):
+    cfg = TrainConfig(algorithm="noreg", steps=2, batch_size=8, warmup_steps=1,
+                      checkpoint_steps=(1,))
+    train(cfg, src, tiny_model, tmp_path, progress=False)
+    with pytest.raises(ValueError, match=r"train\.world_size=1 -> 2"):  # before any process
+        train(dataclasses.replace(cfg, world_size=2), src, tiny_model, tmp_path, resume=True,
+              progress=False)
+
+
 def test_more_ranks_than_gpus_is_refused_before_any_process_starts(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ValueError, match=r"train\.world_size=2: .* needs 2 GPUs, this machine "
