@@ -10,7 +10,7 @@ from flatlm.train import SamConfig, TrainConfig, train
 from flatlm.train.distributed import rank_device
 
 # Two ranks sum the gradient in another order than one process: float32 rounding, compounded
-# over the steps by Adam's normalisation, stays below this (measured: < 1e-7).
+# over the steps by Adam's normalisation, stays below this (measured: 2e-8 noreg, 1.2e-7 sam).
 ATOL = 1e-6
 
 
