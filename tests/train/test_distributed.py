@@ -93,3 +93,19 @@ def test_more_ranks_than_gpus_is_refused_before_any_process_starts(monkeypatch):
                                          r"has 1"):
         rank_device(torch.device("cuda"), 0, 2)
     assert rank_device(torch.device("cpu"), 1, 2) == torch.device("cpu")
+
+
+def test_an_error_in_another_rank_is_raised_in_rank_0():
+    """Rank 1 fails (here: a source that does not load) while rank 0 waits in a collective: rank
+    0 raises rank 1's error, not a lost connection, and does not wait for a timeout."""
+    import torch.distributed as dist
+
+    from flatlm.sources.base import SourceError
+    from flatlm.train.distributed import _ranks
+
+    job = {"cfg": TrainConfig(world_size=2, batch_size=8), "source": {"kind": "no-such-kind"},
+           "model_cfg": None, "out_dir": None, "device": "cpu", "ckpt": None, "corpus": None}
+    with pytest.raises(SourceError, match="source kind 'no-such-kind' is unknown"), \
+            _ranks(job, 2, torch.device("cpu")):
+        dist.barrier()
+    assert not dist.is_initialized()
