@@ -10,10 +10,10 @@ the global batch's masked words: the one-process update, up to the order of floa
 
 The calling process is rank 0: it alone holds the run directory's lock, writes checkpoints and
 the train log, and runs ``on_checkpoint`` (so a Tune trial's reports and its MLflow tracker stay
-in the trial's process). Ranks 1..W-1 are processes started from a fork server (this module
-imported once, in a process with no threads or CUDA state) that run the same loop and write
-nothing. A checkpoint stores every rank's RNG state and all ranks resume from the checkpoint rank 0
-chose, so a resumed run equals the uninterrupted one. Rank r draws dropout from its own stream
+in the trial's process). Ranks 1..W-1 are processes (spawned on CUDA; on the CPU forked from a
+fork server that imported this module once) that run the same loop and write nothing. A
+checkpoint stores every rank's RNG state and all ranks resume from the checkpoint rank 0 chose, so
+a resumed run equals the uninterrupted one. Rank r draws dropout from its own stream
 (``derive_seed(seed, "dropout", r)``): with dropout > 0 a W-rank run is another, equally valid,
 draw than the one-process run; without dropout (noreg, sam) it is the same run.
 
@@ -52,6 +52,9 @@ from flatlm.train.state import capture_rng, find_checkpoints, load_state, restor
 TIMEOUT = timedelta(minutes=30)
 POLL = timedelta(seconds=0.2)
 ABORT = "abort"  # the store key rank 0 sets when it fails
+# How ranks 1.. start: on CUDA a fresh interpreter (nothing in it has touched CUDA); on the CPU
+# forked from a clean process that has done the imports once (a second's start-up, not ten).
+START_METHOD = {"cuda": "spawn", "cpu": "forkserver"}
 BUCKET = 2**25  # gradient elements per all-reduce (128 MiB of float32)
 
 
@@ -66,7 +69,8 @@ def train_data_parallel(cfg: TrainConfig, source, model_cfg, out_dir, *, device=
     start, unreadable = _start_checkpoint(cfg, model_cfg, out_dir, resume)
     pipeline = _sharded_pipeline(cfg, source, device, corpus, 0)  # checks train.data
     job = {"cfg": cfg, "source": source.spec, "model_cfg": model_cfg, "out_dir": out_dir,
-           "device": str(device), "ckpt": start[0] if start else None, "corpus": corpus}
+           "device": str(device), "ckpt": start[0] if start else None, "corpus": corpus,
+           "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
     try:
         with writer_lock(out_dir), _ranks(job, cfg.world_size, device):
             for bad, _ in unreadable:  # no rank reads them: each loads job["ckpt"]
@@ -248,8 +252,9 @@ def _ranks(job: dict, world_size: int, device: torch.device):
                          "torch.distributed group; train with train.world_size=1 there")
     store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=TIMEOUT,
                           wait_for_workers=False)
-    ctx = mp.get_context("forkserver")  # a clean process forked with the imports done once
-    ctx.set_forkserver_preload([__name__])
+    ctx = mp.get_context(START_METHOD[device.type])
+    if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload([__name__])
     errors = ctx.SimpleQueue()
     helpers = [ctx.Process(target=_helper, args=(rank, world_size, store.port, job, errors,
                                                  os.getpid()), name=f"flatlm-rank-{rank}")
@@ -290,6 +295,7 @@ def _helper(rank, world_size, port, job, errors, parent_pid) -> None:
     """Rank ``rank`` (a started process): trains ``job`` without writing; its error goes to
     ``errors``; it ends when its parent does."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    _see_gpus(job.get("gpus"))
     try:
         from flatlm.sources import load
 
@@ -317,6 +323,14 @@ def _helper(rank, world_size, port, job, errors, parent_pid) -> None:
 
 # This process's store (one run at a time: a process belongs to one group).
 _STORE: list = [None]
+
+
+def _see_gpus(visible: str | None) -> None:
+    """The GPUs rank 0 sees (Ray sets them per trial; the fork server kept those it started
+    with), set before this process touches CUDA."""
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    if visible is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
 
 
 def _join_group(rank: int, world_size: int, store, device: torch.device) -> None:

@@ -54,6 +54,20 @@ def test_two_ranks_equal_one_process_on_the_same_global_batch(name, src, tiny_mo
     assert list(two.checkpoints) == [6]
 
 
+def test_spawned_ranks_train_as_forked_ones(src, tiny_model, tmp_path, monkeypatch):
+    """CUDA's start method (a fresh interpreter per rank), run here on the CPU."""
+    import flatlm.train.distributed as distributed
+
+    cfg = TrainConfig(steps=2, batch_size=8, warmup_steps=1, checkpoint_steps=(2,), seed=3,
+                      **CASES["noreg-rate"])
+    forked = train(dataclasses.replace(cfg, world_size=2), src, tiny_model, tmp_path / "fork",
+                   progress=False)
+    monkeypatch.setitem(distributed.START_METHOD, "cpu", "spawn")
+    spawned = train(dataclasses.replace(cfg, world_size=2), src, tiny_model, tmp_path / "spawn",
+                    progress=False)
+    _assert_close(forked, spawned, 0.0)
+
+
 def test_a_two_rank_run_resumes_exactly(src, tiny_model, tmp_path):
     """Dropout on: every rank's RNG state travels in the checkpoint rank 0 writes."""
     cfg = TrainConfig(algorithm="adamw", steps=6, batch_size=16, warmup_steps=2, mask=0.3,
