@@ -123,3 +123,27 @@ def test_an_error_in_another_rank_is_raised_in_rank_0():
             _ranks(job, 2, torch.device("cpu")):
         dist.barrier()
     assert not dist.is_initialized()
+
+
+def test_a_two_rank_trial_reports_what_a_one_process_trial_does(tmp_path):
+    """Rank 0 measures and reports every checkpoint; no dropout: the same run, so the same
+    measurements up to rounding."""
+    from flatlm.config import apply_overrides
+    from flatlm.trial import TrialConfig, run_trial
+
+    def trial(world_size, out):
+        cfg = apply_overrides(TrialConfig(), {
+            "source": '{"kind":"pcfg","random":{"vocab":12,"depth":2,'
+                      '"nonterminals_per_level":3,"roots":2},"seed":0}',
+            "model": "d16-h2-l1-i32", "train.algorithm": "noreg", "train.batch_size": 16,
+            "train.warmup_steps": 2, "train.steps": 4, "train.checkpoint_steps": [2, 4],
+            "train.world_size": world_size, "measure.what": ["loss"], "measure.n_eval": 64})
+        seen = []
+        rows = run_trial(cfg, out, lambda step, m, d: seen.append(step))
+        return rows, seen
+
+    one, _ = trial(1, tmp_path / "one")
+    two, seen = trial(2, tmp_path / "two")
+    assert seen == [2, 4] == sorted(two)
+    for step in (2, 4):
+        assert two[step]["pretrain/kl"] == pytest.approx(one[step]["pretrain/kl"], abs=1e-5)
