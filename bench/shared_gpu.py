@@ -8,7 +8,7 @@ each train the same small model on the same kind of batches (the sweeps' PCFG,
 barrier, then each times ``--steps`` updates. Aggregate throughput = all trials' input
 positions (batch x (T + 2)) / (last trial's end - first trial's start); the ratio is K trials'
 aggregate over one trial's (best of ``--repeats`` interleaved passes of each). Each trial uses
-``--threads`` CPU threads (Ray sets a trial's OMP threads to its CPUs, 1 by default), so on a
+``--threads`` CPU threads (OMP_NUM_THREADS and torch's, as Ray sets them: 1 by default), so on a
 CPU the ratio is bounded by the cores; ``load_avg_1m`` records how shared the machine was.
 
     python bench/shared_gpu.py                       # CPU: bench/results/shared_gpu_cpu.json
@@ -100,7 +100,7 @@ def main(argv=None) -> None:
     p.add_argument("--trials", type=int, default=4, help="concurrent trials (default 4)")
     p.add_argument("--model", default="d32-h2-l1-i128", help="each trial's model")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--steps", type=int, default=40, help="timed updates per trial")
+    p.add_argument("--steps", type=int, default=150, help="timed updates per trial")
     p.add_argument("--warmup", type=int, default=5, help="untimed updates per trial first")
     p.add_argument("--threads", type=int, default=1, help="CPU threads per trial (Ray: its CPUs)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved passes; best of each")
@@ -108,6 +108,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda: this machine has no CUDA device")
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(args.threads)  # as Ray sets them per trial; inherited by the trials
     one, shared = 0.0, 0.0
     for _ in range(args.repeats):  # interleaved, best of each: a shared machine's load varies
         one = max(one, aggregate_throughput(1, args))
