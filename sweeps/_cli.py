@@ -67,7 +67,8 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
     p.add_argument("--cpus-per-trial", type=float, help="CPUs Ray reserves for each trial")
     p.add_argument("--gpus-per-trial", type=float,
-                   help="GPUs per trial; a fraction packs several small trials on one GPU")
+                   help="GPUs per trial; a fraction packs several small trials on one GPU, "
+                        "a whole N > 1 trains each trial data-parallel on N (train.world_size)")
     p.add_argument("--max-failures", type=int,
                    help="retries of a failed trial from its last checkpoint (default 3)")
     p.add_argument("--verbose", action="store_true",
@@ -128,7 +129,25 @@ def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
         raise ValueError(f"--set {', '.join(swept)}: this sweep varies {', '.join(swept)} "
                          "itself (its search space), so the value would be ignored; drop "
                          "the --set, or use a sweep script that does not vary it")
-    return sweep
+    return with_ranks_per_gpu(sweep, overrides)
+
+
+def with_ranks_per_gpu(sweep: Sweep, overrides: dict) -> Sweep:
+    """A trial given N > 1 GPUs trains data-parallel on them: ``train.world_size`` = N (one
+    process per GPU, ``flatlm.train.distributed``); a fraction of one GPU shares it."""
+    from flatlm.config import apply_overrides
+
+    gpus = sweep.gpus_per_trial
+    if gpus <= 1:
+        return sweep
+    if gpus != int(gpus):
+        raise ValueError(f"--gpus-per-trial {gpus:g}: above 1 use a whole number (one "
+                         "data-parallel process per GPU), or at most 1 to share GPUs")
+    asked = overrides.get("train.world_size")
+    if asked is not None and str(asked) != str(int(gpus)):
+        raise ValueError(f"--set train.world_size={asked} with --gpus-per-trial {gpus:g}: a "
+                         "trial trains on one process per GPU; drop the --set")
+    return replace(sweep, base=apply_overrides(sweep.base, {"train.world_size": int(gpus)}))
 
 
 def main(build: Callable[[argparse.Namespace], Sweep], doc: str,

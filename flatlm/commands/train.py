@@ -4,6 +4,7 @@
         --checkpoint-steps 0,10000,20000,30000 --batch-size 4096 --seed 0 --out runs/a
     flatlm train ... --algorithm sam --sam-rho 0.1 --compile false --set adversarial.task=C
     flatlm train ... --out runs/a --steps 60000 --resume      # continue the same run
+    flatlm train ... --world-size 2     # data-parallel: 2 processes (GPUs), the same global batch
 
 Every ``TrainConfig`` field is an option, generated from its type (``flatlm.config``): nested
 settings join with '-' (``--sam-rho`` is ``sam.rho``, ``--adversarial-lambda`` is

@@ -217,6 +217,9 @@ class TrainConfig:
     divergence_factor: float | None = 10.0  # stop the run (``Diverged``) when a logged loss
     #   exceeds this times the first logged loss; > 1; None = off (a non-finite loss always
     #   stops it)
+    world_size: int = 1  # data-parallel processes, each taking an equal slice of every batch
+    #   (one GPU each on CUDA, gloo processes on the CPU; flatlm.train.distributed); >= 1,
+    #   dividing batch_size (sam: each half); adversarial runs in one process only
 
     @property
     def sentences_per_pass(self) -> int:
@@ -301,6 +304,21 @@ class TrainConfig:
             object.__setattr__(self, name, flag)
         _check(self.divergence_factor is None or self.divergence_factor > 1,
                "divergence_factor", self.divergence_factor, "use a factor > 1, or None (off)")
+        self._check_world_size()
+
+    def _check_world_size(self) -> None:
+        _check(_is_int(self.world_size) and self.world_size >= 1, "world_size", self.world_size,
+               "use an integer >= 1 (processes, one GPU each)")
+        if self.world_size == 1:
+            return
+        _check(self.algorithm != "adversarial", "world_size", self.world_size,
+               "train.algorithm='adversarial' runs in one process only (its closed-form head "
+               "is fitted on all of D1 at once); use train.world_size=1")
+        per_pass = self.sentences_per_pass
+        _check(per_pass % self.world_size == 0, "world_size", self.world_size,
+               f"each process takes an equal slice of the {per_pass} sentences of a pass "
+               f"(train.batch_size{' / 2 under sam' if self.algorithm == 'sam' else ''}); use "
+               "a world size dividing it, or change train.batch_size")
 
     def _check_growth(self) -> None:
         """grow: at least one growth, each inside the run (its shapes are checked at train())."""

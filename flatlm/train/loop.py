@@ -128,8 +128,15 @@ def train(
     checkpoints is an error. The hook is not called again for the checkpoint resumed from.
     ``corpus``: (tokens, lengths) already in memory, used instead of reading ``cfg.data``.
     ``model_cfg.dropout`` is replaced by ``cfg.dropout`` (resolved). Bad configurations raise
-    ``ValueError`` before any training.
+    ``ValueError`` before any training. ``cfg.world_size`` > 1 trains data-parallel, this
+    process being rank 0 (``flatlm.train.distributed``).
     """
+    if cfg.world_size > 1:
+        from flatlm.train.distributed import train_data_parallel
+
+        return train_data_parallel(cfg, source, model_cfg, out_dir, device=device,
+                                   on_checkpoint=on_checkpoint, progress=progress, resume=resume,
+                                   corpus=corpus)
     cfg = resolve(cfg)
     model_cfg = dataclasses.replace(parse_model(model_cfg), dropout=cfg.dropout)
     check_schedule(cfg, model_cfg)  # grow: every shape a growth of the one before it
@@ -194,7 +201,8 @@ def _start_checkpoint(cfg, model_cfg, out_dir, resume):
         return None, unreadable
     state = load_state(ckpt)
     renamed = TrainConfig.RENAMED_KEYS  # a checkpoint saved before the keys moved
-    saved = {renamed.get(k, k): v for k, v in flatten_dict(state.config).items()}
+    saved = {**flatten_dict(to_dict(TrainConfig())),  # a key added since: its default
+             **{renamed.get(k, k): v for k, v in flatten_dict(state.config).items()}}
     now = flatten_dict(to_dict(cfg))
     changed = [k for k in now
                if k.split(".")[0] not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
@@ -214,6 +222,8 @@ def _start_checkpoint(cfg, model_cfg, out_dir, resume):
 
 class _Run:
     """A run in progress: its step, the objects it updates and its metric log."""
+
+    steps = STEPS  # algorithm -> update (a data-parallel rank has its own)
 
     def __init__(self, cfg, source, model_cfg, out_dir, device, pipeline, ctx, *,
                  resumed: TrainState | None = None):
@@ -251,7 +261,7 @@ class _Run:
     def loop(self, on_checkpoint: CheckpointHook | None, progress: bool) -> None:
         from tqdm.auto import tqdm
 
-        cfg, step_fn = self.cfg, STEPS[self.cfg.algorithm]
+        cfg, step_fn = self.cfg, self.steps[self.cfg.algorithm]
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not progress, unit="step",
                    desc=f"train {cfg.algorithm}")
         with bar:
@@ -327,7 +337,7 @@ class _Run:
         final = checkpoint_dir(self.out_dir, step)
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        rng = capture_rng(self.device)
+        rng = self.capture_rng()
         try:
             save_checkpoint(model, tmp, source_spec=self.source.spec, model_cfg=self.model_cfg,
                             extra={"step": step, "train": to_dict(self.cfg),
@@ -352,6 +362,11 @@ class _Run:
             finally:
                 model.train()
                 restore_rng(rng, self.device)
+
+
+    def capture_rng(self) -> dict:
+        """The RNG state a checkpoint stores (a data-parallel run adds every rank's)."""
+        return capture_rng(self.device)
 
 
 def autocast_for(cfg: TrainConfig, device: torch.device):
