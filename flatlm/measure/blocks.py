@@ -58,13 +58,14 @@ def block_order(blocks) -> list[str]:
 
 def block_traces(
     model: nn.Module, tokens: torch.Tensor, lengths: torch.Tensor, cfg: FlatnessConfig,
-    soft_labels: torch.Tensor, *, device=None,
+    soft_labels: torch.Tensor, *, positions: torch.Tensor | None = None, device=None,
 ) -> dict[str, dict]:
     """block -> ``{"mean", "se"}`` of Tr(H_bb), H the Hessian of the loss with ``soft_labels``
-    (n, V) at the masked words of ``masked_inputs(tokens, lengths, cfg.seed, n=cfg.n_inputs)``;
-    and ``"total"``, their sum (Hutchinson's Tr(H) with the same vectors)."""
+    (n, V) at the masked words of ``masked_inputs(tokens, lengths, cfg.seed, n=cfg.n_inputs)``
+    (or at ``positions``, as ``trace_hessian``); and ``"total"``, their sum (Hutchinson's Tr(H)
+    with the same vectors)."""
     device = device or model_device_dtype(model)[0]
-    x = masked_inputs(tokens, lengths, cfg.seed, n=cfg.n_inputs)
+    x = masked_inputs(tokens, lengths, cfg.seed, n=cfg.n_inputs, positions=positions)
     named = selected_parameters(model, cfg.exclude)
     params = list(named.values())
     names = block_order(block_of(n) for n in named)
