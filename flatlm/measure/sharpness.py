@@ -128,7 +128,7 @@ def worst_case_increase(loss: Callable[[], torch.Tensor], params: list[nn.Parame
         for _ in range(steps + 1):
             pert(u)
             value = loss()
-            best = max(best, float(value))
+            best = max(best, float(value.detach()))
             grads = torch.autograd.grad(value, params)
             grads = [gr * c for gr, c in zip(grads, pert.c, strict=True)]  # d/du = c * d/dw
             u = _ascent(u, grads, norm, rho, step_size * rho)
