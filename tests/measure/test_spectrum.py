@@ -251,6 +251,11 @@ def test_measure_model_logs_every_new_measurement(src, tmp_path):
 def test_configs_are_checked():
     from flatlm.measure.run import MeasureConfig
     from flatlm.measure.sharpness import SharpnessConfig
+    from flatlm.trial import TrialConfig, tracked_params
+
+    logged = tracked_params(TrialConfig(measure=MeasureConfig(what=("eigen",))))
+    assert "measure.spectrum.lanczos_steps" in logged and "measure.flatness.exclude" in logged
+    assert not any(k.startswith("measure.sharpness.") for k in logged)
 
     with pytest.raises(ValueError, match="spectrum.lanczos_steps"):
         SpectrumConfig(lanczos_steps=0)
