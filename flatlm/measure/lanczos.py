@@ -81,7 +81,7 @@ def ritz_values(t: Tridiagonal) -> list[float]:
 def top_ritz_pair(t: Tridiagonal) -> tuple[float, torch.Tensor]:
     """(largest Ritz value, its unit Ritz vector in the operator's space)."""
     theta, Y = torch.linalg.eigh(t.matrix())
-    u = Y[:, -1].to(t.Q.dtype) @ t.Q
+    u = Y[:, -1].to(t.Q.device, t.Q.dtype) @ t.Q
     return float(theta[-1]), u / u.norm()
 
 

@@ -40,7 +40,7 @@ from flatlm.measure.curvature import (
     selected_parameters,
 )
 from flatlm.measure.flatness import soft_labels
-from flatlm.models.bert import word_logits
+from flatlm.measure.hvp import logits_fn
 from flatlm.sources.base import Source
 
 NORMS = ("linf", "l2")
@@ -170,13 +170,14 @@ def adaptive_sharpness(losses: list[Callable[[], torch.Tensor]], params: list[nn
 def batch_losses(model: nn.Module, x, soft_labels: torch.Tensor, batch_size: int,
                  device) -> list[Callable[[], torch.Tensor]]:
     """One closure per batch of ``x``: the mean loss against ``soft_labels`` at the current
-    parameters (first derivatives only: SDPA and the fused LSTM are fine)."""
+    parameters. The BiLSTM runs unrolled: cuDNN's LSTM has no backward in eval mode."""
+    logits = logits_fn(model)
 
     def make(a: int, b: int):
         batch, q = x.batch(a, b, device), soft_labels[a:b].to(device)
 
         def loss() -> torch.Tensor:
-            z = word_logits(model, batch.input_ids, batch.attention_mask, batch.positions)
+            z = logits(model, batch.input_ids, batch.attention_mask, batch.positions)
             return -(q.to(z.dtype) * z.log_softmax(-1)).sum(-1).mean()
         return loss
 

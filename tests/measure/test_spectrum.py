@@ -223,7 +223,10 @@ def test_block_names_of_every_architecture():
 
 # --- through measure_model -----------------------------------------------------------------
 
-def test_measure_model_logs_every_new_measurement(src, tmp_path):
+@pytest.mark.parametrize(("shape", "blocks"), [("d8-h2-l1-i16", ("embeddings", "layer0", "head")),
+                                               ("lstm-h4-l2", ("embeddings", "layer0", "layer1",
+                                                               "head"))])
+def test_measure_model_logs_every_new_measurement(src, tmp_path, shape, blocks):
     from flatlm.config import apply_overrides
     from flatlm.measure.run import MeasureConfig, eval_data, measure_model
     from flatlm.models import build_model, parse_model
@@ -234,16 +237,16 @@ def test_measure_model_logs_every_new_measurement(src, tmp_path):
         "spectrum.lanczos_steps": 3, "spectrum.slq_probes": 3, "spectrum.slq_steps": 3,
         "sharpness.n_inputs": 16, "sharpness.batch_size": 8, "sharpness.steps": 2,
         "sharpness.samples": 2})
-    shape = dataclasses.replace(parse_model("d8-h2-l1-i16"), dropout=0.0)
-    model = build_model(shape, src.V, src.max_length, seed=0).double()
+    model_cfg = dataclasses.replace(parse_model(shape), dropout=0.0)
+    model = build_model(model_cfg, src.V, src.max_length, seed=0).double()
     out = measure_model(model, src, eval_data(src, cfg), cfg, "cpu", artifact_dir=tmp_path)
     keys = [TOP_EIG_HESSIAN, TOP_EIG_FISHER, SLQ_TRACE_HESSIAN, sharpness_worst_key("linf"),
             sharpness_worst_key("l2"), "flat/sharpness_avg", "flat/slq_negative_mass",
-            *(block_key(b) for b in ("embeddings", "layer0", "head"))]
+            *(block_key(b) for b in blocks)]
     for key in keys:
         assert key in out and se_key(key) in out, key
-    blocks = sum(out[block_key(b)] for b in ("embeddings", "layer0", "head"))
-    assert blocks == pytest.approx(out[TRACE_HESSIAN], rel=1e-8)  # same vectors, same inputs
+    total = sum(out[block_key(b)] for b in blocks)
+    assert total == pytest.approx(out[TRACE_HESSIAN], rel=1e-8)  # same vectors, same inputs
     assert out[TOP_EIG_FISHER] > 0 and out[sharpness_worst_key("linf")] > 0
     assert (tmp_path / "spectral_density.json").is_file()
 
