@@ -18,10 +18,13 @@ Worst case: plain projected gradient ascent (not the paper's Auto-PGD) in u = de
 ``steps`` steps of size ``step_size * rho``: l_inf: u <- clip(u + eta sign(grad_u), -rho, rho) from
 u ~ U[-rho, rho]^P; l_2: u <- Proj_{||u|| <= rho}(u + eta grad_u / ||grad_u||) from a uniformly
 random point of the sphere ||u|| = rho (at a minimum the gradient at u = 0 is zero). The value is
-the largest increase over the iterates: a lower bound on the inner maximum, exact on a linear loss
-(l_inf, l_2) and on a quadratic one at its minimum with l_2 (ascent there is a power iteration:
-rho^2 / 2 lambda_max(C H C), C = diag(c)) or with l_inf and diagonal H >= 0. Average case:
-``samples`` Gaussian draws per batch. Both: per-batch values, batches i.i.d., the plain s.e.
+the largest increase over the iterates: a lower bound on the inner maximum. It reaches the
+maximum of a linear loss (l_inf: a corner within a few steps; l_2: geometrically) and of a
+quadratic at its minimum with l_2 (ascent there is a power iteration: rho^2 / 2 lambda_max(C H C),
+C = diag(c)) or with l_inf and diagonal H >= 0 (tests/measure/test_sharpness.py). Average case:
+``samples`` Gaussian draws per batch. Both: per-batch values, batches i.i.d., the plain s.e. The
+default radii are not the paper's (which vary by setting): choose them per study; they are logged
+with the trial's params.
 """
 
 from __future__ import annotations
