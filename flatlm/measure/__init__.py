@@ -29,7 +29,8 @@ the population loss (labels = the true conditional) over the parameters flatness
     flat/slq_trace_hessian    Tr(H) from the stochastic Lanczos quadrature of the spectral
                         density (agrees with flat/trace_hessian within the s.e.; the density
                         itself is the artifact spectral_density.json / .png)
-    flat/slq_negative_mass    the quadrature's fraction of H's spectrum below zero
+    flat/slq_negative_trace   sum of H's negative eigenvalues, from the same quadrature (its
+                        non-convexity; <= 0)
     flat/blocks/<block>/trace_hessian   Tr(H_bb), the diagonal block of one parameter block
                         (embeddings, layer<i>, head); the blocks add up to flat/trace_hessian
     flat/sharpness_worst_<p>  adaptive worst-case sharpness (Andriushchenko et al., ICML 2023):
@@ -64,7 +65,7 @@ TRACE_HESSIAN_GROWN = "flat/trace_hessian_grown"
 TOP_EIG_HESSIAN = "flat/top_eig_hessian"
 TOP_EIG_FISHER = "flat/top_eig_fisher"
 SLQ_TRACE_HESSIAN = "flat/slq_trace_hessian"
-SLQ_NEGATIVE_MASS = "flat/slq_negative_mass"
+SLQ_NEGATIVE_TRACE = "flat/slq_negative_trace"
 SHARPNESS_AVG = "flat/sharpness_avg"
 
 

@@ -1,7 +1,7 @@
 """The curvature measurements beyond the trace, as one metrics dict for ``measure.run``:
 
 - ``eigen``: flat/top_eig_hessian, flat/top_eig_fisher (``measure.spectrum``);
-- ``density``: flat/slq_trace_hessian, flat/slq_negative_mass, and the spectral density written
+- ``density``: flat/slq_trace_hessian, flat/slq_negative_trace, and the spectral density written
   to ``artifact_dir`` (the checkpoint's directory) as ``spectral_density.json`` / ``.png``;
 - ``blocks``: flat/blocks/<block>/trace_hessian (``measure.blocks``; on flatness's inputs);
 - ``sharpness``: flat/sharpness_worst_<p>, flat/sharpness_avg (``measure.sharpness``).

@@ -19,11 +19,12 @@ the inputs (n / probes each), so per-probe values are i.i.d. draws of data and p
 their spread is an honest standard error: the scalar summaries are ``flat/slq_trace_hessian``
 = P sum_j tau_j theta_j per probe (= v^T H_l v, Hutchinson's estimate, exact in the quadrature:
 it must agree with ``flat/trace_hessian`` within the standard errors) and
-``flat/slq_negative_mass`` = sum_j tau_j [theta_j < 0], the quadrature's fraction of the spectrum
-below zero. The sketch is the spectrum of the Hessian over n / probes inputs, which is broader
-than the population's. The density is written as ``spectral_density.json`` (grid, density,
-every probe's nodes and weights) and ``spectral_density.png`` (when matplotlib is installed:
-the ``sweep`` extra).
+``flat/slq_negative_trace`` = P sum_j tau_j min(theta_j, 0), the quadrature's sum of the
+negative eigenvalues (continuous in the nodes, unlike the fraction of mass below zero, which the
+many nodes of the bulk near zero make a coin toss). The sketch is the spectrum of the Hessian
+over n / probes inputs, which is broader than the population's. The density is written as
+``spectral_density.json`` (grid, density, every probe's nodes and weights) and
+``spectral_density.png`` (when matplotlib is installed: the ``sweep`` extra).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pathlib import Path
 import torch
 
 from flatlm.measure import (
-    SLQ_NEGATIVE_MASS,
+    SLQ_NEGATIVE_TRACE,
     SLQ_TRACE_HESSIAN,
     TOP_EIG_FISHER,
     TOP_EIG_HESSIAN,
@@ -140,9 +141,9 @@ def slq(op: CurvatureOperator, probes: int, steps: int, seed: int) -> Sketch:
 
 def slq_metrics(sketch: Sketch) -> dict[str, float]:
     trace = sketch.n_params * sketch.per_probe(lambda t: t)
-    negative = sketch.per_probe(lambda t: (t < 0).to(t.dtype))
+    negative = sketch.n_params * sketch.per_probe(lambda t: t.clamp(max=0.0))
     out = {}
-    for key, values in ((SLQ_TRACE_HESSIAN, trace), (SLQ_NEGATIVE_MASS, negative)):
+    for key, values in ((SLQ_TRACE_HESSIAN, trace), (SLQ_NEGATIVE_TRACE, negative)):
         out[key], out[se_key(key)] = grouped_mean_se(values)
     return out
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # test modules are not a package
 from test_flatness import POOL, POOL_LENGTHS, Exact, T, V, pool_pairs, tiny_bert  # noqa: E402
 
 from flatlm.measure import (  # noqa: E402
+    SLQ_NEGATIVE_TRACE,
     SLQ_TRACE_HESSIAN,
     TOP_EIG_FISHER,
     TOP_EIG_HESSIAN,
@@ -43,6 +44,7 @@ from flatlm.measure.hessian_trace import trace_hessian  # noqa: E402
 from flatlm.measure.hvp import CurvatureOperator, flatten  # noqa: E402
 from flatlm.measure.lanczos import lanczos, quadrature, ritz_values  # noqa: E402
 from flatlm.measure.spectrum import (  # noqa: E402
+    Sketch,
     SpectrumConfig,
     slq,
     slq_metrics,
@@ -161,6 +163,13 @@ def test_lanczos_quadrature_is_gauss_quadrature(tiny):
         exact = float(v @ power) / float(v @ v)  # v^T H^r v / v^T v
         assert float((tau * theta**r).sum()) == pytest.approx(exact, rel=1e-9, abs=1e-12), r
         power = H @ power
+    # a full Krylov space integrates any f: the negative part's trace, v^T min(H, 0) v
+    sign = torch.randint(0, 2, (len(H),), generator=torch.Generator().manual_seed(6)) * 2 - 1.0
+    theta, tau = quadrature(lanczos(lambda u: H @ u, sign.double(), len(H)))
+    sketch = Sketch(theta[None], tau[None], len(H))
+    lam, U = torch.linalg.eigh(H)
+    negative = float(sign.double() @ U @ torch.diag(lam.clamp(max=0)) @ U.T @ sign.double())
+    assert slq_metrics(sketch)[SLQ_NEGATIVE_TRACE] == pytest.approx(negative, rel=1e-8)
     A = torch.randn(12, 12, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     A = A + A.T
     full = ritz_values(lanczos(lambda u: A @ u, torch.ones(12, dtype=torch.float64), 12))
@@ -241,7 +250,7 @@ def test_measure_model_logs_every_new_measurement(src, tmp_path, shape, blocks):
     model = build_model(model_cfg, src.V, src.max_length, seed=0).double()
     out = measure_model(model, src, eval_data(src, cfg), cfg, "cpu", artifact_dir=tmp_path)
     keys = [TOP_EIG_HESSIAN, TOP_EIG_FISHER, SLQ_TRACE_HESSIAN, sharpness_worst_key("linf"),
-            sharpness_worst_key("l2"), "flat/sharpness_avg", "flat/slq_negative_mass",
+            sharpness_worst_key("l2"), "flat/sharpness_avg", "flat/slq_negative_trace",
             *(block_key(b) for b in blocks)]
     for key in keys:
         assert key in out and se_key(key) in out, key
