@@ -88,7 +88,7 @@ def test_mlm_sharpness_at_a_small_radius_is_first_order(src):
     params = list(selected_parameters(model, exclude).values())
     first = {"linf": [], "l2": []}
     for loss in batch_losses(model.eval(), x, q, cfg.batch_size, "cpu"):
-        gw = torch.cat([(g * p).flatten() for g, p in
+        gw = torch.cat([(g * p.detach()).flatten() for g, p in
                         zip(torch.autograd.grad(loss(), params), params, strict=True)]).abs()
         first["linf"].append(1e-6 * float(gw.sum()))
         first["l2"].append(1e-6 * float(gw.norm()))
