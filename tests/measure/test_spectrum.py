@@ -283,3 +283,19 @@ def test_configs_are_checked():
         SharpnessConfig(steps=0)
     with pytest.raises(ValueError, match="eigen"):  # the error lists the new names
         MeasureConfig(what=("eigenvalues",))
+
+
+def test_a_trial_writes_the_density_into_each_checkpoint(tmp_path):
+    from flatlm.config import apply_overrides
+    from flatlm.trial import TrialConfig, read_metrics, run_trial
+
+    cfg = apply_overrides(TrialConfig(), {
+        "source": "dyck:4", "model": "d16-h1-l1-i32", "train.steps": 1, "train.batch_size": 4,
+        "train.checkpoint_steps": [1], "train.warmup_steps": 0, "measure.n_eval": 8,
+        "measure.n_downstream": 20, "measure.what": ["density"], "measure.spectrum.n_inputs": 8,
+        "measure.spectrum.slq_probes": 2, "measure.spectrum.slq_steps": 3})
+    run_trial(cfg, tmp_path)
+    written = json.loads((tmp_path / "checkpoints" / "step-1" / "spectral_density.json")
+                         .read_text())
+    assert written["probes"] == 2 and len(written["grid"]) == 256
+    assert SLQ_TRACE_HESSIAN in read_metrics(tmp_path)[1]
