@@ -105,7 +105,9 @@ def with_downstream_resolved(cfg: TrialConfig) -> TrialConfig:
 
 
 # The config sections each measurement uses: a section is logged only when one of them ran.
-_MEASURE_SECTIONS = {"loss": ("loss",), "flatness": ("fisher", "hessian"),
+_MEASURE_SECTIONS = {"loss": ("loss",),
+                     "flatness": ("fisher", "hessian", "eigen", "density", "blocks", "sharpness"),
+                     "spectrum": ("eigen", "density"), "sharpness": ("sharpness",),
                      "probe": ("probe", "lookup"),
                      "finetune": ("finetune",)}
 # Options whose None has a meaning worth a word in the logged params (other Nones: not set).
@@ -164,7 +166,8 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
 
     def on_checkpoint(step: int, model, ckpt_dir: Path) -> None:
         metrics = {N_PARAMS: float(sum(p.numel() for p in model.parameters())),
-                   **measure_model(model, source, data, cfg.measure, device)}
+                   **measure_model(model, source, data, cfg.measure, device,
+                                 artifact_dir=ckpt_dir)}
         _record(out_dir, ckpt_dir, step, metrics)
         done[step] = {"step": step, **metrics}
         if report is not None:

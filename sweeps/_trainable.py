@@ -30,7 +30,8 @@ from flatlm.trial import TrialConfig, tracked_params
 DIVERGED_FILE = "diverged.json"  # in a diverged trial's directory: {"step", "loss", "message"}
 TAG_DIVERGED = "flatlm.diverged"  # MLflow tag of a diverged trial's run: the step
 # Artifacts of a trial's MLflow run: its config, every checkpoint's measurements, its curves.
-TRIAL_ARTIFACTS = (METRICS_FILE, "metrics.json", "trial_config.json", "*.png")
+TRIAL_ARTIFACTS = (METRICS_FILE, "metrics.json", "trial_config.json", "*.png",
+                   "spectral_density.json")  # measure.what "density", per checkpoint
 FINISH_WAIT_S = 300.0  # how long a trial ending in a tracking outage waits for MLflow
 #   (env FLATLM_FINISH_WAIT_S overrides it)
 

@@ -69,9 +69,9 @@ def run(args) -> int:
     _check_vocabulary(ckpt, info, source)
     model = model.to(device)
     data = eval_data(source, cfg, ModelConfig(**info["model"]))  # random-features reference
-    metrics = measure_model(model, source, data, cfg, device)
-    out = {"checkpoint": str(ckpt.absolute()), "source": source.spec, **metrics}
     path = Path(args.out) if args.out else ckpt / "measure.json"
+    metrics = measure_model(model, source, data, cfg, device, artifact_dir=path.parent)
+    out = {"checkpoint": str(ckpt.absolute()), "source": source.spec, **metrics}
     _write_replacing(path, json.dumps(out, indent=2) + "\n")
     if args.json:
         print(json.dumps(out))

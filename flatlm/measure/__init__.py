@@ -22,6 +22,22 @@ Flatness (see ``measure.flatness``):
     flat/<quantity>_grown     the same of the model grown into one common shape (``measure.grown``,
                         ``MeasureConfig.grow_to``), so that models of different sizes are compared
                         in one parameterisation (paper Fig. 5, B.3-B.4)
+Curvature beyond the trace (``measure.spectrum``, ``measure.blocks``, ``measure.sharpness``), of
+the population loss (labels = the true conditional) over the parameters flatness counts:
+    flat/top_eig_hessian, flat/top_eig_fisher   lambda_max of H and of F over n masked inputs
+                        (Lanczos with Hessian-vector products; s.e. by the delta method: the
+                        spread over batches of u^T H_b u, u the top eigenvector)
+    flat/slq_trace_hessian    Tr(H) from the stochastic Lanczos quadrature of the spectral
+                        density (agrees with flat/trace_hessian within the s.e.; the density
+                        itself is the artifact spectral_density.json / .png)
+    flat/slq_negative_trace   sum of H's negative eigenvalues, from the same quadrature (its
+                        non-convexity; <= 0)
+    flat/blocks/<block>/trace_hessian   Tr(H_bb), the diagonal block of one parameter block
+                        (embeddings, layer<i>, head); the blocks add up to flat/trace_hessian
+    flat/sharpness_worst_<p>  adaptive worst-case sharpness (Andriushchenko et al., ICML 2023):
+                        E_S max_{||delta / |w| ||_p <= rho} L_S(w + delta) - L_S(w), p = linf, l2,
+                        over batches S of m inputs, by projected gradient ascent
+    flat/sharpness_avg  adaptive average sharpness: the same with delta ~ N(0, rho^2 diag(w^2))
 Downstream (see ``measure.probe``, ``measure.finetune``, ``measure.lookup``), per task, each on
 the same held-out sentences, labelled as ``Source.sample_downstream`` labels them:
     probe/<task>/<stat>      linear probe on the model's frozen features
@@ -50,6 +66,21 @@ TRACE_HESSIAN_DATA = "flat/trace_hessian_data"
 HESSIAN_FISHER_GAP = "flat/hessian_fisher_gap"
 TRACE_FISHER_GROWN = "flat/trace_fisher_grown"
 TRACE_HESSIAN_GROWN = "flat/trace_hessian_grown"
+TOP_EIG_HESSIAN = "flat/top_eig_hessian"
+TOP_EIG_FISHER = "flat/top_eig_fisher"
+SLQ_TRACE_HESSIAN = "flat/slq_trace_hessian"
+SLQ_NEGATIVE_TRACE = "flat/slq_negative_trace"
+SHARPNESS_AVG = "flat/sharpness_avg"
+
+
+def block_key(block: str) -> str:
+    """Tr(H) of one parameter block: ``layer0`` -> ``flat/blocks/layer0/trace_hessian``."""
+    return f"flat/blocks/{block}/trace_hessian"
+
+
+def sharpness_worst_key(norm: str) -> str:
+    """Adaptive worst-case sharpness in one norm: ``flat/sharpness_worst_linf``."""
+    return f"flat/sharpness_worst_{norm}"
 
 
 def per_sentence_key(key: str) -> str:

@@ -31,6 +31,8 @@ from flatlm.measure.curvature import FlatnessConfig
 from flatlm.measure.eval_cache import cache_key, cached_tensors
 from flatlm.measure.finetune import FinetuneConfig, finetune_accuracy
 from flatlm.measure.flatness import data_hessian, measure_flatness
+from flatlm.measure.landscape import WHAT as LANDSCAPE_WHAT
+from flatlm.measure.landscape import measure_landscape
 from flatlm.measure.lookup import lookup_features
 from flatlm.measure.loss import LossConfig, pretrain_loss
 from flatlm.measure.probe import (
@@ -41,13 +43,15 @@ from flatlm.measure.probe import (
     participation_ratio,
     probe_metrics,
 )
+from flatlm.measure.sharpness import SharpnessConfig
+from flatlm.measure.spectrum import SpectrumConfig
 from flatlm.models.bert import build_model
 from flatlm.seeds import derive_seed
 from flatlm.sources.base import Source
 
 log = logging.getLogger(__name__)
 
-WHAT = ("loss", "fisher", "hessian", "probe", "finetune", "lookup", "glue")
+WHAT = ("loss", "fisher", "hessian", "probe", "finetune", "lookup", "glue", *LANDSCAPE_WHAT)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +60,9 @@ class MeasureConfig:
 
     # measurements to run, from WHAT: loss (pretrain/*), fisher (Tr F), hessian (Tr H and the
     # gap to Tr F; implies fisher), probe, finetune, lookup, glue (GLUE fine-tuning on a text
-    # source's task files, measure.glue, with finetune's settings)
+    # source's task files, measure.glue, with finetune's settings); beyond the trace
+    # (measure.landscape): eigen (top eigenvalues of H and F), density (spectral density), blocks
+    # (Tr H per block), sharpness (adaptive sharpness); these need the source's truth
     what: tuple[str, ...] = ("loss", "fisher", "hessian", "probe", "lookup")
     # validation sentences for pretrain/* and the flatness inputs; >= 2. 4000: relative s.e. of
     # Tr(F) ~2.5% (8 sampled labels per input, bench/flatness_se.py)
@@ -71,6 +77,8 @@ class MeasureConfig:
     flatness: FlatnessConfig = field(default_factory=lambda: FlatnessConfig(n_inputs=None))
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     finetune: FinetuneConfig = field(default_factory=lambda: FinetuneConfig(seeds=2))
+    spectrum: SpectrumConfig = field(default_factory=SpectrumConfig)  # eigen, density
+    sharpness: SharpnessConfig = field(default_factory=SharpnessConfig)
     # also measure flatness in this BERT shape (flat/*_grown; ``measure.grown``): the common shape
     # of a sweep over sizes, shape_string(lcm_shape(models)); None = native shape only
     grow_to: str | None = None
@@ -154,6 +162,7 @@ def skipped_without_truth(source: Source, cfg: MeasureConfig) -> list[str]:
         skipped += [TRACE_HESSIAN, HESSIAN_FISHER_GAP]
     if "lookup" in what:
         skipped.append("lookup/*")
+    skipped += [f"{name} (population-loss curvature)" for name in LANDSCAPE_WHAT if name in what]
     return skipped
 
 
@@ -167,8 +176,9 @@ def _draw(source: Source, cfg: MeasureConfig, rule: str, tasks, device) -> dict:
 
 
 def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: MeasureConfig,
-                  device) -> dict[str, float]:
-    """Every metric ``cfg.what`` asks for (keys as in ``flatlm.measure``), plus timings."""
+                  device, *, artifact_dir=None) -> dict[str, float]:
+    """Every metric ``cfg.what`` asks for (keys as in ``flatlm.measure``), plus timings; files
+    (the spectral density) go to ``artifact_dir`` (the checkpoint's directory), if given."""
     what, out = set(cfg.what), {}
     model.eval()
     if "loss" in what:
@@ -185,6 +195,11 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
                 out.update(grown_flatness(model, cfg.grow_to, source, data.tokens, data.lengths,
                                           cfg.flatness, device,
                                           hessian="hessian" in what and source.has_truth))
+    if what & set(LANDSCAPE_WHAT) and source.has_truth:  # population-loss curvature
+        with timer(out, "landscape"):
+            out.update(measure_landscape(
+                model, source, data.tokens, data.lengths, what, device, flatness=cfg.flatness,
+                spectrum=cfg.spectrum, sharpness=cfg.sharpness, artifact_dir=artifact_dir))
     if "probe" in what:
         with timer(out, "probe"):
             out.update(_probes(model, source, data, cfg, "probe", device))

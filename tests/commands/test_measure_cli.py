@@ -40,7 +40,7 @@ def test_measure_prints_and_saves_every_key(checkpoint, capsys):
 
 
 @pytest.mark.parametrize("args, match", [
-    (["--what", "loss,sharpness"], "sharpness"),
+    (["--what", "loss,flatness"], "flatness"),  # not a measurement (sharpness now is)
     (["--tasks", "Q"], "measure.tasks"),
     (["--set", "probe.epoch=3"], "probe.epoch"),
 ])
