@@ -48,6 +48,10 @@ def measured_tasks(cfg: TrialConfig) -> tuple[str, ...]:
 def sweep_task(sweep: Sweep) -> str:
     """The downstream task the sweep's summary and default objective use."""
     tasks = measured_tasks(sweep.base)
+    if not tasks:
+        raise ValueError(f"source {sweep.base.source}: no downstream task to judge the sweep "
+                         "on; give the source tasks (a text source's glue=DIR) or "
+                         "measure.tasks")
     if sweep.analysis_task is None:
         return tasks[0]
     if sweep.analysis_task not in tasks:

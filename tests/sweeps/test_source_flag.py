@@ -77,3 +77,29 @@ def test_a_bad_source_on_the_command_line_exits_2_before_any_trial(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "error: --source 'dyck:6' and --set source='dyck:8'" in out.stderr
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_lm_text_probes_its_first_and_middle_positions(tmp_path):
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    config = GPT2Config(vocab_size=9, n_positions=8, n_embd=8, n_layer=1, n_head=2,
+                        bos_token_id=8, eos_token_id=8, pad_token_id=8)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "lm")
+    source = f"lm:{tmp_path / 'lm'},vocab=4,length=6,rule=bos"
+    sweep = scaling.build(args_of("--source", source))
+    assert tuple(sweep.base.measure.tasks) == ("mask-1", "mask-3")
+    assert sweep_task(sweep) == "mask-1"
+
+
+def test_real_text_masks_15_percent_and_fine_tunes_on_its_glue_tasks(tmp_path):
+    sys.path.insert(0, str(REPO / "tests" / "assets"))
+    from text_assets import make_text_assets, text_spec
+
+    assets = make_text_assets(tmp_path, n_docs=40, n_glue=20)
+    sweep = scaling.build(args_of("--source", text_spec(assets)))
+    assert sweep.base.train.mask == 0.15 and tuple(sweep.base.measure.tasks) == ()
+    assert set(sweep.base.measure.what) == {"loss", "fisher", "hessian", "probe", "glue"}
+    bare = scaling.build(args_of("--source", text_spec(assets, glue=False)))
+    assert set(bare.base.measure.what) == {"loss", "fisher", "hessian"}  # no task to probe
+    with pytest.raises(ValueError, match="no downstream task to judge the sweep on"):
+        sweep_task(bare)
