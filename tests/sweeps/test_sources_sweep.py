@@ -1,5 +1,6 @@
-"""Every source sweeps, by ``--source``: the scaling sweep's two tiny BiLSTMs on an HMM (then the
-analysis report on its MLflow store) and a one-trial sweep on Dyck, end to end through the real
+"""Every source sweeps, by ``--source``: the scaling sweep's two tiny BiLSTMs on an HMM, and a
+one-trial sweep on Dyck and on the text of a tiny causal LM (then the analysis report on each
+MLflow store), end to end through the real
 command line (``_cli.main``), real Ray and a real MLflow sqlite store.
 
 The task the sweep shows, searches on and summarises comes from the source's defaults
@@ -56,11 +57,14 @@ if __name__ == "__main__":
     pytest.param("hmm:seed=0,vocab=20,states=6,length=6,blocks=2", "task-6",
                  ["lstm-h16-l1", "lstm-h32-l2"], id="hmm-scaling-lstms"),
     pytest.param("dyck:6", "g_star", ["d16-h1-l1-i32"], id="dyck"),
+    pytest.param("lm", "mask-1", ["d16-h1-l1-i32"], id="lm-text"),  # a tiny GPT-2, built here
 ])
 def test_a_tiny_sweep_of_any_source_finishes_with_its_task_measured(tmp_path, ray_tmpdir,
                                                                       source, task, models):
     from mlflow import MlflowClient
 
+    if source == "lm":
+        source = f"lm:{tiny_lm(tmp_path / 'lm')},vocab=4,length=4,rule=bos"
     script = tmp_path / "one_trial.py"
     script.write_text(ONE_TRIAL)
     env = sweep_env(ray_tmpdir, PYTHONPATH=os.pathsep.join(
@@ -92,8 +96,17 @@ def test_a_tiny_sweep_of_any_source_finishes_with_its_task_measured(tmp_path, ra
     assert f" {task}/acc_mean=" in out  # the result lines show the source's task
     assert f"Correlations with downstream accuracy ({accuracy})" in out, sweep.tail()
     assert f"--task {task} " in out
-    if len(models) > 1:
-        assert_the_report_reads_the_sweep(tmp_path, uri, task, models)
+    assert_the_report_reads_the_sweep(tmp_path, uri, task, models)
+
+
+def tiny_lm(path: Path) -> str:
+    """A random 1-layer GPT-2 (9 tokens, id 8 its BOS), saved: the LM-text source's model."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    config = GPT2Config(vocab_size=9, n_positions=8, n_embd=8, n_layer=1, n_head=2,
+                        bos_token_id=8, eos_token_id=8, pad_token_id=8, initializer_range=1.0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return str(path)
 
 
 def assert_the_report_reads_the_sweep(tmp_path, uri: str, task: str, models: list[str]) -> None:

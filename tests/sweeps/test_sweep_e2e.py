@@ -63,6 +63,8 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
         assert {"curves.png", "metrics.jsonl", "trial_config.json"} <= names, names
     out = sweep.stdout
     assert "Correlations with downstream accuracy" in out and "pearson" in out
+    # would the flattest checkpoint have been picked over the lowest-loss one (selection.py)
+    assert "Model selection: 6 candidate checkpoints of 3 runs" in out, out[-3000:]
     for chatter in ("Checkpoint successfully created", "Writing model shards"):  # quiet
         assert chatter not in out + sweep.stderr, chatter
     assert f"cd {tmp_path} && mlflow ui --backend-store-uri {uri}" in out
