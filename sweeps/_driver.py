@@ -110,14 +110,22 @@ def sweep_settings(sweep: Sweep) -> dict:
 
 def check_resume_settings(sweep: Sweep, path: Path, resume: bool) -> None:
     """``--resume`` with settings other than those ``record_settings`` kept is an error naming
-    them (Tune would silently keep the old ones)."""
+    them (Tune would silently keep the old ones). A setting the record lacks (a config field
+    added to flatlm since the sweep started) counts as its default: an upgrade alone changes
+    nothing."""
+    from flatlm.config import flatten_dict
+    from flatlm.trial import TrialConfig
+
     file = path / SETTINGS_FILE
     now = sweep_settings(sweep)
     if resume and file.exists():
         before = json.loads(file.read_text())
-        changed = sorted(k for k in {*before, *now} if before.get(k) != now.get(k))
+        defaults = flatten_dict(to_dict(TrialConfig()), "base.")
+        changed = sorted(k for k in {*before, *now}
+                         if before.get(k, defaults.get(k)) != now.get(k))
         if changed:
-            diffs = "; ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])
+            diffs = "; ".join(f"{k}: {before.get(k, defaults.get(k))!r} -> {now.get(k)!r}"
+                              for k in changed[:5])
             raise ValueError(f"--resume continues the sweep as it was started, but these "
                              f"settings changed: {diffs}{' ...' if len(changed) > 5 else ''}. "
                              "Resume with the original --set values, or start a new sweep "

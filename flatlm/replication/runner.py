@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from flatlm.config import to_dict
+from flatlm.config import from_dict, to_dict
 from flatlm.metrics_log import read_metrics
 from flatlm.replication.experiments import Experiment
 from flatlm.trial import run_trial, with_downstream_resolved
@@ -48,14 +48,24 @@ def finished(out: Path, cfg) -> bool:
 
 
 def check_same_config(out: Path, cfg) -> None:
-    """A trial directory resumes only the config it was started with."""
+    """A trial directory resumes only the config it was started with. Its ``config.json`` is
+    read as this version's config, so a field added to flatlm since counts as its default."""
     path = out / "config.json"
     if not path.exists():
         return
-    if json.loads(path.read_text()) != to_dict(with_downstream_resolved(cfg)):
+    if _as_current(json.loads(path.read_text()), cfg) != to_dict(with_downstream_resolved(cfg)):
         raise ValueError(f"{out} holds a trial started with another config (its config.json "
                          "differs): the settings changed since. Pass another --out, or delete "
                          "that directory to start the trial again")
+
+
+def _as_current(saved: dict, cfg) -> dict:
+    """``saved`` (a config.json) with the fields it lacks at their defaults; as read if it no
+    longer parses (a field since removed: then it differs, as it should)."""
+    try:
+        return to_dict(from_dict(type(cfg), saved))
+    except (TypeError, ValueError):
+        return saved
 
 
 def run_experiment(experiment: Experiment, root: str | Path, *, device: str = "cpu",

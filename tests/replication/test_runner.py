@@ -60,3 +60,16 @@ def test_changed_settings_are_refused_before_any_work(tmp_path):
         run_experiment(changed, tmp_path)
     cfg = json.loads((trial_dir(tmp_path, changed, "seed=0") / "config.json").read_text())
     assert cfg["train"]["lr"] == steps_experiment().base.train.lr  # untouched
+
+
+def test_a_trial_started_before_a_field_was_added_is_skipped_as_finished(tmp_path):
+    """A config.json without a field added since (train.world_size) reads as its default."""
+    exp = steps_experiment()
+    assert run_experiment(exp, tmp_path)
+    path = trial_dir(tmp_path, exp, "seed=0") / "config.json"
+    old = json.loads(path.read_text())
+    del old["train"]["world_size"]
+    path.write_text(json.dumps(old))
+    states = []
+    assert run_experiment(exp, tmp_path, on_trial=lambda name, state: states.append(state))
+    assert states == ["skip"]

@@ -138,6 +138,26 @@ def test_resume_with_changed_settings_is_refused_naming_them(tmp_path):
         check_resume_settings(wider, tmp_path, resume=True)
 
 
+def test_a_sweep_started_before_a_field_was_added_resumes(tmp_path):
+    """A record without a field flatlm added since (here train.world_size) reads as its default;
+    a non-default value of it is still a change."""
+    import json
+    from dataclasses import replace as dc_replace
+
+    from _driver import SETTINGS_FILE, check_resume_settings, record_settings
+
+    sweep = Sweep(name="s", base=base_for("tiny"))
+    record_settings(sweep, tmp_path)
+    file = tmp_path / SETTINGS_FILE
+    old = json.loads(file.read_text())
+    del old["base.train.world_size"]
+    file.write_text(json.dumps(old))
+    check_resume_settings(sweep, tmp_path, resume=True)
+    two = dc_replace(sweep, base=apply_overrides(sweep.base, {"train.world_size": 2}))
+    with pytest.raises(ValueError, match=r"base\.train\.world_size: 1 -> 2"):
+        check_resume_settings(two, tmp_path, resume=True)
+
+
 def test_an_unreachable_tracking_store_is_an_error_before_ray_starts(tmp_path):
     import socket
 
