@@ -101,16 +101,19 @@ def standard_step(ctx: StepContext, inputs: StepInputs) -> dict[str, torch.Tenso
     return {"train/loss": loss}
 
 
-def sam_step(ctx: StepContext, inputs: StepInputs) -> dict[str, torch.Tensor]:
+def sam_step(ctx: StepContext, inputs: StepInputs, *,
+             gradient: Callable[[StepContext, MLMBatch], torch.Tensor] = accumulate_mlm,
+             ) -> dict[str, torch.Tensor]:
     """SAM (Foret et al., 2020) with the batch split in two halves, as in A.5.
 
     g = grad L_first(theta); eps = rho g / ||g||_2 (all parameters as one vector);
-    the optimizer then steps from theta with grad L_second(theta + eps).
+    the optimizer then steps from theta with grad L_second(theta + eps). ``gradient`` puts a
+    half's gradient in ``.grad`` and returns its loss (data-parallel: reduced over the ranks).
     """
     first, second = inputs.mlm.split(len(inputs.mlm) // 2)
     params = [p for p in ctx.model.parameters() if p.requires_grad]
     ctx.optimizer.zero_grad(set_to_none=True)
-    loss = accumulate_mlm(ctx, first)
+    loss = gradient(ctx, first)
     with torch.no_grad():
         grads = [p.grad for p in params if p.grad is not None]
         scale = ctx.cfg.sam.rho / (torch.nn.utils.get_total_norm(grads) + 1e-12)
@@ -119,7 +122,7 @@ def sam_step(ctx: StepContext, inputs: StepInputs) -> dict[str, torch.Tensor]:
             if p.grad is not None:
                 p.add_(p.grad * scale)  # theta + eps
     ctx.optimizer.zero_grad(set_to_none=True)
-    loss_perturbed = accumulate_mlm(ctx, second)
+    loss_perturbed = gradient(ctx, second)
     with torch.no_grad():
         for p, saved in zip(params, theta, strict=True):
             p.copy_(saved)  # back to theta exactly (theta + eps - eps would round)

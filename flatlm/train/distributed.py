@@ -41,7 +41,7 @@ import torch.multiprocessing as mp
 from flatlm.dirlock import writer_lock
 from flatlm.models.presets import parse_model
 from flatlm.seeds import derive_seed
-from flatlm.train.algorithms import StepContext, accumulate_mlm
+from flatlm.train.algorithms import StepContext, accumulate_mlm, sam_step
 from flatlm.train.config import TrainConfig, resolve
 from flatlm.train.data import BatchPipeline, MLMBatch, StepInputs
 from flatlm.train.loop import TrainResult, _pipeline, _Run, _start_checkpoint
@@ -191,25 +191,11 @@ def data_parallel_step(ctx: StepContext, inputs: StepInputs) -> dict[str, torch.
 def data_parallel_sam_step(ctx: StepContext, inputs: StepInputs) -> dict[str, torch.Tensor]:
     """``sam_step`` on a rank's slices of the two halves: the perturbation from the first half's
     gradient reduced over the ranks (its norm is the global one), the update from the second's."""
-    first, second = inputs.mlm.split(len(inputs.mlm) // 2)
-    params = [p for p in ctx.model.parameters() if p.requires_grad]
-    ctx.optimizer.zero_grad(set_to_none=True)
-    loss = reduce_gradients(ctx.model, accumulate_mlm(ctx, first), first.n_targets())
-    with torch.no_grad():
-        grads = [p.grad for p in params if p.grad is not None]
-        scale = ctx.cfg.sam.rho / (torch.nn.utils.get_total_norm(grads) + 1e-12)
-        theta = [p.detach().clone() for p in params]
-        for p in params:
-            if p.grad is not None:
-                p.add_(p.grad * scale)  # theta + eps
-    ctx.optimizer.zero_grad(set_to_none=True)
-    loss_perturbed = reduce_gradients(ctx.model, accumulate_mlm(ctx, second),
-                                      second.n_targets())
-    with torch.no_grad():
-        for p, saved in zip(params, theta, strict=True):
-            p.copy_(saved)
-    ctx.optimizer.step()
-    return {"train/loss": loss, "train/sam_loss_perturbed": loss_perturbed}
+    return sam_step(ctx, inputs, gradient=_reduced_gradient)
+
+
+def _reduced_gradient(ctx: StepContext, batch: MLMBatch) -> torch.Tensor:
+    return reduce_gradients(ctx.model, accumulate_mlm(ctx, batch), batch.n_targets())
 
 
 # grow: every rank grows alike (its new parameters' seed is the run's); label_noise: the targets
