@@ -3,7 +3,7 @@ metrics, under GLUE's metric names.
 
 The model is fine-tuned as ``measure.finetune`` does it ([CLS] state, a fresh linear head, the
 whole model trained with AdamW; ``FinetuneConfig``), once per seed, on the source's train split of
-the task (``TextCorpus.glue_split``), and its dev-split predictions are scored with the metrics
+the task (``Source.glue_split``), and its dev-split predictions are scored with the metrics
 the GLUE benchmark reports for that task (scikit-learn's implementations, which the ``evaluate``
 library's ``glue`` metric calls): CoLA Matthews correlation, MRPC and QQP accuracy and F1 of class
 1, the others accuracy. Keys: ``glue/<task>/<metric>`` (mean over seeds) and
