@@ -79,7 +79,8 @@ def hmm_tasks(length: int) -> list[str]:
 def source_overrides(preset: str, source: str | None) -> dict:
     """What ``--source`` changes in a preset's base: the source, and per kind the paper's
     setting for it: an HMM trains a BiLSTM (A.4) and probes task-6 / task-10 (A.1); Dyck probes
-    g* (section 5); LM text probes its first and middle positions' tasks (``mask-k``); real
+    g* (section 5); LM text probes its first and middle positions' tasks (``mask-k``) and
+    fine-tunes on its GLUE tasks if it has them (``glue=DIR``, A.1); real
     text masks 15% of the words (A.2), measures what needs no truth and fine-tunes on its GLUE
     tasks (the sweep then needs ``--loss-tolerance``); a PCFG keeps the preset's model and tasks
     (every grammar has A, B, C)."""
@@ -95,8 +96,10 @@ def source_overrides(preset: str, source: str | None) -> dict:
     elif kind == "dyck":
         out["measure.tasks"] = ["g_star"]
     elif kind == "lm":
-        length = load(source).max_length
-        out["measure.tasks"] = sorted({"mask-1", f"mask-{max(1, length // 2)}"})
+        lm = load(source)
+        out["measure.tasks"] = sorted({"mask-1", f"mask-{max(1, lm.max_length // 2)}"})
+        if lm.glue_tasks:  # the paper's QNLI / SST-2 fine-tuning beside the mask-k probes
+            out["measure.what"] = [*TrialConfig().measure.what, "glue"]
     elif kind == "text":
         glue = ["glue"] if load(source).tasks else []
         out.update({"train.mask": 0.15, "measure.tasks": [],

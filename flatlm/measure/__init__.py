@@ -46,9 +46,11 @@ the same held-out sentences, labelled as ``Source.sample_downstream`` labels the
     lookup/<task>/<stat>     the same probe on the concatenated true conditionals of every
                         position (the paper's "lookup table"; reference row, once per trial)
     finetune/<task>/acc_mean, finetune/<task>/acc_std   the whole model fine-tuned, over seeds
-    glue/<task>/<metric>, glue/<task>/<metric>_std   GLUE fine-tuning on a text source's task
-                        (``measure.glue``): the dev split scored with GLUE's metric(s) for the
-                        task (accuracy; CoLA matthews_correlation; MRPC, QQP also f1), over seeds
+    glue/<task>/<metric>, glue/<task>/<metric>_std   GLUE fine-tuning on a text or LM source's
+                        task (``measure.glue``): the dev split scored with GLUE's metric(s) for
+                        the task (accuracy; CoLA matthews_correlation; MRPC, QQP also f1), over
+                        seeds; on an LM source also glue/<task>/oov_fraction, the share of the
+                        task's tokens outside its vocabulary (dropped; ``sources.lm_glue``)
     <stage>/feature_rank    effective rank (participation ratio) of the probed features over
                         all downstream sentences: a collapse of the representation shows here
   with <stat> one of PROBE_STATS: acc_mean, acc_std (over head seeds), acc_se (honest standard

@@ -3,11 +3,12 @@ metrics, under GLUE's metric names.
 
 The model is fine-tuned as ``measure.finetune`` does it ([CLS] state, a fresh linear head, the
 whole model trained with AdamW; ``FinetuneConfig``), once per seed, on the source's train split of
-the task (``TextCorpus.glue_split``), and its dev-split predictions are scored with the metrics
+the task (``Source.glue_split``), and its dev-split predictions are scored with the metrics
 the GLUE benchmark reports for that task (scikit-learn's implementations, which the ``evaluate``
 library's ``glue`` metric calls): CoLA Matthews correlation, MRPC and QQP accuracy and F1 of class
 1, the others accuracy. Keys: ``glue/<task>/<metric>`` (mean over seeds) and
-``glue/<task>/<metric>_std``.
+``glue/<task>/<metric>_std``; on a source that drops words of the task's text (the LM source:
+those outside its vocabulary) also ``glue/<task>/oov_fraction``, the share dropped.
 
 >>> glue_scores("mrpc", [1, 0, 1, 1], [1, 0, 0, 1])
 {'accuracy': 0.75, 'f1': 0.8}
@@ -73,4 +74,6 @@ def glue_finetune(model: nn.Module, source, task: str, cfg: FinetuneConfig,
         values = np.array([r[metric] for r in runs])
         out[glue_key(task, metric)] = float(values.mean())
         out[f"{glue_key(task, metric)}_std"] = float(values.std(ddof=1)) if len(runs) > 1 else 0.0
+    if hasattr(source, "glue_oov_fraction"):
+        out[glue_key(task, "oov_fraction")] = source.glue_oov_fraction(task)
     return out

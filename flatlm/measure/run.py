@@ -59,8 +59,9 @@ class MeasureConfig:
     """What to measure at each checkpoint, and on how much data."""
 
     # measurements to run, from WHAT: loss (pretrain/*), fisher (Tr F), hessian (Tr H and the
-    # gap to Tr F; implies fisher), probe, finetune, lookup, glue (GLUE fine-tuning on a text
-    # source's task files, measure.glue, with finetune's settings); beyond the trace
+    # gap to Tr F; implies fisher), probe, finetune, lookup, glue (GLUE fine-tuning on a text or
+    # lm source's task files, measure.glue, with finetune's settings: the GLUE tasks among
+    # measure.tasks, else all the source's GLUE tasks, glue_tasks_of); beyond the trace
     # (measure.landscape): eigen (top eigenvalues of H and F), density (spectral density), blocks
     # (Tr H per block), sharpness (adaptive sharpness); these need the source's truth
     what: tuple[str, ...] = ("loss", "fisher", "hessian", "probe", "lookup")
@@ -115,9 +116,10 @@ class EvalData:
 def downstream_of(source: Source, cfg: MeasureConfig) -> tuple[str, tuple[str, ...]]:
     """(label rule, tasks) that ``cfg`` measures on ``source``, the source's defaults filled in,
     or a ValueError naming the fields."""
-    if "glue" in cfg.what and not (hasattr(source, "glue_split") and source.tasks):
+    if "glue" in cfg.what and not source.glue_tasks:
         raise ValueError("measure.what: 'glue' needs a text source with GLUE task files (text:"
-                         "FILES,tokenizer=...,glue=DIR); drop 'glue' or add the source's glue")
+                         "FILES,tokenizer=...,glue=DIR, or lm:MODEL,...,glue=DIR); drop 'glue' "
+                         "or add the source's glue")
     try:
         return source.check_downstream(cfg.label_rule, cfg.tasks)
     except ValueError as e:
@@ -212,11 +214,18 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
     if "glue" in what:
         from flatlm.measure.glue import glue_finetune
 
-        for task in data.classes:
+        for task in glue_tasks_of(source, data):
             with timer(out, f"glue_{task}"):
                 out.update(glue_finetune(model, source, task, cfg.finetune, device))
     out.update(_references(source, data, cfg, device, what))
     return out
+
+
+def glue_tasks_of(source: Source, data: EvalData) -> tuple[str, ...]:
+    """The GLUE tasks measured: those among the trial's tasks (a text source's tasks are its
+    GLUE tasks), else every GLUE task of the source (an LM source probes mask-k beside them)."""
+    chosen = tuple(task for task in data.classes if task in source.glue_tasks)
+    return chosen or source.glue_tasks
 
 
 def _probes(model, source, data: EvalData, cfg: MeasureConfig, stage: str, device) -> dict:

@@ -15,7 +15,9 @@ exactly. Every source gives, with word ids 0..V-1 and padding -1:
 - ``tasks``, ``label_rules`` (default first), ``num_classes(task)``, ``label_offset``;
 - ``entropy(n, seed)`` -> (mean per-token conditional entropy in nats, its standard error);
 - ``vocab`` (list of V words), ``tasks`` (task names), ``spec`` (the dict that rebuilds it),
-  ``fingerprint()`` (a hash of the parameters that define the language).
+  ``fingerprint()`` (a hash of the parameters that define the language);
+- ``glue_tasks`` (GLUE tasks for ``measure.glue``, default none) with ``glue_split(task, split)``
+  -> ``(tokens, lengths, labels)``: the text and LM sources given ``glue=DIR``.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class Source(ABC):
     tasks: tuple[str, ...]
     label_offset: int = 0  # added to a raw label to give its class id (Dyck's signed g*: T)
     has_truth: bool = True  # exact conditionals known; False for real text (sources.text)
+    glue_tasks: tuple[str, ...] = ()  # GLUE tasks with a glue_split (text, lm with glue=DIR)
 
     @property
     @abstractmethod

@@ -23,7 +23,8 @@ Spec fields (``lm:MODEL,key=value``): ``model`` (a save_pretrained directory or 
 ``rule_samples`` (sentences the unigram rule averages, default 256), ``seed`` (of those samples),
 ``classes`` (C, default 4, or V if smaller), ``dtype`` (float32), ``device`` (where ``sample``
 runs: auto, the default, is a GPU where there is one; ``conditionals`` runs where the caller
-asks), ``batch`` (sentences per forward, default 256). Building the source loads the model
+asks), ``batch`` (sentences per forward, default 256), ``glue`` (optional: a directory of
+GLUE-shaped task folders, as the text source reads them). Building the source loads the model
 (memoised per process), so a bad model, a ``vocab`` above the model's tokens or a ``length``
 above its positions is an error before any work.
 
@@ -37,6 +38,12 @@ conditional at position k favours:
 with rank(c) the word's place in the rule's order (so each class holds frequent and rare
 words). It is a function of the truth only, like the HMM's posterior state; one rule,
 ``"conditional"``. Labelling costs V LM forwards per sentence.
+
+GLUE tasks (``glue=DIR``, e.g. the paper's QNLI and SST-2): the task folders of DIR, their text
+read with the LM's own tokenizer in the source's words (out-of-vocabulary tokens dropped, a pair
+joined by a line break: ``flatlm.sources.lm_glue``), for ``measure.what`` ``glue`` only
+(``glue_tasks``, ``glue_split``); ``tasks`` (probes, fine-tuning, the lookup table) stay the
+``mask-k``.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ import torch
 
 from flatlm.devices import resolve_device
 from flatlm.sources.base import PAD, Source, SourceError, as_tokens, padding_mask
+from flatlm.sources.lm_glue import LMGlue, load_tokenizer
 from flatlm.sources.lm_model import (
     DTYPES,
     RULES,
@@ -71,10 +79,10 @@ DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 def _checked_spec(spec: dict) -> dict:
     """The spec with defaults filled in and the fields checked (before loading any model)."""
-    unknown = [key for key in spec if key not in ("kind", "model", *DEFAULTS)]
+    unknown = [key for key in spec if key not in ("kind", "model", *DEFAULTS, "glue")]
     if unknown:
         raise SourceError(f"lm spec: unknown key(s) {unknown}; allowed keys are model, "
-                          f"{', '.join(DEFAULTS)}")
+                          f"{', '.join(DEFAULTS)}, glue")
     given = spec
     spec = {"kind": "lm", "model": spec.get("model"), **DEFAULTS, **spec}
     if "classes" not in given and isinstance(spec["vocab"], int):
@@ -94,7 +102,19 @@ def _checked_spec(spec: dict) -> dict:
         raise SourceError(f"lm spec: 'device' must be auto, cpu, cuda or cuda:<index>, got "
                           f"{spec['device']!r}")
     spec["model"] = _model_location(spec["model"])
-    return spec
+    return _checked_glue(spec)
+
+
+def _checked_glue(spec: dict) -> dict:
+    """``glue`` made absolute if given (a directory), left out of the spec if not."""
+    glue = spec.pop("glue", None)
+    if glue is None:
+        return spec
+    path = os.path.abspath(os.path.expanduser(glue)) if isinstance(glue, str) else ""
+    if not os.path.isdir(path):
+        raise SourceError(f"lm spec: 'glue' {glue!r} is not a directory; give a directory of "
+                          "GLUE task folders (e.g. glue/ holding SST-2/train.tsv, dev.tsv)")
+    return {**spec, "glue": path}
 
 
 def device_name(device) -> str:
@@ -169,6 +189,12 @@ class CausalLM(Source):
         self.classes = self.spec["classes"]
         self.tasks = tuple(f"mask-{k}" for k in range(1, self.max_length + 1))
         self._lms: dict[str, RestrictedLM] = {}
+        self._glue = None
+        if "glue" in self.spec:
+            n_model_tokens = self._lm("cpu").lm.config.vocab_size
+            tokenizer = load_tokenizer(self.spec["model"], self.ids, n_model_tokens)
+            self._glue = LMGlue(self.spec["glue"], tokenizer, self.ids, self.max_length)
+        self.glue_tasks = tuple(self._glue.tasks) if self._glue is not None else ()
 
     @classmethod
     def from_spec(cls, spec: dict) -> CausalLM:
@@ -266,9 +292,26 @@ class CausalLM(Source):
         return int(task.split("-")[1]) - 1
 
     def num_classes(self, task: str) -> int:
-        """C: the label of ``mask-k`` is a word class."""
+        """C: the label of ``mask-k`` is a word class; a GLUE task's: its files' classes."""
+        if task in self.glue_tasks:
+            return self._glue.tasks[task].num_classes
         self._position(task)
         return self.classes
+
+    def glue_split(self, task: str, split: str):
+        """(tokens, lengths, labels) of GLUE ``task``'s ``split`` ("train" or "dev") in this
+        source's words (``flatlm.sources.lm_glue``), for ``flatlm.measure.glue``."""
+        return self._glue_of(task).split(task, split)
+
+    def glue_oov_fraction(self, task: str) -> float:
+        """Share of GLUE ``task``'s tokens (train and dev) outside the words, hence dropped."""
+        return self._glue_of(task).oov_fraction(task)
+
+    def _glue_of(self, task: str) -> LMGlue:
+        if task not in self.glue_tasks:
+            raise ValueError(f"lm source: {task!r} is not one of its GLUE tasks "
+                             f"({', '.join(self.glue_tasks) or 'none: add glue=DIR'})")
+        return self._glue
 
     def word_classes(self) -> torch.Tensor:
         """[V] int64: word c's class, rank(c) mod C (words are in the rule's order)."""

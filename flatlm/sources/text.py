@@ -161,7 +161,7 @@ class TextCorpus(Source):
                 self.glue = read_glue(self.spec["glue"])
             except ValueError as e:
                 raise SourceError(str(e)) from None
-        self.tasks = tuple(self.glue)
+        self.tasks = self.glue_tasks = tuple(self.glue)
 
     @classmethod
     def from_spec(cls, spec: dict) -> TextCorpus:

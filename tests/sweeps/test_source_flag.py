@@ -103,3 +103,14 @@ def test_real_text_masks_15_percent_and_fine_tunes_on_its_glue_tasks(tmp_path):
     assert set(bare.base.measure.what) == {"loss", "fisher", "hessian"}  # no task to probe
     with pytest.raises(ValueError, match="no downstream task to judge the sweep on"):
         sweep_task(bare)
+
+
+def test_lm_text_with_glue_also_fine_tunes_on_its_glue_tasks(tmp_path):
+    sys.path.insert(0, str(REPO / "tests" / "assets"))
+    from lm_assets import lm_glue_spec, make_lm_assets
+
+    sweep = scaling.build(args_of("--source", lm_glue_spec(make_lm_assets(tmp_path, n_glue=10))))
+    assert tuple(sweep.base.measure.tasks) == ("mask-1", "mask-6")
+    assert sweep.base.measure.what == ("loss", "fisher", "hessian", "probe", "lookup", "glue")
+    assert sweep_task(sweep) == "mask-1"
+    check_sweep(sweep)
