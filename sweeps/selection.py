@@ -3,8 +3,10 @@ that differ in algorithm and seed into the saturation regime, then ranks every c
 by each flatness measure and by the loss, and reports, with cluster-bootstrap intervals over
 runs, how well each ranking predicts downstream accuracy: Spearman / Kendall, the top-1 regret
 (accuracy lost by picking the flattest instead of the best) and its gain over picking by the loss
-(``analysis/selection.py``). No arguments: adamw, sam and noreg x 2 seeds of one tiny model on
-CPU (6 trials, a few minutes on 2 cores); more seeds give tighter intervals.
+(``analysis/selection.py``). The flatness measures compared: Tr(F), Tr(H) (population and
+one-hot labels), the top eigenvalues of H and F and adaptive sharpness (worst case l_inf / l_2
+and average). No arguments: adamw, sam and noreg x 2 seeds of one tiny model on CPU (6 trials);
+more seeds give tighter intervals.
 
     python sweeps/selection.py
     python sweeps/selection.py --seeds 5 --algorithms adamw,sam,noreg --lrs 5e-3,2.5e-3
@@ -17,6 +19,7 @@ import sys
 from _cli import main
 
 ALGORITHMS = "adamw,sam,noreg"
+SELECTION_WHAT = ("eigen", "sharpness")  # measured beside the preset's loss, Tr(F), Tr(H)
 
 
 def add_arguments(p) -> None:
@@ -41,6 +44,7 @@ def build(args):
     from _spec import Sweep
     from presets import TINY_KL_THRESHOLD, base_for
 
+    from flatlm.config import apply_overrides
     from flatlm.train.config import ALGORITHMS as KNOWN
 
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
@@ -54,7 +58,11 @@ def build(args):
     if args.lrs:
         space["train.lr"] = tune.grid_search(_floats(args.lrs, "--lrs"))
     tiny = args.preset == "tiny"
-    return Sweep(name="selection", base=base_for(args.preset), space=space, selection=True,
+    base = base_for(args.preset)
+    # several notions of flatness compete: the traces, the top eigenvalues, adaptive sharpness
+    what = [*base.measure.what, *(w for w in SELECTION_WHAT if w not in base.measure.what)]
+    base = apply_overrides(base, {"measure.what": what})
+    return Sweep(name="selection", base=base, space=space, selection=True,
                  gpus_per_trial=0.0 if tiny else 1.0,
                  **({"kl_threshold": TINY_KL_THRESHOLD} if tiny else {}))
 

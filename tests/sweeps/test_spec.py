@@ -254,6 +254,7 @@ def test_the_selection_sweep_varies_algorithms_seeds_and_rates():
     grids = {k: v["grid_search"] for k, v in sweep.space.items()}
     assert grids == {"train.algorithm": ["adamw", "sam"], "train.seed": [0, 1, 2],
                      "train.lr": [5e-3, 1e-3]}
+    assert {"fisher", "hessian", "eigen", "sharpness"} <= set(sweep.base.measure.what)
     for bad, match in ((dict(algorithms="adam"), "--algorithms 'adam'"),
                        (dict(seeds=0), "--seeds 0"), (dict(lrs="fast"), "--lrs 'fast'")):
         with pytest.raises(ValueError, match=match):
