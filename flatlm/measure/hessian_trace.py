@@ -63,10 +63,21 @@ def _rademacher(params: list[torch.Tensor], g: torch.Generator) -> list[torch.Te
             for p in params]
 
 
+def second_order_logits(model: nn.Module):
+    """The word-logit function with a second derivative (the unrolled LSTM for a BiLSTM)."""
+    return per_example.lstm_word_logits_unrolled if per_example.supports(model) else word_logits
+
+
+def hessian_vector(grads, v, params) -> tuple:
+    """(d grads / d params) v by a second backward, per parameter (None where it is 0);
+    ``grads`` built with ``create_graph=True``, kept for more products."""
+    gv = sum((gr * vi).sum() for gr, vi in zip(grads, v, strict=True))
+    return torch.autograd.grad(gv, params, retain_graph=True, allow_unused=True)
+
+
 def _quadratic(grads, v, params) -> torch.Tensor:
     """v^T (d grads / d params) v by a second backward."""
-    gv = sum((gr * vi).sum() for gr, vi in zip(grads, v, strict=True))
-    hv = torch.autograd.grad(gv, params, retain_graph=True, allow_unused=True)
+    hv = hessian_vector(grads, v, params)
     return sum((h * vi).sum() for h, vi in zip(hv, v, strict=True) if h is not None).double()
 
 
@@ -76,8 +87,8 @@ def hutchinson_batch(
 ) -> tuple[float, float]:
     """(v^T H_b v, v^T R_b v) for one batch, averaged over ``n_probes`` vectors v; H_b and R_b
     are summed over the batch's inputs (R_b the residual, H_b - F_b; 0.0 without ``with_gap``)."""
-    logits = per_example.lstm_word_logits_unrolled if per_example.supports(model) else word_logits
-    z = logits(model, batch.input_ids, batch.attention_mask, batch.positions)  # (B, V)
+    z = second_order_logits(model)(model, batch.input_ids, batch.attention_mask,
+                                   batch.positions)  # (B, V)
     log_p = z.log_softmax(-1)
     loss = -(q.to(z.dtype) * log_p).sum()
     grads = torch.autograd.grad(loss, params, create_graph=True)

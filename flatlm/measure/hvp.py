@@ -19,10 +19,8 @@ import contextlib
 import torch
 from torch import nn
 
-from flatlm.measure import per_example
 from flatlm.measure.curvature import MaskedInputs, eval_mode
-from flatlm.measure.hessian_trace import eager_attention
-from flatlm.models.bert import word_logits
+from flatlm.measure.hessian_trace import eager_attention, hessian_vector, second_order_logits
 
 
 def flatten(tensors) -> torch.Tensor:
@@ -32,11 +30,6 @@ def flatten(tensors) -> torch.Tensor:
 def unflatten(vec: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     return [piece.view_as(p) for piece, p in zip(vec.split([p.numel() for p in like]), like,
                                                  strict=True)]
-
-
-def logits_fn(model: nn.Module):
-    """The word-logit function with a second derivative (the unrolled LSTM for a BiLSTM)."""
-    return per_example.lstm_word_logits_unrolled if per_example.supports(model) else word_logits
 
 
 class CurvatureOperator:
@@ -69,7 +62,7 @@ class CurvatureOperator:
     def batch_grads(self, start: int, stop: int) -> list[torch.Tensor]:
         """The gradient of the batch's summed loss, with its graph (for products)."""
         batch = self.x.batch(start, stop, self.device)
-        z = logits_fn(self.model)(self.model, batch.input_ids, batch.attention_mask,
+        z = second_order_logits(self.model)(self.model, batch.input_ids, batch.attention_mask,
                                   batch.positions)  # (B, V)
         log_p = z.log_softmax(-1)
         q = log_p.detach().exp() if self.fisher else self.labels[start:stop].to(self.device,
@@ -78,9 +71,7 @@ class CurvatureOperator:
 
     def product(self, grads: list[torch.Tensor], vec: torch.Tensor) -> torch.Tensor:
         """(sum over the batch of H_i) vec, flat, from ``batch_grads``'s gradient."""
-        v = unflatten(vec.to(self.dtype), self.params)
-        gv = sum((g * vi).sum() for g, vi in zip(grads, v, strict=True))
-        hv = torch.autograd.grad(gv, self.params, retain_graph=True, allow_unused=True)
+        hv = hessian_vector(grads, unflatten(vec.to(self.dtype), self.params), self.params)
         return flatten([torch.zeros_like(p) if h is None else h
                         for h, p in zip(hv, self.params, strict=True)])
 

@@ -23,51 +23,20 @@ import torch
 from torch import nn
 
 from flatlm.measure.ghost import _linear_weight_sq
+from flatlm.measure.per_example import lstm_layers_unrolled, supports
 from flatlm.models.bert import unwrap
 from flatlm.models.lstm import BiLSTMForMaskedLM
 from flatlm.tokens import WORD_OFFSET
-
-
-def supports(model: nn.Module) -> bool:
-    return isinstance(unwrap(model), BiLSTMForMaskedLM)
-
-
-def _direction(x, real, w_ih, w_hh, b_ih, b_hh, reverse: bool, saved: list):
-    """One direction of one layer, as ``per_example._lstm_direction``; appends to ``saved`` the
-    (input x, previous states (B, T, h) filled after the loop, gate list) for the norms."""
-    B, T, _ = x.shape
-    h = x.new_zeros(B, w_hh.shape[1])
-    c = torch.zeros_like(h)
-    xp = x @ w_ih.T + b_ih  # (B, T, 4h)
-    out, prev, gates = [None] * T, [None] * T, [None] * T
-    for t in (reversed(range(T)) if reverse else range(T)):
-        prev[t] = h
-        gates[t] = xp[:, t] + h @ w_hh.T + b_hh  # (B, 4h)
-        i, f, g, o = gates[t].chunk(4, -1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(c)
-        if reverse:  # padding after the sentence: restart from zero at its [SEP]
-            keep = real[:, t, None].to(h.dtype)
-            h, c = h * keep, c * keep
-        out[t] = h
-    saved.append((x.detach(), torch.stack(prev, 1).detach(), gates))
-    return torch.stack(out, 1)
 
 
 class _Forward:
     """The unrolled forward at one word per sentence, with what the norms need kept."""
 
     def __init__(self, model: BiLSTMForMaskedLM, input_ids, attention_mask, positions):
-        lstm = model.lstm
-        real = attention_mask.bool()
         self.ids = input_ids
         self.embedded = model.embed(input_ids)  # (B, T+2, h)
         self.saved: list = []  # per layer and direction, in parameter-name order
-        x = self.embedded
-        for layer in range(lstm.num_layers):
-            x = torch.cat([_direction(x, real, *(getattr(lstm, f"{n}_l{layer}{sfx}") for n in (
-                "weight_ih", "weight_hh", "bias_ih", "bias_hh")), reverse=bool(sfx),
-                saved=self.saved) for sfx in ("", "_reverse")], -1)
+        x = lstm_layers_unrolled(model.lstm, self.embedded, attention_mask.bool(), self.saved)
         rows = torch.arange(len(positions), device=x.device)
         self.hidden = x[rows, positions + 1]  # (B, 2h)
         self.projected = model.proj(self.hidden)  # (B, h)

@@ -43,7 +43,7 @@ from flatlm.measure.curvature import (
     selected_parameters,
 )
 from flatlm.measure.flatness import soft_labels
-from flatlm.measure.hvp import logits_fn
+from flatlm.measure.hessian_trace import second_order_logits
 from flatlm.sources.base import Source
 
 NORMS = ("linf", "l2")
@@ -174,7 +174,7 @@ def batch_losses(model: nn.Module, x, soft_labels: torch.Tensor, batch_size: int
                  device) -> list[Callable[[], torch.Tensor]]:
     """One closure per batch of ``x``: the mean loss against ``soft_labels`` at the current
     parameters. The BiLSTM runs unrolled: cuDNN's LSTM has no backward in eval mode."""
-    logits = logits_fn(model)
+    logits = second_order_logits(model)
 
     def make(a: int, b: int):
         batch, q = x.batch(a, b, device), soft_labels[a:b].to(device)
