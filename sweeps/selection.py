@@ -58,7 +58,7 @@ def build(args):
     if args.lrs:
         space["train.lr"] = tune.grid_search(_floats(args.lrs, "--lrs"))
     tiny = args.preset == "tiny"
-    base = base_for(args.preset)
+    base = base_for(args.preset, getattr(args, "source", None))  # --source (_cli.main)
     # several notions of flatness compete: the traces, the top eigenvalues, adaptive sharpness
     what = [*base.measure.what, *(w for w in SELECTION_WHAT if w not in base.measure.what)]
     base = apply_overrides(base, {"measure.what": what})
