@@ -43,7 +43,8 @@ from flatlm.models.presets import parse_model
 from flatlm.seeds import derive_seed
 from flatlm.train.algorithms import StepContext, accumulate_mlm, sam_step
 from flatlm.train.config import TrainConfig, resolve
-from flatlm.train.data import BatchPipeline, MLMBatch, StepInputs
+from flatlm.train.data import BatchPipeline, MLMBatch, StepInputs, prefetch_depth
+from flatlm.train.growth import check_schedule
 from flatlm.train.loop import TrainResult, _pipeline, _Run, _start_checkpoint
 from flatlm.train.state import capture_rng, find_checkpoints, load_state, restore_rng, set_aside
 
@@ -64,6 +65,7 @@ def train_data_parallel(cfg: TrainConfig, source, model_cfg, out_dir, *, device=
     module docstring); same arguments, same result. Bad input raises before a process starts."""
     cfg = resolve(cfg)
     model_cfg = dataclasses.replace(parse_model(model_cfg), dropout=cfg.dropout)
+    check_schedule(cfg, model_cfg)  # grow: every shape a growth of the one before it
     device = rank_device(torch.device(device), 0, cfg.world_size)  # checks the GPUs
     out_dir = Path(out_dir).absolute()
     start, unreadable = _start_checkpoint(cfg, model_cfg, out_dir, resume)
@@ -122,7 +124,7 @@ class ShardedPipeline(BatchPipeline):
     def of(cls, whole: BatchPipeline, rank: int, world_size: int) -> ShardedPipeline:
         whole.close()
         pipeline = cls(whole.cfg, whole.sentences, whole.device,
-                       prefetch=whole.device.type == "cuda")
+                       prefetch=prefetch_depth(whole.device))
         pipeline.rank, pipeline.world_size = rank, world_size
         return pipeline
 
