@@ -162,6 +162,7 @@ class TextCorpus(Source):
             except ValueError as e:
                 raise SourceError(str(e)) from None
         self.tasks = self.glue_tasks = tuple(self.glue)
+        self._encoded: dict[tuple[str, str], tuple] = {}  # (task, split) -> (tokens, lengths)
 
     @classmethod
     def from_spec(cls, spec: dict) -> TextCorpus:
@@ -187,13 +188,14 @@ class TextCorpus(Source):
 
     def encode_texts(self, texts: list[tuple[str, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows of one or two texts -> (word ids [n, T] padded -1, lengths [n]): a pair is
-        ``s1 [SEP] s2``, cut to T words."""
+        ``s1 [SEP] s2``, cut to T words. Each column is tokenised in one batched call."""
         sep = [self.tokenizer.sep_token_id] if self.tokenizer.sep_token_id is not None else []
         T = self.max_length
         tokens = torch.full((len(texts), T), PAD, dtype=torch.int64)
         lengths = torch.zeros(len(texts), dtype=torch.int64)
-        for i, row in enumerate(texts):
-            parts = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in row]
+        columns = [self.tokenizer(list(column), add_special_tokens=False)["input_ids"]
+                   for column in zip(*texts, strict=True)] if texts else []
+        for i, parts in enumerate(zip(*columns, strict=True)):
             ids = [t for k, p in enumerate(parts) for t in ((*sep, *p) if k else p)]
             words = _to_words(np.asarray(ids, dtype=np.int64), self._word_of)[:T]
             if len(words) == 0:
@@ -203,10 +205,13 @@ class TextCorpus(Source):
         return tokens, lengths
 
     def glue_split(self, task: str, split: str):
-        """(tokens, lengths, labels) of ``task``'s ``split`` ("train" or "dev")."""
+        """(tokens, lengths, labels) of ``task``'s ``split`` ("train" or "dev"), encoded once
+        (every checkpoint's fine-tuning reads the same rows)."""
         self.check_downstream(None, (task,))
         data = self.glue[task]
-        tokens, lengths = self.encode_texts(data.texts[split])
+        if (task, split) not in self._encoded:
+            self._encoded[task, split] = self.encode_texts(data.texts[split])
+        tokens, lengths = self._encoded[task, split]
         return tokens, lengths, torch.tensor(data.labels[split], dtype=torch.int64)
 
     def num_classes(self, task: str) -> int:
