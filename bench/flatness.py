@@ -25,7 +25,8 @@ models bert-2m (the paper's smallest preset, d64-h1-l1-i256) and d128-h2-l2-i512
 not charged to either method; otherwise wall time.
 
     python bench/flatness.py --threads 1                       # writes bench/results/...cpu.json
-    python bench/flatness.py --device cuda --model bert-41m --out bench/results/flatness_gpu.json
+    python bench/flatness.py --device cuda --model bert-41m bert-110m --loop-inputs 50 \
+        --paper-precision 10000 50 --out bench/results/flatness_gpu.json
 
 Imports only the core library and curvlinops. Install the latter without its declared
 dependencies (backpack-for-pytorch pulls torchvision, which has no CPU build and drags in a CUDA
@@ -199,7 +200,8 @@ def bench_model(name: str, src, args) -> list[dict]:
               f"{loop[k]['max_rel_diff']:.1e}")
 
     runs = []
-    for setting in args.hutchinson:  # the baseline gets its best batch size / probe count
+    settings = args.hutchinson if has_curvlinops() else []
+    for setting in settings:  # the baseline gets its best batch size / probe count
         B, k = (int(v) for v in setting.split("x"))
         runs.append(curvlinops_run(model, x_all, probe, args, B, k))
         print(f"[{name}] curvlinops GGN Hutchinson {setting}: {runs[-1]['mean']:.4g} +- "
@@ -255,6 +257,8 @@ def bench_model(name: str, src, args) -> list[dict]:
             "hutchinson_probes_per_batch": cl["probes"],
             "hutchinson_settings_tried": {f"{r['batch_size']}x{r['probes']}":
                                           r["seconds_to_target"] for r in runs}})
+    if args.paper_precision:
+        rows.append(paper_precision_row(name, model, x_all, sampled, args))
     for row in rows:
         row["ratio"] = row["baseline"] / row["flatlm"]
         row["device"] = device_name(args.device)
@@ -264,6 +268,43 @@ def bench_model(name: str, src, args) -> list[dict]:
               f"{row['flatlm']:.2f} s vs {row['baseline_name']} {row['baseline']:.2f} s: "
               f"{row['ratio']:.1f}x")
     return rows
+
+
+def has_curvlinops() -> bool:
+    """Whether curvlinops imports; without it (a GPU host with no package index) its rows are
+    left out with a message, as bench/truth.py does for its baselines."""
+    try:
+        import curvlinops  # noqa: F401
+    except ImportError:
+        print("skipped: curvlinops is not installed (its baseline rows are left out)")
+        return False
+    return True
+
+
+def paper_precision_row(name: str, model, x_all, sampled: FlatnessConfig, args) -> dict:
+    """Seconds for Tr(F) at the paper's B.1 precision (``--paper-precision`` inputs x labels,
+    10^4 x 50: sampled labels c ~ p_theta), measured for flatlm; the per-example loop's seconds
+    per input at that label count, timed on ``--loop-inputs`` of them, times the inputs."""
+    n, labels = args.paper_precision
+    if n > len(x_all):
+        raise ValueError(f"--paper-precision {n} inputs but --max-inputs is {len(x_all)}; raise "
+                         "--max-inputs")
+    cfg = dataclasses.replace(sampled, labels_per_input=labels)
+    values, seconds = timed(lambda: per_input_values(model, x_all.batch(0, n, "cpu"), cfg,
+                                                     device=args.device), args.device)
+    mean, se = grouped_mean_se(values, cfg.se_groups)
+    xs = x_all.batch(0, args.loop_inputs, "cpu")
+    _, loop_s = timed(lambda: per_input_values(model, xs, cfg, device=args.device,
+                                               method="loop"), args.device)
+    print(f"[{name}] paper precision ({n} inputs x {labels} labels): flatlm "
+          f"{seconds:.1f} s, Tr(F) = {mean:.4g} +- {se:.3g}")
+    return {"metric": "seconds_trace_fisher_paper_precision", "flatlm": seconds,
+            "flatlm_estimator": f"sampled, {labels} labels per input, {n} inputs",
+            "baseline": loop_s / len(xs) * n,
+            "baseline_name": f"per-example backward loop, same labels (timed on {len(xs)} "
+                             "inputs, times the inputs)",
+            "paper_precision_estimate": mean, "paper_precision_se": se,
+            "paper_precision_rse": se / abs(mean)}
 
 
 def device_name(device) -> str:
@@ -291,6 +332,8 @@ def main() -> None:
                    help="curvlinops settings tried, BATCHxPROBES; the fastest is reported "
                         "(none: no curvlinops rows, e.g. for the BiLSTMs)")
     p.add_argument("--target", type=float, default=0.02, help="relative standard error")
+    p.add_argument("--paper-precision", type=int, nargs=2, metavar=("INPUTS", "LABELS"),
+                   help="also time Tr(F) at B.1's precision, e.g. 10000 50 (sampled labels)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (1: time by process CPU time, robust on a shared "
                         "machine)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +31,11 @@ from flatlm.config import to_dict
 from flatlm.dirlock import writer_lock
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
 from flatlm.metrics_log import CHECKPOINT_METRICS_FILE, N_PARAMS, append_metrics, read_metrics
+from flatlm.models.checkpoint import INFO_NAME
 from flatlm.models.presets import ModelSpec, parse_model
 from flatlm.sources import SourceSpec, load
 from flatlm.train.config import TrainConfig
+from flatlm.train.loop import TRAINING_INTERVAL
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +168,10 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
     done = read_metrics(out_dir)
 
     def on_checkpoint(step: int, model, ckpt_dir: Path) -> None:
-        metrics = {N_PARAMS: float(sum(p.numel() for p in model.parameters())),
-                   **measure_model(model, source, data, cfg.measure, device,
-                                 artifact_dir=ckpt_dir)}
+        start = time.perf_counter()
+        measured = measure_model(model, source, data, cfg.measure, device, artifact_dir=ckpt_dir)
+        metrics = {N_PARAMS: float(sum(p.numel() for p in model.parameters())), **measured,
+                   **measurement_cost(time.perf_counter() - start, ckpt_dir)}
         _record(out_dir, ckpt_dir, step, metrics)
         done[step] = {"step": step, **metrics}
         if report is not None:
@@ -177,6 +181,21 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
     train(cfg.train, source, model_cfg, out_dir, device=device, on_checkpoint=on_checkpoint,
           progress=progress, resume=True)
     return done
+
+
+def measurement_cost(seconds: float, ckpt_dir: Path) -> dict[str, float]:
+    """``time/measure_s``: the checkpoint's measurement wall time (at the first checkpoint also
+    the evaluation data, the lookup table's and the random model's probes, done once a trial);
+    ``time/train_s``: the training before it, since the previous checkpoint (or since this process
+    resumed), as the checkpoint recorded it; ``time/measure_share``: the first over the second,
+    what measuring adds to the run's time (the paper-scale goal is <= 0.1)."""
+    out = {"time/measure_s": seconds}
+    info = json.loads((Path(ckpt_dir) / INFO_NAME).read_text())
+    interval = info.get("extra", {}).get(TRAINING_INTERVAL)  # absent before it was recorded
+    if interval and interval["updates"] > 0:
+        out["time/train_s"] = interval["seconds"]
+        out["time/measure_share"] = seconds / interval["seconds"]
+    return out
 
 
 def _record(out_dir: Path, ckpt_dir: Path, step: int, metrics: dict) -> None:

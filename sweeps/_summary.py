@@ -39,6 +39,9 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None) -> None:
         table = correlation_table(runs, key, **saturation(sweep))
     words = conclusion(runs, table, key, **saturation(sweep))
     print(f"\nWhat this sweep can conclude:\n{textwrap.fill(words, 100)}")
+    cost = measurement_cost(runs)
+    if cost:
+        print(f"\n{cost}")
     if len(table):
         print(f"\nCorrelations with downstream accuracy ({key}), saturated checkpoints:")
         print(correlation_markdown(table))
@@ -51,6 +54,18 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None) -> None:
         print(f"Selection:  python {REPO / 'analysis' / 'selection.py'} --experiment "
               f"{sweep.name} --tracking-uri {uri} --task {task} {saturation_flag(sweep)} "
               f"--out {workdir / 'report' / sweep.name}")
+
+
+def measurement_cost(runs) -> str | None:
+    """What measuring cost against the training it interrupted (``time/measure_share`` of each
+    checkpoint with training before it), in one line; None when no checkpoint recorded it."""
+    column = "time/measure_share"
+    if column not in runs or runs[column].notna().sum() == 0:
+        return None
+    share = runs[column].dropna()
+    return (f"Measuring took {share.median():.1%} of the training time between checkpoints "
+            f"(median of {len(share)} checkpoints; largest {share.max():.1%}, the first "
+            "checkpoint of a trial also draws its evaluation data and reference probes).")
 
 
 def _print_selection(sweep: Sweep, runs, key: str) -> None:

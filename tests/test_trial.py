@@ -2,6 +2,7 @@
 
 import json
 import math
+import time
 
 import pytest
 
@@ -54,6 +55,27 @@ def test_trial_logs_its_training_curve_and_parameter_count(tmp_path):
     assert rows[6]["n_params"] == sum(p.numel() for p in model.parameters())
 
 
+def test_each_checkpoint_records_the_training_before_it_and_the_measurement_share(tmp_path):
+    def slow_report(step, metrics, ckpt):  # inside the checkpoint: no training time
+        time.sleep(1.0 if step == 3 else 0.0)
+
+    cfg = tiny(**{"train.steps": 6, "train.checkpoint_steps": [0, 3, 6]})
+    rows = run_trial(cfg, tmp_path, slow_report)
+    assert "time/train_s" not in rows[0] and rows[0]["time/measure_s"] > 0  # no update before
+    for step in (3, 6):
+        info = json.loads((tmp_path / "checkpoints" / f"step-{step}" / "flatlm.json").read_text())
+        interval = info["extra"]["training_interval"]
+        assert interval["updates"] == 3
+        assert rows[step]["time/train_s"] == interval["seconds"] > 0
+        assert rows[step]["time/measure_share"] == pytest.approx(
+            rows[step]["time/measure_s"] / interval["seconds"])
+    assert rows[6]["time/train_s"] < 1.0  # the report's second at step 3 is not training
+    # measuring covers the whole hook's measurement, its parts among it
+    parts = sum(v for k, v in rows[6].items() if k.startswith("time/") and k.endswith("_s")
+                and k not in ("time/measure_s", "time/train_s"))
+    assert parts <= rows[6]["time/measure_s"]
+
+
 def test_tracked_params_are_resolved_and_only_of_what_ran():
     params = tracked_params(tiny(**{"measure.what": ["loss", "probe"]}))
     assert None not in params.values()
@@ -100,6 +122,8 @@ def test_resume_continues_and_remeasures_a_lost_checkpoint(tmp_path):
     assert json.loads(lines[0])["pretrain/kl"] == resumed[2]["pretrain/kl"]
     for key in ("pretrain/kl", "flat/trace_fisher"):
         assert resumed[4][key] == pytest.approx(straight[4][key], rel=1e-6)
+    info = json.loads((part / "checkpoints" / "step-4" / "flatlm.json").read_text())
+    assert info["extra"]["training_interval"]["updates"] == 2  # from the checkpoint resumed
 
 
 @pytest.mark.parametrize("overrides, match", [

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,9 @@ from flatlm.train.state import (
 log = logging.getLogger(__name__)
 
 CheckpointHook = Callable[[int, nn.Module, Path], None]
+# A checkpoint's record of the training before it: {"seconds", "updates"} since the previous
+# checkpoint (or since this process started or resumed the run).
+TRAINING_INTERVAL = "training_interval"
 # Fields a resumed run may change: how long it runs and what it saves, not what it computes.
 RESUMABLE_CHANGES = ("steps", "checkpoint_steps", "log_every", "compile", "precision",
                      "divergence_factor", "unpad")
@@ -236,6 +240,7 @@ class _Run:
         self.window_count = window.get("count", 0)  # updates summed in self.window
         self.window = {k: torch.tensor(v, device=device)
                        for k, v in window.get("sums", {}).items()}
+        self.interval = {"start": time.perf_counter(), "from_step": self.step}  # training time
 
     @classmethod
     def begin(cls, cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start) -> _Run:
@@ -268,7 +273,9 @@ class _Run:
             while True:
                 if self.step in cfg.checkpoint_steps and self.step != self.resumed_at:
                     self.check_window()  # between read-outs: never save a diverged model
+                    self.close_interval()
                     self.checkpoint(on_checkpoint)
+                    self.interval = {"start": time.perf_counter(), "from_step": self.step}
                 if self.step >= cfg.steps:
                     return
                 self.grow_if_due()
@@ -283,6 +290,15 @@ class _Run:
                     record = self.flush(lr)
                     bar.set_postfix(loss=f"{record['train/loss']:.4f}", refresh=False)
                 bar.update()
+
+    def close_interval(self) -> None:
+        """Fixes the wall time of training since the last checkpoint (or the run's start in this
+        process), the device synchronised first: the checkpoint records it, so a measurement's
+        cost can be read against the training it interrupts (``time/measure_share``)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.interval = {"seconds": time.perf_counter() - self.interval["start"],
+                         "updates": self.step - self.interval["from_step"]}
 
     def grow_if_due(self) -> None:
         """grow: the model becomes its function-preserving embedding into the next shape, the
@@ -341,7 +357,8 @@ class _Run:
         try:
             save_checkpoint(model, tmp, source_spec=self.source.spec, model_cfg=self.model_cfg,
                             extra={"step": step, "train": to_dict(self.cfg),
-                                   "last_log": self.history[-1] if self.history else {}})
+                                   "last_log": self.history[-1] if self.history else {},
+                                   TRAINING_INTERVAL: self.interval})
             save_state(TrainState(step=step, data=self.pipeline.state_dict(step), rng=rng,
                                   optimizer=self.ctx.optimizer.state_dict(),
                                   config=to_dict(self.cfg), history=self.history,

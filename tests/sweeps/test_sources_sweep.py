@@ -96,6 +96,7 @@ def test_a_tiny_sweep_of_any_source_finishes_with_its_task_measured(tmp_path, ra
     assert f" {task}/acc_mean=" in out  # the result lines show the source's task
     assert f"Correlations with downstream accuracy ({accuracy})" in out, sweep.tail()
     assert f"--task {task} " in out
+    assert "Measuring took " in out  # time/measure_share reached MLflow and the summary
     assert_the_report_reads_the_sweep(tmp_path, uri, task, models)
 
 

@@ -278,3 +278,15 @@ def test_the_summary_prints_the_selection_verdict_and_the_table_for_a_selection_
     assert "flat/trace_fisher" in out and "regret gain +0.2434" in out and "| selector" not in out
     _summary._print_selection(replace(sweep, selection=True), runs, "probe/A/acc_mean")
     assert "| selector | statistic |" in capsys.readouterr().out
+
+
+def test_the_summary_states_the_measurement_cost_and_says_nothing_without_it():
+    import pandas as pd
+    from _summary import measurement_cost
+
+    runs = pd.DataFrame({"time/measure_share": [0.5, None, 0.1, 0.2, 0.3]})
+    line = measurement_cost(runs)
+    assert "25.0% of the training time" in line and "median of 4 checkpoints" in line
+    assert "largest 50.0%" in line
+    assert measurement_cost(pd.DataFrame({"pretrain/loss": [1.0]})) is None
+    assert measurement_cost(pd.DataFrame({"time/measure_share": [None]})) is None
