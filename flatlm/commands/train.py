@@ -77,16 +77,12 @@ def run(args) -> int:
         from flatlm.train.data import corpus_source_spec
 
         spec = SourceSpec(corpus_source_spec(cfg.data))
-    import torch
 
     from flatlm.devices import resolve_device
     from flatlm.train.loop import CheckpointWriteError, Diverged, train
 
     source = load(spec)
-    device = resolve_device(args.device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    device = resolve_device(args.device)  # no global TF32: fp32 stays fp32, as in the sweeps
     print(f"{describe(model.config, source.V, source.max_length)}; {cfg.algorithm} for "
           f"{cfg.steps} steps on {device}")
     try:

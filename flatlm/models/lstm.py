@@ -16,6 +16,7 @@ N(0, 0.02) embeddings and projection, zero [PAD] row; the LSTM keeps PyTorch's i
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -31,6 +32,15 @@ from flatlm.tokens import PAD_ID, token_layout
 MODEL_TYPE = "flatlm_bilstm"  # config.json's model_type, so a reader can tell it from a BERT
 WEIGHTS_NAME = "model.safetensors"  # the file name transformers uses too
 
+
+
+def rnn_kernel(training: bool):
+    """cuDNN's LSTM has no backward in eval mode and no double backward at all, so a measurement
+    that differentiates the model in eval mode (Tr F, Tr H, sharpness) runs torch's native
+    kernel; training and gradient-free reads (features, loss) keep cuDNN. No-op on the CPU."""
+    if training or not torch.is_grad_enabled():
+        return contextlib.nullcontext()
+    return torch.backends.cudnn.flags(enabled=False)
 
 class BiLSTMForMaskedLM(nn.Module):
     """Bidirectional LSTM masked LM; ``forward`` mirrors ``BertForMaskedLM`` (logits, loss)."""
@@ -66,7 +76,8 @@ class BiLSTMForMaskedLM(nn.Module):
         # pack_padded_sequence wants lengths on the CPU; this is one small host copy per batch
         lengths = attention_mask.sum(1).cpu()
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-        out, _ = self.lstm(packed)
+        with rnn_kernel(self.training):
+            out, _ = self.lstm(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=input_ids.shape[1])
         return self.dropout(out)  # (n, T+2, 2h)
 

@@ -86,11 +86,25 @@ def accumulate_mlm(ctx: StepContext, batch: MLMBatch) -> torch.Tensor:
     size = ctx.cfg.micro_batch_size or len(batch)
     total = torch.zeros((), device=batch.input_ids.device)
     for micro in batch.split(size):
-        with ctx.autocast():  # trimmed: cut to its longest sentence if its lengths are known
-            loss = ctx.mlm_loss(ctx.model, micro.trimmed()) / n
-        loss.backward()
-        total += loss.detach()
+        total += _micro_backward(ctx, micro, n)
     return total
+
+
+def _micro_backward(ctx: StepContext, micro: MLMBatch, n) -> torch.Tensor:
+    """Adds the gradient of ``micro``'s summed loss / ``n``; returns that loss, detached. A
+    compiled loss compiles its backward at the first ``backward()``: a compiler error there
+    switches the loss to eager (``EagerFallback.backward_failed``) and the micro-batch is redone
+    (no gradient was written: the failure comes before the compiled graph's backward runs)."""
+    with ctx.autocast():  # trimmed: cut to its longest sentence if its lengths are known
+        loss = ctx.mlm_loss(ctx.model, micro.trimmed()) / n
+    try:
+        loss.backward()
+    except Exception as e:
+        backward_failed = getattr(ctx.mlm_loss, "backward_failed", None)
+        if backward_failed is None or not backward_failed(e):
+            raise
+        return _micro_backward(ctx, micro, n)
+    return loss.detach()
 
 
 def standard_step(ctx: StepContext, inputs: StepInputs) -> dict[str, torch.Tensor]:

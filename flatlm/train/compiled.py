@@ -22,15 +22,20 @@ def loss_function(cfg: TrainConfig, device: torch.device | str, *,
     """``mlm_loss_sum``, compiled (with an eager fallback) when ``cfg.compile`` says so."""
     if not switch_on(cfg.compile, torch.device(device).type):
         return mlm_loss_sum
+    # Dynamo caches compiled graphs per code object, one per shape and dropout rate, and past
+    # its recompile limit (8) runs the function eagerly without a word: a process that trains
+    # many runs (the replication runner) would silently stop compiling. Each run starts afresh.
+    torch._dynamo.reset()
     return EagerFallback(mlm_loss_sum, backend=backend)
 
 
 class EagerFallback:
     """``fn`` compiled by ``torch.compile``; the first compile error switches to ``fn`` itself.
 
-    Compiling happens at the first call (and at a new input shape); the failed call is repeated
-    eagerly, so the update is the same one (only its dropout draws may differ) computed more
-    slowly. An out-of-memory error is no compile failure and is raised.
+    Compiling happens at the first call (and at a new input shape), the backward graph's at the
+    first ``backward()`` through it (``backward_failed``, called by the update); the failed call
+    is repeated eagerly, so the update is the same one (only its dropout draws may differ)
+    computed more slowly. An out-of-memory error is no compile failure and is raised.
     """
 
     def __init__(self, fn: Callable, *, backend: str = "inductor"):
@@ -42,12 +47,20 @@ class EagerFallback:
             return self.fn(*args, **kwargs)
         try:
             return self.compiled(*args, **kwargs)
-        except torch.OutOfMemoryError:
-            raise
         except Exception as e:  # noqa: BLE001 - any compiler error; eager raises real ones again
-            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            warnings.warn(f"train.compile: torch.compile failed ({type(e).__name__}: {why}); "
-                          "training continues eagerly (set train.compile=false to skip "
-                          "compiling)", RuntimeWarning, stacklevel=2)
-            self.compiled = None
+            if not self.backward_failed(e):
+                raise
             return self.fn(*args, **kwargs)
+
+    def backward_failed(self, error: Exception) -> bool:
+        """Whether ``error`` (raised by a compiled call, or by the first backward through one,
+        where the backward graph compiles) is a compile failure: then warns once and switches to
+        eager. Out of memory is not one, nor anything once eager."""
+        if self.compiled is None or isinstance(error, torch.OutOfMemoryError):
+            return False
+        why = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        warnings.warn(f"train.compile: torch.compile failed ({type(error).__name__}: {why}); "
+                      "training continues eagerly (set train.compile=false to skip compiling)",
+                      RuntimeWarning, stacklevel=3)
+        self.compiled = None
+        return True

@@ -29,7 +29,7 @@ class TrainState:
 
     step: int  # updates done
     data: dict  # the data position (BatchPipeline.state_dict)
-    rng: dict  # global RNG states: {"cpu": ByteTensor, "cuda": [ByteTensor per device]}
+    rng: dict  # global RNG states: {"cpu": ByteTensor, "cuda": [the training device's]}
     optimizer: dict  # optimizer.state_dict()
     config: dict  # the resolved TrainConfig, to check that a resumed run asks for the same run
     history: list[dict] = field(default_factory=list)  # metrics logged so far
@@ -37,17 +37,21 @@ class TrainState:
 
 
 def capture_rng(device: torch.device) -> dict:
-    """The global RNG states that dropout draws from on ``device``."""
+    """The global RNG states that dropout draws from on ``device``: the CPU's and, on CUDA, that
+    device's alone (not every visible GPU's: a resume with fewer GPUs visible must still load)."""
     rng = {"cpu": torch.get_rng_state(), "cuda": []}
     if device.type == "cuda":
-        rng["cuda"] = torch.cuda.get_rng_state_all()
+        rng["cuda"] = [torch.cuda.get_rng_state(device)]
     return rng
 
 
 def restore_rng(rng: dict, device: torch.device) -> None:
     torch.set_rng_state(rng["cpu"])
     if device.type == "cuda" and rng["cuda"]:
-        torch.cuda.set_rng_state_all(rng["cuda"])
+        states = rng["cuda"]  # one state; or, saved before, one per visible device
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        state = states[0] if len(states) == 1 else states[min(index, len(states) - 1)]
+        torch.cuda.set_rng_state(state, device)
 
 
 def save_state(state: TrainState, ckpt_dir: Path) -> None:

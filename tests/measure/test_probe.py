@@ -13,6 +13,7 @@ from flatlm.measure.probe import (
     downstream_classes,
     encoder_probe_features,
     linear_probe_accuracy,
+    participation_ratio,
     probe,
     split_indices,
     train_heads,
@@ -153,3 +154,15 @@ def test_released_protocol_underfits_a_small_separable_set():
     released = linear_probe_accuracy(x, y, 4, ProbeConfig(**RELEASED))
     default = linear_probe_accuracy(x, y, 4, ProbeConfig(standardize=False))
     assert released["train_acc"] < 0.9 < default["train_acc"]
+
+
+@pytest.mark.parametrize("n, width", [(300, 12), (12, 40), (1000, 64)])
+def test_participation_ratio_equals_the_svd_of_the_centred_features(n, width):
+    g = torch.Generator().manual_seed(n)
+    scales = torch.logspace(0, -2, width, dtype=torch.float64)  # anisotropic, off the origin
+    x = (torch.randn(n, width, generator=g, dtype=torch.float64) * scales + 5.0).float()
+    lam = torch.linalg.svdvals(x.double() - x.double().mean(0)).square()
+    exact = float(lam.sum().square() / lam.square().sum())
+    assert participation_ratio(x, chunk=7) == pytest.approx(exact, rel=1e-9)
+    assert participation_ratio(x) == pytest.approx(exact, rel=1e-9)
+    assert participation_ratio(torch.ones(5, 3)) == 0.0  # no spread: no direction

@@ -94,6 +94,22 @@ def test_hessian_vector_product_runs_on_cpu():
     assert all(torch.isfinite(h).all() for h in hv)
 
 
+def test_a_differentiated_eval_forward_leaves_cudnn_for_the_native_kernel():
+    """cuDNN's LSTM has no eval-mode or double backward (a GPU measurement of Tr F / Tr H would
+    fail): the LSTM runs with cuDNN off exactly then, and keeps it for training and reads."""
+    model = build_model(parse_model("lstm-h8-l1"), V, T, seed=0)
+    seen = []
+    model.lstm.register_forward_pre_hook(lambda m, args: seen.append(
+        torch.backends.cudnn.enabled))
+    ids, mask = encode(*_batch(3))
+    model.train()(ids, mask)
+    with torch.no_grad():
+        model.eval()(ids, mask)
+    model.eval()(ids, mask)
+    assert seen == [True, True, False]
+    assert torch.backends.cudnn.enabled  # restored
+
+
 def test_save_and_load_round_trip(tmp_path):
     model = build_model(parse_model("lstm-h16-l2"), V, T, seed=10).eval()
     model.save_pretrained(tmp_path)

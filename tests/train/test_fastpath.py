@@ -13,6 +13,7 @@ from flatlm.sources import load
 from flatlm.train import TrainConfig, resolve, train
 from flatlm.train.algorithms import (
     StepContext,
+    accumulate_mlm,
     build_optimizer,
     mlm_loss_sum,
     sam_step,
@@ -179,3 +180,43 @@ def warnings_as_errors():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         yield
+
+
+def test_a_process_keeps_compiling_past_dynamo_s_recompile_limit(paper):
+    """Each run resets Dynamo's cache: without it the ninth shape in one process (a replication
+    runner's trials) would run eagerly without a word."""
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    batch, _ = _masked(paper, 4, seed=0)
+    for width in range(16, 16 + 2 * 10, 2):  # ten runs, ten parameter shapes
+        model = build_model(dataclasses.replace(parse_model(f"d{width}-h2-l1-i32"),
+                                                dropout=0.0), paper.V, paper.max_length, seed=0)
+        loss = loss_function(TrainConfig(compile=True), "cpu", backend=counting)
+        assert torch.allclose(loss(model, batch), mlm_loss_sum(model, batch))
+    assert len(graphs) >= 10
+
+
+def test_a_compile_failure_in_the_backward_redoes_the_micro_batch_eagerly(paper):
+    from torch._dynamo.backends.common import aot_autograd
+
+    def no_backward(gm, example_inputs):
+        raise RuntimeError("inductor: backward lowering failed")
+
+    broken = aot_autograd(fw_compiler=lambda gm, _: gm.forward, bw_compiler=no_backward)
+    batch, _ = _masked(paper, 8, seed=2)
+    grads = []
+    for mlm_loss in (mlm_loss_sum, loss_function(TrainConfig(compile=True), "cpu",
+                                                 backend=broken)):
+        model = _float64_model(paper, "d16-h2-l1-i32")
+        ctx = dataclasses.replace(_context(TrainConfig(micro_batch_size=4), model),
+                                  mlm_loss=mlm_loss)
+        with pytest.warns(RuntimeWarning, match="backward lowering failed") \
+                if mlm_loss is not mlm_loss_sum else contextlib.nullcontext():
+            accumulate_mlm(ctx, batch)
+        grads.append([p.grad.clone() for p in model.parameters()])
+        assert getattr(mlm_loss, "compiled", None) is None  # eager from then on
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
