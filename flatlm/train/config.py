@@ -213,7 +213,10 @@ class TrainConfig:
     unpad: bool | str = "auto"  # sort each pass's sentences by length into its micro-batches
     #   and cut each micro-batch to its longest sentence: the same update up to the order of
     #   float sums (and which dropout draw meets which word), without computing on padding.
-    #   True, False or "auto" (on for CUDA; off on the CPU, which keeps CPU runs bit for bit)
+    #   True, False or "auto" (on for CUDA; off on the CPU, which keeps CPU runs bit for bit).
+    #   It removes padding only between micro-batches: with micro_batch_size None (one pass
+    #   per batch) the one micro-batch is cut to the batch's longest sentence; the GPU scale
+    #   sets micro_batch_size=1024 of 4096
     divergence_factor: float | None = 10.0  # stop the run (``Diverged``) when a logged loss
     #   exceeds this times the first logged loss; > 1; None = off (a non-finite loss always
     #   stops it)
