@@ -21,3 +21,21 @@ def tiny_model():
 def eval_sentences(src):
     """Held-out sentences for KL(truth || model), drawn with a seed no run uses."""
     return src.sample(256, seed=10_000)
+
+
+class Stopped(Exception):  # noqa: N818 - what the hook does, as a name
+    """Raised by a ``stop_at`` hook: the process dying right after writing a checkpoint."""
+
+
+@pytest.fixture(scope="session")
+def stop_at():
+    """``stop_at(step)``: a checkpoint hook raising ``stop_at.Stopped`` right after checkpoint
+    ``step`` is written (on a data-parallel run, rank 0 dies there)."""
+    def hook_for(step):
+        def hook(s, model, ckpt_dir):
+            if s == step:
+                raise Stopped
+        return hook
+
+    hook_for.Stopped = Stopped
+    return hook_for

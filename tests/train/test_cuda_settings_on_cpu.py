@@ -26,16 +26,6 @@ CASES = {
 }
 
 
-class _StopError(Exception):
-    pass
-
-
-def _stop_at(step):
-    def hook(s, model, ckpt_dir):
-        if s == step:
-            raise _StopError
-    return hook
-
 
 @pytest.fixture
 def cuda_defaults(monkeypatch):
@@ -56,14 +46,14 @@ def cuda_defaults(monkeypatch):
 
 @pytest.mark.parametrize("name", CASES)
 def test_cuda_settings_train_and_resume_bit_for_bit(name, src, tiny_model, tmp_path,
-                                                    cuda_defaults):
+                                                    cuda_defaults, stop_at):
     cfg = TrainConfig(**CUDA_SETTINGS, **CASES[name])
     straight = train(cfg, src, tiny_model, tmp_path / "a", progress=False)
     assert cuda_defaults  # the fused kernel
     assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in straight.history)
     assert isinstance(loop.loss_function(cfg, "cpu"), compiled.EagerFallback)
-    with pytest.raises(_StopError):
-        train(cfg, src, tiny_model, tmp_path / "b", progress=False, on_checkpoint=_stop_at(N))
+    with pytest.raises(stop_at.Stopped):
+        train(cfg, src, tiny_model, tmp_path / "b", progress=False, on_checkpoint=stop_at(N))
     resumed = train(cfg, src, tiny_model, tmp_path / "b", progress=False, resume=True)
     for (k, a), b in zip(straight.model.state_dict().items(),
                          resumed.model.state_dict().values(), strict=True):

@@ -14,16 +14,6 @@ from flatlm.train.distributed import rank_device
 ATOL = 1e-6
 
 
-class _StopError(Exception):
-    pass
-
-
-def _stop_at(step):
-    def hook(s, model, ckpt_dir):
-        if s == step:
-            raise _StopError  # rank 0 dies right after writing checkpoint `step`
-    return hook
-
 
 def _assert_close(a, b, atol):
     for (k, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values(),
@@ -74,13 +64,13 @@ def test_spawned_ranks_train_as_forked_ones(src, tiny_model, tmp_path, monkeypat
     _assert_close(forked, spawned, 0.0)
 
 
-def test_a_two_rank_run_resumes_exactly(src, tiny_model, tmp_path):
+def test_a_two_rank_run_resumes_exactly(src, tiny_model, tmp_path, stop_at):
     """Dropout on: every rank's RNG state travels in the checkpoint rank 0 writes."""
     cfg = TrainConfig(algorithm="adamw", steps=6, batch_size=16, warmup_steps=2, mask=0.3,
                       checkpoint_steps=(3, 6), seed=5, log_every=2, world_size=2)
     straight = train(cfg, src, tiny_model, tmp_path / "a", progress=False)
-    with pytest.raises(_StopError):
-        train(cfg, src, tiny_model, tmp_path / "b", progress=False, on_checkpoint=_stop_at(3))
+    with pytest.raises(stop_at.Stopped):
+        train(cfg, src, tiny_model, tmp_path / "b", progress=False, on_checkpoint=stop_at(3))
     resumed = train(cfg, src, tiny_model, tmp_path / "b", progress=False, resume=True)
     _assert_close(straight, resumed, 0.0)  # bit for bit
     assert resumed.history == straight.history

@@ -21,16 +21,6 @@ from flatlm.train.growth import grow_context, replication_scale
 SMALL = "d16-h1-l1-i32"
 
 
-class _StopError(Exception):
-    pass
-
-
-def _stop_at(step):
-    def hook(s, model, ckpt_dir):
-        if s == step:
-            raise _StopError
-    return hook
-
 
 @contextlib.contextmanager
 def _one_thread():
@@ -186,10 +176,11 @@ def straight_grow(src, tmp_path_factory):
 
 
 @pytest.mark.parametrize("stop", [2, 3])  # before both growths; between the two
-def test_resume_across_a_growth_equals_never_stopping(stop, src, straight_grow, tmp_path):
+def test_resume_across_a_growth_equals_never_stopping(stop, src, straight_grow, tmp_path,
+                                                      stop_at):
     cfg = TrainConfig(**GROW_RESUME)
-    with pytest.raises(_StopError):
-        train(cfg, src, SMALL, tmp_path, progress=False, on_checkpoint=_stop_at(stop))
+    with pytest.raises(stop_at.Stopped):
+        train(cfg, src, SMALL, tmp_path, progress=False, on_checkpoint=stop_at(stop))
     resumed = train(cfg, src, SMALL, tmp_path, progress=False, resume=True)
     assert resumed.model.config.num_hidden_layers == 2
     for (k, a), b in zip(straight_grow.model.state_dict().items(),

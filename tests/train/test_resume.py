@@ -11,17 +11,6 @@ from flatlm.models import encode, load_checkpoint
 from flatlm.train import AdversarialConfig, TrainConfig, train
 
 
-class _StopError(Exception):
-    pass
-
-
-def _stop_at(step):
-    def hook(s, model, ckpt_dir):
-        if s == step:
-            raise _StopError  # the process dies right after writing checkpoint `step`
-    return hook
-
-
 def _draw_rng(s, model, ckpt_dir):
     torch.rand(100)  # a measurement that consumes the global RNG must not change training
 
@@ -38,14 +27,14 @@ RESUME_CASES = {
 
 
 @pytest.mark.parametrize("name", RESUME_CASES)
-def test_stop_and_resume_equals_never_stopping(name, src, tiny_model, tmp_path):
+def test_stop_and_resume_equals_never_stopping(name, src, tiny_model, tmp_path, stop_at):
     N = 6
     model = "lstm-h16-l2" if name == "lstm" else tiny_model
     cfg = TrainConfig(steps=2 * N, batch_size=32, warmup_steps=4, checkpoint_steps=(N, 2 * N),
                       seed=7, **RESUME_CASES[name])
     straight = train(cfg, src, model, tmp_path / "a", progress=False, on_checkpoint=_draw_rng)
-    with pytest.raises(_StopError):
-        train(cfg, src, model, tmp_path / "b", progress=False, on_checkpoint=_stop_at(N))
+    with pytest.raises(stop_at.Stopped):
+        train(cfg, src, model, tmp_path / "b", progress=False, on_checkpoint=stop_at(N))
     resumed = train(cfg, src, model, tmp_path / "b", progress=False, resume=True)
     for (k, a), b in zip(straight.model.state_dict().items(),
                          resumed.model.state_dict().values(), strict=True):
@@ -65,14 +54,14 @@ def test_resume_extends_a_finished_run(src, tiny_model, tmp_path):
         assert torch.equal(a, b)
 
 
-def test_corpus_run_resumes_exactly(src, tiny_model, tmp_path):
+def test_corpus_run_resumes_exactly(src, tiny_model, tmp_path, stop_at):
     corpus = src.sample(40, seed=5)  # 40 sentences, batches of 16: epochs end mid-batch
     cfg = TrainConfig(steps=8, batch_size=16, warmup_steps=2, checkpoint_steps=(3, 8),
                       data="in-memory")
     straight = train(cfg, src, tiny_model, tmp_path / "a", progress=False, corpus=corpus)
-    with pytest.raises(_StopError):
+    with pytest.raises(stop_at.Stopped):
         train(cfg, src, tiny_model, tmp_path / "b", progress=False, corpus=corpus,
-              on_checkpoint=_stop_at(3))
+              on_checkpoint=stop_at(3))
     resumed = train(cfg, src, tiny_model, tmp_path / "b", progress=False, corpus=corpus,
                     resume=True)
     for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
@@ -129,12 +118,12 @@ def _flip_last_byte(path):
     ("config.json", _truncate), ("flatlm.json", _truncate),
     ("model.safetensors", _flip_last_byte),  # caught by the manifest's hash alone
 ])
-def test_an_unreadable_newest_checkpoint_falls_back_to_the_one_before(damage, how, src,
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_one_before(damage, how, src, stop_at,
                                                                        tiny_model, tmp_path):
     cfg = TrainConfig(steps=9, batch_size=16, warmup_steps=2, checkpoint_steps=(3, 6, 9), seed=4)
     straight = train(cfg, src, tiny_model, tmp_path / "a", progress=False)
-    with pytest.raises(_StopError):
-        train(cfg, src, tiny_model, tmp_path / "b", progress=False, on_checkpoint=_stop_at(6))
+    with pytest.raises(stop_at.Stopped):
+        train(cfg, src, tiny_model, tmp_path / "b", progress=False, on_checkpoint=stop_at(6))
     how(tmp_path / "b" / "checkpoints" / "step-6" / damage)  # a torn write, a full disk, a bit
     resumed = train(cfg, src, tiny_model, tmp_path / "b", progress=False, resume=True)
     for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
