@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
+from flatness import device_name  # bench/flatness.py
 
 from flatlm.config import apply_overrides, parse_assignments
 from flatlm.replication.scales import scale
@@ -117,12 +117,6 @@ def main(argv=None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps([row], indent=2) + "\n")
     print(f"wrote {out}")
-
-
-def device_name(device) -> str:
-    if torch.device(device).type == "cuda":
-        return torch.cuda.get_device_name()
-    return f"cpu ({platform.machine()}, {torch.get_num_threads()} thread(s))"
 
 
 if __name__ == "__main__":

@@ -60,9 +60,9 @@ def measurement_cost(runs) -> str | None:
     """What measuring cost against the training it interrupted (``time/measure_share`` of each
     checkpoint with training before it), in one line; None when no checkpoint recorded it."""
     column = "time/measure_share"
-    if column not in runs or runs[column].notna().sum() == 0:
+    share = runs[column].dropna() if column in runs else []
+    if len(share) == 0:
         return None
-    share = runs[column].dropna()
     return (f"Measuring took {share.median():.1%} of the training time between checkpoints "
             f"(median of {len(share)} checkpoints; largest {share.max():.1%}, the first "
             "checkpoint of a trial also draws its evaluation data and reference probes).")

@@ -33,7 +33,6 @@ MODEL_TYPE = "flatlm_bilstm"  # config.json's model_type, so a reader can tell i
 WEIGHTS_NAME = "model.safetensors"  # the file name transformers uses too
 
 
-
 def rnn_kernel(training: bool):
     """cuDNN's LSTM has no backward in eval mode and no double backward at all, so a measurement
     that differentiates the model in eval mode (Tr F, Tr H, sharpness) runs torch's native
@@ -41,6 +40,7 @@ def rnn_kernel(training: bool):
     if training or not torch.is_grad_enabled():
         return contextlib.nullcontext()
     return torch.backends.cudnn.flags(enabled=False)
+
 
 class BiLSTMForMaskedLM(nn.Module):
     """Bidirectional LSTM masked LM; ``forward`` mirrors ``BertForMaskedLM`` (logits, loss)."""

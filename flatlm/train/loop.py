@@ -240,7 +240,7 @@ class _Run:
         self.window_count = window.get("count", 0)  # updates summed in self.window
         self.window = {k: torch.tensor(v, device=device)
                        for k, v in window.get("sums", {}).items()}
-        self.interval = {"start": time.perf_counter(), "from_step": self.step}  # training time
+        self.interval_start = (time.perf_counter(), self.step)  # training since: clock, step
 
     @classmethod
     def begin(cls, cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start) -> _Run:
@@ -273,9 +273,8 @@ class _Run:
             while True:
                 if self.step in cfg.checkpoint_steps and self.step != self.resumed_at:
                     self.check_window()  # between read-outs: never save a diverged model
-                    self.close_interval()
                     self.checkpoint(on_checkpoint)
-                    self.interval = {"start": time.perf_counter(), "from_step": self.step}
+                    self.interval_start = (time.perf_counter(), self.step)
                 if self.step >= cfg.steps:
                     return
                 self.grow_if_due()
@@ -291,14 +290,15 @@ class _Run:
                     bar.set_postfix(loss=f"{record['train/loss']:.4f}", refresh=False)
                 bar.update()
 
-    def close_interval(self) -> None:
-        """Fixes the wall time of training since the last checkpoint (or the run's start in this
-        process), the device synchronised first: the checkpoint records it, so a measurement's
-        cost can be read against the training it interrupts (``time/measure_share``)."""
+    def training_interval(self) -> dict:
+        """The training since the last checkpoint (or the run's start in this process): wall
+        seconds, the device synchronised first, and updates. The checkpoint records it, so a
+        measurement's cost can be read against the training it interrupts
+        (``time/measure_share``)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.interval = {"seconds": time.perf_counter() - self.interval["start"],
-                         "updates": self.step - self.interval["from_step"]}
+        start, from_step = self.interval_start
+        return {"seconds": time.perf_counter() - start, "updates": self.step - from_step}
 
     def grow_if_due(self) -> None:
         """grow: the model becomes its function-preserving embedding into the next shape, the
@@ -358,7 +358,7 @@ class _Run:
             save_checkpoint(model, tmp, source_spec=self.source.spec, model_cfg=self.model_cfg,
                             extra={"step": step, "train": to_dict(self.cfg),
                                    "last_log": self.history[-1] if self.history else {},
-                                   TRAINING_INTERVAL: self.interval})
+                                   TRAINING_INTERVAL: self.training_interval()})
             save_state(TrainState(step=step, data=self.pipeline.state_dict(step), rng=rng,
                                   optimizer=self.ctx.optimizer.state_dict(),
                                   config=to_dict(self.cfg), history=self.history,

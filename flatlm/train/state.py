@@ -50,8 +50,7 @@ def restore_rng(rng: dict, device: torch.device) -> None:
     if device.type == "cuda" and rng["cuda"]:
         states = rng["cuda"]  # one state; or, saved before, one per visible device
         index = device.index if device.index is not None else torch.cuda.current_device()
-        state = states[0] if len(states) == 1 else states[min(index, len(states) - 1)]
-        torch.cuda.set_rng_state(state, device)
+        torch.cuda.set_rng_state(states[min(index, len(states) - 1)], device)
 
 
 def save_state(state: TrainState, ckpt_dir: Path) -> None:
