@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 
 from analysis.correlate import to_markdown
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, se_key
-from flatlm.metrics_log import N_PARAMS
+from flatlm.runs.metrics_log import N_PARAMS
 
 PANEL_IN = 3.6  # inches per panel
 

@@ -21,9 +21,6 @@ import sys
 import warnings
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: the repo root holds `analysis` and `flatlm`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -210,7 +207,7 @@ def write_report(df: pd.DataFrame, out: Path, *, tol: float = TOL, command: str 
 
 
 def _markdown(df, tables, main, tol, command, hardware) -> str:
-    from flatlm.replication.protocols import describe
+    from flatlm.experiments.protocols import describe
 
     lines = ["# Replication of Liu et al. (ICML 2023) with flatlm", ""]
     if command:

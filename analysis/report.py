@@ -30,9 +30,6 @@ import tempfile
 import warnings
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: the repo root holds `analysis` and `flatlm`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from analysis.conclusion import conclusion  # noqa: E402
 from analysis.correlate import (  # noqa: E402
     X_KEYS,
@@ -51,7 +48,7 @@ from analysis.figures import (  # noqa: E402
 from analysis.runs import load_runs  # noqa: E402
 from analysis.selection import write_selection  # noqa: E402
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN, probe_keys  # noqa: E402
-from flatlm.track import TAG_REPORT, MlflowTracker, default_tracking_uri  # noqa: E402
+from flatlm.tracking.tracker import TAG_REPORT, MlflowTracker, default_tracking_uri  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -154,7 +151,7 @@ def log_report(tracking_uri: str, experiment: str, paths, params: dict, *,
     artifacts; an earlier run of that name there is deleted first (one report at a time)."""
     from mlflow import MlflowClient
 
-    from flatlm.track import ensure_experiment
+    from flatlm.tracking.tracker import ensure_experiment
 
     client = MlflowClient(tracking_uri)
     eid = ensure_experiment(tracking_uri, experiment)

@@ -35,9 +35,6 @@ import math
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: the repo root holds `analysis` and `flatlm`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Trial directories -> the same tidy table as ``analysis.runs.load_runs``, without MLflow.
 
-A trial directory is what ``flatlm.trial.run_trial`` writes (``config.json`` and
+A trial directory is what ``flatlm.runs.trial.run_trial`` writes (``config.json`` and
 ``metrics.jsonl``); ``flatlm replicate`` and the sweeps write them under a root. Every directory
 below ``root`` holding both files is one run. Its ``run_id`` is its path relative to ``root``,
 ``trial`` its name, and the directories between ``root`` and it fill ``protocol`` and
@@ -27,8 +27,8 @@ import pandas as pd
 
 from analysis.runs import ID_COLUMNS as RUN_ID_COLUMNS
 from analysis.runs import TAG_COLUMNS
-from flatlm.config import flatten_dict
-from flatlm.metrics_log import METRICS_FILE, is_number, read_metrics
+from flatlm.core.config import flatten_dict
+from flatlm.runs.metrics_log import METRICS_FILE, is_number, read_metrics
 
 CONFIG_FILE = "config.json"
 ID_COLUMNS = (*RUN_ID_COLUMNS, "protocol", "experiment")

@@ -1,7 +1,7 @@
 """What a checkpoint's measurements cost against the training between checkpoints.
 
-Runs one real trial (``flatlm.trial.run_trial``, the path every sweep takes) of a scale's base
-config (``flatlm.replication.scales``: ``gpu`` is the paper's preset, bert-41m at batch 4096 with
+Runs one real trial (``flatlm.runs.trial.run_trial``, the path every sweep takes) of a scale's base
+config (``flatlm.experiments.scales``: ``gpu`` is the paper's preset, bert-41m at batch 4096 with
 10^6 loss sentences, 10^5 labelled sentences a task and Tr(F) on 10^4 inputs; ``tiny`` the CPU
 one) for ``2 x --steps`` updates with checkpoints after ``--steps`` and ``2 x --steps``. From the
 trial's own ``time/*`` metrics:
@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 from flatness import device_name  # bench/flatness.py
 
-from flatlm.config import apply_overrides, parse_assignments
-from flatlm.replication.scales import scale
-from flatlm.trial import run_trial
+from flatlm.core.config import apply_overrides, parse_assignments
+from flatlm.experiments.scales import scale
+from flatlm.runs.trial import run_trial
 
 ONCE = ("time/eval_data_s", "time/lookup_s", "time/random_init_s")
 

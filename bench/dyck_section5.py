@@ -1,7 +1,7 @@
 """The paper's section 5 on the Dyck language, measured: fits of the masked-LM loss, their trace of
 the Hessian, and how well Theorem 5.1's head on their features predicts g* = #">" - #"<".
 
-Fits (``flatlm.replication.section5``; same one-layer transformer, m neurons): the paper's flat
+Fits (``flatlm.experiments.section5``; same one-layer transformer, m neurons): the paper's flat
 solution (1), random-feature solutions (2) (seeds), an adversarial fit (features pushed against
 g*, then interpolating the pre-training targets exactly) and plain Adam training. All expectations
 are exact (every pre-training input and every downstream string enumerated). The baseline of the
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from flatlm.replication.section5 import Section5Config, fits, flat_lower_bound
+from flatlm.experiments.section5 import Section5Config, fits, flat_lower_bound
 
 
 def summary_rows(rows: list[dict], cfg: Section5Config) -> list[dict]:

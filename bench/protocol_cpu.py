@@ -6,7 +6,7 @@ posterior labels on sentences of >= 5 words, standardised probe with its referen
 under the old protocol (every masked word written as [MASK]), then reads, per task, the probe on
 the trained model, on a randomly initialised model of the same shape, the lookup table and the
 majority class, with their standard errors, and the features' effective rank. Runs through
-``flatlm.trial.run_trial``, the path every sweep takes.
+``flatlm.runs.trial.run_trial``, the path every sweep takes.
 
     python bench/protocol_cpu.py                 # about 15 min on 2 CPU threads
     python bench/protocol_cpu.py --steps 300 --n-downstream 2000 --out /tmp/quick.json
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from flatlm.config import apply_overrides
-from flatlm.trial import TrialConfig, run_trial
+from flatlm.core.config import apply_overrides
+from flatlm.runs.trial import TrialConfig, run_trial
 
 VARIANTS = {"new (80/10/10)": {}, "old ([MASK] only)": {"train.mask_replace": [1.0, 0.0, 0.0]}}
 

@@ -3,7 +3,7 @@
 What ``--gpus-per-trial 0.25`` does in a sweep: Ray starts four trial processes on one GPU. Here,
 in the same run, K = 1 and K = ``--trials`` processes (spawned, as Ray's are separate workers)
 each train the same small model on the same kind of batches (the sweeps' PCFG,
-``flatlm.replication.scales.SWEEP_SOURCE``; the tiny sweep's d32 BERT; fresh sentences masked by
+``flatlm.experiments.scales.SWEEP_SOURCE``; the tiny sweep's d32 BERT; fresh sentences masked by
 ``BatchPipeline``, the adamw update ``standard_step``): after ``--warmup`` updates they wait at a
 barrier, then each times ``--steps`` updates. Aggregate throughput = all trials' input
 positions (batch x (T + 2)) / (last trial's end - first trial's start); the ratio is K trials'
@@ -37,8 +37,8 @@ BASELINE = "one trial alone on the device (same model, batch and steps)"
 def trial(device: str, model: str, batch_size: int, steps: int, warmup: int, threads: int,
           seed: int, barrier, results) -> None:
     """One trial's process: ``warmup`` updates, the barrier, then ``steps`` timed updates."""
+    from flatlm.experiments.scales import SWEEP_SOURCE
     from flatlm.models import build_model, parse_model
-    from flatlm.replication.scales import SWEEP_SOURCE
     from flatlm.sources import load
     from flatlm.train.algorithms import StepContext, build_optimizer, mlm_loss_sum, standard_step
     from flatlm.train.config import TrainConfig, resolve

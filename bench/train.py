@@ -53,9 +53,9 @@ from pathlib import Path
 import torch
 from transformers import BertForMaskedLM
 
+from flatlm.core.tokens import WORD_OFFSET
 from flatlm.models import bert_config, build_model, count_parameters, parse_model
 from flatlm.sources import load
-from flatlm.tokens import WORD_OFFSET
 from flatlm.train.algorithms import StepContext, build_optimizer, standard_step
 from flatlm.train.compiled import loss_function
 from flatlm.train.config import TrainConfig, resolve, switch_on

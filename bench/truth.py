@@ -38,13 +38,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch_struct_peer import TorchStructPCFG  # noqa: E402
 
 from flatlm.sources import load
 from flatlm.sources.pcfg import FUSED, MIN_GROUP
 from flatlm.sources.reference import slow_conditionals
-
-sys.path.insert(0, str(Path(__file__).parent))
-from torch_struct_peer import TorchStructPCFG  # noqa: E402
 
 AGREEMENT = 1e-4  # float32 conditionals, flatlm vs torch-struct: largest absolute difference
 

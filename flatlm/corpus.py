@@ -51,9 +51,9 @@ import torch
 from tqdm.auto import tqdm
 
 import flatlm
-from flatlm import tokens as token_layout
+from flatlm.core import tokens as token_layout
+from flatlm.core.stats import ratio_mean_se
 from flatlm.sources.base import PAD, Source
-from flatlm.stats import ratio_mean_se
 
 log = logging.getLogger(__name__)
 

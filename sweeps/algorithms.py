@@ -16,7 +16,7 @@ and would set the common loss for everyone; run it with its own rate
 
 import sys
 
-from _cli import main
+from sweeps.cli import main
 
 ALL = ["adamw", "sam", "noreg", "adversarial"]
 
@@ -28,13 +28,12 @@ def add_arguments(p) -> None:
 
 
 def build(args):
-    """The sweep (``_spec.Sweep``); imports here keep ``--help`` fast."""
-    from _rayenv import tune
-    from _spec import Sweep, measured_tasks
-    from presets import TINY_KL_THRESHOLD, base_for
-
-    from flatlm.config import apply_overrides
+    """The sweep (``sweeps.spec.Sweep``); imports here keep ``--help`` fast."""
+    from flatlm.core.config import apply_overrides
+    from flatlm.experiments.presets import TINY_KL_THRESHOLD, base_for
     from flatlm.train.config import ALGORITHMS
+    from sweeps.rayenv import tune
+    from sweeps.spec import Sweep, measured_tasks
 
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     unknown = [a for a in algorithms if a not in ALGORITHMS]

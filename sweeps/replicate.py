@@ -8,7 +8,7 @@ No arguments: every experiment under both protocols at CPU scale on a local Ray 
 
 Each (protocol, experiment) is one sweep and one MLflow experiment named
 ``replicate.<protocol>.<experiment>``; the trials are those of ``flatlm replicate`` (the same
-configs, ``flatlm.replication``). The report (``analysis/replication.py``) goes to
+configs, ``flatlm.experiments``). The report (``analysis/replication.py``) goes to
 ``WORKDIR/report/replication/`` and to MLflow (experiment ``replication``).
 """
 
@@ -17,13 +17,12 @@ import os
 import sys
 from pathlib import Path
 
-from _cli import apply_arguments, interrupted, parser
-from _driver import Interrupted, run_sweep
-from _rayenv import tune
-from _spec import Sweep, shown_metrics
-
 from flatlm.commands.replicate import add_selection_arguments, experiments_from_args
-from flatlm.replication.scales import scale
+from flatlm.experiments.scales import scale
+from sweeps.cli import apply_arguments, interrupted, parser
+from sweeps.driver import Interrupted, run_sweep
+from sweeps.rayenv import tune
+from sweeps.spec import Sweep, shown_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIX = "replicate"
@@ -69,10 +68,8 @@ def main(argv=None) -> int:
 
 
 def write_report(sweeps: list[Sweep], workdir: Path, tracking_uri: str | None) -> int:
-    if str(REPO) not in sys.path:  # analysis/ is not an installed package
-        sys.path.append(str(REPO))
     from analysis import replication
-    from flatlm.track import default_tracking_uri
+    from flatlm.tracking.tracker import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri(workdir)
     return replication.main(["--experiments", ",".join(s.name for s in sweeps),

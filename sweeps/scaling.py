@@ -13,20 +13,19 @@ under ``--preset paper``), measured in their own shapes (growth, B.4, is for BER
 
 import sys
 
-from _cli import main
+from sweeps.cli import main
 
 
 def build(args):
-    """The sweep (``_spec.Sweep``); imports here keep ``--help`` fast."""
-    from _rayenv import tune
-    from _spec import Sweep
-    from presets import TINY_KL_THRESHOLD, base_for, models_for
-
-    from flatlm.config import apply_overrides
+    """The sweep (``sweeps.spec.Sweep``); imports here keep ``--help`` fast."""
+    from flatlm.core.config import apply_overrides
+    from flatlm.experiments.presets import TINY_KL_THRESHOLD, base_for, models_for
     from flatlm.measure.grown import lcm_shape
     from flatlm.models.presets import shape_string
+    from sweeps.rayenv import tune
+    from sweeps.spec import Sweep
 
-    source = getattr(args, "source", None)  # --source or --set source (_cli.main)
+    source = getattr(args, "source", None)  # --source or --set source (sweeps.cli.main)
     models = models_for(args.preset, source)
     # Tr(F) of models of different sizes is compared in one parameterisation: each checkpoint is
     # also measured grown into the least common shape (flat/*_grown, paper Fig. 5, Table 4);

@@ -8,7 +8,7 @@ task measured (``probe/<task>/acc_mean``; ``measure.tasks``, else the source's t
 
 import sys
 
-from _cli import main
+from sweeps.cli import main
 
 
 def objective(text: str) -> tuple[str, str]:
@@ -26,17 +26,17 @@ def add_arguments(p) -> None:
 
 
 def build(args):
-    """The sweep (``_spec.Sweep``); imports here keep ``--help`` fast."""
-    from _rayenv import tune
-    from _spec import Sweep
-    from presets import base_for
+    """The sweep (``sweeps.spec.Sweep``); imports here keep ``--help`` fast."""
+    from flatlm.experiments.presets import base_for
+    from sweeps.rayenv import tune
+    from sweeps.spec import Sweep
 
     objectives = tuple(objective(o) for o in args.objective)  # () = _spec.objectives' default
     space = {"train.lr": tune.loguniform(1e-4, 3e-3), "train.beta2": tune.uniform(0.9, 0.999),
              "train.weight_decay": tune.loguniform(1e-4, 1e-1),
              "train.dropout": tune.uniform(0.0, 0.2)}
     tiny = args.preset == "tiny"
-    base = base_for(args.preset, getattr(args, "source", None))  # --source (_cli.main)
+    base = base_for(args.preset, getattr(args, "source", None))  # --source (sweeps.cli.main)
     return Sweep(name="search", base=base, space=space, searcher="optuna", objectives=objectives,
                  num_samples=args.samples or (4 if tiny else 64),
                  max_concurrent=2 if tiny else 8, gpus_per_trial=0.0 if tiny else 0.5)

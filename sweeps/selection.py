@@ -16,7 +16,7 @@ more seeds give tighter intervals.
 
 import sys
 
-from _cli import main
+from sweeps.cli import main
 
 ALGORITHMS = "adamw,sam,noreg"
 SELECTION_WHAT = ("eigen", "sharpness")  # measured beside the preset's loss, Tr(F), Tr(H)
@@ -39,13 +39,12 @@ def _floats(text: str, flag: str) -> list[float]:
 
 
 def build(args):
-    """The sweep (``_spec.Sweep``); imports here keep ``--help`` fast."""
-    from _rayenv import tune
-    from _spec import Sweep
-    from presets import TINY_KL_THRESHOLD, base_for
-
-    from flatlm.config import apply_overrides
+    """The sweep (``sweeps.spec.Sweep``); imports here keep ``--help`` fast."""
+    from flatlm.core.config import apply_overrides
+    from flatlm.experiments.presets import TINY_KL_THRESHOLD, base_for
     from flatlm.train.config import ALGORITHMS as KNOWN
+    from sweeps.rayenv import tune
+    from sweeps.spec import Sweep
 
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     if not algorithms or any(a not in KNOWN for a in algorithms):
@@ -58,7 +57,7 @@ def build(args):
     if args.lrs:
         space["train.lr"] = tune.grid_search(_floats(args.lrs, "--lrs"))
     tiny = args.preset == "tiny"
-    base = base_for(args.preset, getattr(args, "source", None))  # --source (_cli.main)
+    base = base_for(args.preset, getattr(args, "source", None))  # --source (sweeps.cli.main)
     # several notions of flatness compete: the traces, the top eigenvalues, adaptive sharpness
     what = [*base.measure.what, *(w for w in SELECTION_WHAT if w not in base.measure.what)]
     base = apply_overrides(base, {"measure.what": what})

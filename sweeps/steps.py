@@ -9,16 +9,15 @@ step 2000, then the run goes on for 2500 more.
 
 import sys
 
-from _cli import main
+from sweeps.cli import main
 
 
 def build(args):
-    """The sweep (``_spec.Sweep``); imports here keep ``--help`` fast."""
-    from _rayenv import tune
-    from _spec import Sweep
-    from presets import TINY_KL_THRESHOLD, base_for
-
-    from flatlm.config import apply_overrides
+    """The sweep (``sweeps.spec.Sweep``); imports here keep ``--help`` fast."""
+    from flatlm.core.config import apply_overrides
+    from flatlm.experiments.presets import TINY_KL_THRESHOLD, base_for
+    from sweeps.rayenv import tune
+    from sweeps.spec import Sweep
 
     if args.preset == "tiny":
         steps, every = 4500, 500

@@ -1,6 +1,7 @@
 """The house's import edges: data flows down, nothing flows back up.
 
-- The core library imports neither Ray nor MLflow (only flatlm/track.py may import MLflow).
+- The core library imports neither Ray nor MLflow (only flatlm/tracking/tracker.py may import
+  MLflow).
 - ``flatlm.measure`` imports neither ``flatlm.corpus`` nor ``flatlm.train`` nor ``datasets``: a
   trial on a host without ``datasets`` measures.
 - ``flatlm.corpus`` imports no model code; ``flatlm.sources`` imports nothing of the stages below.
@@ -17,7 +18,7 @@ import pytest
 import flatlm
 
 CORE = sorted(m.name for m in pkgutil.walk_packages(flatlm.__path__, "flatlm.")
-              if m.name != "flatlm.track")
+              if m.name != "flatlm.tracking.tracker")
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -69,8 +70,8 @@ import sys
 sys.modules["datasets"] = None  # import datasets -> ImportError
 import torch
 torch.set_num_threads(1)
-from flatlm.config import apply_overrides
-from flatlm.trial import TrialConfig, run_trial
+from flatlm.core.config import apply_overrides
+from flatlm.runs.trial import TrialConfig, run_trial
 cfg = apply_overrides(TrialConfig(), {{
     "source": "dyck:4", "model": "d16-h1-l1-i32", "train.steps": 2, "train.batch_size": 4,
     "train.checkpoint_steps": [2], "train.warmup_steps": 1, "measure.n_eval": 8,

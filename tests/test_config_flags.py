@@ -1,11 +1,11 @@
-"""CLI options generated from dataclass field types (``flatlm.config.add_arguments``)."""
+"""CLI options generated from dataclass field types (``flatlm.core.config.add_arguments``)."""
 
 import argparse
 from dataclasses import dataclass, field
 
 import pytest
 
-from flatlm.config import (
+from flatlm.core.config import (
     ConfigError,
     add_arguments,
     apply_overrides,

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from flatlm.config import ConfigError, apply_overrides, from_dict, to_dict, to_flat_dict
+from flatlm.core.config import ConfigError, apply_overrides, from_dict, to_dict, to_flat_dict
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from flatlm.core.stats import ratio_mean_se
+from flatlm.core.tokens import SPECIAL_TOKENS, WORD_OFFSET
 from flatlm.corpus import (
     SPLITS,
     CorpusConfig,
@@ -17,8 +19,6 @@ from flatlm.corpus import (
 )
 from flatlm.sources import load
 from flatlm.sources.base import entropy_rows
-from flatlm.stats import ratio_mean_se
-from flatlm.tokens import SPECIAL_TOKENS, WORD_OFFSET
 
 TINY_PCFG = {"kind": "pcfg", "random": {"vocab": 10, "depth": 2, "nonterminals_per_level": 3},
              "seed": 1}

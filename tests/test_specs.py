@@ -5,11 +5,11 @@ import pickle
 
 import pytest
 
-from flatlm.config import ConfigError, apply_overrides, from_dict, to_dict, to_flat_dict
+from flatlm.core.config import ConfigError, apply_overrides, from_dict, to_dict, to_flat_dict
 from flatlm.models.presets import ModelSpec, parse_model
+from flatlm.runs.trial import TrialConfig
 from flatlm.sources import SourceSpec, load
 from flatlm.sources.pcfg import paper_grammar_path
-from flatlm.trial import TrialConfig
 
 RANDOM_PCFG = {"kind": "pcfg", "seed": 0, "random": {"vocab": 12, "depth": 2,
                                                      "nonterminals_per_level": 3, "roots": 2}}

@@ -66,7 +66,7 @@ def _load_source(text: str):
 
 
 def _device(name: str | None) -> str:
-    from flatlm.devices import resolve_device
+    from flatlm.core.devices import resolve_device
 
     return str(resolve_device(name))
 
@@ -103,7 +103,7 @@ def _pm(mean: float, se: float | None) -> str:
 
 
 def run_entropy(args) -> int:
-    from flatlm.stats import ratio_mean_se
+    from flatlm.core.stats import ratio_mean_se
 
     _positive("--n", args.n)
     _positive("--batch-size", args.batch_size)

@@ -2,7 +2,7 @@
 
 Width grows by replication (d_model and d_inter by integer factors, each head duplicated, head size
 kept), depth by added blocks whose attention-output and MLP-output projections are zero. The grown
-checkpoint computes the same logits as CHECKPOINT (see ``flatlm.models.embed``); ``--check``
+checkpoint computes the same logits as CHECKPOINT (see ``flatlm.models.growth``); ``--check``
 measures that on random sentences.
 """
 
@@ -31,7 +31,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from flatlm.models.checkpoint import load_checkpoint
-    from flatlm.models.embed import grow_checkpoint, max_logit_difference
+    from flatlm.models.growth import grow_checkpoint, max_logit_difference
 
     if not args.checkpoint.is_dir():
         raise ValueError(f"CHECKPOINT {args.checkpoint} is not a directory")

@@ -37,8 +37,8 @@ def register(sub) -> None:
 
 def _config(args):
     """The MeasureConfig of the options: the named flags first, then ``--set`` (same path as
-    ``flatlm.config.apply_overrides``, so ``--set tasks=B,C`` and ``--tasks B,C`` agree)."""
-    from flatlm.config import apply_overrides, parse_assignments
+    ``flatlm.core.config.apply_overrides``, so ``--set tasks=B,C`` and ``--tasks B,C`` agree)."""
+    from flatlm.core.config import apply_overrides, parse_assignments
     from flatlm.measure.run import MeasureConfig
 
     overrides = {"what": args.what, "seed": args.seed}
@@ -53,7 +53,7 @@ def _config(args):
 
 
 def run(args) -> int:
-    from flatlm.devices import resolve_device
+    from flatlm.core.devices import resolve_device
     from flatlm.measure.run import eval_data, measure_model
     from flatlm.models.checkpoint import load_checkpoint
     from flatlm.models.presets import ModelConfig

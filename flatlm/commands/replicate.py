@@ -22,10 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from flatlm.config import parse_assignments
-from flatlm.replication.experiments import EXPERIMENTS, build
-from flatlm.replication.protocols import describe, diagnosis_protocols
-from flatlm.replication.scales import SCALES
+from flatlm.core.config import parse_assignments
+from flatlm.experiments.paper import EXPERIMENTS, build
+from flatlm.experiments.protocols import describe, diagnosis_protocols
+from flatlm.experiments.scales import SCALES
 
 OUT_OF_TIME_EXIT = 4
 
@@ -79,8 +79,8 @@ def experiments_from_args(args) -> list:
 
 
 def run(args) -> int:
-    from flatlm.devices import resolve_device
-    from flatlm.replication.runner import Budget, run_experiment
+    from flatlm.core.devices import resolve_device
+    from flatlm.experiments.runner import Budget, run_experiment
 
     device = str(resolve_device(args.device))
     experiments = experiments_from_args(args)

@@ -6,7 +6,7 @@
     flatlm train ... --out runs/a --steps 60000 --resume      # continue the same run
     flatlm train ... --world-size 2     # data-parallel: 2 processes (GPUs), the same global batch
 
-Every ``TrainConfig`` field is an option, generated from its type (``flatlm.config``): nested
+Every ``TrainConfig`` field is an option, generated from its type (``flatlm.core.config``): nested
 settings join with '-' (``--sam-rho`` is ``sam.rho``, ``--adversarial-lambda`` is
 ``adversarial.lambda``), a bool is ``--x/--no-x`` (the true / false / auto switches take a
 value: ``--compile false``), a tuple is comma-separated
@@ -25,7 +25,12 @@ import json
 import sys
 from pathlib import Path
 
-from flatlm.config import add_arguments, apply_overrides, overrides_from_args, parse_assignments
+from flatlm.core.config import (
+    add_arguments,
+    apply_overrides,
+    overrides_from_args,
+    parse_assignments,
+)
 from flatlm.train.config import TrainConfig
 
 DIVERGED_EXIT = 3  # exit status of a run stopped by flatlm.train.loop.Diverged
@@ -78,7 +83,7 @@ def run(args) -> int:
 
         spec = SourceSpec(corpus_source_spec(cfg.data))
 
-    from flatlm.devices import resolve_device
+    from flatlm.core.devices import resolve_device
     from flatlm.train.loop import CheckpointWriteError, Diverged, train
 
     source = load(spec)

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from flatlm.core.stats import ratio_mean_se
+from flatlm.core.tokens import encode, mask_positions, uniform_positions
 from flatlm.sources.base import as_tokens
-from flatlm.stats import ratio_mean_se
-from flatlm.tokens import encode, mask_positions, uniform_positions
 
 ESTIMATORS = ("probe", "sampled")
 

@@ -7,7 +7,7 @@ The pre-trained model is never modified. Reported: mean and std (ddof=1; 0 for o
 the seeds.
 
 After warmup the rate decays linearly (Devlin et al.'s protocol; ``schedule="linear"``, the
-default) or stays constant (``schedule="constant"``); ``flatlm.schedules.learning_rate`` gives
+default) or stays constant (``schedule="constant"``); ``flatlm.core.schedules.learning_rate`` gives
 the table. Not stated in the paper, chosen here: weight decay 0.01 (BERT's), 5 seeds by default as
 for the probe (A.5 reports 5; sweeps may lower ``seeds`` for cost). Labels and the split are
 those of ``measure.probe`` (``downstream_classes``, ``split_indices`` with ``seed``), so a
@@ -24,13 +24,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from flatlm.core.schedules import SCHEDULES, learning_rate
+from flatlm.core.seeds import derive_seed
+from flatlm.core.tokens import encode
 from flatlm.measure import finetune_keys
 from flatlm.measure.probe import downstream_classes, split_indices
 from flatlm.models.bert import cls_features, unwrap
-from flatlm.schedules import SCHEDULES, learning_rate
-from flatlm.seeds import derive_seed
 from flatlm.sources.base import Source, as_tokens
-from flatlm.tokens import encode
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flatlm.core.tokens import WORD_OFFSET
 from flatlm.models.bert import (
     is_transformer,
     position_ids,
@@ -41,7 +42,6 @@ from flatlm.models.bert import (
     unwrap,
     word_logits,
 )
-from flatlm.tokens import WORD_OFFSET
 
 LAYERS = (nn.Linear, nn.Embedding, nn.LayerNorm)
 

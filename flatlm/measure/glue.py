@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from flatlm.core.seeds import derive_seed
+from flatlm.core.tokens import encode
 from flatlm.measure import glue_key
 from flatlm.measure.finetune import FinetuneConfig, finetuned_predictions
-from flatlm.seeds import derive_seed
-from flatlm.tokens import encode
 
 # task -> the metrics GLUE reports for it (names as the ``evaluate`` library's ``glue`` metric)
 GLUE_METRICS = {

@@ -1,7 +1,7 @@
 """Flatness across model sizes (paper Fig. 5, B.3-B.4): Tr(F) and Tr(H) in one common shape.
 
 A trace over parameters depends on the parameterisation, not only on the function: growing a
-d128 BERT to d256 with ``flatlm.models.embed.grow`` keeps its logits (to float rounding) but
+d128 BERT to d256 with ``flatlm.models.growth.grow`` keeps its logits (to float rounding) but
 changes Tr(F), since replication rescales weights (``W' = tile(W) / m``) and adds parameters.
 Comparing the native traces of models of different sizes therefore compares parameterisations.
 B.3 instead views every model as a point of one large architecture, the smallest that each of
@@ -78,7 +78,7 @@ def grown_model(model: nn.Module, target: str | ModelConfig, *, seed: int = 0) -
     model's own LayerNorm placement (growth keeps it; a sweep may vary ``ln_mode`` with one
     ``grow_to``). A ValueError names ``measure.grow_to`` when ``model`` cannot grow into it."""
     from flatlm.models.bert import ln_mode
-    from flatlm.models.embed import grow
+    from flatlm.models.growth import grow
 
     cfg = dataclasses.replace(check_grow_to(target), ln_mode=ln_mode(model))
     try:

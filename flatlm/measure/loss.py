@@ -24,7 +24,7 @@ Two weightings, each under its own keys (``flatlm.measure``):
   paper's code): every masked word weighs the same, E_x[sum_t CE_t] / E_x[L]. With "all" it is the
   pooled mean over every position; with "one" each sentence's value is weighted by its length L
   (L CE_t is unbiased for the sentence's sum). Standard error clustered by sentence
-  (``flatlm.stats.ratio_mean_se``).
+  (``flatlm.core.stats.ratio_mean_se``).
 - per sentence (``pretrain/loss_per_sentence`` ...): each sentence weighs the same,
   E_x E_{t ~ Unif}[CE_t]; standard error std / sqrt(n) over the n per-sentence values.
 
@@ -41,11 +41,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from flatlm.core.stats import mean_se, ratio_mean_se
+from flatlm.core.tokens import encode, mask_positions, uniform_positions
 from flatlm.measure import ENTROPY, KL, LOSS, LOSS_DATA, per_sentence_key, se_key
 from flatlm.models.bert import word_logits
 from flatlm.sources.base import Source, as_tokens
-from flatlm.stats import mean_se, ratio_mean_se
-from flatlm.tokens import encode, mask_positions, uniform_positions
 
 POSITIONS = ("one", "all")
 

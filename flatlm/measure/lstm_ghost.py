@@ -22,11 +22,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from flatlm.core.tokens import WORD_OFFSET
 from flatlm.measure.ghost import _linear_weight_sq
 from flatlm.measure.per_example import lstm_layers_unrolled, supports
 from flatlm.models.bert import unwrap
 from flatlm.models.lstm import BiLSTMForMaskedLM
-from flatlm.tokens import WORD_OFFSET
 
 
 class _Forward:

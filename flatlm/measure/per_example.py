@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from flatlm.core.tokens import WORD_OFFSET
 from flatlm.models.bert import unwrap
 from flatlm.models.lstm import BiLSTMForMaskedLM
-from flatlm.tokens import WORD_OFFSET
 
 
 def supports(model: nn.Module) -> bool:

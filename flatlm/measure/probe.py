@@ -44,12 +44,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from flatlm.core.schedules import SCHEDULES, learning_rate
+from flatlm.core.seeds import derive_seed
+from flatlm.core.tokens import encode
 from flatlm.measure import probe_key
 from flatlm.models.bert import sentence_features
-from flatlm.schedules import SCHEDULES, learning_rate
-from flatlm.seeds import derive_seed
 from flatlm.sources.base import PAD, Source, as_tokens
-from flatlm.tokens import encode
 
 RELEASED = {"batch_size": 512, "epochs": 50, "lr": 1e-3, "weight_decay": 0.01,
             "schedule": "linear", "warmup_steps": 50, "grad_clip": 1.0, "standardize": False}

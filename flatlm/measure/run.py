@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from flatlm.core.seeds import derive_seed
 from flatlm.measure import (
     ENTROPY,
     HESSIAN_FISHER_GAP,
@@ -46,7 +47,6 @@ from flatlm.measure.probe import (
 from flatlm.measure.sharpness import SharpnessConfig
 from flatlm.measure.spectrum import SpectrumConfig
 from flatlm.models.bert import build_model
-from flatlm.seeds import derive_seed
 from flatlm.sources.base import Source
 
 log = logging.getLogger(__name__)

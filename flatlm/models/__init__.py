@@ -1,6 +1,6 @@
 """Masked LMs (BERT via transformers, bidirectional LSTM) on one shared token layout.
 
-- ``flatlm.tokens`` (re-exported: every stage reads it): ``encode`` (word ids ->
+- ``flatlm.core.tokens`` (re-exported: every stage reads it): ``encode`` (word ids ->
   ``[CLS] x_1 .. x_L [SEP] [PAD]..``), ``mask_positions``.
 - ``presets``: ``ModelConfig``, ``ModelSpec``, the paper's presets (Tables 3-4, A.4),
   ``parse_model``, counts.
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import importlib
 
-# name -> module. Imported lazily so that ``flatlm.models.presets`` and ``flatlm.tokens`` (used
+# name -> module. Imported lazily so that ``flatlm.models.presets`` and ``flatlm.core.tokens`` (used
 # when parsing sweep configs) do not pay for importing transformers (about 5 s).
 _EXPORTS = {
-    "flatlm.tokens": (
+    "flatlm.core.tokens": (
         "CLS_ID MASK_ID PAD_ID SEP_ID WORD_OFFSET SPECIAL_TOKENS TokenLayout encode "
         "mask_positions token_layout"
     ),

@@ -2,7 +2,7 @@
 
 ``build_model`` returns a ``transformers.BertForMaskedLM`` (arch "bert", post-LN), a
 ``transformers.RobertaPreLayerNormForMaskedLM`` (arch "bert", ``ln_mode="pre"``) or a
-``BiLSTMForMaskedLM`` (arch "lstm"); all read ``encode``'s layout (``flatlm.tokens``).
+``BiLSTMForMaskedLM`` (arch "lstm"); all read ``encode``'s layout (``flatlm.core.tokens``).
 The helpers work on any of them, so callers never branch on the architecture:
 
 - ``encoder_features`` -> (n, T+2, d) final-layer states (d = d_model, or 2 d_hidden for the LSTM);
@@ -12,7 +12,7 @@ The helpers work on any of them, so callers never branch on the architecture:
 
 >>> import torch
 >>> from flatlm.models.presets import parse_model
->>> from flatlm.tokens import encode
+>>> from flatlm.core.tokens import encode
 >>> model = build_model(parse_model("d64-h1-l1-i256"), vocab_size=10, max_length=5, seed=0)
 >>> ids, mask = encode(torch.tensor([[3, 1, -1, -1, -1]]), torch.tensor([2]))
 >>> word_logits(model, ids, mask).shape, word_logits(model, ids, mask, torch.tensor([0])).shape
@@ -33,9 +33,9 @@ from transformers import (
     RobertaPreLayerNormForMaskedLM,
 )
 
+from flatlm.core.tokens import CLS_ID, PAD_ID, SEP_ID, WORD_OFFSET, TokenLayout, token_layout
 from flatlm.models.lstm import BiLSTMForMaskedLM, build_lstm
 from flatlm.models.presets import PRE_LN_EXTRA_POSITIONS, ModelConfig
-from flatlm.tokens import CLS_ID, PAD_ID, SEP_ID, WORD_OFFSET, TokenLayout, token_layout
 
 # the transformer classes build_model makes, by ModelConfig.ln_mode
 TRANSFORMERS = {"post": BertForMaskedLM, "pre": RobertaPreLayerNormForMaskedLM}

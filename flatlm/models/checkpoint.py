@@ -21,10 +21,10 @@ from pathlib import Path
 
 from torch import nn
 
-from flatlm.manifest import verify_manifest
 from flatlm.models.bert import TRANSFORMERS, count_parameters, model_layout, unwrap
 from flatlm.models.lstm import BiLSTMForMaskedLM
 from flatlm.models.presets import ModelConfig, shape_string
+from flatlm.runs.manifest import verify_manifest
 
 INFO_NAME = "flatlm.json"
 FORMAT = "flatlm-checkpoint-1"  # bump when the meaning of a flatlm.json field changes

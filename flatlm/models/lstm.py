@@ -26,8 +26,8 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from transformers.modeling_outputs import MaskedLMOutput
 
+from flatlm.core.tokens import PAD_ID, token_layout
 from flatlm.models.presets import ModelConfig
-from flatlm.tokens import PAD_ID, token_layout
 
 MODEL_TYPE = "flatlm_bilstm"  # config.json's model_type, so a reader can tell it from a BERT
 WEIGHTS_NAME = "model.safetensors"  # the file name transformers uses too

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, replace
 
-from flatlm.config import ConfigValue
+from flatlm.core.config import ConfigValue
 
 ARCHS = ("bert", "lstm")
 ATTENTIONS = ("sdpa", "eager")
@@ -40,10 +40,10 @@ PRE_LN_SUFFIX = "-pre"  # on a BERT shape string or preset name: ln_mode="pre"
 PAPER_VOCAB = 30_522  # bert-large-uncased's WordPiece vocabulary (A.2)
 PAPER_POSITIONS = 512  # BERT-base max_position_embeddings
 PAPER_TOKEN_TYPES = 2  # BERT-base type_vocab_size (sentence A / B)
-N_SPECIAL = 4  # [PAD] [MASK] [CLS] [SEP]; see flatlm.tokens
+N_SPECIAL = 4  # [PAD] [MASK] [CLS] [SEP]; see flatlm.core.tokens
 # RoBERTa-style position ids (the pre-LN model) start at padding_idx + 1 = PAD_ID + 1 = 1, so that
 # model has this many position rows besides the T + 2 it reads (row 0, [PAD]'s, stays zero).
-# flatlm.tokens.PAD_ID is 0; not imported, to keep this module free of torch.
+# flatlm.core.tokens.PAD_ID is 0; not imported, to keep this module free of torch.
 PRE_LN_EXTRA_POSITIONS = 1
 
 

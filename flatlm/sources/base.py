@@ -28,7 +28,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
-from flatlm.stats import ratio_mean_se
+from flatlm.core.stats import ratio_mean_se
 
 PAD = -1
 

@@ -56,7 +56,7 @@ import re
 import numpy as np
 import torch
 
-from flatlm.devices import resolve_device
+from flatlm.core.devices import resolve_device
 from flatlm.sources.base import PAD, Source, SourceError, as_tokens, padding_mask
 from flatlm.sources.lm_glue import LMGlue, load_tokenizer
 from flatlm.sources.lm_model import (

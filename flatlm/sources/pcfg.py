@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flatlm.seeds import derive_seed
+from flatlm.core.seeds import derive_seed
 from flatlm.sources.base import Source, SourceError, as_tokens, padding_mask
 from flatlm.sources.grammar import (
     Grammar,

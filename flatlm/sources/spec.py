@@ -28,7 +28,7 @@ import json
 import os
 from typing import Any
 
-from flatlm.config import ConfigValue, nest, parse_scalar
+from flatlm.core.config import ConfigValue, nest, parse_scalar
 from flatlm.sources.base import SourceError
 
 # The registry: kind -> ("module:Class", the field a bare short-form value fills). A new source

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flatlm.seeds import generator
+from flatlm.core.seeds import generator
 from flatlm.sources.base import PAD, Source, SourceError
 
 DEFAULTS = {"tokenizer": None, "length": 128, "validation": 0.05, "seed": 0, "glue": None,

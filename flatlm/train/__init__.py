@@ -2,7 +2,6 @@
 
 - ``config``: ``TrainConfig`` (every field commented), ``ALGORITHMS`` (each one's defaults),
   ``resolve``.
-- ``schedules``: ``warmup_constant`` (pure function of the step).
 - ``algorithms``: ``build_optimizer`` and the updates ``standard_step``, ``sam_step``,
   ``adversarial_step`` (``STEPS``), ``ridge_head_loss``.
 - ``data``: batch streams whose position is one integer, masking, the adversarial D pool.
@@ -21,7 +20,6 @@ import importlib
 _EXPORTS = {
     "config": "ALGORITHMS AdversarialConfig GrowConfig LabelNoiseConfig SamConfig TrainConfig "
               "resolve",
-    "schedules": "warmup_constant",
     "algorithms": "STEPS build_optimizer ridge_head_loss sentence_features",
     "state": "TrainState checkpoint_dir find_checkpoints newest_checkpoint",
     "loop": "TrainResult train",

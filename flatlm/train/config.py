@@ -7,7 +7,7 @@ algorithm sit in their own small config: ``cfg.sam`` (``SamConfig``), ``cfg.adve
 (``AdversarialConfig``), ``cfg.grow`` (``GrowConfig``) and ``cfg.label_noise``
 (``LabelNoiseConfig``); their keys are ``train.sam.rho``, ``train.adversarial.lambda``,
 ``train.grow.steps``, ``train.label_noise.p`` etc.
-``flatlm.config`` converts to and from dicts (``to_dict``, ``from_dict``).
+``flatlm.core.config`` converts to and from dicts (``to_dict``, ``from_dict``).
 
 >>> cfg = resolve(TrainConfig(algorithm="noreg", steps=100))
 >>> cfg.weight_decay, cfg.dropout, cfg.warmup_steps
@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from flatlm.schedules import SCHEDULES
+from flatlm.core.schedules import SCHEDULES
 
 PRECISIONS = ("auto", "fp32", "bf16")
 _SWITCH_WORDS = {"true": True, "on": True, "false": False, "off": False, "auto": "auto"}
@@ -125,7 +125,7 @@ class AdversarialConfig:
 @dataclass(frozen=True, kw_only=True)
 class GrowConfig:
     """Growth's schedule (``algorithm="grow"``): after ``steps[j]`` updates the model becomes its
-    function-preserving embedding (``flatlm.models.embed.grow``) into the shape ``to[j]``.
+    function-preserving embedding (``flatlm.models.growth.grow``) into the shape ``to[j]``.
 
     Each shape must be a growth of the one before it (the first: of the run's model), which
     ``flatlm.train.growth.check_schedule`` checks against the model before any work.

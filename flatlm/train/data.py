@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from flatlm.seeds import derive_seed, generator
+from flatlm.core.seeds import derive_seed, generator
+from flatlm.core.tokens import MASK_ID, WORD_OFFSET, encode, uniform_positions
 from flatlm.sources.base import Source
-from flatlm.tokens import MASK_ID, WORD_OFFSET, encode, uniform_positions
 from flatlm.train.config import TrainConfig, switch_on
 
 # ------------------------------------------------------------------------------ sentence streams

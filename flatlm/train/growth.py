@@ -2,7 +2,7 @@
 
 After ``train.grow.steps[j]`` updates (at the top of the next update, after any checkpoint of
 that step was written) the model is replaced by its function-preserving embedding into the shape
-``train.grow.to[j]`` (``flatlm.models.embed.grow``, paper B.4): width by replication, depth by
+``train.grow.to[j]`` (``flatlm.models.growth.grow``, paper B.4): width by replication, depth by
 blocks whose attention-output and MLP-output projections are zero (and, post-LN, LayerNorms
 reset so that the stack stays exact; see embed.py). Progressive stacking by copying layers
 (Gong et al., 2019) changes the function and is not what this does: the logits, and so the loss
@@ -32,9 +32,9 @@ import dataclasses
 import torch
 from torch import nn
 
-from flatlm.models.embed import grow, growth
+from flatlm.core.seeds import derive_seed
+from flatlm.models.growth import grow, growth
 from flatlm.models.presets import ModelConfig, parse_model, shape_string
-from flatlm.seeds import derive_seed
 from flatlm.train.algorithms import StepContext, build_optimizer
 from flatlm.train.config import TrainConfig
 

@@ -18,7 +18,7 @@ import dataclasses
 
 import torch
 
-from flatlm.seeds import generator
+from flatlm.core.seeds import generator
 from flatlm.train.data import MLMBatch
 
 

@@ -24,14 +24,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from flatlm.config import flatten_dict, to_dict
-from flatlm.dirlock import writer_lock
-from flatlm.manifest import write_manifest
-from flatlm.metrics_log import write_train_log
+from flatlm.core.config import flatten_dict, to_dict
+from flatlm.core.schedules import learning_rate
 from flatlm.models.bert import build_model
 from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, save_checkpoint
 from flatlm.models.presets import ModelConfig, parse_model
-from flatlm.schedules import learning_rate
+from flatlm.runs.dirlock import writer_lock
+from flatlm.runs.manifest import write_manifest
+from flatlm.runs.metrics_log import write_train_log
 from flatlm.sources.base import Source
 from flatlm.train.algorithms import STEPS, StepContext, build_optimizer
 from flatlm.train.compiled import loss_function

@@ -19,8 +19,6 @@ pytest.importorskip("mlflow")
 pytest.importorskip("scipy")
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # `analysis` is a top-level directory, not an installed package
-    sys.path.insert(0, str(REPO))
 
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.entities import Metric, Param  # noqa: E402
@@ -42,7 +40,7 @@ from analysis.figures import (  # noqa: E402
 )
 from analysis.runs import load_runs, parse_metrics_jsonl  # noqa: E402
 from flatlm.measure import ENTROPY, KL, LOSS, TRACE_FISHER, TRACE_HESSIAN  # noqa: E402
-from flatlm.track import default_tracking_uri, ensure_experiment  # noqa: E402
+from flatlm.tracking.tracker import default_tracking_uri, ensure_experiment  # noqa: E402
 
 RHO = 0.7
 ACC = "probe/A/acc_mean"
@@ -165,7 +163,7 @@ def test_artifact_and_history_sources_agree(store, runs):
 
 
 def test_parse_metrics_jsonl_last_row_of_a_step_wins():
-    """The trial's own rule (flatlm.metrics_log): a step measured again keeps its last row."""
+    """The trial's own rule (flatlm.runs.metrics_log): a step measured again keeps its last row."""
     text = ('{"step": 1, "a": 1.0, "name": "x"}\n{"step": 2, "a": 2.0, "c": 1}\n'
             '{"step": 2, "a": 9.0, "b": 3}\n{"step": 3, "a"')
     assert parse_metrics_jsonl(text) == {1: {"a": 1.0}, 2: {"a": 9.0, "b": 3.0}}

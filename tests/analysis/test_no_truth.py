@@ -2,7 +2,6 @@
 pretrain/entropy. A KL rule selects nothing and says why; the loss rule is to the lowest loss
 reached (checked row by row); the report and its tables are written."""
 
-import sys
 import warnings
 from pathlib import Path
 
@@ -14,8 +13,6 @@ pytest.importorskip("scipy")
 pytest.importorskip("matplotlib")
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # `analysis` is a top-level directory, not an installed package
-    sys.path.insert(0, str(REPO))
 
 from analysis.conclusion import conclusion  # noqa: E402
 from analysis.correlate import correlation_table, saturated, saturation_rule  # noqa: E402

@@ -7,7 +7,6 @@ ranking if the rule were ignored.
 """
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +15,6 @@ import pytest
 from scipy import stats
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 from analysis.selection import (  # noqa: E402
     RANDOM,

@@ -1,14 +1,11 @@
 """Table 1 as the paper prints it: the algorithms' rows, then the lookup table's."""
 
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # `analysis` is a top-level directory
-    sys.path.insert(0, str(REPO))
 
 from analysis.figures import summary_markdown, summary_table  # noqa: E402
 

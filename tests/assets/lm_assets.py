@@ -3,11 +3,9 @@ internet): the WordPiece tokenizer and the SST-2 / MRPC folders of ``text_assets
 1-layer GPT-2 whose vocabulary is that tokenizer's ([CLS] its BOS, [SEP] its EOS), saved into
 one directory with the tokenizer (or without it, ``tokenizer=False``)."""
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, under any import mode
-from text_assets import make_text_assets  # noqa: E402
+from tests.assets.text_assets import make_text_assets  # noqa: E402
 
 
 def make_lm_assets(root: Path, *, n_glue: int = 60, tokenizer: bool = True) -> dict[str, Path]:

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
+from flatlm.core.schedules import learning_rate as finetune_lr
 from flatlm.measure import finetune_keys
 from flatlm.measure.finetune import FinetuneConfig, finetune_accuracy
 from flatlm.models import build_model, parse_model
-from flatlm.schedules import learning_rate as finetune_lr
 
 FAST = FinetuneConfig(lr=3e-3, warmup_steps=10, epochs=5, seeds=2)
 TINY_PCFG = {"kind": "pcfg", "random": {"vocab": 6, "depth": 2, "nonterminals_per_level": 2,

@@ -4,14 +4,9 @@ The dense references (``Exact``) and the 6-sentence pool come from ``test_flatne
 """
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))  # test modules are not a package (importlib mode)
-from test_flatness import Exact, replicated_pool, tiny_bert  # noqa: E402
 
 from flatlm.measure import (  # noqa: E402
     HESSIAN_FISHER_GAP,
@@ -26,7 +21,8 @@ from flatlm.measure.curvature import FlatnessConfig  # noqa: E402
 from flatlm.measure.grown import grown_flatness, grown_model, lcm_shape  # noqa: E402
 from flatlm.measure.run import EvalData, MeasureConfig, measure_model  # noqa: E402
 from flatlm.models import TABLE4, build_model, parse_model, shape_string, word_logits  # noqa: E402
-from flatlm.models.embed import bert_shape  # noqa: E402
+from flatlm.models.growth import bert_shape  # noqa: E402
+from tests.measure.test_flatness import Exact, replicated_pool, tiny_bert  # noqa: E402
 
 SMALL, BIG = "d8-h2-l1-i16", "d16-h4-l1-i32"  # head size 4; width x2, MLP x2
 DEEPER = "d16-h4-l2-i32"  # ... and one added block
@@ -119,7 +115,7 @@ def test_a_pre_ln_model_grows_into_a_post_ln_spelled_target(src):
 
     assert ln_mode(big) == "pre"
     tokens, lengths = src.sample(8, seed=2)
-    from flatlm.tokens import encode
+    from flatlm.core.tokens import encode
 
     ids, mask = encode(tokens, lengths)
     pos = torch.zeros(8, dtype=torch.long)

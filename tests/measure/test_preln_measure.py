@@ -1,15 +1,10 @@
 """The measurements on a pre-LN BERT: ghost norms against the per-example loop, Hutchinson against
 the exact Fisher (labels from the model), the default exclusion, pre-training loss and the probe."""
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_flatness import V, random_batch, tiny_bert  # noqa: E402
 
 from flatlm.measure import ENTROPY, KL, LOSS, ghost
 from flatlm.measure.curvature import FlatnessConfig, masked_inputs, selected_parameters
@@ -18,6 +13,7 @@ from flatlm.measure.hessian_trace import trace_hessian
 from flatlm.measure.loss import LossConfig, pretrain_loss
 from flatlm.measure.probe import ProbeConfig, probe
 from flatlm.models import build_model, parse_model, word_logits
+from tests.measure.test_flatness import V, random_batch, tiny_bert  # noqa: E402
 
 SHAPE = "d16-h2-l2-i32-pre"
 

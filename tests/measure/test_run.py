@@ -57,8 +57,8 @@ def test_evaluation_data_is_cached_by_what_defines_it(tmp_path, monkeypatch):
 def test_the_trial_config_names_the_label_rule_and_tasks(tmp_path):
     import json
 
-    from flatlm.config import apply_overrides
-    from flatlm.trial import TrialConfig, run_trial
+    from flatlm.core.config import apply_overrides
+    from flatlm.runs.trial import TrialConfig, run_trial
 
     cfg = apply_overrides(TrialConfig(), {
         "source": "dyck:4", "model": "d16-h1-l1-i32", "train.steps": 1, "train.batch_size": 4,

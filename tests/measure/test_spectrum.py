@@ -13,16 +13,11 @@ not used.) To keep the dense Hessian cheap, only 36 parameters in three blocks c
 import dataclasses
 import fnmatch
 import json
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.func import jacrev
-
-sys.path.insert(0, str(Path(__file__).parent))  # test modules are not a package (importlib mode)
-from test_flatness import POOL, POOL_LENGTHS, Exact, T, V, pool_pairs, tiny_bert  # noqa: E402
 
 from flatlm.measure import (  # noqa: E402
     SLQ_NEGATIVE_TRACE,
@@ -51,6 +46,7 @@ from flatlm.measure.spectrum import (  # noqa: E402
     top_eigenvalue,
     write_density,
 )
+from tests.measure.test_flatness import POOL, POOL_LENGTHS, Exact, T, V, pool_pairs, tiny_bert  # noqa: E402
 
 KEEP = ("bert.embeddings.LayerNorm.*", "bert.encoder.layer.0.attention.output.dense.*",
         "cls.predictions.transform.LayerNorm.*")
@@ -236,7 +232,7 @@ def test_block_names_of_every_architecture():
                                                ("lstm-h4-l2", ("embeddings", "layer0", "layer1",
                                                                "head"))])
 def test_measure_model_logs_every_new_measurement(src, tmp_path, shape, blocks):
-    from flatlm.config import apply_overrides
+    from flatlm.core.config import apply_overrides
     from flatlm.measure.run import MeasureConfig, eval_data, measure_model
     from flatlm.models import build_model, parse_model
 
@@ -263,7 +259,7 @@ def test_measure_model_logs_every_new_measurement(src, tmp_path, shape, blocks):
 def test_configs_are_checked():
     from flatlm.measure.run import MeasureConfig
     from flatlm.measure.sharpness import SharpnessConfig
-    from flatlm.trial import TrialConfig, tracked_params
+    from flatlm.runs.trial import TrialConfig, tracked_params
 
     logged = tracked_params(TrialConfig(measure=MeasureConfig(what=("eigen",))))
     assert "measure.spectrum.lanczos_steps" in logged and "measure.flatness.exclude" in logged
@@ -286,8 +282,8 @@ def test_configs_are_checked():
 
 
 def test_a_trial_writes_the_density_into_each_checkpoint(tmp_path):
-    from flatlm.config import apply_overrides
-    from flatlm.trial import TrialConfig, read_metrics, run_trial
+    from flatlm.core.config import apply_overrides
+    from flatlm.runs.trial import TrialConfig, read_metrics, run_trial
 
     cfg = apply_overrides(TrialConfig(), {
         "source": "dyck:4", "model": "d16-h1-l1-i32", "train.steps": 1, "train.batch_size": 4,

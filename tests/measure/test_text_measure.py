@@ -5,17 +5,13 @@ skipped."""
 
 import logging
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "assets"))
-from text_assets import make_text_assets, text_spec  # noqa: E402
-
-from flatlm.config import apply_overrides  # noqa: E402
+from flatlm.core.config import apply_overrides  # noqa: E402
+from flatlm.core.tokens import encode, mask_positions  # noqa: E402
 from flatlm.measure import LOSS, LOSS_DATA  # noqa: E402
 from flatlm.measure.finetune import FinetuneConfig  # noqa: E402
 from flatlm.measure.glue import glue_finetune, glue_scores  # noqa: E402
@@ -23,7 +19,7 @@ from flatlm.measure.loss import LossConfig, pretrain_loss  # noqa: E402
 from flatlm.models.bert import build_model, cls_features, word_logits  # noqa: E402
 from flatlm.models.presets import parse_model  # noqa: E402
 from flatlm.sources import load  # noqa: E402
-from flatlm.tokens import encode, mask_positions  # noqa: E402
+from tests.assets.text_assets import make_text_assets, text_spec  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +89,7 @@ def test_glue_finetuning_reaches_a_logistic_regression_on_the_same_frozen_featur
 
 def test_a_trial_on_text_measures_what_it_can_and_says_what_it_skipped(src, assets, tmp_path,
                                                                        caplog):
-    from flatlm.trial import TrialConfig, run_trial
+    from flatlm.runs.trial import TrialConfig, run_trial
 
     cfg = apply_overrides(TrialConfig(), {
         "source": text_spec(assets, length=16), "model": "d16-h1-l1-i32", "train.steps": 4,
@@ -116,7 +112,7 @@ def test_a_trial_on_text_measures_what_it_can_and_says_what_it_skipped(src, asse
 
 
 def test_glue_on_a_source_without_glue_is_an_error_naming_the_field(assets):
-    from flatlm.trial import TrialConfig, validate_trial
+    from flatlm.runs.trial import TrialConfig, validate_trial
 
     cfg = apply_overrides(TrialConfig(), {"source": text_spec(assets, glue=False),
                                           "measure.what": ["loss", "glue"]})

@@ -31,7 +31,7 @@ from flatlm.models import (
     token_layout,
     word_logits,
 )
-from flatlm.models.embed import bert_shape, growth
+from flatlm.models.growth import bert_shape, growth
 
 V, T = 7, 5
 SHAPE = "d16-h2-l2-i32-pre"

@@ -4,8 +4,8 @@ stage (corpus, measurements, the adversarial pool) labelling by the same default
 import pytest
 import torch
 
+from flatlm.core.seeds import derive_seed
 from flatlm.measure.run import MeasureConfig, eval_data
-from flatlm.seeds import derive_seed
 from flatlm.sources import load
 from flatlm.train.data import DownstreamPool
 

@@ -193,9 +193,9 @@ def test_a_trial_on_lm_text_reaches_mlflow_and_the_analysis_table(tmp_path, monk
     from pathlib import Path
 
     pytest.importorskip("mlflow")
-    from flatlm.config import apply_overrides
-    from flatlm.track import MlflowTracker, default_tracking_uri
-    from flatlm.trial import TrialConfig, run_trial
+    from flatlm.core.config import apply_overrides
+    from flatlm.runs.trial import TrialConfig, run_trial
+    from flatlm.tracking.tracker import MlflowTracker, default_tracking_uri
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))  # top-level analysis/
     from analysis.runs import load_runs

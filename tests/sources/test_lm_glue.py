@@ -5,14 +5,10 @@ random GPT-2 with a WordPiece tokenizer of its own, no download."""
 
 import csv
 import logging
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "assets"))
-from lm_assets import lm_glue_spec, make_lm_assets  # noqa: E402
 
 from flatlm.measure.finetune import FinetuneConfig  # noqa: E402
 from flatlm.measure.probe import ProbeConfig  # noqa: E402
@@ -20,6 +16,7 @@ from flatlm.measure.run import MeasureConfig, downstream_of, eval_data, measure_
 from flatlm.models.bert import build_model  # noqa: E402
 from flatlm.models.presets import parse_model  # noqa: E402
 from flatlm.sources import SourceError, load  # noqa: E402
+from tests.assets.lm_assets import lm_glue_spec, make_lm_assets  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from flatlm.config import apply_overrides
+from flatlm.core.config import apply_overrides
+from flatlm.runs.trial import TrialConfig, run_trial
 from flatlm.sources import load, spec
-from flatlm.trial import TrialConfig, run_trial
 
 
 @pytest.fixture

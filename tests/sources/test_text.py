@@ -2,17 +2,13 @@
 tokenizer built here: packing against tokenising by hand, the held-out split, the GLUE rows and
 labels, and the errors for bad specs."""
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "assets"))
-from text_assets import make_text_assets, text_spec  # noqa: E402
-
 from flatlm.sources import SourceError, SourceSpec, load  # noqa: E402
+from tests.assets.text_assets import make_text_assets, text_spec  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -3,24 +3,21 @@ the normal trial finishes with every checkpoint measured, the diverged one ends 
 with its step, nothing is measured after the divergence, and the sweep exits 0 naming it."""
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweeptools (any --import-mode)
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
-from sweeptools import REPO, TINY, Sweep, kill_own, set_args, sweep_env  # noqa: E402
+from tests.sweeps.sweeptools import REPO, TINY, Sweep, kill_own, set_args, sweep_env  # noqa: E402
 
 LR_SWEEP = '''"""Two tiny trials: a sane learning rate and one that diverges."""
 import sys
 
-from _cli import main
-from _rayenv import tune
-from _spec import Sweep
-from presets import base_for
+from sweeps.cli import main
+from sweeps.rayenv import tune
+from sweeps.spec import Sweep
+from flatlm.experiments.presets import base_for
 
 
 def build(args):

@@ -8,14 +8,13 @@ every checkpoint's metrics exactly once.
 * the driver killed (SIGKILL to its session, Ray's processes with it): ``--resume`` finishes;
 * the ``mlflow server`` stopped after the first checkpoint result and restarted on the same store
   once a trial has ended in the outage: the trials' outboxes re-send what the outage held back,
-  and the ends that could not be delivered (``_trainable.finish_trial``).
+  and the ends that could not be delivered (``sweeps.trainable.finish_trial``).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import sys
 import time
 from argparse import Namespace
 from dataclasses import replace
@@ -30,17 +29,19 @@ REPO = Path(__file__).resolve().parents[2]
 # Ray reads this at import (ray._private.ray_constants): without it a Cluster on 127.0.0.1 dials
 # the host's outbound address and hangs. _rayenv sets it (and its other Ray variables) too.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-sys.path.insert(0, str(REPO / "sweeps"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweeptools (any --import-mode)
 
-import _driver  # noqa: E402
-import _spec  # noqa: E402
 import ray  # noqa: E402
-import scaling  # noqa: E402
 from ray import tune  # noqa: E402
 from ray._private import ray_constants  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
-from sweeptools import (  # noqa: E402
+
+from flatlm.core.config import apply_overrides  # noqa: E402
+from sweeps import (  # noqa: E402
+    driver,  # noqa: E402
+    scaling,  # noqa: E402
+    spec,  # noqa: E402
+)
+from tests.sweeps.sweeptools import (  # noqa: E402
     LOOSE_RULE,
     TINY,
     MlflowServer,
@@ -51,8 +52,6 @@ from sweeptools import (  # noqa: E402
     set_args,
     sweep_env,
 )
-
-from flatlm.config import apply_overrides  # noqa: E402
 
 if os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0":  # in case Ray was imported earlier
     ray_constants.ENABLE_RAY_CLUSTER = False
@@ -154,8 +153,8 @@ def test_node_killed_mid_sweep_trials_resume_from_checkpoint(tmp_path, ray_tmpdi
     try:
         for _ in range(2):
             cluster.add_node(num_cpus=1, node_ip_address="127.0.0.1")
-        _driver.run_sweep(sweep, workdir=tmp_path, tracking_uri=None, address=cluster.address,
-                          resume=False, show=_spec.shown_metrics(sweep),
+        driver.run_sweep(sweep, workdir=tmp_path, tracking_uri=None, address=cluster.address,
+                          resume=False, show=spec.shown_metrics(sweep),
                           callbacks=[KillNodeAfterFirstCheckpoint()])
         assert not ray.is_initialized()
         assert cluster.head_node.remaining_processes_alive(), "ray.shutdown() hit the cluster"

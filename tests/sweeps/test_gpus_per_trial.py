@@ -1,17 +1,15 @@
 """--gpus-per-trial: a fraction shares a GPU, a whole N > 1 trains each trial on N ranks."""
 
-import sys
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "sweeps"))
 
-from _cli import apply_arguments  # noqa: E402
-from _spec import Sweep  # noqa: E402
-from presets import base_for  # noqa: E402
+from flatlm.experiments.presets import base_for  # noqa: E402
+from sweeps.cli import apply_arguments  # noqa: E402
+from sweeps.spec import Sweep  # noqa: E402
 
 
 def _args(gpus, *overrides):

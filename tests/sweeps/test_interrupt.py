@@ -2,16 +2,13 @@
 runs KILLED (none left RUNNING), print the exact --resume command and no summary."""
 
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweeptools (any --import-mode)
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
-from sweeptools import TINY, Sweep, kill_own, set_args, sweep_env  # noqa: E402
+from tests.sweeps.sweeptools import TINY, Sweep, kill_own, set_args, sweep_env  # noqa: E402
 
 
 @pytest.mark.slow
@@ -38,8 +35,7 @@ def test_a_signal_stops_the_sweep_with_its_exit_code_and_the_resume_command(
 
 
 def test_sigterm_takes_tunes_sigint_path_and_is_remembered():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sweeps"))
-    from _driver import Interrupted, _sigterm_as_sigint
+    from sweeps.driver import Interrupted, _sigterm_as_sigint
 
     seen = []
     old = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))

@@ -2,18 +2,14 @@
 named replicate.<protocol>.<experiment>, the same trial configs as ``flatlm replicate``, and the
 replication report read back from MLflow and logged to it."""
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweeptools (any --import-mode)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "replication"))  # fastcfg
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
-from fastcfg import fast_set_flags  # noqa: E402
-from sweeptools import REPO, Sweep, kill_own, sweep_env  # noqa: E402
+from tests.experiments.fastcfg import fast_set_flags  # noqa: E402
+from tests.sweeps.sweeptools import REPO, Sweep, kill_own, sweep_env  # noqa: E402
 
 
 @pytest.mark.slow

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "sweeps"))
 
-import algorithms  # noqa: E402
-import scaling  # noqa: E402
-import steps  # noqa: E402
-from _cli import parser, resolve_source  # noqa: E402
-from _spec import check_sweep, sweep_task  # noqa: E402
-from presets import PAPER_LSTMS, TINY_LSTMS, TINY_MODELS, hmm_tasks  # noqa: E402
-
+from flatlm.experiments.presets import PAPER_LSTMS, TINY_LSTMS, TINY_MODELS, hmm_tasks  # noqa: E402
 from flatlm.sources import SourceSpec  # noqa: E402
+from sweeps import (  # noqa: E402
+    algorithms,  # noqa: E402
+    scaling,  # noqa: E402
+    steps,  # noqa: E402
+)
+from sweeps.cli import parser, resolve_source  # noqa: E402
+from sweeps.spec import check_sweep, sweep_task  # noqa: E402
 
 HMM = "hmm:seed=0,vocab=20,states=6,length=12,blocks=2"
 
@@ -92,8 +92,7 @@ def test_lm_text_probes_its_first_and_middle_positions(tmp_path):
 
 
 def test_real_text_masks_15_percent_and_fine_tunes_on_its_glue_tasks(tmp_path):
-    sys.path.insert(0, str(REPO / "tests" / "assets"))
-    from text_assets import make_text_assets, text_spec
+    from tests.assets.text_assets import make_text_assets, text_spec
 
     assets = make_text_assets(tmp_path, n_docs=40, n_glue=20)
     sweep = scaling.build(args_of("--source", text_spec(assets)))
@@ -106,8 +105,7 @@ def test_real_text_masks_15_percent_and_fine_tunes_on_its_glue_tasks(tmp_path):
 
 
 def test_lm_text_with_glue_also_fine_tunes_on_its_glue_tasks(tmp_path):
-    sys.path.insert(0, str(REPO / "tests" / "assets"))
-    from lm_assets import lm_glue_spec, make_lm_assets
+    from tests.assets.lm_assets import lm_glue_spec, make_lm_assets
 
     sweep = scaling.build(args_of("--source", lm_glue_spec(make_lm_assets(tmp_path, n_glue=10))))
     assert tuple(sweep.base.measure.tasks) == ("mask-1", "mask-6")

@@ -1,10 +1,10 @@
 """Every source sweeps, by ``--source``: the scaling sweep's two tiny BiLSTMs on an HMM, and a
 one-trial sweep on Dyck and on the text of a tiny causal LM (then the analysis report on each
 MLflow store), end to end through the real
-command line (``_cli.main``), real Ray and a real MLflow sqlite store.
+command line (``sweeps.cli.main``), real Ray and a real MLflow sqlite store.
 
 The task the sweep shows, searches on and summarises comes from the source's defaults
-(``sweeps/presets.py``: task-6 of an HMM, g_star of Dyck), never a hard-coded PCFG task.
+(``flatlm/experiments/presets.py``: task-6 of an HMM, g_star of Dyck), never a hard-coded PCFG task.
 """
 
 import csv
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweeptools (any --import-mode)
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
-from sweeptools import (  # noqa: E402
+from flatlm.sources import SourceSpec  # noqa: E402
+from tests.sweeps.sweeptools import (  # noqa: E402
     LOOSE_RULE,
     REPO,
     SCALING,
@@ -30,16 +30,14 @@ from sweeptools import (  # noqa: E402
     sweep_env,
 )
 
-from flatlm.sources import SourceSpec  # noqa: E402
-
 STEPS = [10, 20]
 ONE_TRIAL = '''"""One tiny trial of the tiny preset, on whatever source --source gives."""
 import sys
 
-from _cli import main
-from _rayenv import tune
-from _spec import Sweep
-from presets import base_for
+from sweeps.cli import main
+from sweeps.rayenv import tune
+from sweeps.spec import Sweep
+from flatlm.experiments.presets import base_for
 
 
 def build(args):

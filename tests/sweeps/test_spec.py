@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "sweeps"))
 
-import algorithms  # noqa: E402
-import scaling  # noqa: E402
-import search  # noqa: E402
-import selection  # noqa: E402
-from _spec import Sweep, check_sweep, objectives, shown_metrics, sweep_task  # noqa: E402
-from presets import base_for  # noqa: E402
-
-from flatlm.config import apply_overrides  # noqa: E402
+from flatlm.core.config import apply_overrides  # noqa: E402
+from flatlm.experiments.presets import base_for  # noqa: E402
+from sweeps import (  # noqa: E402
+    algorithms,  # noqa: E402
+    scaling,  # noqa: E402
+    search,  # noqa: E402
+    selection,  # noqa: E402
+)
+from sweeps.spec import Sweep, check_sweep, objectives, shown_metrics, sweep_task  # noqa: E402
 
 
 def tiny_sweep(**overrides) -> Sweep:
@@ -71,9 +71,8 @@ def test_curves_are_drawn_without_analysis(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     code = (
         "import sys; sys.modules['analysis'] = None; sys.modules['ray'] = None\n"
-        f"sys.path.insert(0, {str(REPO / 'sweeps')!r})\n"
-        "from pathlib import Path\nfrom _curves import plot_curves\n"
-        "from flatlm.metrics_log import read_metrics\n"
+        "from pathlib import Path\nfrom sweeps.curves import plot_curves\n"
+        "from flatlm.runs.metrics_log import read_metrics\n"
         f"d = Path({str(tmp_path)!r})\n"
         "keys = ['pretrain/loss', 'pretrain/kl', 'flat/trace_fisher', 'probe/task-1/acc_mean']\n"
         "print(plot_curves(read_metrics(d), keys, d / 'curves.png', 't'))\n"
@@ -87,8 +86,7 @@ def test_curves_are_drawn_without_analysis(tmp_path):
 
 def test_the_trainable_module_does_not_import_analysis():
     code = ("import sys\n"
-            f"sys.path.insert(0, {str(REPO / 'sweeps')!r})\n"
-            "import _trainable, _driver\n"
+                "import sweeps.trainable, sweeps.driver\n"
             "assert not [m for m in sys.modules if m.split('.')[0] == 'analysis'], 'analysis'\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
 
@@ -96,7 +94,7 @@ def test_the_trainable_module_does_not_import_analysis():
 def test_trial_names_say_what_the_trial_varies_then_rays_id():
     from types import SimpleNamespace
 
-    from _driver import trial_label
+    from sweeps.driver import trial_label
 
     trial = SimpleNamespace(trial_id="1a0e7_00003", config={"overrides": {
         "model": "d32-h2-l1-i128", "train.seed": 2, "train.lr": 0.000316227,
@@ -109,8 +107,7 @@ def test_trial_names_say_what_the_trial_varies_then_rays_id():
 def test_help_imports_neither_ray_nor_torch(script):
     code = ("import runpy, sys\n"
             f"sys.argv = ['{script}.py', '--help']\n"
-            f"sys.path.insert(0, {str(REPO / 'sweeps')!r})\n"
-            f"try:\n    runpy.run_path({str(REPO / 'sweeps' / (script + '.py'))!r}, "
+                f"try:\n    runpy.run_path({str(REPO / 'sweeps' / (script + '.py'))!r}, "
             "run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "print('heavy:', sorted(m for m in ('ray', 'torch', 'transformers') "
             "if m in sys.modules))\n")
@@ -122,8 +119,8 @@ def test_help_imports_neither_ray_nor_torch(script):
 def test_resume_with_changed_settings_is_refused_naming_them(tmp_path):
     from dataclasses import replace as dc_replace
 
-    from _driver import check_resume_settings, record_settings
-    from _rayenv import tune
+    from sweeps.driver import check_resume_settings, record_settings
+    from sweeps.rayenv import tune
 
     sweep = Sweep(name="s", base=base_for("tiny"),
                   space={"model": tune.grid_search(["d16-h1-l1-i64"]),
@@ -144,7 +141,7 @@ def test_a_sweep_started_before_a_field_was_added_resumes(tmp_path):
     import json
     from dataclasses import replace as dc_replace
 
-    from _driver import SETTINGS_FILE, check_resume_settings, record_settings
+    from sweeps.driver import SETTINGS_FILE, check_resume_settings, record_settings
 
     sweep = Sweep(name="s", base=base_for("tiny"))
     record_settings(sweep, tmp_path)
@@ -161,7 +158,7 @@ def test_a_sweep_started_before_a_field_was_added_resumes(tmp_path):
 def test_an_unreachable_tracking_store_is_an_error_before_ray_starts(tmp_path):
     import socket
 
-    from _driver import run_sweep
+    from sweeps.driver import run_sweep
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -174,7 +171,7 @@ def test_an_unreachable_tracking_store_is_an_error_before_ray_starts(tmp_path):
 
 
 def test_resume_refuses_a_tuner_pickle_others_could_have_written(tmp_path):
-    from _driver import check_trusted
+    from sweeps.driver import check_trusted
 
     (tmp_path / "tuner.pkl").write_bytes(b"not really a pickle")
     tmp_path.chmod(0o755)
@@ -191,7 +188,7 @@ def test_resume_refuses_a_tuner_pickle_others_could_have_written(tmp_path):
 
 def test_resume_refuses_a_tuner_pickle_flatlm_did_not_write(tmp_path, monkeypatch, capsys):
     """The digest is kept in the user's own cache, outside the sweep's (shared) storage."""
-    from _driver import _digest_file, check_digest, record_digest
+    from sweeps.driver import _digest_file, check_digest, record_digest
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     sweep = tmp_path / "ray_results" / "scaling"
@@ -219,7 +216,7 @@ def test_names_that_escape_the_workdir_and_negative_retries_are_refused(changes,
 
 
 def test_a_password_in_the_tracking_uri_is_refused():
-    from _spec import check_tracking_uri
+    from sweeps.spec import check_tracking_uri
 
     with pytest.raises(ValueError, match="MLFLOW_TRACKING_PASSWORD"):
         check_tracking_uri("https://me:s3cret@mlflow.example.org")
@@ -228,9 +225,9 @@ def test_a_password_in_the_tracking_uri_is_refused():
 
 
 def test_the_default_sweeps_aim_at_the_regime_they_are_about():
-    """What the tiny defaults were measured to reach (flatlm.replication.scales.SWEEP_SOURCE):
+    """What the tiny defaults were measured to reach (flatlm.experiments.scales.SWEEP_SOURCE):
     every model below KL 0.05 by the last checkpoint; the rule says 0.05, not a looser one."""
-    from flatlm.replication.scales import SWEEP_SOURCE
+    from flatlm.experiments.scales import SWEEP_SOURCE
 
     tiny = Namespace(preset="tiny")
     sizes = scaling.build(tiny)
@@ -262,9 +259,10 @@ def test_the_selection_sweep_varies_algorithms_seeds_and_rates():
 
 
 def test_the_summary_prints_the_selection_verdict_and_the_table_for_a_selection_sweep(capsys):
-    import _summary
     import numpy as np
     import pandas as pd
+
+    from sweeps import summary
 
     rng = np.random.default_rng(0)
     flat = rng.uniform(10, 100, size=12)
@@ -272,17 +270,18 @@ def test_the_summary_prints_the_selection_verdict_and_the_table_for_a_selection_
                          "pretrain/kl": 0.01, "pretrain/loss": rng.uniform(2, 2.01, size=12),
                          "flat/trace_fisher": flat, "probe/A/acc_mean": 1 - flat / 200})
     sweep = tiny_sweep()
-    _summary._print_selection(sweep, runs, "probe/A/acc_mean")
+    summary._print_selection(sweep, runs, "probe/A/acc_mean")
     out = capsys.readouterr().out
     assert "Model selection: 12 candidate checkpoints of 6 runs" in out
     assert "flat/trace_fisher" in out and "regret gain +0.2434" in out and "| selector" not in out
-    _summary._print_selection(replace(sweep, selection=True), runs, "probe/A/acc_mean")
+    summary._print_selection(replace(sweep, selection=True), runs, "probe/A/acc_mean")
     assert "| selector | statistic |" in capsys.readouterr().out
 
 
 def test_the_summary_states_the_measurement_cost_and_says_nothing_without_it():
     import pandas as pd
-    from _summary import measurement_cost
+
+    from sweeps.summary import measurement_cost
 
     runs = pd.DataFrame({"time/measure_share": [0.5, None, 0.1, 0.2, 0.3]})
     line = measurement_cost(runs)

@@ -5,17 +5,15 @@ checkpoints at 10 and 20). Bad configurations must fail with exit code 2 and a m
 fix before any trial starts.
 """
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweeptools (any --import-mode)
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
 from mlflow import MlflowClient  # noqa: E402
-from sweeptools import (  # noqa: E402
+
+from tests.sweeps.sweeptools import (  # noqa: E402
     LOOSE_RULE,
     TINY,
     Sweep,

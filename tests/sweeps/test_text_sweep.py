@@ -6,25 +6,22 @@ KL), and analysis/report.py reads the runs back."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # sweeptools (any --import-mode)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "assets"))
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
-from sweeptools import REPO, TINY, Sweep, kill_own, set_args, sweep_env  # noqa: E402
-from text_assets import make_text_assets, text_spec  # noqa: E402
+from tests.assets.text_assets import make_text_assets, text_spec  # noqa: E402
+from tests.sweeps.sweeptools import REPO, TINY, Sweep, kill_own, set_args, sweep_env  # noqa: E402
 
 ONE_TRIAL = '''"""One tiny trial of the tiny preset, on whatever source --set gives."""
 import sys
 
-from _cli import main
-from _rayenv import tune
-from _spec import Sweep
-from presets import base_for
+from sweeps.cli import main
+from sweeps.rayenv import tune
+from sweeps.spec import Sweep
+from flatlm.experiments.presets import base_for
 
 
 def build(args):

@@ -2,28 +2,27 @@
 
 ``MlflowTracker.finish`` never raises; while the server is down it returns False and keeps the
 status in the trial's tracker state, its unsent rows in its metrics.jsonl.
-``_trainable.finish_trial`` retries it for a bounded time inside the trial, and the driver's
-``_driver.finish_undelivered`` sends what is still pending after
+``sweeps.trainable.finish_trial`` retries it for a bounded time inside the trial, and the driver's
+``sweeps.driver.finish_undelivered`` sends what is still pending after
 ``fit`` (the end-to-end case is ``test_faults.py::test_mlflow_server_outage...``).
 """
 
 import socket
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sweeps"))
 
-import _driver  # noqa: E402
-import _trainable  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 
-from flatlm.track import MlflowTracker, default_tracking_uri, ensure_experiment  # noqa: E402
+from flatlm.tracking.tracker import MlflowTracker, default_tracking_uri, ensure_experiment  # noqa: E402
+from sweeps import (
+    driver,  # noqa: E402
+    trainable,  # noqa: E402
+)
 
 
 def _dead_uri() -> str:
@@ -41,7 +40,7 @@ def test_undelivered_end_is_sent_by_the_driver(tmp_path, capsys):
                             http_max_retries=0)
     assert not tracker.report(10, {"pretrain/loss": 1.5})
     t0 = time.monotonic()
-    assert not _trainable.finish_trial(tracker, "FINISHED", wait_s=0.5)  # bounded: gives up
+    assert not trainable.finish_trial(tracker, "FINISHED", wait_s=0.5)  # bounded: gives up
     assert time.monotonic() - t0 < 30
     assert "not ended" in capsys.readouterr().err
 
@@ -50,12 +49,12 @@ def test_undelivered_end_is_sent_by_the_driver(tmp_path, capsys):
     finished.report(10, {"pretrain/loss": 2.0})
     assert finished.finish("FINISHED")
 
-    _driver.finish_undelivered(trials, uri, eid)
+    driver.finish_undelivered(trials, uri, eid)
     client = MlflowClient(uri)
     runs = {r.info.run_name: r for r in client.search_runs([eid])}
     assert sorted(runs) == [out.name, done.name]
     assert {r.info.status for r in runs.values()} == {"FINISHED"}
     history = client.get_metric_history(runs[out.name].info.run_id, "pretrain/loss")
     assert [(m.step, m.value) for m in history] == [(10, 1.5)]
-    _driver.finish_undelivered(trials, uri, eid)  # nothing left to do: no second run
+    driver.finish_undelivered(trials, uri, eid)  # nothing left to do: no second run
     assert len(client.search_runs([eid])) == 2

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from flatlm.config import ConfigError, apply_overrides, from_dict, to_dict, to_flat_dict
+from flatlm.core.config import ConfigError, apply_overrides, from_dict, to_dict, to_flat_dict
 from flatlm.train import ALGORITHMS, AdversarialConfig, SamConfig, TrainConfig, resolve, train
 
 

@@ -124,8 +124,8 @@ def test_an_error_in_another_rank_is_raised_in_rank_0():
 def test_a_two_rank_trial_reports_what_a_one_process_trial_does(tmp_path):
     """Rank 0 measures and reports every checkpoint; no dropout: the same run, so the same
     measurements up to rounding."""
-    from flatlm.config import apply_overrides
-    from flatlm.trial import TrialConfig, run_trial
+    from flatlm.core.config import apply_overrides
+    from flatlm.runs.trial import TrialConfig, run_trial
 
     def trial(world_size, out):
         cfg = apply_overrides(TrialConfig(), {

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from flatlm.config import from_dict, to_dict
+from flatlm.core.config import from_dict, to_dict
 from flatlm.train import TrainConfig, train
 
 ASSET = Path(__file__).parent.parent / "assets" / "golden_loss_adamw.json"

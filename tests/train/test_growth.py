@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flatlm.config import apply_overrides
+from flatlm.core.config import apply_overrides
 from flatlm.measure.loss import kl_to_truth
 from flatlm.models import build_model, load_checkpoint, parse_model, word_logits
-from flatlm.models.embed import max_logit_difference
+from flatlm.models.growth import max_logit_difference
 from flatlm.train import TrainConfig, resolve, train
 from flatlm.train.algorithms import StepContext, build_optimizer, mlm_loss_sum, standard_step
 from flatlm.train.config import GrowConfig

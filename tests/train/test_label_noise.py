@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from flatlm.config import apply_overrides
-from flatlm.seeds import generator
+from flatlm.core.config import apply_overrides
+from flatlm.core.seeds import generator
 from flatlm.train import TrainConfig, resolve, train
 from flatlm.train.config import LabelNoiseConfig
 from flatlm.train.data import BatchPipeline, FreshSamples

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from flatlm.seeds import generator
-from flatlm.tokens import MASK_ID, WORD_OFFSET, encode
+from flatlm.core.seeds import generator
+from flatlm.core.tokens import MASK_ID, WORD_OFFSET, encode
 from flatlm.train import TrainConfig
 from flatlm.train.data import mask_batch
 
@@ -89,7 +89,7 @@ def test_config_checks_the_rule():
 
 
 def test_linear_schedule_decays_to_zero_at_the_last_step(src, tiny_model, tmp_path):
-    from flatlm.schedules import learning_rate
+    from flatlm.core.schedules import learning_rate
     from flatlm.train import train
 
     cfg = TrainConfig(steps=8, batch_size=8, warmup_steps=2, schedule="linear", log_every=1,

@@ -1,0 +1,235 @@
+"""One trial: pre-train, and at every checkpoint measure and report. No Ray, no MLflow here.
+
+``run_trial(cfg, out_dir, report)`` trains ``cfg.model`` on ``cfg.source`` with ``cfg.train`` and,
+at each of ``cfg.train.checkpoint_steps``, measures the model (``flatlm.measure.run``) and calls
+``report(step, metrics, checkpoint_dir)``. The CLI passes a printer, tests a list, and the sweep
+glue a fan-out to Ray Tune and the MLflow tracker. Under ``out_dir`` (absolute: Ray may chdir):
+
+    config.json                  the trial's full config
+    metrics.jsonl                one JSON object per checkpoint: {"step": N, <metric>: value, ...}
+    checkpoints/step-<N>/        model (save_pretrained layout + flatlm.json), training state,
+                                 and metrics.json (that checkpoint's measurements)
+
+Re-running with the same ``out_dir`` resumes from the newest checkpoint; that checkpoint is
+measured first if a crash lost its measurements, and reported again either way (a crash may have
+fallen between measuring and reporting; the sinks keep one value per step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from flatlm.core.config import to_dict
+from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
+from flatlm.models.checkpoint import INFO_NAME
+from flatlm.models.presets import ModelSpec, parse_model
+from flatlm.runs.dirlock import writer_lock
+from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, N_PARAMS, append_metrics, read_metrics
+from flatlm.sources import SourceSpec, load
+from flatlm.train.config import TrainConfig
+from flatlm.train.loop import TRAINING_INTERVAL
+
+log = logging.getLogger(__name__)
+
+# The one report signature (step, that checkpoint's metrics, that checkpoint's directory): the
+# trial calls it; printer, the tracker's MlflowTracker.report and the sweeps' Ray sink are ones.
+Report = Callable[[int, dict, Path], None]
+
+
+def _default_train() -> TrainConfig:
+    return TrainConfig(steps=200, batch_size=64, checkpoint_steps=(0, 100, 200),
+                       warmup_steps=20)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialConfig:
+    """A trial = source + model + pre-training + measurements (each stage gets its own part).
+
+    ``source`` and ``model`` may be given as strings (or a source dict); they are checked and
+    stored as ``SourceSpec`` / ``ModelSpec`` on construction.
+    """
+
+    source: SourceSpec = field(default_factory=SourceSpec)  # short form (pcfg:paper, hmm:seed=0,
+    #   dyck:8) or a JSON object; default pcfg:paper
+    model: ModelSpec = field(default_factory=ModelSpec)  # a preset (bert-41m, lstm-h512-l8) or
+    #   a shape (d64-h1-l1-i256); default bert-2m
+    train: TrainConfig = field(default_factory=_default_train)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+
+    def __post_init__(self):
+        for name, kind in (("source", SourceSpec), ("model", ModelSpec)):
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                try:
+                    object.__setattr__(self, name, kind(value))
+                except ValueError as e:
+                    raise ValueError(f"{name}={value!r}: {e}") from None
+
+
+def validate_trial(cfg: TrialConfig):
+    """Builds what the trial needs, failing on a bad config before any work: (source, model)."""
+    try:
+        source = load(cfg.source)
+    except (ValueError, OSError) as e:  # the spec was valid when made; a file may have gone
+        raise ValueError(f"source: {e}") from None
+    model_cfg = parse_model(cfg.model)
+    _check_growth(cfg.train, model_cfg)
+    if not cfg.train.checkpoint_steps:
+        raise ValueError("train.checkpoint_steps is empty: a trial measures at checkpoints; "
+                         "give at least one step, e.g. [0, 100]")
+    downstream_of(source, cfg.measure)
+    return source, model_cfg
+
+
+def _check_growth(train: TrainConfig, model_cfg) -> None:
+    """grow: every shape of ``train.grow.to`` a growth of the one before (the sweeps' grid points
+    are checked here before any trial starts)."""
+    if train.algorithm == "grow":
+        from flatlm.train.growth import check_schedule
+
+        check_schedule(train, model_cfg)
+
+
+def with_downstream_resolved(cfg: TrialConfig) -> TrialConfig:
+    """``cfg`` with the downstream label rule and tasks spelled out (the source's defaults where
+    left None / empty), so that config.json and the MLflow params say which rule, and which
+    tasks, every accuracy was measured with."""
+    rule, tasks = downstream_of(load(cfg.source), cfg.measure)
+    return dataclasses.replace(cfg, measure=dataclasses.replace(cfg.measure, label_rule=rule,
+                                                                tasks=tasks))
+
+
+# The config sections each measurement uses: a section is logged only when one of them ran.
+_MEASURE_SECTIONS = {"loss": ("loss",),
+                     "flatness": ("fisher", "hessian", "eigen", "density", "blocks", "sharpness"),
+                     "spectrum": ("eigen", "density"), "sharpness": ("sharpness",),
+                     "probe": ("probe", "lookup"),
+                     "finetune": ("finetune",)}
+# Options whose None has a meaning worth a word in the logged params (other Nones: not set).
+_NONE_MEANS = {"measure.flatness.n_inputs": "all"}
+
+
+def tracked_params(cfg: TrialConfig) -> dict:
+    """The trial's config as it ran, flat (``train.lr``), for a tracking store: the algorithm's
+    defaults resolved (``train.dropout``, ``train.warmup_steps``, ...), the settings of other
+    algorithms and of measurements that did not run left out, and options left unset (None)
+    omitted, so that every logged value is one the trial used."""
+    from flatlm.core.config import to_flat_dict
+    from flatlm.train.config import resolve
+
+    train = resolve(cfg.train)
+    if train.micro_batch_size is None:  # None = one pass (sam: each half-batch in one pass)
+        train = dataclasses.replace(train, micro_batch_size=train.sentences_per_pass)
+    flat = to_flat_dict(dataclasses.replace(cfg, train=train))
+    skipped = [f"train.{a}." for a in ("sam", "adversarial", "grow", "label_noise")
+               if a != train.algorithm]
+    skipped += [f"measure.{section}." for section, uses in _MEASURE_SECTIONS.items()
+                if not set(uses) & set(cfg.measure.what)]
+    out = {}
+    for key, value in flat.items():
+        if key.startswith(tuple(skipped)):
+            continue
+        value = _NONE_MEANS.get(key) if value is None else value
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = None, *,
+              device: str | torch.device = "cpu", progress: bool = False,
+              eval_cache: str | Path | None = None) -> dict[int, dict]:
+    """Runs (or resumes) the trial; returns step -> metrics for every checkpoint.
+
+    ``eval_cache``: a directory where the trials of a sweep share their evaluation data
+    (``flatlm.measure.eval_cache``); None draws it for this trial alone. Another process
+    writing to ``out_dir`` is an error (``flatlm.runs.dirlock.DirectoryBusyError``) before any work.
+    """
+    source, model_cfg = validate_trial(cfg)
+    cfg = with_downstream_resolved(cfg)
+    out_dir = Path(out_dir).absolute()
+    with writer_lock(out_dir):  # one writer per trial directory (flatlm.runs.dirlock)
+        return _run_trial(cfg, source, model_cfg, out_dir, report, device, progress, eval_cache)
+
+
+def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
+               eval_cache) -> dict[int, dict]:
+    from flatlm.train.loop import train
+
+    (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    data = eval_data(source, cfg.measure, model_cfg, device=device, cache_dir=eval_cache)
+    done = read_metrics(out_dir)
+
+    def on_checkpoint(step: int, model, ckpt_dir: Path) -> None:
+        start = time.perf_counter()
+        measured = measure_model(model, source, data, cfg.measure, device, artifact_dir=ckpt_dir)
+        metrics = {N_PARAMS: float(sum(p.numel() for p in model.parameters())), **measured,
+                   **measurement_cost(time.perf_counter() - start, ckpt_dir)}
+        _record(out_dir, ckpt_dir, step, metrics)
+        done[step] = {"step": step, **metrics}
+        if report is not None:
+            report(step, metrics, Path(ckpt_dir))
+
+    _catch_up(out_dir, done, on_checkpoint, report, device)
+    train(cfg.train, source, model_cfg, out_dir, device=device, on_checkpoint=on_checkpoint,
+          progress=progress, resume=True)
+    return done
+
+
+def measurement_cost(seconds: float, ckpt_dir: Path) -> dict[str, float]:
+    """``time/measure_s``: the checkpoint's measurement wall time (at the first checkpoint also
+    the evaluation data, the lookup table's and the random model's probes, done once a trial);
+    ``time/train_s``: the training before it, since the previous checkpoint (or since this process
+    resumed), as the checkpoint recorded it; ``time/measure_share``: the first over the second,
+    what measuring adds to the run's time (the paper-scale goal is <= 0.1)."""
+    out = {"time/measure_s": seconds}
+    info = json.loads((Path(ckpt_dir) / INFO_NAME).read_text())
+    interval = info.get("extra", {}).get(TRAINING_INTERVAL)  # absent before it was recorded
+    if interval and interval["updates"] > 0:
+        out["time/train_s"] = interval["seconds"]
+        out["time/measure_share"] = seconds / interval["seconds"]
+    return out
+
+
+def _record(out_dir: Path, ckpt_dir: Path, step: int, metrics: dict) -> None:
+    row = json.dumps({"step": step, **metrics})
+    (Path(ckpt_dir) / CHECKPOINT_METRICS_FILE).write_text(row + "\n")
+    append_metrics(out_dir, step, metrics)
+
+
+def _catch_up(out_dir: Path, done: dict, on_checkpoint, report, device) -> None:
+    """Measures and reports the newest checkpoint again if a crash may have cut that short.
+
+    ``train`` does not call the hook for the checkpoint it resumes from, yet a crash can fall
+    between saving it and measuring it, or between measuring it and reporting it. Re-reporting
+    is safe: the sinks keep one value per step (the tracker sends a step's key once).
+    """
+    from flatlm.models.checkpoint import load_checkpoint
+    from flatlm.train.state import newest_checkpoint
+
+    ckpt = newest_checkpoint(out_dir)
+    if ckpt is None:
+        return
+    step = int(Path(ckpt).name.split("-")[-1])
+    if step not in done:
+        on_checkpoint(step, load_checkpoint(ckpt)[0].to(device), Path(ckpt))
+    elif report is not None:
+        report(step, {k: v for k, v in done[step].items() if k != "step"}, Path(ckpt))
+
+
+def printer(step: int, metrics: dict, ckpt_dir: Path) -> None:
+    """A report sink for the command line: one line per checkpoint."""
+    keys = [k for k in metrics if not k.startswith("time/") and not k.endswith(("_se", "_std"))
+            and k != N_PARAMS]
+    print(f"step {step}: " + "  ".join(f"{k}={metrics[k]:.4g}" for k in keys), flush=True)
+
+
+__all__ = ["EvalData", "Report", "TrialConfig", "printer", "read_metrics", "run_trial",
+           "tracked_params", "validate_trial"]

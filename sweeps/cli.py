@@ -1,0 +1,211 @@
+"""The command line every sweep script shares: ``main(build)``.
+
+A script defines ``build(args) -> Sweep`` (``sweeps.spec``) and calls
+``sys.exit(main(build, doc))``::
+
+    python sweeps/scaling.py                       # tiny CPU sweep on a local Ray instance
+    python sweeps/scaling.py --preset paper --address auto --gpus-per-trial 0.5
+    python sweeps/scaling.py --set train.steps=400 --set measure.n_eval=500
+    python sweeps/scaling.py --source hmm:seed=0   # any source, with its kind's defaults
+    python sweeps/scaling.py --resume              # continue an interrupted sweep
+
+A bad sweep exits with code 2 and ``error: <what and the fix>`` before any trial starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sweeps.driver import Interrupted
+    from sweeps.spec import Sweep
+
+# Nothing heavy at import: ``--help`` must not wait for Ray, torch or transformers; the
+# sweep's modules are imported once the arguments are parsed.
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--set {pair!r}: write KEY=VALUE, e.g. train.lr=3e-4")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
+    """The shared options, described by the script's docstring ``doc`` (its first paragraph;
+    the rest, the examples, after the options). ``trial_options=False`` leaves out --preset,
+    --set and --name for a script that chooses its trials and names its experiments itself
+    (``replicate.py``)."""
+    first, _, rest = doc.strip().partition("\n\n")
+    p = argparse.ArgumentParser(description=" ".join(first.split()), epilog=rest or None,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    if trial_options:
+        p.add_argument("--preset", default="tiny", choices=("tiny", "paper", "paper-code"),
+                       help="tiny: a few small CPU trials (default); paper: the paper's "
+                            "settings (GPU); paper-code: the released code's protocol (GPU)")
+        p.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="KEY=VALUE", help="override a trial config key for every trial "
+                       "(repeatable), e.g. train.steps=400")
+        p.add_argument("--source", metavar="SPEC",
+                       help="the language (as --set source=SPEC), with its kind's defaults: an "
+                            "hmm trains BiLSTMs and probes task-6 / task-10, dyck probes g_star "
+                            "(flatlm.experiments.presets.source_overrides); default: the "
+                            "preset's PCFG")
+        p.add_argument("--name", help="the MLflow and Ray experiment name (default: the "
+                       "script's, e.g. scaling); letters, digits and . _ + -")
+    p.add_argument("--workdir", default=".", help="where mlflow.db, mlruns/, ray_results/ and "
+                   "trials/ go (default: the current directory)")
+    p.add_argument("--tracking-uri", help="MLflow tracking server (default: sqlite in workdir)")
+    p.add_argument("--address", help="attach to a Ray cluster ('auto' on a cluster node)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
+    p.add_argument("--cpus-per-trial", type=float, help="CPUs Ray reserves for each trial")
+    p.add_argument("--gpus-per-trial", type=float,
+                   help="GPUs per trial; a fraction packs several small trials on one GPU, "
+                        "a whole N > 1 trains each trial data-parallel on N (train.world_size)")
+    p.add_argument("--max-failures", type=int,
+                   help="retries of a failed trial from its last checkpoint (default 3)")
+    p.add_argument("--verbose", action="store_true",
+                   help="keep Ray's per-checkpoint log lines (off by default; FLATLM_VERBOSE=1)")
+    p.add_argument("--kl-threshold", type=float,
+                   help="saturation rule of the closing summary: checkpoints with "
+                        "pretrain/kl below this (default: 0.05 nats for --preset tiny, whose "
+                        "models get below it; 0.1 for the paper's)")
+    p.add_argument("--loss-tolerance", type=float,
+                   help="the summary's rule instead: pretrain/loss within this of the entropy "
+                        "(a source without a truth, e.g. text: of the lowest loss reached)")
+    return p
+
+
+def resolve_source(args: argparse.Namespace) -> None:
+    """Sets ``args.source`` to the sweep's language: ``--source``, else ``--set source=`` (the two
+    are one setting, so either gets the kind's defaults), else None. Both, naming different
+    sources, is an error naming both."""
+    from flatlm.sources import SourceSpec
+
+    given = {flag: value for flag, value in (
+        ("--source", getattr(args, "source", None)),
+        ("--set source", parse_overrides(getattr(args, "overrides", [])).get("source")))
+        if value is not None}
+    specs = {}
+    for flag, value in given.items():
+        try:
+            specs[flag] = SourceSpec(value)
+        except ValueError as e:
+            raise ValueError(f"{flag} {value!r}: {e}") from None
+    if len(set(specs.values())) > 1:
+        first, second = given["--source"], given["--set source"]
+        raise ValueError(f"--source {first!r} and --set source={second!r} name different "
+                         "sources; give one of them")
+    args.source = next(iter(given.values()), None)
+
+
+def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
+    """The sweep with the command line's ``--set`` overrides and resource flags applied."""
+    from flatlm.core.config import apply_overrides
+    from flatlm.runs.trial import validate_trial
+
+    overrides = parse_overrides(getattr(args, "overrides", []))
+    if getattr(args, "source", None) is not None:  # --source is --set source (resolve_source)
+        overrides["source"] = args.source
+    swept = sorted(set(overrides) & set(sweep.space))
+    sweep = replace(sweep, base=apply_overrides(sweep.base, overrides),
+                    **{k: v for k, v in (("name", getattr(args, "name", None)),
+                                         ("preset", getattr(args, "preset", None)),
+                                         ("cpus_per_trial", args.cpus_per_trial),
+                                         ("gpus_per_trial", args.gpus_per_trial),
+                                         ("max_failures", args.max_failures),
+                                         ("kl_threshold", args.kl_threshold),
+                                         ("loss_tolerance", getattr(args, "loss_tolerance", None)))
+                       if v is not None})
+    if swept:  # the search space would silently replace the value
+        validate_trial(sweep.base)  # a bad value is named as such first
+        raise ValueError(f"--set {', '.join(swept)}: this sweep varies {', '.join(swept)} "
+                         "itself (its search space), so the value would be ignored; drop "
+                         "the --set, or use a sweep script that does not vary it")
+    return with_ranks_per_gpu(sweep, overrides)
+
+
+def with_ranks_per_gpu(sweep: Sweep, overrides: dict) -> Sweep:
+    """A trial given N > 1 GPUs trains data-parallel on them: ``train.world_size`` = N (one
+    process per GPU, ``flatlm.train.distributed``); a fraction of one GPU shares it."""
+    from flatlm.core.config import apply_overrides
+
+    gpus = sweep.gpus_per_trial
+    if gpus <= 1:
+        return sweep
+    if gpus != int(gpus):
+        raise ValueError(f"--gpus-per-trial {gpus:g}: above 1 use a whole number (one "
+                         "data-parallel process per GPU), or at most 1 to share GPUs")
+    asked = overrides.get("train.world_size")
+    if asked is not None and str(asked) != str(int(gpus)):
+        raise ValueError(f"--set train.world_size={asked} with --gpus-per-trial {gpus:g}: a "
+                         "trial trains on one process per GPU; drop the --set")
+    return replace(sweep, base=apply_overrides(sweep.base, {"train.world_size": int(gpus)}))
+
+
+def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
+         add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
+    """Parses the command line (``doc``: the script's docstring), builds and runs the sweep,
+    then prints its summary; returns the exit code."""
+    p = parser(doc)
+    if add_arguments:
+        add_arguments(p)
+    args = p.parse_args()
+    if args.verbose:  # read by the trials (local Ray workers inherit the environment)
+        os.environ["FLATLM_VERBOSE"] = "1"
+    workdir = Path(args.workdir).absolute()
+    try:  # before Ray and MLflow are imported: a bad source is an error in seconds
+        resolve_source(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from sweeps.driver import Interrupted, TrackingIncomplete, run_sweep
+    from sweeps.spec import shown_metrics
+    from sweeps.summary import TrackingUnreachable, summarise
+
+    try:
+        sweep = apply_arguments(build(args), args)
+        run_sweep(sweep, workdir=workdir, tracking_uri=args.tracking_uri, address=args.address,
+                  resume=args.resume, show=shown_metrics(sweep))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Interrupted as e:
+        return interrupted(e)
+    except TrackingIncomplete as e:
+        return tracking_lags(f"{e}.", e.uri)
+    try:
+        summarise(sweep, workdir, args.tracking_uri)
+    except TrackingUnreachable as e:
+        return tracking_lags(f"every run ended, but {e}.", None)
+    return 0
+
+
+TRACKING_LAGS = 3  # exit code: the trials ran, MLflow does not have all of it yet
+
+
+def tracking_lags(what: str, uri: str | None) -> int:
+    """Says that MLflow lags behind the finished trials and how to catch it up."""
+    argv = [a for a in sys.argv if a != "--resume"]
+    print(f"\nThe sweep's trials ran, but {what} No summary. Once MLflow is back, "
+          f"this sends what is missing and prints the summary (it trains nothing):\n"
+          f"    python {' '.join(argv)} --resume", file=sys.stderr, flush=True)
+    return TRACKING_LAGS
+
+
+def interrupted(e: Interrupted) -> int:
+    """Says what was stopped and how to go on; no summary over partial data."""
+    argv = [a for a in sys.argv if a != "--resume"]
+    print(f"\n{e}: {e.unfinished} trial(s) unfinished; their MLflow runs are marked KILLED "
+          f"({', '.join(e.killed) or 'none reachable'}). Nothing is lost: continue with\n"
+          f"    python {' '.join(argv)} --resume", file=sys.stderr, flush=True)
+    return e.exit_code

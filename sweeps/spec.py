@@ -1,0 +1,128 @@
+"""What a sweep is (``Sweep``) and what follows from its base config: checks, the downstream task
+it is judged on, the metrics shown per result and the searcher's objectives. No Ray here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from flatlm.core.config import apply_overrides
+from flatlm.measure import KL, LOSS, TRACE_FISHER, probe_keys
+from flatlm.runs.trial import TrialConfig, validate_trial
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sweep:
+    """One experiment: trials = base config x search space."""
+
+    name: str  # MLflow experiment and Ray experiment name
+    preset: str | None = None  # the base's preset (tiny, paper, paper-code): the runs' tag
+    base: TrialConfig  # what every trial shares
+    space: dict = field(default_factory=dict)  # dotted key -> tune.grid_search([...]) or a
+    #   distribution (tune.loguniform, ...); the same keys as --set
+    cpus_per_trial: float = 1.0  # Ray CPUs per trial (Ray sets OMP threads to match)
+    gpus_per_trial: float = 0.0  # fractional: 0.25 packs four small trials on one GPU
+    num_samples: int = 1  # repeats of the grid, or trials drawn by a searcher
+    max_concurrent: int = 0  # with a searcher: trials in flight (0 = Ray's default)
+    objectives: tuple[tuple[str, str], ...] = ()  # (metric, "min"|"max") for a searcher;
+    #   () = maximise the probe accuracy of the sweep's task (sweep_task)
+    searcher: str | None = None  # None (grid / random) or "optuna"
+    max_failures: int = 3  # retries of a failed trial from its last checkpoint
+    analysis_task: str | None = None  # downstream task the sweep is judged on; None = the
+    #   first task the base config measures (measure.tasks, else the source's)
+    kl_threshold: float = 0.1  # saturation rule of the closing correlations: checkpoints with
+    #   pretrain/kl below it (nats per token); correlations need one (analysis/correlate.py)
+    loss_tolerance: float | None = None  # the rule instead, when set: pretrain/loss within it
+    #   of the entropy, or, for a source without a truth (real text), of the lowest loss reached
+    selection: bool = False  # the summary prints the whole model-selection table
+    #   (analysis/selection.py), not only its verdict
+
+
+def measured_tasks(cfg: TrialConfig) -> tuple[str, ...]:
+    """The downstream tasks a trial measures: ``measure.tasks``, else all of its source's."""
+    source, _ = validate_trial(cfg)
+    return tuple(cfg.measure.tasks) or tuple(source.tasks)
+
+
+def sweep_task(sweep: Sweep) -> str:
+    """The downstream task the sweep's summary and default objective use."""
+    tasks = measured_tasks(sweep.base)
+    if not tasks:
+        raise ValueError(f"source {sweep.base.source}: no downstream task to judge the sweep "
+                         "on; give the source tasks (a text source's glue=DIR) or "
+                         "measure.tasks")
+    if sweep.analysis_task is None:
+        return tasks[0]
+    if sweep.analysis_task not in tasks:
+        raise ValueError(f"analysis_task {sweep.analysis_task!r} is not measured by this sweep "
+                         f"(it measures {', '.join(tasks)}); pick one of those, or add it to "
+                         "measure.tasks")
+    return sweep.analysis_task
+
+
+def accuracy_key(sweep: Sweep) -> str:
+    """``probe/<task>/acc_mean`` of the sweep's task: what its correlations are with."""
+    return probe_keys(sweep_task(sweep))[0]
+
+
+def saturation(sweep: Sweep) -> dict:
+    """The closing summary's saturation rule, as the keyword analysis/correlate.py takes."""
+    if sweep.loss_tolerance is not None:
+        return {"loss_tolerance": sweep.loss_tolerance}
+    return {"kl_threshold": sweep.kl_threshold}
+
+
+def saturation_flag(sweep: Sweep) -> str:
+    """The same rule as analysis/report.py's flag: ``--kl-threshold 0.05``."""
+    ((key, value),) = saturation(sweep).items()
+    return f"--{key.replace('_', '-')} {value:g}"
+
+
+def shown_metrics(sweep: Sweep) -> tuple[str, ...]:
+    """The metrics printed for every reported checkpoint."""
+    return LOSS, KL, TRACE_FISHER, accuracy_key(sweep)
+
+
+def objectives(sweep: Sweep) -> tuple[tuple[str, str], ...]:
+    """The searcher's (metric, mode) pairs: the sweep's own, else max the task's accuracy."""
+    return sweep.objectives or ((accuracy_key(sweep), "max"),)
+
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")  # a sweep name: one directory level
+CREDENTIALS = re.compile(r"^[a-z+]+://[^/@]*:[^/@]*@")  # user:password@ in a URI
+
+
+def check_name(name: str) -> None:
+    """A sweep name becomes directories under the workdir: no separators, no '..'."""
+    if not NAME.fullmatch(name) or ".." in name:
+        raise ValueError(f"--name {name!r}: use letters, digits and . _ + - (no '/' or '..'; "
+                         "it names directories under --workdir)")
+
+
+def check_tracking_uri(uri: str | None) -> None:
+    """Credentials in the URI would be printed and written into Ray's state files."""
+    if uri and CREDENTIALS.match(uri):
+        raise ValueError("--tracking-uri holds a password: put the credentials in "
+                         "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (MLflow reads "
+                         "them) and give the URI without them")
+
+
+def check_sweep(sweep: Sweep) -> None:
+    """Builds every grid point's config and validates it: bad sweeps fail before any trial."""
+    check_name(sweep.name)
+    if sweep.max_failures < 0:
+        raise ValueError(f"--max-failures {sweep.max_failures}: use 0 or more (Ray reads a "
+                         "negative value as unlimited retries)")
+    grid = {k: v["grid_search"] for k, v in sweep.space.items()
+            if isinstance(v, dict) and "grid_search" in v}
+    points = [{}]
+    for key, values in grid.items():
+        points = [{**p, key: v} for p in points for v in values]
+    for point in points:
+        validate_trial(apply_overrides(sweep.base, point))
+    if sweep.cpus_per_trial <= 0 or sweep.gpus_per_trial < 0:
+        raise ValueError("--cpus-per-trial must be > 0 and --gpus-per-trial >= 0")
+    sweep_task(sweep)
+    if sweep.searcher is not None and any(m not in ("min", "max") for _, m in objectives(sweep)):
+        raise ValueError(f"objectives {sweep.objectives}: each mode must be 'min' or 'max'")

@@ -1,0 +1,70 @@
+"""The runner: trial directories, skip when done, a time budget that pauses and resumes exactly,
+and no resuming a trial whose settings changed."""
+
+import json
+
+import pytest
+
+from analysis.trials import load_trials  # noqa: E402
+from flatlm.experiments.paper import build  # noqa: E402
+from flatlm.experiments.runner import Budget, run_experiment, trial_dir  # noqa: E402
+from flatlm.runs.metrics_log import read_metrics  # noqa: E402
+from tests.experiments.fastcfg import FAST  # noqa: E402
+
+
+def steps_experiment(**extra):
+    return build("steps", protocol="paper", seeds=(0,), overrides={**FAST, **extra})
+
+
+def measured(out):
+    return {step: {k: v for k, v in row.items() if not k.startswith("time/")}
+            for step, row in read_metrics(out).items()}
+
+
+def test_budget_pauses_after_a_checkpoint_and_the_resumed_trial_equals_an_uninterrupted_one(
+        tmp_path):
+    exp = steps_experiment()
+    states = []
+    ticks = iter([0.0, 0.0])  # the budget starts and the trial starts; then it is spent
+    budget = Budget(1.0, clock=lambda: next(ticks, 9.0))
+    done = run_experiment(exp, tmp_path / "a", budget=budget,
+                          on_trial=lambda name, state: states.append(state))
+    assert not done and states == ["start", "paused"]
+    out = trial_dir(tmp_path / "a", exp, "seed=0")
+    assert set(read_metrics(out)) == {0}  # stopped after the first checkpoint
+    assert set(load_trials(tmp_path / "a")["status"]) == {"RUNNING"}  # the report leaves it out
+    assert run_experiment(exp, tmp_path / "a")
+    assert set(load_trials(tmp_path / "a")["status"]) == {"FINISHED"}
+    assert run_experiment(exp, tmp_path / "b")
+    resumed, straight = measured(out), measured(trial_dir(tmp_path / "b", exp, "seed=0"))
+    assert set(resumed) == {0, 3, 6} and resumed == straight  # bit for bit on the CPU
+
+
+def test_finished_trials_are_skipped(tmp_path):
+    exp = steps_experiment()
+    assert run_experiment(exp, tmp_path)
+    states = []
+    assert run_experiment(exp, tmp_path, on_trial=lambda name, state: states.append(state))
+    assert states == ["skip"]
+
+
+def test_changed_settings_are_refused_before_any_work(tmp_path):
+    assert run_experiment(steps_experiment(), tmp_path)
+    changed = steps_experiment(**{"train.lr": 2e-3})
+    with pytest.raises(ValueError, match="started with another config"):
+        run_experiment(changed, tmp_path)
+    cfg = json.loads((trial_dir(tmp_path, changed, "seed=0") / "config.json").read_text())
+    assert cfg["train"]["lr"] == steps_experiment().base.train.lr  # untouched
+
+
+def test_a_trial_started_before_a_field_was_added_is_skipped_as_finished(tmp_path):
+    """A config.json without a field added since (train.world_size) reads as its default."""
+    exp = steps_experiment()
+    assert run_experiment(exp, tmp_path)
+    path = trial_dir(tmp_path, exp, "seed=0") / "config.json"
+    old = json.loads(path.read_text())
+    del old["train"]["world_size"]
+    path.write_text(json.dumps(old))
+    states = []
+    assert run_experiment(exp, tmp_path, on_trial=lambda name, state: states.append(state))
+    assert states == ["skip"]
