@@ -33,7 +33,7 @@ _EXPORTS = {
     "lstm": "BiLSTMForMaskedLM",
     "checkpoint": "load_checkpoint save_checkpoint",
 }
-_EXPORTS["embed"] = "Growth grow grow_checkpoint growth max_logit_difference random_inputs"
+_EXPORTS["growth"] = "Growth grow grow_checkpoint growth max_logit_difference random_inputs"
 _EXPORTS = {m if m.startswith("flatlm.") else f"flatlm.models.{m}": names
             for m, names in _EXPORTS.items()}
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
