@@ -9,13 +9,13 @@ replicate`` writes); ``sweep`` is the experiment, as the sweeps' MLflow tag is.
 
 >>> import json, tempfile, pathlib
 >>> root = pathlib.Path(tempfile.mkdtemp())
->>> run = root / "paper" / "steps" / "seed=0"; run.mkdir(parents=True)
+>>> run = root / "paper" / "steps" / "seed0"; run.mkdir(parents=True)
 >>> _ = (run / "config.json").write_text(json.dumps({"model": "d16-h1-l1-i64",
 ...     "train": {"algorithm": "adamw", "seed": 0}}))
 >>> _ = (run / "metrics.jsonl").write_text('{"step": 0, "pretrain/kl": 1.5}\\n')
 >>> df = load_trials(root)
 >>> df[["protocol", "experiment", "trial", "train.seed", "step", "pretrain/kl"]].values.tolist()
-[['paper', 'steps', 'seed=0', 0, 0, 1.5]]
+[['paper', 'steps', 'seed0', 0, 0, 1.5]]
 """
 
 from __future__ import annotations

@@ -16,9 +16,8 @@ and would set the common loss for everyone; run it with its own rate
 
 import sys
 
+from flatlm.experiments.grids import ALGORITHMS as ALL
 from sweeps.cli import main
-
-ALL = ["adamw", "sam", "noreg", "adversarial"]
 
 
 def add_arguments(p) -> None:
@@ -28,28 +27,18 @@ def add_arguments(p) -> None:
 
 
 def build(args):
-    """The sweep (``sweeps.spec.Sweep``); imports here keep ``--help`` fast."""
-    from flatlm.core.config import apply_overrides
-    from flatlm.experiments.presets import TINY_KL_THRESHOLD, base_for
+    """The algorithms experiment (``flatlm.experiments.paper``) as a Ray sweep; imports here keep
+    ``--help`` fast."""
     from flatlm.train.config import ALGORITHMS
-    from sweeps.rayenv import tune
-    from sweeps.spec import Sweep, measured_tasks
+    from sweeps.experiment import experiment_of, sweep_of
 
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     unknown = [a for a in algorithms if a not in ALGORITHMS]
     if unknown or not algorithms:
         raise ValueError(f"--algorithms {args.algorithms!r}: use a comma-separated list of "
                          f"{', '.join(ALGORITHMS)}")
-    base = base_for(args.preset, getattr(args, "source", None))
-    tiny = args.preset == "tiny"
-    if tiny:  # the adversary attacks the probed task (B of a PCFG, the source's first else)
-        task = "B" if "B" in measured_tasks(base) else measured_tasks(base)[0]
-        base = apply_overrides(base, {"train.adversarial.task": task, "train.adversarial.d1": 32,
-                                      "train.adversarial.d2": 32, "train.adversarial.pool": 256})
-    return Sweep(name="algorithms", base=base,
-                 space={"train.algorithm": tune.grid_search(algorithms)},
-                 gpus_per_trial=0.0 if tiny else 1.0,
-                 **({"kl_threshold": TINY_KL_THRESHOLD} if tiny else {}))
+    return sweep_of(experiment_of("algorithms", args, algorithms=tuple(algorithms)),
+                    "algorithms", args)
 
 
 if __name__ == "__main__":

@@ -49,9 +49,16 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=" ".join(first.split()), epilog=rest or None,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     if trial_options:
-        p.add_argument("--preset", default="tiny", choices=("tiny", "paper", "paper-code"),
-                       help="tiny: a few small CPU trials (default); paper: the paper's "
-                            "settings (GPU); paper-code: the released code's protocol (GPU)")
+        p.add_argument("--preset", choices=("tiny", "paper", "paper-code"),
+                       help="a (scale, protocol) pair: tiny = sweep + paper, a few small CPU "
+                            "trials (default); paper = gpu + paper, the paper's settings; "
+                            "paper-code = gpu + paper-code, the released code's protocol")
+        p.add_argument("--scale", choices=("sweep", "tiny", "gpu"),
+                       help="where it runs, as in flatlm replicate (replaces the preset's): "
+                            "sweep (these CPU sweeps), tiny (the replication's CPU scale), gpu")
+        p.add_argument("--protocol", help="how it is run and measured, as in flatlm "
+                       "replicate (replaces the preset's): paper, paper-code, or "
+                       "paper+switch (flatlm.experiments.protocols)")
         p.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override a trial config key for every trial "
                        "(repeatable), e.g. train.steps=400")
@@ -83,6 +90,18 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
                    help="the summary's rule instead: pretrain/loss within this of the entropy "
                         "(a source without a truth, e.g. text: of the lowest loss reached)")
     return p
+
+
+def check_preset(args: argparse.Namespace) -> None:
+    """``--preset`` names a scale and a protocol; giving either as well is ambiguous."""
+    given = [f for f in ("scale", "protocol") if getattr(args, f, None)]
+    if getattr(args, "preset", None) and given:
+        raise ValueError(f"--preset {args.preset} names a scale and a protocol; give either "
+                         f"--preset or --{' and --'.join(given)}, not both")
+    if getattr(args, "protocol", None):
+        from flatlm.experiments.protocols import parse_protocol
+
+        parse_protocol(args.protocol)
 
 
 def resolve_source(args: argparse.Namespace) -> None:
@@ -119,7 +138,6 @@ def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
     swept = sorted(set(overrides) & set(sweep.space))
     sweep = replace(sweep, base=apply_overrides(sweep.base, overrides),
                     **{k: v for k, v in (("name", getattr(args, "name", None)),
-                                         ("preset", getattr(args, "preset", None)),
                                          ("cpus_per_trial", args.cpus_per_trial),
                                          ("gpus_per_trial", args.gpus_per_trial),
                                          ("max_failures", args.max_failures),
@@ -164,6 +182,7 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
         os.environ["FLATLM_VERBOSE"] = "1"
     workdir = Path(args.workdir).absolute()
     try:  # before Ray and MLflow are imported: a bad source is an error in seconds
+        check_preset(args)
         resolve_source(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

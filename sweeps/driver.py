@@ -7,13 +7,13 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from flatlm.core.config import to_dict
+from flatlm.experiments.grids import trial_name
 from sweeps.rayenv import ray, tune
 from sweeps.spec import Sweep, check_sweep, check_tracking_uri, objectives
 from sweeps.trainable import DIVERGED_FILE, trainable
@@ -358,18 +358,12 @@ class OneLinePerResult(tune.Callback):
 
 
 def trial_label(trial) -> str:
-    """A trial's name: what it varies, then Ray's id (unique, stable across retries and
+    """A trial's name: what it varies (``flatlm.experiments.grids.trial_name``, the rule the
+    local runner names its trials by), then Ray's id (unique, stable across retries and
     resumes): ``d32-h2-l1-i128_seed0_1a0e7_00000``. It names the MLflow run, the console lines
     and the trial directory."""
-    overrides = trial.config.get("overrides", {})
-    return "_".join([*(_label_piece(k, v) for k, v in overrides.items()), trial.trial_id])
-
-
-def _label_piece(key: str, value) -> str:
-    short = key.split(".")[-1]
-    text = str(value) if short in ("model", "algorithm", "source") else f"{short}{value:.3g}" \
-        if isinstance(value, float) else f"{short}{value}"
-    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text)[:40]
+    varied = trial_name(trial.config.get("overrides", {}))
+    return f"{varied}_{trial.trial_id}" if varied else trial.trial_id
 
 
 def _tune_config(sweep: Sweep) -> tune.TuneConfig:

@@ -17,29 +17,11 @@ from sweeps.cli import main
 
 
 def build(args):
-    """The sweep (``sweeps.spec.Sweep``); imports here keep ``--help`` fast."""
-    from flatlm.core.config import apply_overrides
-    from flatlm.experiments.presets import TINY_KL_THRESHOLD, base_for, models_for
-    from flatlm.measure.grown import lcm_shape
-    from flatlm.models.presets import shape_string
-    from sweeps.rayenv import tune
-    from sweeps.spec import Sweep
+    """The sizes experiment (``flatlm.experiments.paper``) as a Ray sweep; imports here keep
+    ``--help`` fast."""
+    from sweeps.experiment import experiment_of, sweep_of
 
-    source = getattr(args, "source", None)  # --source or --set source (sweeps.cli.main)
-    models = models_for(args.preset, source)
-    # Tr(F) of models of different sizes is compared in one parameterisation: each checkpoint is
-    # also measured grown into the least common shape (flat/*_grown, paper Fig. 5, Table 4);
-    # only BERTs grow, so a grid of BiLSTMs is measured in its own shapes
-    lstm = models[0].startswith("lstm-")
-    grown = None if lstm else shape_string(lcm_shape(models))
-    tiny = args.preset == "tiny"
-    # tiny: no dropout, so that the smallest model also gets within 0.05 nats (measured: KL
-    # 0.032 at step 3000 instead of 0.043 with dropout 0.1)
-    base = apply_overrides(base_for(args.preset, source), {
-        "measure.grow_to": grown, **({"train.dropout": 0.0} if tiny else {})})
-    return Sweep(name="scaling", base=base, space={"model": tune.grid_search(list(models))},
-                 gpus_per_trial=0.0 if tiny else 1.0,
-                 **({"kl_threshold": TINY_KL_THRESHOLD} if tiny else {}))
+    return sweep_of(experiment_of("sizes", args), "scaling", args)
 
 
 if __name__ == "__main__":

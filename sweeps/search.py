@@ -26,20 +26,16 @@ def add_arguments(p) -> None:
 
 
 def build(args):
-    """The sweep (``sweeps.spec.Sweep``); imports here keep ``--help`` fast."""
-    from flatlm.experiments.presets import base_for
-    from sweeps.rayenv import tune
-    from sweeps.spec import Sweep
+    """The search experiment (``flatlm.experiments.paper.SEARCH_SPACE``) drawn by Optuna;
+    imports here keep ``--help`` fast."""
+    from flatlm.experiments.scales import scale
+    from sweeps.experiment import experiment_of, scale_and_protocol, sweep_of
 
-    objectives = tuple(objective(o) for o in args.objective)  # () = _spec.objectives' default
-    space = {"train.lr": tune.loguniform(1e-4, 3e-3), "train.beta2": tune.uniform(0.9, 0.999),
-             "train.weight_decay": tune.loguniform(1e-4, 1e-1),
-             "train.dropout": tune.uniform(0.0, 0.2)}
-    tiny = args.preset == "tiny"
-    base = base_for(args.preset, getattr(args, "source", None))  # --source (sweeps.cli.main)
-    return Sweep(name="search", base=base, space=space, searcher="optuna", objectives=objectives,
-                 num_samples=args.samples or (4 if tiny else 64),
-                 max_concurrent=2 if tiny else 8, gpus_per_trial=0.0 if tiny else 0.5)
+    objectives = tuple(objective(o) for o in args.objective)  # () = spec.objectives' default
+    cpu = scale(scale_and_protocol(args)[0]).gpus == 0
+    return sweep_of(experiment_of("search", args), "search", args, searcher="optuna",
+                    objectives=objectives, num_samples=args.samples or (4 if cpu else 64),
+                    max_concurrent=2 if cpu else 8, gpus_per_trial=0.0 if cpu else 0.5)
 
 
 if __name__ == "__main__":

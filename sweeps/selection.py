@@ -15,11 +15,12 @@ more seeds give tighter intervals.
 """
 
 import sys
+from dataclasses import replace
 
+from flatlm.experiments.grids import SELECTION_ALGORITHMS
 from sweeps.cli import main
 
-ALGORITHMS = "adamw,sam,noreg"
-SELECTION_WHAT = ("eigen", "sharpness")  # measured beside the preset's loss, Tr(F), Tr(H)
+ALGORITHMS = ",".join(SELECTION_ALGORITHMS)
 
 
 def add_arguments(p) -> None:
@@ -39,12 +40,10 @@ def _floats(text: str, flag: str) -> list[float]:
 
 
 def build(args):
-    """The sweep (``sweeps.spec.Sweep``); imports here keep ``--help`` fast."""
-    from flatlm.core.config import apply_overrides
-    from flatlm.experiments.presets import TINY_KL_THRESHOLD, base_for
+    """The selection experiment (``flatlm.experiments.paper``) as a Ray sweep; imports here keep
+    ``--help`` fast."""
     from flatlm.train.config import ALGORITHMS as KNOWN
-    from sweeps.rayenv import tune
-    from sweeps.spec import Sweep
+    from sweeps.experiment import experiment_of, sweep_of
 
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     if not algorithms or any(a not in KNOWN for a in algorithms):
@@ -52,18 +51,11 @@ def build(args):
                          f"{', '.join(KNOWN)}")
     if args.seeds < 1:
         raise ValueError(f"--seeds {args.seeds}: use at least 1")
-    space = {"train.algorithm": tune.grid_search(algorithms),
-             "train.seed": tune.grid_search(list(range(args.seeds)))}
-    if args.lrs:
-        space["train.lr"] = tune.grid_search(_floats(args.lrs, "--lrs"))
-    tiny = args.preset == "tiny"
-    base = base_for(args.preset, getattr(args, "source", None))  # --source (sweeps.cli.main)
-    # several notions of flatness compete: the traces, the top eigenvalues, adaptive sharpness
-    what = [*base.measure.what, *(w for w in SELECTION_WHAT if w not in base.measure.what)]
-    base = apply_overrides(base, {"measure.what": what})
-    return Sweep(name="selection", base=base, space=space, selection=True,
-                 gpus_per_trial=0.0 if tiny else 1.0,
-                 **({"kl_threshold": TINY_KL_THRESHOLD} if tiny else {}))
+    exp = experiment_of("selection", args, algorithms=tuple(algorithms),
+                        seeds=tuple(range(args.seeds)))
+    if args.lrs:  # the learning rate varied too: a grid dimension of the sweep's own
+        exp = replace(exp, grid={**exp.grid, "train.lr": _floats(args.lrs, "--lrs")})
+    return sweep_of(exp, "selection", args, selection=True)
 
 
 if __name__ == "__main__":

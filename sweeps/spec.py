@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from flatlm.core.config import apply_overrides
 from flatlm.measure import KL, LOSS, TRACE_FISHER, probe_keys
-from flatlm.runs.trial import TrialConfig, validate_trial
+from flatlm.runs.trial import TrialConfig, measured_tasks, validate_trial
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,12 +37,6 @@ class Sweep:
     #   of the entropy, or, for a source without a truth (real text), of the lowest loss reached
     selection: bool = False  # the summary prints the whole model-selection table
     #   (analysis/selection.py), not only its verdict
-
-
-def measured_tasks(cfg: TrialConfig) -> tuple[str, ...]:
-    """The downstream tasks a trial measures: ``measure.tasks``, else all of its source's."""
-    source, _ = validate_trial(cfg)
-    return tuple(cfg.measure.tasks) or tuple(source.tasks)
 
 
 def sweep_task(sweep: Sweep) -> str:

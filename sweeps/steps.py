@@ -13,22 +13,11 @@ from sweeps.cli import main
 
 
 def build(args):
-    """The sweep (``sweeps.spec.Sweep``); imports here keep ``--help`` fast."""
-    from flatlm.core.config import apply_overrides
-    from flatlm.experiments.presets import TINY_KL_THRESHOLD, base_for
-    from sweeps.rayenv import tune
-    from sweeps.spec import Sweep
+    """The steps experiment (``flatlm.experiments.paper``), three seeds, as a Ray sweep; imports
+    here keep ``--help`` fast."""
+    from sweeps.experiment import experiment_of, sweep_of
 
-    if args.preset == "tiny":
-        steps, every = 4500, 500
-    else:
-        steps, every = 200_000, 10_000
-    base = apply_overrides(base_for(args.preset, getattr(args, "source", None)), {
-        "train.steps": steps, "train.checkpoint_steps": list(range(every, steps + 1, every))})
-    tiny = args.preset == "tiny"
-    return Sweep(name="steps", base=base, space={"train.seed": tune.grid_search([0, 1, 2])},
-                 gpus_per_trial=0.0 if tiny else 1.0,
-                 **({"kl_threshold": TINY_KL_THRESHOLD} if tiny else {}))
+    return sweep_of(experiment_of("steps", args, seeds=(0, 1, 2)), "steps", args)
 
 
 if __name__ == "__main__":

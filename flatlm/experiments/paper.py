@@ -1,12 +1,16 @@
-"""One experiment per claim of the paper: a base trial config and a grid of variants.
+"""The paper's experiments, defined once: a base trial config and a grid of variants (plus, for a
+search, distributions). The Ray sweeps (``sweeps/``) and the local runner (``flatlm replicate``)
+run these same objects, and name their trials by one rule (``trial_name``).
 
 ============  ============================================================  ================
-experiment    what varies (every grid point for each seed of the scale)      paper
+experiment    what varies (every grid point for each seed)                   paper
 ============  ============================================================  ================
 steps         one model trained long under AdamW, checkpointed densely        Fig. 2 / 4
 sizes         the scale's models, each also measured grown into one shape     Fig. 3 / 5
 algorithms    adamw, adversarial, noreg, sam (+ the lookup table, measured)   Tables 1 / 2
 sgd           ``steps`` under SGD (warmup 12%, then a constant rate)          B.2, Fig. 10
+selection     algorithms x seeds, with the top eigenvalues and sharpness     App. D
+search        lr, beta2, weight decay, dropout drawn by a searcher (Optuna)   -
 ============  ============================================================  ================
 
 The Fig. 1 scatter is not an experiment of its own: it is read from every checkpoint of the
@@ -14,7 +18,7 @@ others (``analysis/replication.py``).
 
 >>> exp = build("sizes", scale="tiny", protocol="paper-code")
 >>> [name for name, _ in exp.trials()][:2]
-['model=d16-h1-l1-i64-pre,seed=0', 'model=d16-h1-l1-i64-pre,seed=1']
+['d16-h1-l1-i64-pre_seed0', 'd16-h1-l1-i64-pre_seed1']
 >>> exp.base.measure.grow_to
 'd64-h4-l2-i256-pre'
 """
@@ -26,26 +30,33 @@ import itertools
 from dataclasses import dataclass, field
 
 from flatlm.core.config import apply_overrides
+from flatlm.experiments.grids import (
+    ALGORITHMS,
+    EXPERIMENTS,
+    EXTRA_EXPERIMENTS,
+    SEARCH_SPACE,
+    SELECTION_ALGORITHMS,
+    SELECTION_WHAT,
+    trial_name,
+)
+from flatlm.experiments.presets import PRESETS, source_kind, source_overrides
 from flatlm.experiments.protocols import model_for, parse_protocol, protocol_overrides
 from flatlm.experiments.scales import Scale
 from flatlm.experiments.scales import scale as get_scale
-from flatlm.measure.grown import lcm_shape
-from flatlm.models.presets import shape_string
 from flatlm.runs.trial import TrialConfig
-
-EXPERIMENTS = ("steps", "sizes", "algorithms", "sgd")
-ALGORITHMS = ("adamw", "adversarial", "noreg", "sam")
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """Trials = ``base`` with each point of ``grid`` (dotted key -> values; their product)."""
+    """Trials = ``base`` with each point of ``grid`` (dotted key -> values; their product);
+    ``space`` holds a search's distributions (``SEARCH_SPACE``'s form), drawn by a searcher."""
 
-    name: str  # one of EXPERIMENTS
+    name: str  # one of EXPERIMENTS or EXTRA_EXPERIMENTS
     protocol: str  # e.g. "paper", "paper-code", "paper+inside-labels"
-    scale: str  # "tiny" or "gpu"
+    scale: str  # "sweep", "tiny" or "gpu"
     base: TrialConfig
     grid: dict = field(default_factory=dict)
+    space: dict = field(default_factory=dict)
 
     def points(self) -> list[dict]:
         keys = list(self.grid)
@@ -53,31 +64,51 @@ class Experiment:
                 for values in itertools.product(*(self.grid[k] for k in keys))]
 
     def trials(self) -> list[tuple[str, TrialConfig]]:
-        """(name, config) of every trial; the name spells the grid point (``model=..,seed=0``)."""
+        """(name, config) of every grid point; the name says what the trial varies."""
         return [(trial_name(point), apply_overrides(self.base, point)) for point in self.points()]
-
-
-def trial_name(point: dict) -> str:
-    return ",".join(f"{key.split('.')[-1]}={value}" for key, value in point.items())
 
 
 def build(name: str, *, scale: str = "tiny", protocol: str = "paper",
           seeds: tuple[int, ...] | None = None, models: tuple[str, ...] | None = None,
+          source: str | None = None, algorithms: tuple[str, ...] | None = None,
           overrides: dict | None = None) -> Experiment:
-    """Experiment ``name`` at ``scale`` under ``protocol``; ``seeds`` and ``models`` (the sizes
-    grid) replace the scale's; ``overrides`` (``--set``) come last."""
-    if name not in EXPERIMENTS:
-        raise ValueError(f"experiment {name!r}: use one of {', '.join(EXPERIMENTS)}")
+    """Experiment ``name`` at ``scale`` under ``protocol``; ``seeds``, ``models`` (the sizes grid)
+    and ``algorithms`` (the algorithms and selection grids) replace the defaults; ``source``
+    (``--source``) brings its kind's settings (``presets.source_overrides``); ``overrides``
+    (``--set``) come last. Every trial's name has its seed, one seed or several."""
+    if name not in (*EXPERIMENTS, *EXTRA_EXPERIMENTS):
+        raise ValueError(f"experiment {name!r}: use one of "
+                         f"{', '.join((*EXPERIMENTS, *EXTRA_EXPERIMENTS))}")
     parse_protocol(protocol)
     sc = get_scale(scale)
+    if source_kind(source) == "hmm":  # the sizes grid of an HMM is BiLSTMs (A.4)
+        sc = dataclasses.replace(sc, models=sc.lstms)
     if models:
         sc = dataclasses.replace(sc, models=tuple(models))
-    base = _protocol_base(sc, protocol)
-    base, grid = _BUILDERS[name](sc, protocol, base)
-    grid["train.seed"] = list(sc.seeds if seeds is None else seeds)
+    base = apply_overrides(_protocol_base(sc, protocol), source_overrides(sc, source))
+    base, grid, space = _BUILDERS[name](sc, protocol, base, algorithms)
+    seeds = tuple(sc.seeds if seeds is None else seeds)
+    if not seeds:
+        raise ValueError("seeds: give at least one training seed")
+    grid["train.seed"] = list(seeds)
     if overrides:
         base = apply_overrides(base, overrides)
-    return Experiment(name=name, protocol=protocol, scale=sc.name, base=base, grid=grid)
+    return Experiment(name=name, protocol=protocol, scale=sc.name, base=base, grid=grid,
+                      space=space)
+
+
+def base_of(scale: str, protocol: str = "paper", source: str | None = None) -> TrialConfig:
+    """The base trial of ``scale`` under ``protocol``, on ``source`` with its kind's settings:
+    what every experiment there starts from."""
+    parse_protocol(protocol)
+    sc = get_scale(scale)
+    return apply_overrides(_protocol_base(sc, protocol), source_overrides(sc, source))
+
+
+def base_for(preset: str, source: str | None = None) -> TrialConfig:
+    """``base_of`` the (scale, protocol) a sweep preset names (``presets.PRESETS``)."""
+    scale, protocol = PRESETS[preset]
+    return base_of(scale, protocol, source)
 
 
 def _protocol_base(sc: Scale, protocol: str) -> TrialConfig:
@@ -90,31 +121,64 @@ def _protocol_base(sc: Scale, protocol: str) -> TrialConfig:
 
 def _long_run(sc: Scale, base: TrialConfig, **extra) -> TrialConfig:
     every = sc.long_steps // sc.checkpoints
+    first = 0 if sc.long_from_zero else every
     return apply_overrides(base, {"train.steps": sc.long_steps, "train.checkpoint_steps":
-                                  list(range(0, sc.long_steps + 1, every)), **extra})
+                                  list(range(first, sc.long_steps + 1, every)), **extra})
 
 
-def _steps(sc: Scale, protocol: str, base: TrialConfig):
-    return _long_run(sc, base), {}
+def _steps(sc, protocol, base, algorithms):
+    return _long_run(sc, base), {}, {}
 
 
-def _sgd(sc: Scale, protocol: str, base: TrialConfig):
+def _sgd(sc, protocol, base, algorithms):
     # B.2: SGD, warmup over 12% of the steps, then a constant rate (the paper's 1e-3 at GPU scale)
     return _long_run(sc, base, **{"train.algorithm": "sgd", "train.lr": sc.sgd_lr,
                                   "train.warmup_steps": None, "train.warmup_proportion": 0.12,
-                                  "train.schedule": "constant"}), {}
+                                  "train.schedule": "constant"}), {}, {}
 
 
-def _sizes(sc: Scale, protocol: str, base: TrialConfig):
+def _sizes(sc, protocol, base, algorithms):
+    from flatlm.measure.grown import lcm_shape  # defers torch: configs parse without it
+    from flatlm.models.presets import shape_string
+
     models = [model_for(m, protocol) for m in sc.models]
     thirds = sorted({sc.steps // 3, 2 * sc.steps // 3, sc.steps})
-    base = apply_overrides(base, {"measure.grow_to": shape_string(lcm_shape(models)),
-                                  "train.checkpoint_steps": thirds})
-    return base, {"model": models}
+    # Tr(F) of models of different sizes is compared in one parameterisation: each checkpoint
+    # is also measured grown into the least common shape (flat/*_grown, Fig. 5, Table 4); only
+    # BERTs grow, so a grid of BiLSTMs is measured in its own shapes
+    lstm = models[0].startswith("lstm-")
+    base = apply_overrides(base, {"measure.grow_to": None if lstm else
+                                  shape_string(lcm_shape(models)),
+                                  "train.checkpoint_steps": thirds, **sc.sizes_overrides})
+    return base, {"model": models}, {}
 
 
-def _algorithms(sc: Scale, protocol: str, base: TrialConfig):
-    return apply_overrides(base, sc.adversarial), {"train.algorithm": list(ALGORITHMS)}
+def _algorithms(sc, protocol, base, algorithms):
+    return _with_adversary(sc, base), {"train.algorithm": list(algorithms or ALGORITHMS)}, {}
 
 
-_BUILDERS = {"steps": _steps, "sizes": _sizes, "algorithms": _algorithms, "sgd": _sgd}
+def _with_adversary(sc: Scale, base: TrialConfig) -> TrialConfig:
+    """The scale's adversary settings; it attacks B (Table 1) if the trial measures B, else the
+    first task measured (an HMM's task-6, Dyck's g_star)."""
+    adversary = dict(sc.adversarial)
+    if "train.adversarial.task" not in adversary:
+        from flatlm.runs.trial import measured_tasks  # defers the source's truth
+
+        tasks = measured_tasks(base)
+        adversary["train.adversarial.task"] = "B" if "B" in tasks else tasks[0]
+    return apply_overrides(base, adversary)
+
+
+def _selection(sc, protocol, base, algorithms):
+    # several notions of flatness compete: the traces, the top eigenvalues, adaptive sharpness
+    what = [*base.measure.what, *(w for w in SELECTION_WHAT if w not in base.measure.what)]
+    return (apply_overrides(base, {"measure.what": what}),
+            {"train.algorithm": list(algorithms or SELECTION_ALGORITHMS)}, {})
+
+
+def _search(sc, protocol, base, algorithms):
+    return base, {}, dict(SEARCH_SPACE)
+
+
+_BUILDERS = {"steps": _steps, "sizes": _sizes, "algorithms": _algorithms, "sgd": _sgd,
+             "selection": _selection, "search": _search}

@@ -73,7 +73,8 @@ def protocol_overrides(name: str) -> dict:
 
 def model_for(model: str, protocol: str) -> str:
     """``model`` as protocol ``protocol`` trains it (the pre-LN variant under ``pre-ln``)."""
-    pre = "pre-ln" in switches_of(protocol) and not model.endswith(PRE_LN_SUFFIX)
+    pre = ("pre-ln" in switches_of(protocol) and not model.endswith(PRE_LN_SUFFIX)
+           and not model.startswith("lstm-"))  # the LSTM has no layer-norm placement
     return model + PRE_LN_SUFFIX if pre else model
 
 

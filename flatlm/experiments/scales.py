@@ -1,12 +1,16 @@
-"""Where an experiment runs: ``tiny`` (one CPU core, about a minute a trial) or ``gpu`` (the
-paper's sizes and protocol, one GPU per trial). A scale fixes the source, the models, the
-trial's base config and the lengths of runs; the protocol and the experiment adjust the rest.
+"""Where an experiment runs. A scale fixes the source, the models, the trial's base config and the
+lengths of runs; the protocol (``protocols``) and the experiment (``paper``) adjust the rest.
+
+- ``sweep``: the Ray sweeps' CPU scale (``python sweeps/scaling.py`` with no arguments): a small
+  grammar every tiny model saturates in minutes.
+- ``tiny``: the replication's CPU scale (``flatlm replicate``), about a minute a trial.
+- ``gpu``: the paper's sizes (Table 3), one GPU per trial.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flatlm.core.config import apply_overrides
 from flatlm.runs.trial import TrialConfig
@@ -16,7 +20,7 @@ from flatlm.runs.trial import TrialConfig
 TINY_SOURCE = json.dumps({"kind": "pcfg", "seed": 0, "random": {
     "vocab": 30, "roots": 3, "nonterminals_per_level": 4, "depth": 3,
     "binary_per_nonterminal": 6, "words_per_nonterminal": 8}})
-# The CPU sweeps' language (``presets``), chosen by measurement so that the tiny models
+# The CPU sweeps' language (the ``sweep`` scale), chosen by measurement so that the tiny models
 # reach the saturated regime in minutes: 12 words, sentences of exactly 8 words (no terminal
 # rules above the last level), few rules. At 3000 steps (batch 128, lr 5e-3, linear decay, no
 # dropout) the three TINY_MODELS end at KL 0.032 / 0.019 / 0.009 nats (entropy 1.85); on
@@ -40,6 +44,11 @@ PAPER_LIKE_SOURCE = json.dumps({"kind": "pcfg", "seed": 0, "max_length": 32, "ra
 TINY_MODELS = ("d16-h1-l1-i64", "d32-h2-l1-i128", "d64-h4-l2-i256")
 # Table 3 presets the paper's PCFG sweeps span (bert-234m and up need a large GPU each).
 PAPER_MODELS = ("bert-2m", "bert-4.8m", "bert-8.3m", "bert-12.8m", "bert-41m", "bert-110m")
+# The BiLSTMs of the HMM experiments (paper A.1 / A.4), smallest first: two tiny ones for a CPU,
+# and the paper's 10M-135M range from its grid (9.1M, 23.7M, 48.9M, 81.6M, 110M parameters with
+# 200 words; ``flatlm.models.presets.parameter_count``).
+TINY_LSTMS = ("lstm-h16-l1", "lstm-h32-l2")
+PAPER_LSTMS = ("lstm-h256-l6", "lstm-h512-l4", "lstm-h512-l8", "lstm-h768-l6", "lstm-h768-l8")
 
 
 @dataclass(frozen=True)
@@ -57,14 +66,21 @@ class Scale:
     seeds: tuple[int, ...]  # training seeds of every grid point
     gpus: float  # per trial, for the Ray sweeps
     sgd_lr: float  # the sgd experiment's constant rate after warmup
-    adversarial: dict  # the adversary's settings in the algorithms experiment
+    adversarial: dict  # the adversary's settings in the algorithms experiment (its task, when
+    #   not given: B if the trial measures B, else its first task: the probed one)
     overrides: dict  # the rest of the base config
+    lstms: tuple[str, ...] = TINY_LSTMS  # the sizes grid on an HMM source (BiLSTMs, A.4)
+    run_checkpoints: int = 1  # checkpoints of a run of ``steps``, evenly spaced, the last at it
+    long_from_zero: bool = True  # a long run also checkpoints step 0
+    sizes_overrides: dict = field(default_factory=dict)  # the sizes experiment's own settings
+    kl_threshold: float = 0.1  # the sweeps' saturation rule: KL below it (nats per token)
 
     def base(self) -> TrialConfig:
-        return apply_overrides(TrialConfig(), {"source": self.source, "model": self.model,
-                                               "train.steps": self.steps,
-                                               "train.checkpoint_steps": [self.steps],
-                                               **self.overrides})
+        every = self.steps // self.run_checkpoints
+        return apply_overrides(TrialConfig(), {
+            "source": self.source, "model": self.model, "train.steps": self.steps,
+            "train.checkpoint_steps": list(range(every, self.steps + 1, every)),
+            **self.overrides})
 
 
 TINY = Scale(
@@ -88,6 +104,7 @@ TINY = Scale(
 GPU = Scale(
     name="gpu", source="pcfg:paper", deep_source=PAPER_LIKE_SOURCE, models=PAPER_MODELS,
     model="bert-41m", steps=30_000, long_steps=200_000, checkpoints=20, seeds=(0, 1, 2), gpus=1.0,
+    lstms=PAPER_LSTMS,
     sgd_lr=1e-3,  # B.2
     adversarial={"train.adversarial.task": "B"},  # Table 1 reports tasks A and B
     overrides={
@@ -99,7 +116,29 @@ GPU = Scale(
         "measure.flatness.n_inputs": 10_000, "measure.flatness.batch_size": 512,
     })
 
-SCALES = {s.name: s for s in (TINY, GPU)}
+# The sweeps' CPU scale: trained into the saturated regime in minutes on SWEEP_SOURCE (KL 0.032
+# / 0.019 / 0.009 at step 3000; the rule: KL < 0.05). Linear decay, because with a constant rate
+# the models plateau higher (measured: the smallest at KL 0.044 instead of 0.032); the sizes
+# experiment without dropout, so that the smallest model also gets below 0.05 (0.032 at step
+# 3000 instead of 0.043 with dropout 0.1). Long runs: 4500 steps, a checkpoint every 500.
+SWEEP = Scale(
+    name="sweep", source=SWEEP_SOURCE, deep_source=TINY_DEEP_SOURCE, models=TINY_MODELS,
+    model=TINY_MODELS[1], steps=3000, long_steps=4500, checkpoints=9, seeds=(0,), gpus=0.0,
+    sgd_lr=0.3, adversarial={"train.adversarial.d1": 32, "train.adversarial.d2": 32,
+                             "train.adversarial.pool": 256},
+    run_checkpoints=3, long_from_zero=False, sizes_overrides={"train.dropout": 0.0},
+    kl_threshold=0.05,
+    overrides={
+        "train.batch_size": 128, "train.lr": 5e-3, "train.warmup_steps": 50,
+        "train.schedule": "linear", "train.log_every": 50,
+        # 800 test sentences per task: s.e. of an accuracy ~0.8 points here; task C of
+        # SWEEP_SOURCE is degenerate (majority 93%)
+        "measure.n_eval": 1000, "measure.n_downstream": 4000, "measure.tasks": ["A", "B"],
+        "measure.probe.epochs": 40, "measure.probe.seeds": 3, "measure.probe.batch_size": 256,
+        "measure.flatness.batch_size": 128, "measure.flatness.hutchinson_batch_size": 64,
+    })
+
+SCALES = {s.name: s for s in (SWEEP, TINY, GPU)}
 
 
 def scale(name: str) -> Scale:

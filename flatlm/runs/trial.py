@@ -89,6 +89,12 @@ def validate_trial(cfg: TrialConfig):
     return source, model_cfg
 
 
+def measured_tasks(cfg: TrialConfig) -> tuple[str, ...]:
+    """The downstream tasks a trial measures: ``measure.tasks``, else all of its source's."""
+    source, _ = validate_trial(cfg)
+    return tuple(cfg.measure.tasks) or tuple(source.tasks)
+
+
 def _check_growth(train: TrainConfig, model_cfg) -> None:
     """grow: every shape of ``train.grow.to`` a growth of the one before (the sweeps' grid points
     are checked here before any trial starts)."""
@@ -231,5 +237,6 @@ def printer(step: int, metrics: dict, ckpt_dir: Path) -> None:
     print(f"step {step}: " + "  ".join(f"{k}={metrics[k]:.4g}" for k in keys), flush=True)
 
 
-__all__ = ["EvalData", "Report", "TrialConfig", "printer", "read_metrics", "run_trial",
+__all__ = ["EvalData", "Report", "TrialConfig", "measured_tasks", "printer", "read_metrics",
+           "run_trial",
            "tracked_params", "validate_trial"]

@@ -30,13 +30,13 @@ def test_budget_pauses_after_a_checkpoint_and_the_resumed_trial_equals_an_uninte
     done = run_experiment(exp, tmp_path / "a", budget=budget,
                           on_trial=lambda name, state: states.append(state))
     assert not done and states == ["start", "paused"]
-    out = trial_dir(tmp_path / "a", exp, "seed=0")
+    out = trial_dir(tmp_path / "a", exp, "seed0")
     assert set(read_metrics(out)) == {0}  # stopped after the first checkpoint
     assert set(load_trials(tmp_path / "a")["status"]) == {"RUNNING"}  # the report leaves it out
     assert run_experiment(exp, tmp_path / "a")
     assert set(load_trials(tmp_path / "a")["status"]) == {"FINISHED"}
     assert run_experiment(exp, tmp_path / "b")
-    resumed, straight = measured(out), measured(trial_dir(tmp_path / "b", exp, "seed=0"))
+    resumed, straight = measured(out), measured(trial_dir(tmp_path / "b", exp, "seed0"))
     assert set(resumed) == {0, 3, 6} and resumed == straight  # bit for bit on the CPU
 
 
@@ -53,7 +53,7 @@ def test_changed_settings_are_refused_before_any_work(tmp_path):
     changed = steps_experiment(**{"train.lr": 2e-3})
     with pytest.raises(ValueError, match="started with another config"):
         run_experiment(changed, tmp_path)
-    cfg = json.loads((trial_dir(tmp_path, changed, "seed=0") / "config.json").read_text())
+    cfg = json.loads((trial_dir(tmp_path, changed, "seed0") / "config.json").read_text())
     assert cfg["train"]["lr"] == steps_experiment().base.train.lr  # untouched
 
 
@@ -61,7 +61,7 @@ def test_a_trial_started_before_a_field_was_added_is_skipped_as_finished(tmp_pat
     """A config.json without a field added since (train.world_size) reads as its default."""
     exp = steps_experiment()
     assert run_experiment(exp, tmp_path)
-    path = trial_dir(tmp_path, exp, "seed=0") / "config.json"
+    path = trial_dir(tmp_path, exp, "seed0") / "config.json"
     old = json.loads(path.read_text())
     del old["train"]["world_size"]
     path.write_text(json.dumps(old))

@@ -7,7 +7,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-from flatlm.experiments.presets import base_for  # noqa: E402
+from flatlm.experiments.paper import base_for  # noqa: E402
 from sweeps.cli import apply_arguments  # noqa: E402
 from sweeps.spec import Sweep  # noqa: E402
 

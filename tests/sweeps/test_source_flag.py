@@ -10,7 +10,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-from flatlm.experiments.presets import PAPER_LSTMS, TINY_LSTMS, TINY_MODELS, hmm_tasks  # noqa: E402
+from flatlm.experiments.presets import PAPER_LSTMS, TINY_LSTMS, hmm_tasks  # noqa: E402
+from flatlm.experiments.scales import TINY_MODELS  # noqa: E402
 from flatlm.sources import SourceSpec  # noqa: E402
 from sweeps import (  # noqa: E402
     algorithms,  # noqa: E402

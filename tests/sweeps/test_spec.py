@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 from flatlm.core.config import apply_overrides  # noqa: E402
-from flatlm.experiments.presets import base_for  # noqa: E402
+from flatlm.experiments.paper import base_for  # noqa: E402
 from sweeps import (  # noqa: E402
     algorithms,  # noqa: E402
     scaling,  # noqa: E402

@@ -21,7 +21,7 @@ import sys
 from sweeps.cli import main
 from sweeps.rayenv import tune
 from sweeps.spec import Sweep
-from flatlm.experiments.presets import base_for
+from flatlm.experiments.paper import base_for
 
 
 def build(args):

@@ -1,0 +1,53 @@
+"""A sweep of one of the experiments of ``flatlm.experiments.paper``: the same trials that
+``flatlm replicate`` runs locally, on Ray, named by the same rule.
+
+``--preset`` names a (scale, protocol) pair (``flatlm.experiments.presets.PRESETS``); ``--scale``
+and ``--protocol`` give them apart, as ``flatlm replicate`` takes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from flatlm.experiments.paper import Experiment, build
+from flatlm.experiments.presets import PRESETS
+from flatlm.experiments.scales import scale as get_scale
+from sweeps.spec import Sweep
+
+
+def scale_and_protocol(args: argparse.Namespace) -> tuple[str, str]:
+    """(scale, protocol) of the command line: ``--preset``'s pair (default ``tiny``), each
+    replaced by ``--scale`` / ``--protocol`` where given."""
+    scale, protocol = PRESETS[getattr(args, "preset", None) or "tiny"]
+    return (getattr(args, "scale", None) or scale, getattr(args, "protocol", None) or protocol)
+
+
+def preset_tag(args: argparse.Namespace) -> str:
+    """The runs' ``preset`` tag: the preset's name, or ``scale/protocol`` when they were given."""
+    if getattr(args, "scale", None) or getattr(args, "protocol", None):
+        return "/".join(scale_and_protocol(args))
+    return getattr(args, "preset", None) or "tiny"
+
+
+def experiment_of(name: str, args: argparse.Namespace, **choices) -> Experiment:
+    """Experiment ``name`` at the command line's scale and protocol, on its ``--source``;
+    ``choices`` (seeds, models, algorithms) replace the experiment's defaults. The ``--set``
+    overrides are applied by ``sweeps.cli.apply_arguments``, which also refuses one that names
+    a varied key."""
+    scale, protocol = scale_and_protocol(args)
+    return build(name, scale=scale, protocol=protocol, source=getattr(args, "source", None),
+                 **choices)
+
+
+def sweep_of(experiment: Experiment, name: str, args: argparse.Namespace, **fields) -> Sweep:
+    """The Ray sweep of ``experiment``: its grid as grid searches, its distributions as Ray
+    Tune's, its scale's resources and saturation rule; ``fields`` set the rest of the Sweep."""
+    from sweeps.rayenv import tune
+
+    space = {key: tune.grid_search(list(values)) for key, values in experiment.grid.items()}
+    space.update({key: getattr(tune, kind)(low, high)
+                  for key, (kind, low, high) in experiment.space.items()})
+    sc = get_scale(experiment.scale)
+    return Sweep(**{"name": name, "preset": preset_tag(args), "base": experiment.base,
+                    "space": space, "gpus_per_trial": sc.gpus,
+                    "kl_threshold": sc.kl_threshold, **fields})
