@@ -12,7 +12,7 @@ import logging
 import sys
 
 # Command modules, in the order their commands are listed by --help.
-COMMAND_MODULES = ("data", "train", "measure", "grow", "replicate")
+COMMAND_MODULES = ("data", "train", "trial", "measure", "grow", "replicate")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,13 +31,10 @@ if TYPE_CHECKING:
 
 
 def parse_overrides(pairs: list[str]) -> dict:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise ValueError(f"--set {pair!r}: write KEY=VALUE, e.g. train.lr=3e-4")
-        out[key.strip()] = value.strip()
-    return out
+    """``--set`` pairs: the trial config's keys, the one key space of every command."""
+    from flatlm.core.config import parse_assignments
+
+    return parse_assignments(pairs)
 
 
 def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """``flatlm measure CHECKPOINT``: every measurement of one saved model, as one JSON object.
 
     flatlm measure out/checkpoints/step-1000 --what loss,fisher,hessian,probe,lookup --json
-    flatlm measure CKPT --source pcfg:paper --n-inputs 10000 --set probe.seeds=5
+    flatlm measure CKPT --source pcfg:paper --n-inputs 10000 --set measure.probe.seeds=5
 
 The source defaults to the one recorded in the checkpoint's ``flatlm.json``. The object is printed
 (``--json``: only it) and saved as ``measure.json`` next to the checkpoint (or ``--out``).
@@ -27,7 +27,8 @@ def register(sub) -> None:
     p.add_argument("--n-downstream", type=int, help="labelled sentences per task")
     p.add_argument("--tasks", help="comma-separated downstream tasks (default: all)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="any MeasureConfig key, e.g. probe.seeds=5 or flatness.estimator=sampled")
+                   help="any measure.* key of the trial config, as in the sweeps, e.g. "
+                        "measure.probe.seeds=5")
     p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:i (default: cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="where to save the JSON (default CHECKPOINT/measure.json)")
@@ -37,8 +38,9 @@ def register(sub) -> None:
 
 def _config(args):
     """The MeasureConfig of the options: the named flags first, then ``--set`` (same path as
-    ``flatlm.core.config.apply_overrides``, so ``--set tasks=B,C`` and ``--tasks B,C`` agree)."""
-    from flatlm.core.config import apply_overrides, parse_assignments
+    ``flatlm.core.config.apply_overrides``, so ``--set measure.tasks=B,C`` and ``--tasks B,C``
+    agree)."""
+    from flatlm.core.config import apply_overrides, section_assignments
     from flatlm.measure.run import MeasureConfig
 
     overrides = {"what": args.what, "seed": args.seed}
@@ -48,7 +50,7 @@ def _config(args):
         overrides["n_downstream"] = args.n_downstream
     if args.tasks:
         overrides["tasks"] = args.tasks
-    overrides.update(parse_assignments(args.overrides))
+    overrides.update(section_assignments(args.overrides, "measure"))
     return apply_overrides(MeasureConfig(), overrides)
 
 

@@ -2,7 +2,7 @@
 
     flatlm train --source pcfg:paper --model bert-12.8m --algorithm adamw --steps 30000 \\
         --checkpoint-steps 0,10000,20000,30000 --batch-size 4096 --seed 0 --out runs/a
-    flatlm train ... --algorithm sam --sam-rho 0.1 --compile false --set adversarial.task=C
+    flatlm train ... --algorithm sam --sam-rho 0.1 --compile false --set train.adversarial.task=C
     flatlm train ... --out runs/a --steps 60000 --resume      # continue the same run
     flatlm train ... --world-size 2     # data-parallel: 2 processes (GPUs), the same global batch
 
@@ -11,7 +11,8 @@ settings join with '-' (``--sam-rho`` is ``sam.rho``, ``--adversarial-lambda`` i
 ``adversarial.lambda``), a bool is ``--x/--no-x`` (the true / false / auto switches take a
 value: ``--compile false``), a tuple is comma-separated
 (``--checkpoint-steps 0,100``) and ``none`` clears an optional field. ``--set KEY=VALUE`` takes
-the same keys. Checkpoints go to ``OUT/checkpoints/step-<N>/`` (default: only the last step).
+the trial config's keys, as the sweeps do (``--set train.sam.rho=0.1``). Checkpoints go to
+``OUT/checkpoints/step-<N>/`` (default: only the last step).
 
 Exit status: 0 trained; 2 bad input (a message naming the field); 3 training diverged (a
 non-finite loss, or one above --divergence-factor times the first logged loss): the message on
@@ -29,7 +30,7 @@ from flatlm.core.config import (
     add_arguments,
     apply_overrides,
     overrides_from_args,
-    parse_assignments,
+    section_assignments,
 )
 from flatlm.train.config import TrainConfig
 
@@ -52,15 +53,15 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda[:i]")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="any TrainConfig key, e.g. sam.rho=0.1 (the options below are the same "
-                        "keys)")
+                   help="any train.* key of the trial config, as in the sweeps, e.g. "
+                        "train.sam.rho=0.1 (the options below set the same fields)")
     add_arguments(p.add_argument_group("training (TrainConfig)"), TrainConfig)
     p.set_defaults(run=run)
 
 
 def config_from_args(args) -> TrainConfig:
     """The ``TrainConfig`` the options describe (raises ValueError naming a bad field)."""
-    overrides = {**parse_assignments(args.overrides), **overrides_from_args(args)}
+    overrides = {**section_assignments(args.overrides, "train"), **overrides_from_args(args)}
     if "checkpoint_steps" not in overrides:  # default: a checkpoint at the last step only
         steps = apply_overrides(TrainConfig(), {k: v for k, v in overrides.items()
                                                 if k == "steps"}).steps

@@ -290,6 +290,21 @@ def parse_assignments(pairs: Iterable[str], flag: str = "--set") -> dict[str, st
     return out
 
 
+def section_assignments(pairs: Iterable[str], section: str) -> dict[str, str]:
+    """``--set`` pairs in the trial config's key space (``train.sam.rho=0.1``), for a command that
+    configures one ``section`` of it (``flatlm train``: train; ``flatlm measure``: measure), with
+    the section's prefix taken off. One key space for every command: a line copied from a sweep
+    works here. A key without the prefix is an error that names the key to write."""
+    out = {}
+    for key, value in parse_assignments(pairs).items():
+        head, dot, rest = key.partition(".")
+        if head != section or not dot:
+            raise ConfigError(f"--set {key}: keys are the trial config's, as in the sweeps; this "
+                              f"command sets the {section} section: write {section}.{key}=...")
+        out[rest] = value
+    return out
+
+
 # ------------------------------------------------------------------ command-line flags
 
 _DEST = "config:"  # argparse dest prefix of generated flags: cannot clash with other options

@@ -23,9 +23,11 @@ def checkpoint(tmp_path):
 def test_measure_prints_and_saves_every_key(checkpoint, capsys):
     rc = main(["measure", str(checkpoint), "--what", "loss,fisher,hessian,probe,finetune,lookup",
                "--n-inputs", "48", "--n-downstream", "40", "--tasks", "B", "--json",
-               "--set", "probe.epochs=3", "--set", "probe.seeds=2", "--set", "finetune.epochs=1",
-               "--set", "finetune.seeds=2", "--set", "finetune.warmup_steps=2",
-               "--set", "flatness.batch_size=16", "--set", "flatness.hutchinson_batch_size=16"])
+               "--set", "measure.probe.epochs=3", "--set", "measure.probe.seeds=2",
+               "--set", "measure.finetune.epochs=1", "--set", "measure.finetune.seeds=2",
+               "--set", "measure.finetune.warmup_steps=2",
+               "--set", "measure.flatness.batch_size=16",
+               "--set", "measure.flatness.hutchinson_batch_size=16"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     keys = ["pretrain/loss", "pretrain/entropy", "pretrain/kl", "flat/trace_fisher",
@@ -42,7 +44,7 @@ def test_measure_prints_and_saves_every_key(checkpoint, capsys):
 @pytest.mark.parametrize("args, match", [
     (["--what", "loss,flatness"], "flatness"),  # not a measurement (sharpness now is)
     (["--tasks", "Q"], "measure.tasks"),
-    (["--set", "probe.epoch=3"], "probe.epoch"),
+    (["--set", "measure.probe.epoch=3"], "probe.epoch"),
 ])
 def test_bad_options_fail_with_a_message(checkpoint, capsys, args, match):
     assert main(["measure", str(checkpoint), *args]) == 2

@@ -1,0 +1,61 @@
+"""``flatlm trial``: one trial (pre-train, and measure at every checkpoint) without Ray or MLflow.
+
+    flatlm trial --out t/                                  # the CPU sweeps' base trial
+    flatlm trial --out t/ --set model=d16-h1-l1-i64 --set train.steps=600
+    flatlm trial --out t/ --scale tiny --protocol paper-code --source dyck:8
+    flatlm trial --out t/ --scale gpu --device cuda        # a paper-scale trial on one GPU
+
+The trial is the base of a scale under a protocol (``flatlm.experiments``: the same trial the
+sweeps and ``flatlm replicate`` start from), on ``--source`` with its kind's settings, then the
+``--set`` keys (the trial config's, as everywhere: ``train.lr=3e-3``, ``measure.probe.seeds=5``).
+It writes ``OUT/config.json``, ``OUT/metrics.jsonl`` and ``OUT/checkpoints/step-N/``, prints one
+line per checkpoint, and resumes from its newest checkpoint when run again with the same ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("trial", help="run one trial: train + measure (no Ray)",
+                              description=__doc__.split("\n\n")[0],
+                              epilog=__doc__.split("\n\n", 1)[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, type=Path, help="the trial directory")
+    p.add_argument("--scale", default="sweep",
+                   help="sweep (default: the CPU sweeps'), tiny (the replication's) or gpu")
+    p.add_argument("--protocol", default="paper",
+                   help="paper (default), paper-code, or paper+switch")
+    p.add_argument("--source", help="the language, with its kind's settings (default: the "
+                                    "scale's PCFG)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="any trial config key, e.g. train.lr=3e-3 (repeatable)")
+    p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:i (default: cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run)
+
+
+def trial_config(args):
+    """The trial the options describe, checked (a ValueError names a bad field)."""
+    from flatlm.core.config import apply_overrides, parse_assignments
+    from flatlm.experiments.paper import base_of
+    from flatlm.runs.trial import validate_trial
+
+    cfg = apply_overrides(base_of(args.scale, args.protocol, args.source),
+                          parse_assignments(args.overrides))
+    validate_trial(cfg)
+    return cfg
+
+
+def run(args) -> int:
+    from flatlm.core.devices import resolve_device
+    from flatlm.runs.trial import printer, run_trial
+
+    cfg = trial_config(args)
+    device = resolve_device(args.device)
+    print(f"trial {cfg.model} on {cfg.source} ({args.scale} scale, {args.protocol}) -> "
+          f"{args.out}", flush=True)
+    run_trial(cfg, args.out, printer, device=device, progress=not args.no_progress)
+    return 0
