@@ -36,6 +36,7 @@ from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, N_PARAMS, append_me
 from flatlm.sources import SourceSpec, load
 from flatlm.train.config import TrainConfig
 from flatlm.train.loop import TRAINING_INTERVAL
+from flatlm.train.registry import check_before_training, unused_sections
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def validate_trial(cfg: TrialConfig):
     except (ValueError, OSError) as e:  # the spec was valid when made; a file may have gone
         raise ValueError(f"source: {e}") from None
     model_cfg = parse_model(cfg.model)
-    _check_growth(cfg.train, model_cfg)
+    check_before_training(cfg.train, model_cfg)  # grow: each shape a growth of the one before
     if not cfg.train.checkpoint_steps:
         raise ValueError("train.checkpoint_steps is empty: a trial measures at checkpoints; "
                          "give at least one step, e.g. [0, 100]")
@@ -93,15 +94,6 @@ def measured_tasks(cfg: TrialConfig) -> tuple[str, ...]:
     """The downstream tasks a trial measures: ``measure.tasks``, else all of its source's."""
     source, _ = validate_trial(cfg)
     return tuple(cfg.measure.tasks) or tuple(source.tasks)
-
-
-def _check_growth(train: TrainConfig, model_cfg) -> None:
-    """grow: every shape of ``train.grow.to`` a growth of the one before (the sweeps' grid points
-    are checked here before any trial starts)."""
-    if train.algorithm == "grow":
-        from flatlm.train.growth import check_schedule
-
-        check_schedule(train, model_cfg)
 
 
 def with_downstream_resolved(cfg: TrialConfig) -> TrialConfig:
@@ -135,8 +127,7 @@ def tracked_params(cfg: TrialConfig) -> dict:
     if train.micro_batch_size is None:  # None = one pass (sam: each half-batch in one pass)
         train = dataclasses.replace(train, micro_batch_size=train.sentences_per_pass)
     flat = to_flat_dict(dataclasses.replace(cfg, train=train))
-    skipped = [f"train.{a}." for a in ("sam", "adversarial", "grow", "label_noise")
-               if a != train.algorithm]
+    skipped = [f"train.{section}." for section in unused_sections(train.algorithm)]
     skipped += [f"measure.{section}." for section, uses in _MEASURE_SECTIONS.items()
                 if not set(uses) & set(cfg.measure.what)]
     out = {}

@@ -1,7 +1,8 @@
 """What differs between pre-training algorithms: the optimizer and one update. The loop is shared.
 
-``ALGORITHMS`` (``flatlm.train.config``) holds each algorithm's defaults (optimizer, weight decay,
-dropout, warmup); ``STEPS`` maps it to its update:
+Each algorithm is one ``Algorithm`` in ``flatlm.train.registry`` (its defaults: optimizer, weight
+decay, dropout, warmup; its update; its data-parallel update; ...); ``STEPS`` is the view mapping
+it to its update:
 
 - ``standard_step`` (adamw, sgd, noreg, grow, label_noise): gradient of the batch's mean MLM
   loss, one optimizer step (grow's growth: ``growth.py``; label_noise's targets: ``data.py``).
@@ -26,7 +27,7 @@ The loop adds ``train/lr`` and averages each over its log window.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ from torch import nn
 from flatlm.models.bert import sentence_features, word_logits
 from flatlm.train.config import ALGORITHMS, TrainConfig
 from flatlm.train.data import MLMBatch, StepInputs
+from flatlm.train.registry import Algorithm, RegistryView
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module, *, fused: bool = False):
@@ -194,13 +196,5 @@ def adversarial_step(ctx: StepContext, inputs: StepInputs) -> dict[str, torch.Te
 
 
 Step = Callable[[StepContext, StepInputs], dict]
-STEPS: dict[str, Step] = {
-    "adamw": standard_step,
-    "sgd": standard_step,
-    "noreg": standard_step,
-    "sam": sam_step,
-    "adversarial": adversarial_step,
-    "grow": standard_step,  # the growth itself happens between updates (flatlm.train.growth)
-    "label_noise": standard_step,  # on noisy targets (flatlm.train.label_noise)
-}
-assert set(STEPS) == set(ALGORITHMS)
+# algorithm -> its update, a view of the registry (flatlm.train.registry), which names them
+STEPS: Mapping[str, Step] = RegistryView(Algorithm.update)

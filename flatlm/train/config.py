@@ -1,12 +1,13 @@
 """``TrainConfig``: one pre-training run's algorithm, schedule, batch and checkpoints.
 
 The model shape is a ``ModelConfig`` and the language a source spec; neither is a field here. Fields
-left ``None`` take the algorithm's default from ``ALGORITHMS`` (the paper's values, A.5);
+left ``None`` take the algorithm's default from ``ALGORITHMS`` (the paper's values, A.5), a view
+of the algorithm registry (``flatlm.train.registry``, which also says how to add one);
 ``resolve(cfg)`` fills them in, and the loop works on the resolved config. Settings of one
-algorithm sit in their own small config: ``cfg.sam`` (``SamConfig``), ``cfg.adversarial``
-(``AdversarialConfig``), ``cfg.grow`` (``GrowConfig``) and ``cfg.label_noise``
-(``LabelNoiseConfig``); their keys are ``train.sam.rho``, ``train.adversarial.lambda``,
-``train.grow.steps``, ``train.label_noise.p`` etc.
+algorithm sit in their own small config, the field its ``Algorithm.section`` names:
+``cfg.sam`` (``SamConfig``), ``cfg.adversarial`` (``AdversarialConfig``), ``cfg.grow``
+(``GrowConfig``) and ``cfg.label_noise`` (``LabelNoiseConfig``); their keys are
+``train.sam.rho``, ``train.adversarial.lambda``, ``train.grow.steps``, ``train.label_noise.p`` etc.
 ``flatlm.core.config`` converts to and from dicts (``to_dict``, ``from_dict``).
 
 >>> cfg = resolve(TrainConfig(algorithm="noreg", steps=100))
@@ -27,11 +28,16 @@ ValueError: train.sam.rho=0.0: use a radius > 0 (paper: 0.05)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from flatlm.core.schedules import SCHEDULES
+from flatlm.train.registry import ALGORITHMS, AlgorithmDefaults, algorithm_named, load_ref
+
+__all__ = ["ALGORITHMS", "AlgorithmDefaults", "AdversarialConfig", "GrowConfig", "LabelNoiseConfig",
+           "SamConfig", "TrainConfig", "resolve", "switch_on"]
 
 PRECISIONS = ("auto", "fp32", "bf16")
 _SWITCH_WORDS = {"true": True, "on": True, "false": False, "off": False, "auto": "auto"}
@@ -41,48 +47,6 @@ def switch_on(value: bool | str, device_type: str) -> bool:
     """Whether a True / False / "auto" switch (``compile``, ``unpad``) is on for a device type
     ("cuda", "cpu"): "auto" is on for CUDA only."""
     return device_type == "cuda" if value == "auto" else bool(value)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AlgorithmDefaults:
-    """What an algorithm changes by default; everything else is shared (see ``algorithms.py``)."""
-
-    optimizer: str  # "adamw" (decoupled weight decay) or "sgd" (no momentum)
-    weight_decay: float  # applied to matrices and embeddings, never to biases or LayerNorms
-    dropout: float  # the model's dropout during pre-training
-    warmup_steps: int | None = None  # linear warmup length in updates ...
-    warmup_proportion: float | None = None  # ... or as a fraction of ``steps``
-    summary: str = ""
-
-
-ALGORITHMS: dict[str, AlgorithmDefaults] = {
-    "adamw": AlgorithmDefaults(
-        optimizer="adamw", weight_decay=0.01, dropout=0.1, warmup_steps=1000,
-        summary="the paper's standard pre-training: AdamW, dropout 0.1, weight decay 0.01 (A.5)"),
-    "sgd": AlgorithmDefaults(
-        optimizer="sgd", weight_decay=0.01, dropout=0.1, warmup_proportion=0.12,
-        summary="mini-batch SGD without momentum, warmup over 12% of the steps (Section 3, F)"),
-    "noreg": AlgorithmDefaults(
-        optimizer="adamw", weight_decay=0.0, dropout=0.0, warmup_steps=1000,
-        summary="AdamW without dropout or weight decay (Tables 1-2, '-dropout-WD')"),
-    "sam": AlgorithmDefaults(
-        optimizer="adamw", weight_decay=0.0, dropout=0.0, warmup_steps=1000,
-        summary="SAM around AdamW, no dropout or weight decay; perturbation from the first half "
-                "of the batch, update from the second (Tables 1-2, '+SAM'; A.5)"),
-    "adversarial": AlgorithmDefaults(
-        optimizer="adamw", weight_decay=0.01, dropout=0.1, warmup_steps=1000,
-        summary="MLM loss minus lambda times the D2 loss of a downstream head fitted in closed "
-                "form on D1 (A.5)"),
-    "grow": AlgorithmDefaults(
-        optimizer="adamw", weight_decay=0.01, dropout=0.1, warmup_steps=1000,
-        summary="adamw whose model grows function-preservingly (B.4: width by replication, "
-                "depth by zero-output blocks) at train.grow.steps (flatlm.train.growth)"),
-    "label_noise": AlgorithmDefaults(
-        optimizer="sgd", weight_decay=0.01, dropout=0.1, warmup_proportion=0.12,
-        summary="sgd (its defaults) whose masked-word targets are each replaced, with probability "
-                "train.label_noise.p, by a uniformly drawn word (Section 3.3; "
-                "flatlm.train.label_noise)"),
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,8 +134,8 @@ class TrainConfig:
 
     RENAMED_KEYS: ClassVar[dict[str, str]] = _RENAMED  # old key -> new (override errors)
 
-    algorithm: str = "adamw"  # a key of ALGORITHMS: adamw, sgd, noreg, sam, adversarial, grow,
-    #   label_noise
+    algorithm: str = "adamw"  # a registered algorithm (flatlm.train.registry): adamw, sgd,
+    #   noreg, sam, adversarial, grow, label_noise
     steps: int = 1000  # optimizer updates in the run; >= 1 (paper: 30K+ for PCFG)
     batch_size: int = 4096  # sentences per update; >= 1 (paper: 4096); sam: even
     micro_batch_size: int | None = None  # sentences per forward/backward (gradient
@@ -227,8 +191,15 @@ class TrainConfig:
     @property
     def sentences_per_pass(self) -> int:
         """Sentences in one forward/backward pass before micro-batching: the batch, or each of
-        sam's two halves."""
-        return self.batch_size // 2 if self.algorithm == "sam" else self.batch_size
+        sam's two halves (``Algorithm.halves_batch``)."""
+        halves = algorithm_named(self.algorithm).halves_batch
+        return self.batch_size // 2 if halves else self.batch_size
+
+    @property
+    def _pass_name(self) -> str:
+        """What one pass is, for the messages: the batch, or half of it."""
+        halves = algorithm_named(self.algorithm).halves_batch
+        return f"half the {self.algorithm} batch" if halves else "batch_size"
 
     def __post_init__(self):
         _check_finite(self, "")  # inf passes "> 0"; nan fails every check with a wrong message
@@ -238,15 +209,15 @@ class TrainConfig:
                "use an integer >= 1")
         _check(_is_int(self.batch_size) and self.batch_size >= 1, "batch_size", self.batch_size,
                "use an integer >= 1")
-        if self.algorithm == "sam":
+        if algorithm_named(self.algorithm).halves_batch:
             _check(self.batch_size % 2 == 0 and self.batch_size >= 2, "batch_size",
-                   self.batch_size, "sam splits the batch in two halves; use an even size")
+                   self.batch_size,
+                   f"{self.algorithm} splits the batch in two halves; use an even size")
         per_pass = self.sentences_per_pass
         if self.micro_batch_size is not None:
             _check(_is_int(self.micro_batch_size) and self.micro_batch_size >= 1
                    and per_pass % self.micro_batch_size == 0, "micro_batch_size",
-                   self.micro_batch_size, f"use a divisor of {per_pass}"
-                   + (" (half the sam batch)" if self.algorithm == "sam" else " (batch_size)"))
+                   self.micro_batch_size, f"use a divisor of {per_pass} ({self._pass_name})")
         _check(self.lr > 0, "lr", self.lr, "the learning rate must be > 0 (the paper uses 1e-3)")
         for name in ("beta1", "beta2"):
             value = getattr(self, name)
@@ -280,13 +251,7 @@ class TrainConfig:
                f"use one of {', '.join(SCHEDULES)}")
         _check(isinstance(self.data, str) and self.data.strip() != "", "data", self.data,
                "use 'fresh' or the path of a corpus directory")
-        _check(isinstance(self.sam, SamConfig), "sam", self.sam, "use a SamConfig")
-        _check(isinstance(self.adversarial, AdversarialConfig), "adversarial", self.adversarial,
-               "use an AdversarialConfig")
-        _check(isinstance(self.grow, GrowConfig), "grow", self.grow, "use a GrowConfig")
-        _check(isinstance(self.label_noise, LabelNoiseConfig), "label_noise", self.label_noise,
-               "use a LabelNoiseConfig")
-        self._check_growth()
+        self._check_sections()
         steps = tuple(self.checkpoint_steps)
         _check(all(_is_int(s) for s in steps), "checkpoint_steps", self.checkpoint_steps,
                "use integers")
@@ -314,26 +279,47 @@ class TrainConfig:
                "use an integer >= 1 (processes, one GPU each)")
         if self.world_size == 1:
             return
-        _check(self.algorithm != "adversarial", "world_size", self.world_size,
-               "train.algorithm='adversarial' runs in one process only (its closed-form head "
-               "is fitted on all of D1 at once); use train.world_size=1")
+        algorithm = algorithm_named(self.algorithm)
+        _check(algorithm.data_parallel_step is not None, "world_size", self.world_size,
+               algorithm.one_process_message())
         per_pass = self.sentences_per_pass
+        halves = f" / 2 under {self.algorithm}" if algorithm.halves_batch else ""
         _check(per_pass % self.world_size == 0, "world_size", self.world_size,
                f"each process takes an equal slice of the {per_pass} sentences of a pass "
-               f"(train.batch_size{' / 2 under sam' if self.algorithm == 'sam' else ''}); use "
-               "a world size dividing it, or change train.batch_size")
+               f"(train.batch_size{halves}); use a world size dividing it, or change "
+               "train.batch_size")
 
-    def _check_growth(self) -> None:
-        """grow: at least one growth, each inside the run (its shapes are checked at train())."""
-        if self.algorithm != "grow":
-            return
-        _check(bool(self.grow.steps), "grow.steps", self.grow.steps,
-               "algorithm 'grow' needs at least one growth, e.g. train.grow.steps=500 "
-               "train.grow.to=d64-h2-l2-i256")
-        bad = [s for s in self.grow.steps if not 1 <= s < self.steps]
-        _check(not bad, "grow.steps", self.grow.steps,
-               f"step(s) {bad} lie outside the run; grow after 1..{self.steps - 1} updates "
-               "(train.steps)")
+    def _check_sections(self) -> None:
+        """Each algorithm's settings are of their class; the algorithm's own section exists and
+        passes the algorithm's ``config_check`` (grow: every growth inside the run)."""
+        sections = _sections()
+        for name, cls in sections.items():
+            value = getattr(self, name)
+            _check(isinstance(value, cls), name, value, f"use a {cls.__name__}")
+        algorithm = algorithm_named(self.algorithm)
+        _check(algorithm.section is None or algorithm.section in sections, "algorithm",
+               self.algorithm, f"its section {algorithm.section!r} is not a TrainConfig field; "
+               "add its config class there (flatlm.train.registry)")
+        if algorithm.config_check is not None:
+            load_ref(algorithm.config_check)(self)
+
+
+def check_growth_steps(cfg: TrainConfig) -> None:
+    """grow: at least one growth, each inside the run (its shapes are checked at train())."""
+    _check(bool(cfg.grow.steps), "grow.steps", cfg.grow.steps,
+           "algorithm 'grow' needs at least one growth, e.g. train.grow.steps=500 "
+           "train.grow.to=d64-h2-l2-i256")
+    bad = [s for s in cfg.grow.steps if not 1 <= s < cfg.steps]
+    _check(not bad, "grow.steps", cfg.grow.steps,
+           f"step(s) {bad} lie outside the run; grow after 1..{cfg.steps - 1} updates "
+           "(train.steps)")
+
+
+@functools.cache
+def _sections() -> dict[str, type]:
+    """The TrainConfig fields that are an algorithm's settings: field -> its config class."""
+    return {f.name: f.default_factory for f in dataclasses.fields(TrainConfig)
+            if dataclasses.is_dataclass(f.default_factory)}
 
 
 def _number(x):

@@ -10,7 +10,8 @@ run would have:
   ``i * batch_size .. (i + 1) * batch_size - 1`` of the concatenated epochs.
 - ``mask_batch``: one masked word per sentence, uniform over its words, or each word at a rate
   (at most ``max_predictions`` per sentence), replaced by BERT's 80/10/10 rule by default.
-- ``DownstreamPool``: labelled sentences D for the adversarial algorithm, with disjoint D1, D2.
+- ``DownstreamPool``: labelled sentences D for the adversarial algorithm, with disjoint D1, D2
+  (``adversarial_pool``).
 - ``BatchPipeline``: update i -> ``StepInputs`` on the device, optionally prepared a few steps
   ahead in background threads (CUDA), which changes nothing but the timing; with ``train.unpad``
   (on for CUDA) each pass's sentences are sorted by length, so that micro-batches are cut to
@@ -30,6 +31,7 @@ from flatlm.core.seeds import derive_seed, generator
 from flatlm.core.tokens import MASK_ID, WORD_OFFSET, encode, uniform_positions
 from flatlm.sources.base import Source
 from flatlm.train.config import TrainConfig, switch_on
+from flatlm.train.registry import algorithm_named
 
 # ------------------------------------------------------------------------------ sentence streams
 
@@ -288,6 +290,17 @@ class DownstreamPool:
                           self.d1)
 
 
+def adversarial_pool(cfg: TrainConfig, source: Source, device) -> DownstreamPool:
+    """The pool D of ``train.adversarial`` (its task: the source's first if None)."""
+    adv = cfg.adversarial
+    task = adv.task or source.tasks[0]
+    if task not in source.tasks:
+        raise ValueError(f"train.adversarial.task={task!r}: the source's tasks are "
+                         f"{list(source.tasks)}")
+    return DownstreamPool(source, task, size=adv.pool, d1=adv.d1, d2=adv.d2, seed=cfg.seed,
+                          device=device)
+
+
 # ------------------------------------------------------------------------------ the pipeline
 
 
@@ -324,6 +337,7 @@ class BatchPipeline:
                  device: torch.device, *, pool: DownstreamPool | None = None,
                  prefetch: int = 0):
         self.cfg, self.sentences, self.device, self.pool = cfg, sentences, device, pool
+        self.transform = algorithm_named(cfg.algorithm).transform()  # None for most
         self.depth = int(prefetch)
         self._executor = ThreadPoolExecutor(self.depth) if self.depth else None
         self._ahead: dict[int, Future] = {}  # update index -> its inputs being prepared
@@ -334,11 +348,8 @@ class BatchPipeline:
         mlm = mask_batch(tokens, lengths, self.cfg.mask, generator(self.cfg.seed, "mask", i),
                          n_words=self.sentences.n_words, replace=self.cfg.mask_replace,
                          max_predictions=self.cfg.max_predictions)
-        if self.cfg.algorithm == "label_noise":  # its own random stream: the rest as plain sgd
-            from flatlm.train.label_noise import with_label_noise
-
-            mlm = with_label_noise(mlm, self.cfg.label_noise.p, self.sentences.n_words,
-                                   self.cfg.seed, i)
+        if self.transform is not None:  # label_noise: its own random stream, the rest as sgd
+            mlm = self.transform(mlm, self.cfg, self.sentences.n_words, i)
         if switch_on(self.cfg.unpad, self.device.type):
             mlm = mlm.grouped_by_length(lengths, self.cfg.sentences_per_pass)
         inputs = StepInputs(mlm, self.pool.draw(i) if self.pool is not None else None)

@@ -41,11 +41,19 @@ import torch.multiprocessing as mp
 from flatlm.core.seeds import derive_seed
 from flatlm.models.presets import parse_model
 from flatlm.runs.dirlock import writer_lock
+from flatlm.sources import load
 from flatlm.train.algorithms import StepContext, accumulate_mlm, sam_step
 from flatlm.train.config import TrainConfig, resolve
 from flatlm.train.data import BatchPipeline, MLMBatch, StepInputs, prefetch_depth
-from flatlm.train.growth import check_schedule
-from flatlm.train.loop import TrainResult, _pipeline, _Run, _start_checkpoint
+from flatlm.train.registry import (
+    REGISTRY,
+    Algorithm,
+    RegistryView,
+    algorithm_named,
+    check_before_training,
+    register_algorithm,
+)
+from flatlm.train.run import Run, TrainResult, build_pipeline, start_checkpoint
 from flatlm.train.state import capture_rng, find_checkpoints, load_state, restore_rng, set_aside
 
 # A rank waits this long in a collective (a dead NCCL rank is noticed after it); while rank 0
@@ -65,14 +73,15 @@ def train_data_parallel(cfg: TrainConfig, source, model_cfg, out_dir, *, device=
     module docstring); same arguments, same result. Bad input raises before a process starts."""
     cfg = resolve(cfg)
     model_cfg = dataclasses.replace(parse_model(model_cfg), dropout=cfg.dropout)
-    check_schedule(cfg, model_cfg)  # grow: every shape a growth of the one before it
+    check_before_training(cfg, model_cfg)  # grow: every shape a growth of the one before it
     device = rank_device(torch.device(device), 0, cfg.world_size)  # checks the GPUs
     out_dir = Path(out_dir).absolute()
-    start, unreadable = _start_checkpoint(cfg, model_cfg, out_dir, resume)
+    start, unreadable = start_checkpoint(cfg, model_cfg, out_dir, resume)
     pipeline = _sharded_pipeline(cfg, source, device, corpus, 0)  # checks train.data
     job = {"cfg": cfg, "source": source.spec, "model_cfg": model_cfg, "out_dir": out_dir,
            "device": str(device), "ckpt": start[0] if start else None, "corpus": corpus,
-           "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
+           "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+           "algorithm": algorithm_named(cfg.algorithm)}  # one registered outside flatlm too
     try:
         with writer_lock(out_dir), _ranks(job, cfg.world_size, device):
             for bad, _ in unreadable:  # no rank reads them: each loads job["ckpt"]
@@ -102,7 +111,7 @@ def rank_device(device: torch.device, rank: int, world_size: int) -> torch.devic
 
 
 def _sharded_pipeline(cfg, source, device, corpus, rank: int) -> ShardedPipeline:
-    return ShardedPipeline.of(_pipeline(cfg, source, device, corpus)[0], rank, cfg.world_size)
+    return ShardedPipeline.of(build_pipeline(cfg, source, device, corpus)[0], rank, cfg.world_size)
 
 
 def _train_rank(cfg, source, model_cfg, out_dir, device, start, pipeline, on_checkpoint,
@@ -130,7 +139,7 @@ class ShardedPipeline(BatchPipeline):
 
     def cpu_inputs(self, i: int) -> StepInputs:
         mlm = shard(super().cpu_inputs(i).mlm, self.rank, self.world_size,
-                    halves=self.cfg.algorithm == "sam")
+                    halves=algorithm_named(self.cfg.algorithm).halves_batch)
         inputs = StepInputs(mlm)
         return inputs.pin_memory() if self.device.type == "cuda" else inputs
 
@@ -200,18 +209,20 @@ def _reduced_gradient(ctx: StepContext, batch: MLMBatch) -> torch.Tensor:
     return reduce_gradients(ctx.model, accumulate_mlm(ctx, batch), batch.n_targets())
 
 
-# grow: every rank grows alike (its new parameters' seed is the run's); label_noise: the targets
-# are noised on the whole batch before it is sliced. Both update as adamw / sgd do.
-DATA_PARALLEL_STEPS = {"adamw": data_parallel_step, "sgd": data_parallel_step,
-                       "noreg": data_parallel_step, "sam": data_parallel_sam_step,
-                       "grow": data_parallel_step, "label_noise": data_parallel_step}
+# algorithm -> its data-parallel update, for those that have one: a view of the registry
+# (flatlm.train.registry). grow: every rank grows alike (its new parameters' seed is the run's);
+# label_noise: the targets are noised on the whole batch before it is sliced. Both update as
+# adamw / sgd do.
+DATA_PARALLEL_STEPS = RegistryView(Algorithm.data_parallel_update,
+                                   has=lambda a: a.data_parallel_step is not None)
 
 
-class _RankRun(_Run):
-    """A rank's run: its own update (``DATA_PARALLEL_STEPS``), every rank's RNG state in a
-    checkpoint, and only rank 0 writing it."""
+class _RankRun(Run):
+    """A rank's run: its own update (``Algorithm.data_parallel_step``), every rank's RNG state
+    in a checkpoint, and only rank 0 writing it."""
 
-    steps = DATA_PARALLEL_STEPS
+    def update_function(self):
+        return algorithm_named(self.cfg.algorithm).data_parallel_update()
 
     def seed_dropout(self, rank: int, start) -> None:
         if start is None:
@@ -290,8 +301,8 @@ def _helper(rank, world_size, port, job, errors, parent_pid) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     _see_gpus(job.get("gpus"))
     try:
-        from flatlm.sources import load
-
+        if job["algorithm"].name not in REGISTRY:  # registered in rank 0's process only
+            register_algorithm(job["algorithm"])
         device = rank_device(torch.device(job["device"]), rank, world_size)
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=TIMEOUT)
         store.set(f"started-{rank}", "1")

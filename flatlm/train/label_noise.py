@@ -10,6 +10,8 @@ untouched (the [MASK] / random / unchanged rule is the masking's). The draws com
 those of plain SGD, p = 0 is plain SGD bit for bit, and a resumed run draws the same noise. The
 update is ``standard_step`` on the noisy targets, with sgd's defaults (no momentum, weight decay
 0.01, dropout 0.1, warmup over 12% of the steps); ``train/loss`` is the loss on the noisy targets.
+``noisy_batch`` is the algorithm's batch transform (``flatlm.train.registry``): the pipeline
+applies it to the whole batch, before a data-parallel rank takes its slice.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import dataclasses
 import torch
 
 from flatlm.core.seeds import generator
+from flatlm.train.config import TrainConfig
 from flatlm.train.data import MLMBatch
 
 
@@ -40,3 +43,8 @@ def with_label_noise(batch: MLMBatch, p: float, n_words: int, seed: int, i: int)
     targets = noisy_targets(batch.targets, batch.positions, p, n_words,
                             generator(seed, "label_noise", i))
     return dataclasses.replace(batch, targets=targets)
+
+
+def noisy_batch(batch: MLMBatch, cfg: TrainConfig, n_words: int, i: int) -> MLMBatch:
+    """``label_noise``'s batch transform: update i's batch noised at ``train.label_noise.p``."""
+    return with_label_noise(batch, cfg.label_noise.p, n_words, cfg.seed, i)

@@ -6,109 +6,41 @@ optimizer, the data position and the RNG state, so stopping at a checkpoint and 
 same parameters as never stopping (bit for bit on the CPU; see tests/train/test_resume.py).
 The global RNG is forked for the run and restored after it, and the ``on_checkpoint`` hook runs on
 a copy of the RNG state, so measuring at a checkpoint changes nothing in training.
+
+The run itself (``Run``, its pipeline, the checkpoint it resumes from) lives in
+``flatlm.train.run``, which the data-parallel ranks (``flatlm.train.distributed``) share; this
+module picks one process or many. ``Diverged``, ``CheckpointWriteError``, ``TrainResult``,
+``TRAINING_INTERVAL`` and ``autocast_for`` are importable from here as before.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
-import logging
-import math
-import shutil
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from flatlm.core.config import flatten_dict, to_dict
-from flatlm.core.schedules import learning_rate
-from flatlm.models.bert import build_model
-from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, save_checkpoint
 from flatlm.models.presets import ModelConfig, parse_model
 from flatlm.runs.dirlock import writer_lock
-from flatlm.runs.manifest import write_manifest
-from flatlm.runs.metrics_log import write_train_log
 from flatlm.sources.base import Source
-from flatlm.train.algorithms import STEPS, StepContext, build_optimizer
-from flatlm.train.compiled import loss_function
 from flatlm.train.config import TrainConfig, resolve
-from flatlm.train.data import (
-    BatchPipeline,
-    CorpusBatches,
-    DownstreamPool,
-    FreshSamples,
-    derive_seed,
-    prefetch_depth,
-    read_corpus,
+from flatlm.train.distributed import train_data_parallel
+from flatlm.train.registry import check_before_training
+from flatlm.train.run import (
+    TRAINING_INTERVAL,
+    CheckpointHook,
+    CheckpointWriteError,
+    Diverged,
+    Run,
+    TrainResult,
+    autocast_for,
+    build_pipeline,
+    start_checkpoint,
 )
-from flatlm.train.growth import check_schedule, grow_context, growth_due, shape_at
-from flatlm.train.state import (
-    TrainState,
-    capture_rng,
-    checkpoint_dir,
-    find_checkpoints,
-    load_state,
-    readable_checkpoints,
-    restore_rng,
-    save_state,
-    set_aside,
-)
+from flatlm.train.state import find_checkpoints, set_aside
 
-log = logging.getLogger(__name__)
-
-CheckpointHook = Callable[[int, nn.Module, Path], None]
-# A checkpoint's record of the training before it: {"seconds", "updates"} since the previous
-# checkpoint (or since this process started or resumed the run).
-TRAINING_INTERVAL = "training_interval"
-# Fields a resumed run may change: how long it runs and what it saves, not what it computes.
-RESUMABLE_CHANGES = ("steps", "checkpoint_steps", "log_every", "compile", "precision",
-                     "divergence_factor", "unpad")
-
-
-class CheckpointWriteError(OSError):
-    """A checkpoint could not be written (a full disk, a quota, a vanished directory). Its
-    partial copy is removed; the checkpoints before it are untouched, so a resume continues
-    from the newest of them once there is room."""
-
-    @classmethod
-    def of(cls, ckpt: Path, cause: BaseException) -> CheckpointWriteError:
-        free = shutil.disk_usage(_existing_parent(ckpt)).free
-        why = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-        return cls(f"could not write checkpoint {ckpt} ({why}); {free / 2**30:.2f} GiB free on "
-                   "its disk. The earlier checkpoints are intact: free space, then resume (the "
-                   "same command with --resume)")
-
-
-def _existing_parent(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-class Diverged(RuntimeError):  # noqa: N818 - the name the sweeps and CLI catch
-    """Training diverged: the loss read-out was non-finite (a non-finite gradient makes it so at
-    the next update) or above ``train.divergence_factor`` times the first logged loss. Raised
-    before any later checkpoint is written or measured."""
-
-    def __init__(self, step: int, loss: float, reason: str):
-        self.step, self.loss, self.reason = step, loss, reason
-        super().__init__(f"training diverged at step {step}: train/loss={loss:.6g} {reason}; "
-                         "lower train.lr (or raise train.divergence_factor, None = off)")
-
-    def __reduce__(self):  # pickles across processes (Ray) with its fields
-        return Diverged, (self.step, self.loss, self.reason)
-
-
-@dataclass
-class TrainResult:
-    model: nn.Module  # the trained model, on the device, in train mode
-    step: int  # updates done (cfg.steps)
-    history: list[dict]  # {"step", "train/lr", "train/loss", ...}: means over each log window
-    checkpoints: dict[int, Path] = field(default_factory=dict)  # every checkpoint in out_dir
+__all__ = ["TRAINING_INTERVAL", "CheckpointHook", "CheckpointWriteError", "Diverged",
+           "TrainResult", "autocast_for", "train"]
 
 
 def train(
@@ -136,18 +68,16 @@ def train(
     process being rank 0 (``flatlm.train.distributed``).
     """
     if cfg.world_size > 1:
-        from flatlm.train.distributed import train_data_parallel
-
         return train_data_parallel(cfg, source, model_cfg, out_dir, device=device,
                                    on_checkpoint=on_checkpoint, progress=progress, resume=resume,
                                    corpus=corpus)
     cfg = resolve(cfg)
     model_cfg = dataclasses.replace(parse_model(model_cfg), dropout=cfg.dropout)
-    check_schedule(cfg, model_cfg)  # grow: every shape a growth of the one before it
+    check_before_training(cfg, model_cfg)  # grow: every shape a growth of the one before it
     device = torch.device(device)
     out_dir = Path(out_dir).absolute()
-    start, unreadable = _start_checkpoint(cfg, model_cfg, out_dir, resume)  # cheap checks first
-    pipeline, n_classes = _pipeline(cfg, source, device, corpus)
+    start, unreadable = start_checkpoint(cfg, model_cfg, out_dir, resume)  # cheap checks first
+    pipeline, n_classes = build_pipeline(cfg, source, device, corpus)
     try:
         with writer_lock(out_dir):  # one writer: two runs into one directory would mix them
             for bad, _ in unreadable:  # kept for inspection, out of the way of the steps retrained
@@ -161,238 +91,11 @@ def train(
 
 
 def _train(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start, on_checkpoint,
-           progress) -> _Run:
+           progress) -> Run:
     cuda = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
-        run = _Run.begin(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start)
+        run = Run.begin(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start)
         run.loop(on_checkpoint, progress)
     return run
 
 
-def _pipeline(cfg, source, device, corpus) -> tuple[BatchPipeline, int]:
-    if cfg.data == "fresh":
-        if corpus is not None:
-            raise ValueError("train.data='fresh' but corpus tensors were given; set train.data "
-                             "to the corpus's name or path")
-        sentences = FreshSamples(source, cfg.batch_size, cfg.seed)
-    else:
-        tokens, lengths = corpus if corpus is not None else read_corpus(cfg.data, source)
-        sentences = CorpusBatches(tokens, lengths, cfg.batch_size, cfg.seed, n_words=source.V)
-    pool = None
-    if cfg.algorithm == "adversarial":
-        adv = cfg.adversarial
-        task = adv.task or source.tasks[0]
-        if task not in source.tasks:
-            raise ValueError(f"train.adversarial.task={task!r}: the source's tasks are "
-                             f"{list(source.tasks)}")
-        pool = DownstreamPool(source, task, size=adv.pool, d1=adv.d1, d2=adv.d2, seed=cfg.seed,
-                              device=device)
-    pipeline = BatchPipeline(cfg, sentences, device, pool=pool, prefetch=prefetch_depth(device))
-    return pipeline, pool.n_classes if pool else 0
-
-
-def _start_checkpoint(cfg, model_cfg, out_dir, resume):
-    """(the checkpoint to resume from and its state, or None to start afresh; the newer
-    checkpoints that do not load), after checking that it continues this run."""
-    found = find_checkpoints(out_dir)
-    if not resume:
-        if found:
-            raise ValueError(f"{out_dir} already holds checkpoints (steps {list(found)}); resume "
-                             "them (--resume / resume=True) or choose another output directory")
-        return None, []
-    ckpt, unreadable = readable_checkpoints(out_dir)  # a torn or truncated newer one is skipped
-    if ckpt is None:
-        return None, unreadable
-    state = load_state(ckpt)
-    renamed = TrainConfig.RENAMED_KEYS  # a checkpoint saved before the keys moved
-    saved = {**flatten_dict(to_dict(TrainConfig())),  # a key added since: its default
-             **{renamed.get(k, k): v for k, v in flatten_dict(state.config).items()}}
-    now = flatten_dict(to_dict(cfg))
-    changed = [k for k in now
-               if k.split(".")[0] not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
-    if changed:
-        diffs = ", ".join(f"train.{k}={saved.get(k)!r} -> {now[k]!r}" for k in changed)
-        raise ValueError(f"resume from {ckpt}: the run changed ({diffs}); only "
-                         f"{', '.join(RESUMABLE_CHANGES)} may change when resuming")
-    if state.step > cfg.steps:
-        raise ValueError(f"resume from {ckpt}: it is past train.steps={cfg.steps}")
-    info = json.loads((ckpt / INFO_NAME).read_text())
-    model_cfg = shape_at(cfg, model_cfg, state.step)  # grow: the shape it had grown into
-    if info["model"] != model_cfg.to_dict():
-        raise ValueError(f"resume from {ckpt}: the checkpoint's model is {info['model']}, this "
-                         f"run asks for {model_cfg.to_dict()}")
-    return (ckpt, state), unreadable
-
-
-class _Run:
-    """A run in progress: its step, the objects it updates and its metric log."""
-
-    steps = STEPS  # algorithm -> update (a data-parallel rank has its own)
-
-    def __init__(self, cfg, source, model_cfg, out_dir, device, pipeline, ctx, *,
-                 resumed: TrainState | None = None):
-        self.cfg, self.source, self.model_cfg = cfg, source, model_cfg
-        self.out_dir, self.device, self.pipeline, self.ctx = out_dir, device, pipeline, ctx
-        self.step = resumed.step if resumed else 0
-        self.resumed_at = resumed.step if resumed else None  # its checkpoint exists already
-        self.history = list(resumed.history) if resumed else []
-        window = resumed.window if resumed else {}
-        self.window_count = window.get("count", 0)  # updates summed in self.window
-        self.window = {k: torch.tensor(v, device=device)
-                       for k, v in window.get("sums", {}).items()}
-        self.interval_start = (time.perf_counter(), self.step)  # training since: clock, step
-
-    @classmethod
-    def begin(cls, cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start) -> _Run:
-        """A fresh run (``start`` None) or one restored from ``start`` = (checkpoint, state)."""
-        if start is None:
-            model = build_model(model_cfg, source.V, source.max_length, seed=cfg.seed)
-            torch.manual_seed(derive_seed(cfg.seed, "dropout", 0))  # inside the forked RNG
-        else:
-            model, state = load_checkpoint(start[0])[0], start[1]
-            model_cfg = shape_at(cfg, model_cfg, state.step)
-            pipeline.check_state(state.data, state.step)
-            restore_rng(state.rng, device)
-        model = model.to(device).train()
-        optimizer = build_optimizer(cfg, model, fused=device.type == "cuda")
-        ctx = StepContext(cfg=cfg, model=model, optimizer=optimizer, n_classes=n_classes,
-                          autocast=autocast_for(cfg, device),
-                          mlm_loss=loss_function(cfg, device))
-        if start is None:
-            return cls(cfg, source, model_cfg, out_dir, device, pipeline, ctx)
-        optimizer.load_state_dict(state.optimizer)
-        return cls(cfg, source, model_cfg, out_dir, device, pipeline, ctx, resumed=state)
-
-    def loop(self, on_checkpoint: CheckpointHook | None, progress: bool) -> None:
-        from tqdm.auto import tqdm
-
-        cfg, step_fn = self.cfg, self.steps[self.cfg.algorithm]
-        bar = tqdm(total=cfg.steps, initial=self.step, disable=not progress, unit="step",
-                   desc=f"train {cfg.algorithm}")
-        with bar:
-            while True:
-                if self.step in cfg.checkpoint_steps and self.step != self.resumed_at:
-                    self.check_window()  # between read-outs: never save a diverged model
-                    self.checkpoint(on_checkpoint)
-                    self.interval_start = (time.perf_counter(), self.step)
-                if self.step >= cfg.steps:
-                    return
-                self.grow_if_due()
-                lr = learning_rate(self.step, peak=cfg.lr, warmup_steps=cfg.warmup_steps,
-                                   total_steps=cfg.steps, schedule=cfg.schedule)
-                for group in self.ctx.optimizer.param_groups:  # grow replaces it
-                    group["lr"] = lr
-                metrics = step_fn(self.ctx, self.pipeline.inputs_at(self.step))
-                self.step += 1
-                self.accumulate(metrics)
-                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                    record = self.flush(lr)
-                    bar.set_postfix(loss=f"{record['train/loss']:.4f}", refresh=False)
-                bar.update()
-
-    def training_interval(self) -> dict:
-        """The training since the last checkpoint (or the run's start in this process): wall
-        seconds, the device synchronised first, and updates. The checkpoint records it, so a
-        measurement's cost can be read against the training it interrupts
-        (``time/measure_share``)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        start, from_step = self.interval_start
-        return {"seconds": time.perf_counter() - start, "updates": self.step - from_step}
-
-    def grow_if_due(self) -> None:
-        """grow: the model becomes its function-preserving embedding into the next shape, the
-        optimizer state carried over (``flatlm.train.growth``)."""
-        target = growth_due(self.cfg, self.model_cfg, self.step)
-        if target is not None:
-            self.ctx = grow_context(self.ctx, target, step=self.step)
-            self.model_cfg = target
-
-    def accumulate(self, metrics: dict[str, torch.Tensor]) -> None:
-        for k, v in metrics.items():
-            self.window[k] = self.window[k] + v if k in self.window else v.clone()
-        self.window_count += 1
-
-    def window_sums(self) -> dict[str, float]:
-        """The window's sums as floats (one host sync)."""
-        if not self.window:
-            return {}
-        return dict(zip(self.window, torch.stack(list(self.window.values())).tolist(),
-                        strict=True))
-
-    def flush(self, lr: float) -> dict:
-        """Appends the window's means to the history and starts a new window."""
-        means = {k: v / self.window_count for k, v in self.window_sums().items()}
-        record = {"step": self.step, "train/lr": lr, **means}
-        self.history.append(record)
-        self.window, self.window_count = {}, 0
-        if "train/loss" in record:
-            self.check_loss(record["train/loss"])
-        return record
-
-    def check_window(self) -> None:
-        """Checks the loss of the updates since the last read-out (one host sync)."""
-        if self.window_count and "train/loss" in self.window:
-            self.check_loss(float(self.window["train/loss"]) / self.window_count)
-
-    def check_loss(self, loss: float) -> None:
-        """Raises ``Diverged`` if ``loss`` (at ``self.step``) is non-finite or above
-        ``cfg.divergence_factor`` times the run's first logged loss."""
-        if not math.isfinite(loss):
-            raise Diverged(self.step, loss, "is not finite")
-        factor = self.cfg.divergence_factor
-        first = self.history[0].get("train/loss") if self.history else None
-        if factor is not None and first is not None and loss > factor * first:
-            raise Diverged(self.step, loss, f"exceeds train.divergence_factor={factor:g} times "
-                                            f"the first logged loss {first:.6g}")
-
-    def checkpoint(self, on_checkpoint: CheckpointHook | None) -> None:
-        """Writes checkpoint ``self.step`` atomically (a directory renamed into place), then
-        calls the hook with the model in eval mode and restores the RNG state after it."""
-        model, step = self.ctx.model, self.step
-        final = checkpoint_dir(self.out_dir, step)
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        rng = self.capture_rng()
-        try:
-            save_checkpoint(model, tmp, source_spec=self.source.spec, model_cfg=self.model_cfg,
-                            extra={"step": step, "train": to_dict(self.cfg),
-                                   "last_log": self.history[-1] if self.history else {},
-                                   TRAINING_INTERVAL: self.training_interval()})
-            save_state(TrainState(step=step, data=self.pipeline.state_dict(step), rng=rng,
-                                  optimizer=self.ctx.optimizer.state_dict(),
-                                  config=to_dict(self.cfg), history=self.history,
-                                  window={"count": self.window_count,
-                                          "sums": self.window_sums()}), tmp)
-            write_manifest(tmp)  # last: every file's hash, checked before a resume trusts it
-        except (OSError, RuntimeError) as e:  # a full disk: torch says "basic_ios::clear"
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointWriteError.of(final, e) from e
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        write_train_log(self.out_dir, self.history)
-        log.info("checkpoint %s", final)
-        if on_checkpoint is not None:
-            model.eval()
-            try:
-                on_checkpoint(step, model, final)
-            finally:
-                model.train()
-                restore_rng(rng, self.device)
-
-
-    def capture_rng(self) -> dict:
-        """The RNG state a checkpoint stores (a data-parallel run adds every rank's)."""
-        return capture_rng(self.device)
-
-
-def autocast_for(cfg: TrainConfig, device: torch.device):
-    """A factory of autocast contexts: bf16 when asked for (or "auto" on CUDA), else none."""
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
-
-    def context():
-        if not bf16:
-            return contextlib.nullcontext()
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-
-    return context

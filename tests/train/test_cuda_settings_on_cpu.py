@@ -9,7 +9,8 @@ import functools
 import pytest
 import torch
 
-from flatlm.train import AdversarialConfig, TrainConfig, algorithms, compiled, growth, loop, train
+from flatlm.train import AdversarialConfig, TrainConfig, algorithms, compiled, growth, train
+from flatlm.train import run as loop  # the run (flatlm.train.run) builds optimizer and loss
 from flatlm.train.config import GrowConfig, LabelNoiseConfig
 
 N = 4

@@ -151,7 +151,7 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_earlier_ones_and_says_so(src, tin
     room ends where an uninterrupted run ends, bit for bit."""
     import pickle
 
-    import flatlm.train.loop as loop
+    import flatlm.train.run as loop  # the run (flatlm.train.run) writes the checkpoints
     from flatlm.train.loop import CheckpointWriteError
 
     cfg = TrainConfig(steps=6, batch_size=16, warmup_steps=2, checkpoint_steps=(3, 6), seed=2)

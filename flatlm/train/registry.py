@@ -1,0 +1,258 @@
+"""The algorithm registry: one ``Algorithm`` object per pre-training algorithm, in one table.
+
+An algorithm is its name, its defaults (optimizer, weight decay, dropout, warmup), the
+``TrainConfig`` section holding its settings (``train.sam.rho``), its update, its data-parallel
+update, an optional batch transform and the hooks that the shared code reads instead of comparing
+names. The tables other modules know are views of this one: ``ALGORITHMS`` (defaults,
+``flatlm.train.config``), ``STEPS`` (``flatlm.train.algorithms``), ``DATA_PARALLEL_STEPS``
+(``flatlm.train.distributed``) and the sections a trial leaves out of its logged params
+(``unused_sections``).
+
+Layering: this module imports nothing of flatlm, so ``flatlm.train.config``, which is read when
+configs are parsed and imports no torch, checks ``train.algorithm`` against it. A function is
+given as itself or as ``"module:name"``, imported when first used; the built-ins below name
+theirs that way, so neither parsing a config nor the modules of ``flatlm.train`` import each other
+to find a step (``data.py`` no longer imports ``label_noise.py``, which imports it).
+
+To add an algorithm, register it from any module imported before the run (e.g. ``--preset``'s or
+a test's):
+
+    from flatlm.train.registry import Algorithm, AlgorithmDefaults, register_algorithm
+
+    register_algorithm(Algorithm(
+        name="sign_sgd", step=sign_step,  # (StepContext, StepInputs) -> {"train/loss": ...}
+        defaults=AlgorithmDefaults(optimizer="sgd", weight_decay=0.0, dropout=0.0,
+                                   warmup_steps=0, summary="what it is, in a line")))
+
+``train.algorithm=sign_sgd`` then trains with it (tests/assets/toy_algorithm.py does exactly this).
+Settings of its own are a small frozen config dataclass added as a ``TrainConfig`` field, named
+by ``section``; a data-parallel update (``data_parallel_step``) runs on every rank, which gets the
+``Algorithm`` object from rank 0 (so its functions must be importable, not lambdas).
+"""
+
+from __future__ import annotations
+
+import importlib
+import operator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+OPTIMIZERS = ("adamw", "sgd")
+
+# A function, or "module:name" for one imported when first used (the module stays unimported
+# until the algorithm runs: the built-ins' updates need torch, the registry must not).
+Ref = Callable | str
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmDefaults:
+    """What an algorithm changes by default; everything else is shared (see ``algorithms.py``)."""
+
+    optimizer: str  # "adamw" (decoupled weight decay) or "sgd" (no momentum)
+    weight_decay: float  # applied to matrices and embeddings, never to biases or LayerNorms
+    dropout: float  # the model's dropout during pre-training
+    warmup_steps: int | None = None  # linear warmup length in updates ...
+    warmup_proportion: float | None = None  # ... or as a fraction of ``steps``
+    summary: str = ""
+
+    def __post_init__(self):
+        _require(self.optimizer in OPTIMIZERS, f"optimizer={self.optimizer!r}: use one of "
+                                               f"{', '.join(OPTIMIZERS)}")
+        _require(self.weight_decay >= 0, f"weight_decay={self.weight_decay!r}: use a value >= 0")
+        _require(0.0 <= self.dropout < 1.0, f"dropout={self.dropout!r}: use one in [0, 1)")
+        _require((self.warmup_steps is None) != (self.warmup_proportion is None),
+                 "give exactly one of warmup_steps and warmup_proportion")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Algorithm:
+    """One pre-training algorithm: everything the shared loop needs to know about it."""
+
+    name: str  # the value of train.algorithm; an identifier
+    defaults: AlgorithmDefaults
+    step: Ref  # one update: (StepContext, StepInputs) -> {"train/loss": tensor, ...}
+    data_parallel_step: Ref | None = None  # the same update on a rank's slice of the batch,
+    #   gradients reduced over the ranks; None: train.world_size must be 1 ...
+    one_process_reason: str = "it has no data-parallel update"  # ... and this says why
+    section: str | None = None  # the TrainConfig field holding its settings (train.<section>.*),
+    #   logged only when the algorithm runs; None: it has none
+    batch_transform: Ref | None = None  # (MLMBatch, cfg, n_words, i) -> MLMBatch: update i's
+    #   masked batch changed on the CPU, before it is sorted, split or sliced (label noise)
+    halves_batch: bool = False  # the update splits each batch into two halves (sam): the batch
+    #   size is even, and micro-batches and data-parallel slices are taken of each half
+    probe_pool: Ref | None = None  # (cfg, source, device) -> DownstreamPool: labelled sentences
+    #   whose D1, D2 each update reads as inputs.probe (adversarial)
+    config_check: Ref | None = None  # (TrainConfig) -> None, raising ValueError: checks of its
+    #   settings against the run's (grow: every growth inside the run), at construction
+    model_check: Ref | None = None  # (TrainConfig, ModelConfig) -> None, raising ValueError:
+    #   checks against the model before any work (grow: each shape a growth of the one before)
+
+    def __post_init__(self):
+        _require(isinstance(self.name, str) and self.name.isidentifier(),
+                 f"name={self.name!r}: use an identifier such as sign_sgd")
+        _require(isinstance(self.defaults, AlgorithmDefaults),
+                 f"{self.name}: defaults={self.defaults!r}: use an AlgorithmDefaults")
+        _require(self.section is None or self.section.isidentifier(),
+                 f"{self.name}: section={self.section!r}: name a TrainConfig field, or None")
+        for hook in ("step", "data_parallel_step", "batch_transform", "probe_pool",
+                     "config_check", "model_check"):
+            ref = getattr(self, hook)
+            _require((ref is None and hook != "step") or callable(ref)
+                     or (isinstance(ref, str) and ref.count(":") == 1),
+                     f"{self.name}: {hook}={ref!r}: give a function or 'module:name'")
+
+    @property
+    def summary(self) -> str:
+        return self.defaults.summary
+
+    def update(self) -> Callable:
+        """The one-process update."""
+        return load_ref(self.step)
+
+    def data_parallel_update(self) -> Callable:
+        """The update of one data-parallel rank; a ValueError if there is none."""
+        if self.data_parallel_step is None:
+            raise ValueError(self.one_process_message())
+        return load_ref(self.data_parallel_step)
+
+    def one_process_message(self) -> str:
+        return (f"train.algorithm={self.name!r} runs in one process only "
+                f"({self.one_process_reason}); use train.world_size=1")
+
+    def transform(self) -> Callable | None:
+        """The batch transform, or None."""
+        return None if self.batch_transform is None else load_ref(self.batch_transform)
+
+
+def load_ref(ref: Ref) -> Callable:
+    """The function ``ref`` is, or names as ``"module:name"``."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(f"algorithm: {message}")
+
+
+# ------------------------------------------------------------------------------ the registry
+
+REGISTRY: dict[str, Algorithm] = {}  # name -> algorithm; add with register_algorithm
+
+
+def register_algorithm(algorithm: Algorithm, *, replace: bool = False) -> Algorithm:
+    """Adds ``algorithm`` under its name (``replace``: over one registered before); returns it."""
+    if not isinstance(algorithm, Algorithm):
+        raise TypeError(f"register_algorithm: expected an Algorithm, got {algorithm!r}")
+    if algorithm.name in REGISTRY and not replace:
+        raise ValueError(f"algorithm {algorithm.name!r} is registered already; choose another "
+                         "name, or pass replace=True")
+    REGISTRY[algorithm.name] = algorithm
+    return algorithm
+
+
+def algorithm_named(name: str) -> Algorithm:
+    """The registered algorithm ``name``; a ValueError naming the known ones."""
+    if name not in REGISTRY:
+        raise ValueError(f"train.algorithm={name!r}: use one of {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def unused_sections(name: str) -> list[str]:
+    """The TrainConfig sections of the other algorithms, which ``name`` does not read."""
+    own = algorithm_named(name).section
+    sections = dict.fromkeys(a.section for a in REGISTRY.values())  # ordered, unique
+    return [s for s in sections if s is not None and s != own]
+
+
+def check_before_training(cfg, model_cfg) -> None:
+    """Runs the algorithm's ``model_check`` (``cfg`` a TrainConfig, ``model_cfg`` the model's
+    ModelConfig), so that a bad combination fails before any work."""
+    hook = algorithm_named(cfg.algorithm).model_check
+    if hook is not None:
+        load_ref(hook)(cfg, model_cfg)
+
+
+class RegistryView(Mapping):
+    """name -> ``pick(algorithm)`` for every registered algorithm that ``has``; live: an
+    algorithm registered later is in it. The hand-kept tables of old are such views."""
+
+    def __init__(self, pick: Callable[[Algorithm], object],
+                 has: Callable[[Algorithm], bool] = lambda a: True):
+        self._pick, self._has = pick, has
+
+    def __getitem__(self, name: str):
+        algorithm = REGISTRY.get(name)
+        if algorithm is None or not self._has(algorithm):
+            raise KeyError(name)
+        return self._pick(algorithm)
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, a in REGISTRY.items() if self._has(a))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"RegistryView({list(self)})"
+
+
+ALGORITHMS: Mapping[str, AlgorithmDefaults] = RegistryView(operator.attrgetter("defaults"))
+
+
+# ------------------------------------------------------------------------------ the built-ins
+
+_STANDARD = "flatlm.train.algorithms:standard_step"
+_DATA_PARALLEL = "flatlm.train.distributed:data_parallel_step"
+_PAPER_ADAMW = {"optimizer": "adamw", "weight_decay": 0.01, "dropout": 0.1,
+                "warmup_steps": 1000}  # A.5
+_PAPER_SGD = {"optimizer": "sgd", "weight_decay": 0.01, "dropout": 0.1,
+              "warmup_proportion": 0.12}  # Section 3, F
+_NO_REGULARISER = {"optimizer": "adamw", "weight_decay": 0.0, "dropout": 0.0,
+                   "warmup_steps": 1000}
+
+BUILT_IN = (
+    Algorithm(name="adamw", step=_STANDARD, data_parallel_step=_DATA_PARALLEL,
+              defaults=AlgorithmDefaults(**_PAPER_ADAMW, summary=(
+                  "the paper's standard pre-training: AdamW, dropout 0.1, weight decay 0.01 "
+                  "(A.5)"))),
+    Algorithm(name="sgd", step=_STANDARD, data_parallel_step=_DATA_PARALLEL,
+              defaults=AlgorithmDefaults(**_PAPER_SGD, summary=(
+                  "mini-batch SGD without momentum, warmup over 12% of the steps (Section 3, "
+                  "F)"))),
+    Algorithm(name="noreg", step=_STANDARD, data_parallel_step=_DATA_PARALLEL,
+              defaults=AlgorithmDefaults(**_NO_REGULARISER, summary=(
+                  "AdamW without dropout or weight decay (Tables 1-2, '-dropout-WD')"))),
+    Algorithm(name="sam", section="sam", halves_batch=True,
+              step="flatlm.train.algorithms:sam_step",
+              data_parallel_step="flatlm.train.distributed:data_parallel_sam_step",
+              defaults=AlgorithmDefaults(**_NO_REGULARISER, summary=(
+                  "SAM around AdamW, no dropout or weight decay; perturbation from the first "
+                  "half of the batch, update from the second (Tables 1-2, '+SAM'; A.5)"))),
+    Algorithm(name="adversarial", section="adversarial",
+              step="flatlm.train.algorithms:adversarial_step",
+              one_process_reason="its closed-form head is fitted on all of D1 at once",
+              probe_pool="flatlm.train.data:adversarial_pool",
+              defaults=AlgorithmDefaults(**_PAPER_ADAMW, summary=(
+                  "MLM loss minus lambda times the D2 loss of a downstream head fitted in "
+                  "closed form on D1 (A.5)"))),
+    # the growth itself happens between updates (flatlm.train.growth); every rank grows alike
+    Algorithm(name="grow", section="grow", step=_STANDARD, data_parallel_step=_DATA_PARALLEL,
+              config_check="flatlm.train.config:check_growth_steps",
+              model_check="flatlm.train.growth:check_schedule",
+              defaults=AlgorithmDefaults(**_PAPER_ADAMW, summary=(
+                  "adamw whose model grows function-preservingly (B.4: width by replication, "
+                  "depth by zero-output blocks) at train.grow.steps (flatlm.train.growth)"))),
+    # on noisy targets, drawn on the whole batch before a rank takes its slice
+    Algorithm(name="label_noise", section="label_noise", step=_STANDARD,
+              data_parallel_step=_DATA_PARALLEL,
+              batch_transform="flatlm.train.label_noise:noisy_batch",
+              defaults=AlgorithmDefaults(**_PAPER_SGD, summary=(
+                  "sgd (its defaults) whose masked-word targets are each replaced, with "
+                  "probability train.label_noise.p, by a uniformly drawn word (Section 3.3; "
+                  "flatlm.train.label_noise)"))),
+)
+for _algorithm in BUILT_IN:
+    register_algorithm(_algorithm)
