@@ -70,7 +70,7 @@ def accuracy_scatter(df: pd.DataFrame, acc_key: str, path: str | Path, *,
     """Fig. 1: accuracy against each of ``x_keys``, one point per checkpoint with its standard
     errors as bars, colored by ``color_by``; rows outside ``regime`` (a mask) drawn hollow."""
     keys = [k for k in x_keys if _has(df, k)] if _has(df, acc_key) else []
-    fig, axes = _panels(len(keys))
+    fig, axes = panels(len(keys))
     colors = _colors(df, color_by)
     inside = regime if regime is not None else pd.Series(True, index=df.index)
     for ax, x in zip(axes, keys, strict=True):
@@ -93,7 +93,7 @@ def accuracy_scatter(df: pd.DataFrame, acc_key: str, path: str | Path, *,
     if keys:
         axes[0].legend(title=color_by, fontsize=7, title_fontsize=7)
     note = "" if regime is None else " (hollow: outside the saturation regime)"
-    return _save(fig, path, (title or f"Fig. 1: {acc_key} vs loss and flatness") + note,
+    return save_figure(fig, path, (title or f"Fig. 1: {acc_key} vs loss and flatness") + note,
                  empty=not keys)
 
 
@@ -102,7 +102,7 @@ def metrics_over_steps(df: pd.DataFrame, path: str | Path, *, keys,
     """Figs. 2/4: one panel per key, one line per run over ``step`` (its own color, named in
     the legend by ``run_labels``), with each checkpoint's standard error as bars."""
     keys = [k for k in keys if _has(df, k)]
-    fig, axes = _panels(len(keys))
+    fig, axes = panels(len(keys))
     labels = run_labels(df)
     colors = _colors(labels.to_frame("run"), "run")
     for ax, key in zip(axes, keys, strict=True):
@@ -120,7 +120,7 @@ def metrics_over_steps(df: pd.DataFrame, path: str | Path, *, keys,
     if keys:
         fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
                    ncols=min(4, max(1, labels.nunique())), fontsize=7)
-    return _save(fig, path, title or "Figs. 2/4: metrics over training steps", empty=not keys)
+    return save_figure(fig, path, title or "Figs. 2/4: metrics over training steps", empty=not keys)
 
 
 def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys, color_by: str = "algorithm",
@@ -130,7 +130,7 @@ def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys, color_by: str
     deviation over runs (the standard error of the one run where a size has one run)."""
     final = final_checkpoints(df)
     keys = [k for k in keys if _has(final, k)] if _has(final, N_PARAMS) else []
-    fig, axes = _panels(len(keys))
+    fig, axes = panels(len(keys))
     colors = _colors(df, color_by)
     final = final.assign(_group=_labels(final, color_by),
                          _n=pd.to_numeric(final.get(N_PARAMS), errors="coerce"))
@@ -148,7 +148,7 @@ def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys, color_by: str
         ax.set_ylabel(key)
     if keys:
         axes[0].legend(title=color_by, fontsize=7, title_fontsize=7)
-    return _save(fig, path, title or "Figs. 3/5: final checkpoint over model size",
+    return save_figure(fig, path, title or "Figs. 3/5: final checkpoint over model size",
                  empty=not keys)
 
 
@@ -262,7 +262,7 @@ def _colors(df: pd.DataFrame, color_by: str) -> dict:
     return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
 
 
-def _panels(n: int):
+def panels(n: int):
     fig = Figure(figsize=(PANEL_IN * max(n, 1), PANEL_IN), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, max(n, 1), squeeze=False)[0]
@@ -276,7 +276,7 @@ def _maybe_log(ax, values: pd.Series, axis: str) -> None:
         (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
 
 
-def _save(fig: Figure, path: str | Path, title: str, *, empty: bool) -> Path:
+def save_figure(fig: Figure, path: str | Path, title: str, *, empty: bool) -> Path:
     if empty:
         fig.axes[0].text(0.5, 0.5, "no data", ha="center", va="center")
         fig.axes[0].set_axis_off()

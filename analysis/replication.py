@@ -268,7 +268,7 @@ def main(argv=None) -> int:
                          hardware=args.hardware)
     print((args.out / "replication.md").read_text())
     if args.tracking_uri and not args.no_log:
-        from analysis.report import log_report
+        from analysis.store import log_report
         run_id = log_report(args.tracking_uri, "replication", paths,
                             {"tol": args.tol, "trials": df["run_id"].nunique()})
         print(f"logged to MLflow run {run_id}")

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.claims import acc, final_rows, model_size
-from analysis.figures import _panels, _save
+from analysis.figures import panels, save_figure
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN
 
 STEP_KEYS = (KL, TRACE_FISHER, acc("B"), acc("C"))
@@ -28,7 +28,7 @@ def over_steps(df: pd.DataFrame, path: str | Path) -> Path:
     """Figs. 2/4/10: each key over steps, per protocol x (steps, sgd) experiment."""
     part = df[df["experiment"].isin(["steps", "sgd"])]
     keys = [k for k in STEP_KEYS if k in part]
-    fig, axes = _panels(len(keys))
+    fig, axes = panels(len(keys))
     for ax, key in zip(axes, keys, strict=True):
         for (protocol, experiment), group in part.groupby(["protocol", "experiment"]):
             stats = _mean_se(group, "step", key)
@@ -38,7 +38,7 @@ def over_steps(df: pd.DataFrame, path: str | Path) -> Path:
         ax.set_title(key, fontsize=9)
     if keys:
         axes[0].legend(fontsize=7)
-    return _save(fig, path, "over training steps (mean ± s.e. over seeds)", empty=not keys)
+    return save_figure(fig, path, "over training steps (mean ± s.e. over seeds)", empty=not keys)
 
 
 def over_sizes(df: pd.DataFrame, path: str | Path) -> Path:
@@ -46,7 +46,7 @@ def over_sizes(df: pd.DataFrame, path: str | Path) -> Path:
     final = final_rows(df[df["experiment"] == "sizes"])
     final = final.assign(params=final["model"].map(model_size)) if len(final) else final
     keys = [k for k in SIZE_KEYS if k in final]
-    fig, axes = _panels(len(keys))
+    fig, axes = panels(len(keys))
     for ax, key in zip(axes, keys, strict=True):
         for protocol, group in final.groupby("protocol"):
             stats = _mean_se(group, "params", key)
@@ -57,7 +57,7 @@ def over_sizes(df: pd.DataFrame, path: str | Path) -> Path:
         ax.set_title(key, fontsize=9)
     if keys:
         axes[0].legend(fontsize=7)
-    return _save(fig, path, "final checkpoint over model size (mean ± s.e. over seeds)",
+    return save_figure(fig, path, "final checkpoint over model size (mean ± s.e. over seeds)",
                  empty=not keys)
 
 
@@ -66,7 +66,7 @@ def algorithm_bars(df: pd.DataFrame, path: str | Path) -> Path:
     dashed line on the accuracy panel."""
     final = final_rows(df[df["experiment"] == "algorithms"])
     keys = [k for k in ALGORITHM_KEYS if k in final]
-    fig, axes = _panels(len(keys))
+    fig, axes = panels(len(keys))
     protocols = sorted(final["protocol"].dropna().unique()) if len(final) else []
     for ax, key in zip(axes, keys, strict=True):
         for i, protocol in enumerate(protocols):
@@ -83,7 +83,7 @@ def algorithm_bars(df: pd.DataFrame, path: str | Path) -> Path:
                      fontsize=9)
     if keys and protocols:
         axes[0].legend(fontsize=7)
-    return _save(fig, path, "final checkpoint by algorithm (mean ± s.e. over seeds)",
+    return save_figure(fig, path, "final checkpoint by algorithm (mean ± s.e. over seeds)",
                  empty=not keys)
 
 
@@ -93,7 +93,7 @@ def scatter(df: pd.DataFrame, path: str | Path, acc_key: str) -> Path:
     rows = [g[g[KL] <= g[KL].min() + 0.05] for _, g in df.groupby("protocol")] if len(df) else []
     part = pd.concat(rows) if rows else df
     keys = [k for k in (LOSS, TRACE_FISHER) if k in part and acc_key in part]
-    fig, axes = _panels(len(keys))
+    fig, axes = panels(len(keys))
     for ax, key in zip(axes, keys, strict=True):
         for (protocol, experiment), group in part.groupby(["protocol", "experiment"]):
             ax.scatter(group[key], group[acc_key], s=10, label=f"{protocol} / {experiment}")
@@ -101,5 +101,5 @@ def scatter(df: pd.DataFrame, path: str | Path, acc_key: str) -> Path:
         ax.set_ylabel(acc_key)
     if keys:
         axes[0].legend(fontsize=6)
-    return _save(fig, path, "Fig. 1: checkpoints within 0.05 nats of the smallest KL",
+    return save_figure(fig, path, "Fig. 1: checkpoints within 0.05 nats of the smallest KL",
                  empty=not keys)

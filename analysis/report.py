@@ -22,11 +22,8 @@ write), needs no MLflow store and logs nothing.
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
-import os
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -45,10 +42,14 @@ from analysis.figures import (  # noqa: E402
     summary_markdown,
     summary_table,
 )
-from analysis.runs import load_runs  # noqa: E402
 from analysis.selection import write_selection  # noqa: E402
-from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN, probe_keys  # noqa: E402
-from flatlm.tracking.tracker import TAG_REPORT, MlflowTracker, default_tracking_uri  # noqa: E402
+from analysis.store import (  # noqa: E402
+    accuracy_key,
+    load_table,
+    log_report,
+    report_experiment,
+)
+from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,15 +76,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="per-checkpoint metrics from metrics.jsonl artifacts or histories")
     p.add_argument("--no-log", action="store_true", help="do not log the report run to MLflow")
     return p.parse_args(argv)
-
-
-def accuracy_key(columns, task: str | None) -> str:
-    if task is not None:
-        return task if "/" in task else probe_keys(task)[0]
-    probes = sorted(c for c in columns if c.startswith("probe/") and c.endswith("/acc_mean"))
-    if not probes:
-        raise SystemExit("no probe/<task>/acc_mean column in the runs; pass --task")
-    return probes[0]
 
 
 def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_tolerance=None,
@@ -137,64 +129,6 @@ def _table_rule(summary) -> str:
         text += (f" Not at that loss: {', '.join(summary.attrs['unmatched'])}, whose runs never "
                  "reached the regime; their rows are their lowest-KL checkpoints.")
     return text
-
-
-def report_experiment(experiment: str) -> str:
-    """Where the report of ``experiment`` is logged: beside it, not among its runs, where
-    MLflow's charts would list it (and colour it) as one more run."""
-    return f"{experiment}.report"
-
-
-def log_report(tracking_uri: str, experiment: str, paths, params: dict, *,
-               run_name: str = "report") -> str | None:
-    """The run ``run_name`` (tag ``flatlm.report=1``) of ``experiment`` holding ``paths`` as
-    artifacts; an earlier run of that name there is deleted first (one report at a time)."""
-    from mlflow import MlflowClient
-
-    from flatlm.tracking.tracker import ensure_experiment
-
-    client = MlflowClient(tracking_uri)
-    eid = ensure_experiment(tracking_uri, experiment)
-    for old in client.search_runs([eid], f"tags.`{TAG_REPORT}` = '1'"):
-        if old.info.run_name == run_name:
-            client.delete_run(old.info.run_id)
-    with tempfile.TemporaryDirectory() as outbox:
-        tracker = MlflowTracker(tracking_uri, outbox, experiment_id=eid,
-                                run_name=run_name, params=params, tags={TAG_REPORT: "1"})
-        for path in paths:
-            tracker.log_artifact(path)
-        ok = tracker.finish("FINISHED")
-    if not ok:
-        print("warning: MLflow unreachable; the report is only on disk", file=sys.stderr)
-    return tracker.run_id
-
-
-def check_store(uri: str, experiment: str) -> None:
-    """Exits with a message naming the fix when the store or the experiment is not there;
-    opening a missing sqlite file would create an empty store instead."""
-    from mlflow import MlflowClient
-
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
-        raise SystemExit(f"error: no MLflow store at {uri}: run the report where the sweep ran "
-                         "(its --workdir), or pass --tracking-uri")
-    client = MlflowClient(uri)
-    if client.get_experiment_by_name(experiment) is None:
-        names = [e.name for e in client.search_experiments()]
-        close = difflib.get_close_matches(experiment, names, n=3)
-        hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise SystemExit(f"error: no experiment {experiment!r} at {uri}; {hint}experiments "
-                         f"there: {', '.join(sorted(names)) or 'none'}")
-
-
-def load_table(args) -> tuple:
-    """(the tidy table, the tracking URI or None) from ``--trials`` or ``--experiment``."""
-    if args.trials is not None:
-        from analysis.trials import load_trials
-        return load_trials(args.trials), None
-    uri = (args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-           or default_tracking_uri(Path.cwd()))
-    check_store(uri, args.experiment)
-    return load_runs(uri, args.experiment, source=getattr(args, "source", "auto")), uri
 
 
 def main(argv=None) -> int:

@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis.correlate import RUN, saturated, saturation_rule, to_markdown  # noqa: E402
+from analysis.store import accuracy_key, load_table, log_report, report_experiment  # noqa: E402
 from flatlm.measure import HESSIAN_FISHER_GAP, LOSS  # noqa: E402
 
 RANDOM = "random choice"
@@ -281,8 +282,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    from analysis.report import accuracy_key, load_table, log_report, report_experiment
-
     args = parse_args(argv)
     df, uri = load_table(args)
     if df.empty:

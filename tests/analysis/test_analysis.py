@@ -292,8 +292,8 @@ def _drawn(monkeypatch) -> list:
     """The figures the figure functions save, kept for inspection."""
     import analysis.figures as figures
 
-    drawn, save = [], figures._save
-    monkeypatch.setattr(figures, "_save",
+    drawn, save = [], figures.save_figure
+    monkeypatch.setattr(figures, "save_figure",
                         lambda fig, *a, **k: drawn.append(fig) or save(fig, *a, **k))
     return drawn
 
