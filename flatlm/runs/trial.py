@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from flatlm.core.config import to_dict
+from flatlm.measure.registry import unused_sections
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
 from flatlm.models.checkpoint import INFO_NAME
 from flatlm.models.presets import ModelSpec, parse_model
@@ -107,12 +108,6 @@ def with_downstream_resolved(cfg: TrialConfig) -> TrialConfig:
                                                                 tasks=tasks))
 
 
-# The config sections each measurement uses: a section is logged only when one of them ran.
-_MEASURE_SECTIONS = {"loss": ("loss",),
-                     "flatness": ("fisher", "hessian", "eigen", "density", "blocks", "sharpness"),
-                     "spectrum": ("eigen", "density"), "sharpness": ("sharpness",),
-                     "probe": ("probe", "lookup"),
-                     "finetune": ("finetune",)}
 # Options whose None has a meaning worth a word in the logged params (other Nones: not set).
 _NONE_MEANS = {"measure.flatness.n_inputs": "all"}
 
@@ -131,8 +126,8 @@ def tracked_params(cfg: TrialConfig) -> dict:
     flat = to_flat_dict(dataclasses.replace(cfg, train=train))
     skipped = [f"train.{a}." for a in ("sam", "adversarial", "grow", "label_noise")
                if a != train.algorithm]
-    skipped += [f"measure.{section}." for section, uses in _MEASURE_SECTIONS.items()
-                if not set(uses) & set(cfg.measure.what)]
+    # a measure section is logged only when a measurement that reads it ran (measure.registry)
+    skipped += [f"measure.{section}." for section in unused_sections(cfg.measure.what)]
     out = {}
     for key, value in flat.items():
         if key.startswith(tuple(skipped)):
