@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from flatlm.measure.run import WHAT
+from flatlm.measure.registry import measurement_names
 
 
 def register(sub) -> None:
@@ -22,7 +22,7 @@ def register(sub) -> None:
     p.add_argument("checkpoint", help="a checkpoint directory (with flatlm.json)")
     p.add_argument("--source", help="source spec; default: the checkpoint's")
     p.add_argument("--what", default="loss,fisher,hessian,probe,lookup",
-                   help=f"comma-separated, from {','.join(WHAT)}")
+                   help=f"comma-separated, from {', '.join(measurement_names())}")
     p.add_argument("--n-inputs", type=int, help="validation sentences (loss and flatness)")
     p.add_argument("--n-downstream", type=int, help="labelled sentences per task")
     p.add_argument("--tasks", help="comma-separated downstream tasks (default: all)")

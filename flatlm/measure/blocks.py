@@ -29,7 +29,7 @@ from flatlm.measure.curvature import (
     model_device_dtype,
     selected_parameters,
 )
-from flatlm.measure.hessian_trace import _rademacher
+from flatlm.measure.hessian_trace import rademacher_like
 from flatlm.measure.hvp import CurvatureOperator, flatten
 
 _LAYER = re.compile(r"(?:\.layer\.(\d+)\.|^lstm\.\w+_l(\d+)(?:_reverse)?$)")
@@ -78,7 +78,7 @@ def block_traces(
             grads = op.batch_grads(a, b)
             per_block = torch.zeros(len(names), dtype=torch.float64, device=device)
             for _ in range(cfg.hutchinson_probes):
-                v = _rademacher(params, g)
+                v = rademacher_like(params, g)
                 hv = op.product(grads, flatten(v)).split([p.numel() for p in params])
                 per_param = torch.stack([(h * vi.reshape(-1)).sum().double()
                                          for h, vi in zip(hv, v, strict=True)])

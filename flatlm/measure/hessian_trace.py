@@ -58,7 +58,9 @@ def eager_attention(model: nn.Module):
         inner.set_attn_implementation(old)
 
 
-def _rademacher(params: list[torch.Tensor], g: torch.Generator) -> list[torch.Tensor]:
+def rademacher_like(params: list[torch.Tensor], g: torch.Generator) -> list[torch.Tensor]:
+    """A random +-1 tensor shaped like each parameter, drawn from ``g``: Hutchinson's probe
+    vector (``measure.blocks`` draws the same ones, so its blocks add up to Tr(H))."""
     return [torch.randint(0, 2, p.shape, generator=g, device=p.device).to(p.dtype) * 2 - 1
             for p in params]
 
@@ -97,7 +99,7 @@ def hutchinson_batch(
         grads_r = torch.autograd.grad((r * z).sum(), params, create_graph=True)
     h_sum, r_sum = 0.0, 0.0
     for _ in range(n_probes):
-        v = _rademacher(params, g)
+        v = rademacher_like(params, g)
         h_sum += float(_quadratic(grads, v, params))
         if with_gap:
             r_sum += float(_quadratic(grads_r, v, params))

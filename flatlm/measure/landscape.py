@@ -25,14 +25,13 @@ from flatlm.measure.sharpness import SharpnessConfig, measure_sharpness
 from flatlm.measure.spectrum import SpectrumConfig, eigen_metrics, slq, slq_metrics, write_density
 from flatlm.sources.base import Source
 
-WHAT = ("eigen", "density", "blocks", "sharpness")
-
 
 def measure_landscape(model: nn.Module, source: Source, tokens: torch.Tensor,
                       lengths: torch.Tensor, what, device, *, flatness: FlatnessConfig,
                       spectrum: SpectrumConfig, sharpness: SharpnessConfig,
                       artifact_dir: str | Path | None = None) -> dict[str, float]:
-    """The metrics of the measurements in ``what`` (any of ``WHAT``)."""
+    """The metrics of the measurements in ``what`` (any of eigen, density, blocks, sharpness;
+    other names are not this function's)."""
     out: dict[str, float] = {}
     if {"eigen", "density"} & set(what):
         out.update(_spectrum(model, source, tokens, lengths, what, device, flatness, spectrum,

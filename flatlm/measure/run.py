@@ -6,13 +6,13 @@ checkpoint of a run is measured on the same sentences and differences between ch
 sampling noise. Every probe result comes with its reference rows (``flatlm.measure``): the majority
 class (in the probe's own result), the lookup table and the same probe on a randomly initialised
 model of the trial's shape; the last two do not change during a trial: computed once and cached.
+Which measurements there are, and what each needs and gives, is ``measure.registry``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,30 +20,12 @@ import torch
 from torch import nn
 
 from flatlm.core.seeds import derive_seed
-from flatlm.measure import (
-    ENTROPY,
-    HESSIAN_FISHER_GAP,
-    KL,
-    TRACE_FISHER,
-    TRACE_HESSIAN,
-    se_key,
-)
 from flatlm.measure.curvature import FlatnessConfig
 from flatlm.measure.eval_cache import cache_key, cached_tensors
-from flatlm.measure.finetune import FinetuneConfig, finetune_accuracy
-from flatlm.measure.flatness import data_hessian, measure_flatness
-from flatlm.measure.landscape import WHAT as LANDSCAPE_WHAT
-from flatlm.measure.landscape import measure_landscape
-from flatlm.measure.lookup import lookup_features
-from flatlm.measure.loss import LossConfig, pretrain_loss
-from flatlm.measure.probe import (
-    ProbeConfig,
-    downstream_classes,
-    encoder_probe_features,
-    linear_probe_accuracy,
-    participation_ratio,
-    probe_metrics,
-)
+from flatlm.measure.finetune import FinetuneConfig
+from flatlm.measure.loss import LossConfig
+from flatlm.measure.probe import ProbeConfig
+from flatlm.measure.registry import Measurement, measurement_names, requested
 from flatlm.measure.sharpness import SharpnessConfig
 from flatlm.measure.spectrum import SpectrumConfig
 from flatlm.models.bert import build_model
@@ -51,19 +33,18 @@ from flatlm.sources.base import Source
 
 log = logging.getLogger(__name__)
 
-WHAT = ("loss", "fisher", "hessian", "probe", "finetune", "lookup", "glue", *LANDSCAPE_WHAT)
-
 
 @dataclass(frozen=True, kw_only=True)
 class MeasureConfig:
     """What to measure at each checkpoint, and on how much data."""
 
-    # measurements to run, from WHAT: loss (pretrain/*), fisher (Tr F), hessian (Tr H and the
-    # gap to Tr F; implies fisher), probe, finetune, lookup, glue (GLUE fine-tuning on a text or
-    # lm source's task files, measure.glue, with finetune's settings: the GLUE tasks among
-    # measure.tasks, else all the source's GLUE tasks, glue_tasks_of); beyond the trace
-    # (measure.landscape): eigen (top eigenvalues of H and F), density (spectral density), blocks
-    # (Tr H per block), sharpness (adaptive sharpness); these need the source's truth
+    # measurements to run, from measurement_names() (measure.registry): loss (pretrain/*),
+    # fisher (Tr F), hessian (Tr H and the gap to Tr F; implies fisher), probe, finetune, lookup,
+    # glue (GLUE fine-tuning on a text or lm source's task files, measure.glue, with finetune's
+    # settings: the GLUE tasks among measure.tasks, else all the source's GLUE tasks,
+    # measure.builtin.glue_tasks_of); beyond the trace (measure.landscape): eigen (top
+    # eigenvalues of H and F), density (spectral density), blocks (Tr H per block), sharpness
+    # (adaptive sharpness); these need the source's truth
     what: tuple[str, ...] = ("loss", "fisher", "hessian", "probe", "lookup")
     # validation sentences for pretrain/* and the flatness inputs; >= 2. 4000: relative s.e. of
     # Tr(F) ~2.5% (8 sampled labels per input, bench/flatness_se.py)
@@ -85,10 +66,11 @@ class MeasureConfig:
     grow_to: str | None = None
 
     def __post_init__(self):
-        unknown = set(self.what) - set(WHAT)
+        known = measurement_names()
+        unknown = set(self.what) - set(known)
         if unknown:
             raise ValueError(f"measure.what: unknown measurement(s) {sorted(unknown)}; use any "
-                             f"of {', '.join(WHAT)}")
+                             f"of {', '.join(known)}")
         if self.n_eval < 2:
             raise ValueError(f"measure.n_eval={self.n_eval}: use at least 2 sentences")
         if self.n_downstream < 10:
@@ -116,10 +98,9 @@ class EvalData:
 def downstream_of(source: Source, cfg: MeasureConfig) -> tuple[str, tuple[str, ...]]:
     """(label rule, tasks) that ``cfg`` measures on ``source``, the source's defaults filled in,
     or a ValueError naming the fields."""
-    if "glue" in cfg.what and not source.glue_tasks:
-        raise ValueError("measure.what: 'glue' needs a text source with GLUE task files (text:"
-                         "FILES,tokenizer=...,glue=DIR, or lm:MODEL,...,glue=DIR); drop 'glue' "
-                         "or add the source's glue")
+    for measurement in requested(cfg.what):
+        if measurement.check is not None:
+            measurement.check(source)
     try:
         return source.check_downstream(cfg.label_rule, cfg.tasks)
     except ValueError as e:
@@ -144,7 +125,8 @@ def eval_data(source: Source, cfg: MeasureConfig, model_cfg=None, *, device=None
         log.warning("%s has no exact conditionals: not measured: %s; pretrain/loss is the "
                     "one-hot validation loss", type(source).__name__, ", ".join(skipped))
     random_model = None
-    if model_cfg is not None and "probe" in cfg.what:
+    if model_cfg is not None and any(m.reference and m.reference.random_model
+                                     for m in requested(cfg.what)):
         random_model = build_model(model_cfg, source.V, source.max_length,
                                    seed=derive_seed(cfg.seed, "random-features")).eval()
     classes = {task: t[f"class/{task}"] for task in tasks}
@@ -157,15 +139,7 @@ def skipped_without_truth(source: Source, cfg: MeasureConfig) -> list[str]:
     conditionals, on a source without them (``Source.has_truth``); [] otherwise."""
     if source.has_truth:
         return []
-    what, skipped = set(cfg.what), []
-    if "loss" in what:
-        skipped += [ENTROPY, KL]
-    if "hessian" in what:  # the one-hot Hessian flat/trace_hessian_data is measured instead
-        skipped += [TRACE_HESSIAN, HESSIAN_FISHER_GAP]
-    if "lookup" in what:
-        skipped.append("lookup/*")
-    skipped += [f"{name} (population-loss curvature)" for name in LANDSCAPE_WHAT if name in what]
-    return skipped
+    return [skipped for m in requested(cfg.what) for skipped in m.without_truth]
 
 
 def _draw(source: Source, cfg: MeasureConfig, rule: str, tasks, device) -> dict:
@@ -180,107 +154,29 @@ def _draw(source: Source, cfg: MeasureConfig, rule: str, tasks, device) -> dict:
 def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: MeasureConfig,
                   device, *, artifact_dir=None) -> dict[str, float]:
     """Every metric ``cfg.what`` asks for (keys as in ``flatlm.measure``), plus timings; files
-    (the spectral density) go to ``artifact_dir`` (the checkpoint's directory), if given."""
-    what, out = set(cfg.what), {}
+    (the spectral density) go to ``artifact_dir`` (the checkpoint's directory), if given. The
+    measurements run in the registry's order, a run shared by several once."""
+    chosen, out = requested(cfg.what, has_truth=source.has_truth), {}
     model.eval()
-    if "loss" in what:
-        with timer(out, "loss"):
-            out.update(pretrain_loss(model, source, data.tokens, data.lengths, cfg.loss,
-                                     device=device))
-    if "fisher" in what or "hessian" in what:
-        with timer(out, "flatness"):
-            out.update(_flatness(model, source, data, cfg, device, what))
-        if cfg.grow_to is not None:
-            from flatlm.measure.grown import grown_flatness
-
-            with timer(out, "flatness_grown"):
-                out.update(grown_flatness(model, cfg.grow_to, source, data.tokens, data.lengths,
-                                          cfg.flatness, device,
-                                          hessian="hessian" in what and source.has_truth))
-    if what & set(LANDSCAPE_WHAT) and source.has_truth:  # population-loss curvature
-        with timer(out, "landscape"):
-            out.update(measure_landscape(
-                model, source, data.tokens, data.lengths, what, device, flatness=cfg.flatness,
-                spectrum=cfg.spectrum, sharpness=cfg.sharpness, artifact_dir=artifact_dir))
-    if "probe" in what:
-        with timer(out, "probe"):
-            out.update(_probes(model, source, data, cfg, "probe", device))
-    if "finetune" in what:
-        for task, y in data.classes.items():
-            with timer(out, f"finetune_{task}"):
-                out.update(finetune_accuracy(model, source, data.downstream_tokens,
-                                             data.downstream_lengths, y, task, cfg.finetune,
-                                             device))
-    if "glue" in what:
-        from flatlm.measure.glue import glue_finetune
-
-        for task in glue_tasks_of(source, data):
-            with timer(out, f"glue_{task}"):
-                out.update(glue_finetune(model, source, task, cfg.finetune, device))
-    out.update(_references(source, data, cfg, device, what))
+    for run in dict.fromkeys(m.run for m in chosen if m.run is not None):
+        out.update(run(model, source, data, cfg, device, artifact_dir))
+    out.update(_references(source, data, cfg, device, chosen))
     return out
 
 
-def glue_tasks_of(source: Source, data: EvalData) -> tuple[str, ...]:
-    """The GLUE tasks measured: those among the trial's tasks (a text source's tasks are its
-    GLUE tasks), else every GLUE task of the source (an LM source probes mask-k beside them)."""
-    chosen = tuple(task for task in data.classes if task in source.glue_tasks)
-    return chosen or source.glue_tasks
-
-
-def _probes(model, source, data: EvalData, cfg: MeasureConfig, stage: str, device) -> dict:
-    """Every task's probe on one forward pass over the downstream sentences, and the features'
-    effective rank (``<stage>/feature_rank``)."""
-    features = encoder_probe_features(model, data.downstream_tokens, data.downstream_lengths,
-                                      device=device, batch_size=cfg.probe.forward_batch_size)
-    return _probe_tasks(features, source, data, cfg, stage)
-
-
-def _probe_tasks(features, source, data: EvalData, cfg: MeasureConfig, stage: str) -> dict:
-    out = {f"{stage}/feature_rank": participation_ratio(features)}
-    for task, y in data.classes.items():
-        keep, classes, num_classes = downstream_classes(source, y, task)
-        result = linear_probe_accuracy(features[keep.to(features.device)], classes, num_classes,
-                                       cfg.probe)
-        out.update(probe_metrics(stage, task, result, num_classes))
-    return out
-
-
-def _references(source, data: EvalData, cfg: MeasureConfig, device, what) -> dict:
-    """The lookup table's and the random model's probe results (computed once per trial, on
-    ``device``; their time, ``time/lookup_s`` and ``time/random_init_s``, at that checkpoint,
-    and at the first one ``time/eval_data_s``, drawing and labelling or reading the cache)."""
+def _references(source, data: EvalData, cfg: MeasureConfig, device,
+                chosen: list[Measurement]) -> dict:
+    """The reference rows (the lookup table's and the random model's probe results): measured
+    once per trial, on ``device``, and reported at every checkpoint; their time
+    (``time/lookup_s``, ``time/random_init_s``) at that checkpoint, and at the first one
+    ``time/eval_data_s``, drawing and labelling or reading the cache."""
     times = {} if data.seconds is None else {"time/eval_data_s": data.seconds}
     data.seconds = None
-    if "lookup" in what and source.has_truth and "lookup" not in data.reference:
-        with timer(times, "lookup"):
-            features = lookup_features(source, data.downstream_tokens, data.downstream_lengths,
-                                       device=device)
-            data.reference["lookup"] = _probe_tasks(features, source, data, cfg, "lookup")
-    if "probe" in what and data.random_model is not None and "random_init" not in \
-            data.reference:
-        with timer(times, "random_init"):
-            data.reference["random_init"] = _probes(data.random_model.to(device), source, data,
-                                                    cfg, "random_init", device)
-        data.random_model = None  # measured: free its memory
+    for reference in (m.reference for m in chosen if m.reference is not None):
+        if reference.name not in data.reference:
+            start = time.perf_counter()
+            rows = reference.run(source, data, cfg, device)
+            if rows is not None:
+                data.reference[reference.name] = rows
+                times[f"time/{reference.name}_s"] = time.perf_counter() - start
     return {**{k: v for metrics in data.reference.values() for k, v in metrics.items()}, **times}
-
-
-def _flatness(model, source, data, cfg, device, what) -> dict[str, float]:
-    if "hessian" in what and source.has_truth:
-        return measure_flatness(model, source, data.tokens, data.lengths, cfg.flatness, device)
-    from flatlm.measure.fisher import trace_fisher
-
-    fisher = trace_fisher(model, data.tokens, data.lengths, cfg.flatness, device=device)
-    out = {TRACE_FISHER: fisher["mean"], se_key(TRACE_FISHER): fisher["se"]}
-    if "hessian" in what:  # no truth: the Hessian of the one-hot loss on the data's words
-        out.update(data_hessian(model, data.tokens, data.lengths, cfg.flatness, device))
-    return out
-
-
-@contextmanager
-def timer(out: dict, name: str):
-    """Records the wall time of the block as ``time/<name>_s``."""
-    start = time.perf_counter()
-    yield
-    out[f"time/{name}_s"] = time.perf_counter() - start

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from flatlm.core.config import to_dict
+from flatlm.measure.registry import unused_sections as unused_measure_sections
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
 from flatlm.models.checkpoint import INFO_NAME
 from flatlm.models.presets import ModelSpec, parse_model
@@ -36,7 +37,8 @@ from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, N_PARAMS, append_me
 from flatlm.sources import SourceSpec, load
 from flatlm.train.config import TrainConfig
 from flatlm.train.loop import TRAINING_INTERVAL
-from flatlm.train.registry import check_before_training, unused_sections
+from flatlm.train.registry import check_before_training
+from flatlm.train.registry import unused_sections as unused_train_sections
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +107,6 @@ def with_downstream_resolved(cfg: TrialConfig) -> TrialConfig:
                                                                 tasks=tasks))
 
 
-# The config sections each measurement uses: a section is logged only when one of them ran.
-_MEASURE_SECTIONS = {"loss": ("loss",),
-                     "flatness": ("fisher", "hessian", "eigen", "density", "blocks", "sharpness"),
-                     "spectrum": ("eigen", "density"), "sharpness": ("sharpness",),
-                     "probe": ("probe", "lookup"),
-                     "finetune": ("finetune",)}
 # Options whose None has a meaning worth a word in the logged params (other Nones: not set).
 _NONE_MEANS = {"measure.flatness.n_inputs": "all"}
 
@@ -127,9 +123,9 @@ def tracked_params(cfg: TrialConfig) -> dict:
     if train.micro_batch_size is None:  # None = one pass (sam: each half-batch in one pass)
         train = dataclasses.replace(train, micro_batch_size=train.sentences_per_pass)
     flat = to_flat_dict(dataclasses.replace(cfg, train=train))
-    skipped = [f"train.{section}." for section in unused_sections(train.algorithm)]
-    skipped += [f"measure.{section}." for section, uses in _MEASURE_SECTIONS.items()
-                if not set(uses) & set(cfg.measure.what)]
+    # the sections of other algorithms, and of measurements that did not run, are not logged
+    skipped = [f"train.{section}." for section in unused_train_sections(train.algorithm)]
+    skipped += [f"measure.{section}." for section in unused_measure_sections(cfg.measure.what)]
     out = {}
     for key, value in flat.items():
         if key.startswith(tuple(skipped)):

@@ -1,0 +1,156 @@
+"""The run functions of flatlm's own measurements; ``measure.registry`` declares them.
+
+A per-checkpoint run is ``(model, source, data, cfg, device, artifact_dir) -> metrics`` (``data``
+the trial's ``measure.run.EvalData``, ``cfg`` its ``MeasureConfig``); a run that several
+measurements share (fisher and hessian, the landscape's four) runs once and reads ``cfg.what`` for
+its parts. A once-per-trial reference is ``(source, data, cfg, device) -> metrics``, or None when
+there is nothing to measure. Each run records its own wall time (``timer``).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+from flatlm.measure import TRACE_FISHER, se_key
+from flatlm.measure.finetune import finetune_accuracy
+from flatlm.measure.fisher import trace_fisher
+from flatlm.measure.flatness import data_hessian, measure_flatness
+from flatlm.measure.glue import glue_finetune
+from flatlm.measure.grown import grown_flatness
+from flatlm.measure.landscape import measure_landscape
+from flatlm.measure.lookup import lookup_features
+from flatlm.measure.loss import pretrain_loss
+from flatlm.measure.probe import (
+    downstream_classes,
+    encoder_probe_features,
+    linear_probe_accuracy,
+    participation_ratio,
+    probe_metrics,
+)
+from flatlm.sources.base import Source
+
+
+def run_loss(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
+    out = {}
+    with timer(out, "loss"):
+        out.update(pretrain_loss(model, source, data.tokens, data.lengths, cfg.loss,
+                                 device=device))
+    return out
+
+
+def run_flatness(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
+    """fisher and hessian: one run, since Tr(H) comes with Tr(F) and their gap; with
+    ``cfg.grow_to`` the same again in the grown shape."""
+    what, out = set(cfg.what), {}
+    with timer(out, "flatness"):
+        out.update(_flatness(model, source, data, cfg, device, what))
+    if cfg.grow_to is not None:
+        with timer(out, "flatness_grown"):
+            out.update(grown_flatness(model, cfg.grow_to, source, data.tokens, data.lengths,
+                                      cfg.flatness, device,
+                                      hessian="hessian" in what and source.has_truth))
+    return out
+
+
+def _flatness(model, source, data, cfg, device, what) -> dict[str, float]:
+    if "hessian" in what and source.has_truth:
+        return measure_flatness(model, source, data.tokens, data.lengths, cfg.flatness, device)
+    fisher = trace_fisher(model, data.tokens, data.lengths, cfg.flatness, device=device)
+    out = {TRACE_FISHER: fisher["mean"], se_key(TRACE_FISHER): fisher["se"]}
+    if "hessian" in what:  # no truth: the Hessian of the one-hot loss on the data's words
+        out.update(data_hessian(model, data.tokens, data.lengths, cfg.flatness, device))
+    return out
+
+
+def run_landscape(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
+    """eigen, density, blocks, sharpness: one run, since eigen and density share their
+    curvature operator (``measure.landscape``)."""
+    out = {}
+    with timer(out, "landscape"):
+        out.update(measure_landscape(
+            model, source, data.tokens, data.lengths, set(cfg.what), device,
+            flatness=cfg.flatness, spectrum=cfg.spectrum, sharpness=cfg.sharpness,
+            artifact_dir=artifact_dir))
+    return out
+
+
+def run_probe(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
+    out = {}
+    with timer(out, "probe"):
+        out.update(_probes(model, source, data, cfg, "probe", device))
+    return out
+
+
+def random_init_rows(source, data, cfg, device) -> dict[str, float] | None:
+    """The probe on the trial's shape randomly initialised (``EvalData.random_model``); None
+    when eval_data built no such model (it was given no model config)."""
+    if data.random_model is None:
+        return None
+    rows = _probes(data.random_model.to(device), source, data, cfg, "random_init", device)
+    data.random_model = None  # measured: free its memory
+    return rows
+
+
+def lookup_rows(source, data, cfg, device) -> dict[str, float]:
+    """The probe on the lookup table: the true conditionals of every position."""
+    features = lookup_features(source, data.downstream_tokens, data.downstream_lengths,
+                               device=device)
+    return _probe_tasks(features, source, data, cfg, "lookup")
+
+
+def _probes(model, source, data, cfg, stage: str, device) -> dict[str, float]:
+    """Every task's probe on one forward pass over the downstream sentences, and the features'
+    effective rank (``<stage>/feature_rank``)."""
+    features = encoder_probe_features(model, data.downstream_tokens, data.downstream_lengths,
+                                      device=device, batch_size=cfg.probe.forward_batch_size)
+    return _probe_tasks(features, source, data, cfg, stage)
+
+
+def _probe_tasks(features, source, data, cfg, stage: str) -> dict[str, float]:
+    out = {f"{stage}/feature_rank": participation_ratio(features)}
+    for task, y in data.classes.items():
+        keep, classes, num_classes = downstream_classes(source, y, task)
+        result = linear_probe_accuracy(features[keep.to(features.device)], classes, num_classes,
+                                       cfg.probe)
+        out.update(probe_metrics(stage, task, result, num_classes))
+    return out
+
+
+def run_finetune(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
+    out = {}
+    for task, y in data.classes.items():
+        with timer(out, f"finetune_{task}"):
+            out.update(finetune_accuracy(model, source, data.downstream_tokens,
+                                         data.downstream_lengths, y, task, cfg.finetune, device))
+    return out
+
+
+def run_glue(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
+    out = {}
+    for task in glue_tasks_of(source, data):
+        with timer(out, f"glue_{task}"):
+            out.update(glue_finetune(model, source, task, cfg.finetune, device))
+    return out
+
+
+def check_glue_source(source: Source) -> None:
+    if not source.glue_tasks:
+        raise ValueError("measure.what: 'glue' needs a text source with GLUE task files (text:"
+                         "FILES,tokenizer=...,glue=DIR, or lm:MODEL,...,glue=DIR); drop 'glue' "
+                         "or add the source's glue")
+
+
+def glue_tasks_of(source: Source, data) -> tuple[str, ...]:
+    """The GLUE tasks measured: those among the trial's tasks (a text source's tasks are its
+    GLUE tasks), else every GLUE task of the source (an LM source probes mask-k beside them)."""
+    chosen = tuple(task for task in data.classes if task in source.glue_tasks)
+    return chosen or source.glue_tasks
+
+
+@contextmanager
+def timer(out: dict, name: str):
+    """Records the wall time of the block as ``time/<name>_s``."""
+    start = time.perf_counter()
+    yield
+    out[f"time/{name}_s"] = time.perf_counter() - start

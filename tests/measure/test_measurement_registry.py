@@ -1,0 +1,108 @@
+"""A new measurement is one file: the toy in tests/assets/toy_measurement.py, registered through
+``flatlm.measure.registry`` and nothing else, runs in a whole trial and shows in every table
+derived from the registry; the built-in measurements give the keys they declare."""
+
+import importlib
+import math
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from flatlm.cli import build_parser
+from flatlm.core.config import apply_overrides
+from flatlm.measure import ENTROPY, KL
+from flatlm.measure import registry as measure_registry
+from flatlm.measure.registry import (
+    Measurement,
+    measurement_names,
+    metric_keys,
+    register_measurement,
+)
+from flatlm.measure.run import MeasureConfig, eval_data, measure_model, skipped_without_truth
+from flatlm.models import build_model, load_checkpoint, parse_model
+from flatlm.runs.trial import TrialConfig, run_trial, tracked_params
+from flatlm.sources import load
+
+TOY = "tests.assets.toy_measurement"
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """The toy module, imported (so registered) on a copy of the registry, undone after."""
+    monkeypatch.setattr(measure_registry, "MEASUREMENTS", dict(measure_registry.MEASUREMENTS))
+    sys.modules.pop(TOY, None)
+    yield importlib.import_module(TOY)
+    sys.modules.pop(TOY, None)
+
+
+def test_a_registered_toy_measurement_runs_in_a_trial(toy, tmp_path):
+    cfg = apply_overrides(TrialConfig(), {
+        "source": "dyck:4", "model": "d16-h1-l1-i32", "train.steps": 2, "train.batch_size": 4,
+        "train.checkpoint_steps": [1, 2], "train.warmup_steps": 1, "measure.n_eval": 8,
+        "measure.n_downstream": 20, "measure.what": ["param_norm", "loss"]})
+    rows = run_trial(cfg, tmp_path)
+    for step in (1, 2):
+        model = load_checkpoint(tmp_path / "checkpoints" / f"step-{step}")[0]
+        norm = math.sqrt(sum(float(p.detach().double().square().sum())
+                             for p in model.parameters()))
+        assert rows[step][toy.PARAM_NORM] == pytest.approx(norm, rel=1e-12)
+    keys = [k for k in rows[2] if not k.startswith("time/")]
+    assert keys.index(toy.PARAM_NORM) > keys.index("pretrain/loss")  # after the built-in ones
+
+
+def test_the_derived_tables_name_the_toy(toy, capsys):
+    assert measurement_names()[-1] == "param_norm"
+    assert MeasureConfig(what=("param_norm",)).what == ("param_norm",)
+    assert metric_keys(("param_norm", "finetune"), ("B",)) == (
+        "finetune/B/acc_mean", "finetune/B/acc_std", toy.PARAM_NORM)
+    no_truth = SimpleNamespace(has_truth=False)
+    assert skipped_without_truth(no_truth, MeasureConfig(what=("loss", "param_norm"))) == [
+        ENTROPY, KL]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["measure", "--help"])
+    assert "glue, param_norm" in " ".join(capsys.readouterr().out.split())  # --what's help
+
+
+def test_what_a_measurement_declares_decides_what_is_skipped_and_logged(toy):
+    register_measurement(Measurement(name="toy_truth", run=toy.param_norm, needs_truth=True,
+                                     sections=("finetune",)))
+    no_truth = SimpleNamespace(has_truth=False)
+    assert skipped_without_truth(no_truth, MeasureConfig(what=("toy_truth",))) == ["toy_truth/*"]
+    logged = tracked_params(TrialConfig(measure=MeasureConfig(what=("toy_truth",))))
+    assert "measure.finetune.lr" in logged and "measure.probe.epochs" not in logged
+    assert "measure.finetune.lr" not in tracked_params(
+        TrialConfig(measure=MeasureConfig(what=("param_norm",))))
+
+
+def test_an_unknown_measurement_is_an_error_naming_the_field_and_the_known_ones(toy):
+    with pytest.raises(ValueError, match=r"measure\.what: unknown measurement\(s\) "
+                                         r"\['param_nrom'\]; use any of loss, .*, param_norm"):
+        apply_overrides(TrialConfig(), {"measure.what": ["loss", "param_nrom"]})
+
+
+def test_a_measurement_is_checked_when_declared_and_registered(toy):
+    with pytest.raises(ValueError, match="registered already"):
+        register_measurement(Measurement(name="loss", run=toy.param_norm))
+    with pytest.raises(ValueError, match="implies"):
+        register_measurement(Measurement(name="x", run=toy.param_norm, implies=("y",)))
+    with pytest.raises(ValueError, match="without commas"):
+        Measurement(name="a,b", run=toy.param_norm)
+    with pytest.raises(ValueError, match="give a run or a reference"):
+        Measurement(name="nothing")
+
+
+def test_the_built_in_measurements_give_the_keys_they_declare():
+    src = load("dyck:4")
+    shape = parse_model("d16-h1-l1-i32")
+    what = ("loss", "hessian", "lookup", "eigen", "density", "probe", "finetune")
+    cfg = apply_overrides(MeasureConfig(), {
+        "what": what, "n_eval": 16, "n_downstream": 30, "flatness.hutchinson_batch_size": 8,
+        "spectrum.n_inputs": 8, "spectrum.batch_size": 4, "spectrum.lanczos_steps": 2,
+        "spectrum.slq_probes": 2, "spectrum.slq_steps": 2, "probe.epochs": 1, "probe.seeds": 1,
+        "finetune.epochs": 1, "finetune.seeds": 1, "finetune.warmup_steps": 1})
+    model = build_model(shape, src.V, src.max_length, seed=0)
+    out = measure_model(model, src, eval_data(src, cfg, shape), cfg, "cpu")
+    # random_init/*: probe's reference, given only when eval_data has the model config
+    given = {k for k in out if not k.startswith(("time/", "random_init/"))}
+    assert given == set(metric_keys(what, src.tasks))
