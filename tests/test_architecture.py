@@ -82,3 +82,61 @@ assert "probe/g_star/acc_mean" in done[2], done
 """
     result = _run(code)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def _internal_imports() -> dict[str, list[tuple[str, tuple[str, ...]]]]:
+    """module -> [(imported module, names imported from it)] over flatlm, sweeps and analysis,
+    every import statement (module level or in a function), from their source."""
+    import ast
+    from pathlib import Path
+
+    repo = Path(flatlm.__file__).resolve().parents[1]
+    found = {}
+    for package in ("flatlm", "sweeps", "analysis"):
+        for path in sorted((repo / package).rglob("*.py")):
+            parts = path.relative_to(repo).with_suffix("").parts
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            edges = []
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    edges.append((node.module, tuple(a.name for a in node.names)))
+                elif isinstance(node, ast.Import):
+                    edges += [(a.name, ()) for a in node.names]
+            found[module] = [(m, names) for m, names in edges
+                             if m.split(".")[0] in ("flatlm", "sweeps", "analysis")]
+    return found
+
+
+def test_no_import_cycle():
+    imports = _internal_imports()
+
+    def owner(name: str) -> str | None:  # the module an import names, or its package
+        while name and name not in imports:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {m: {owner(t) for t, _ in edges} - {None, m} for m, edges in imports.items()}
+    # a package importing its own submodules (lazy re-exports) is no cycle of layers
+    graph = {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in graph.items()}
+    done, path = set(), []
+
+    def visit(m: str) -> None:
+        if m in path:
+            raise AssertionError(f"import cycle: {' -> '.join([*path[path.index(m):], m])}")
+        if m in done:
+            return
+        path.append(m)
+        for t in sorted(graph.get(m, ())):
+            visit(t)
+        path.pop()
+        done.add(m)
+
+    for module in sorted(graph):
+        visit(module)
+
+
+def test_no_module_imports_another_modules_private_names():
+    private = [f"{m}: from {t} import {name}" for m, edges in _internal_imports().items()
+               for t, names in edges for name in names
+               if name.startswith("_") and not name.startswith("__")]
+    assert not private, private

@@ -80,7 +80,7 @@ def _gram(x: torch.Tensor) -> torch.Tensor:
     return x @ x.transpose(1, 2)  # (B, S, S)
 
 
-def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, gram=_gram) -> torch.Tensor:
+def linear_weight_sq(a: torch.Tensor, g: torch.Tensor, gram=_gram) -> torch.Tensor:
     """``gram`` computes a's Gram matrix: a cache shares it between layers reading one input
     (query, key and value)."""
     a, g = _flat(a, g)  # (B, S, i), (B, S, o)
@@ -133,7 +133,7 @@ def _sq_norm(
     if kind == "bias":
         return _flat(g, g)[1].sum(1).square().sum(1)
     if isinstance(module, nn.Linear):
-        return _linear_weight_sq(a, g, gram)
+        return linear_weight_sq(a, g, gram)
     xhat, g = _flat(_layernorm_xhat(module, a), g)
     return (g * xhat).sum(1).square().sum(1)
 
@@ -158,7 +158,7 @@ def _shared_sq(pieces: list) -> torch.Tensor:
     if kinds == [("Embedding", "weight"), ("Linear", "weight")]:  # tied embedding / decoder
         (emb, _, ids, g_e), (_, _, a, g_d) = sorted(
             pieces, key=lambda piece: not isinstance(piece[0], nn.Embedding))
-        return (_sq_norm(emb, "weight", ids, g_e) + _linear_weight_sq(a, g_d)
+        return (_sq_norm(emb, "weight", ids, g_e) + linear_weight_sq(a, g_d)
                 + 2 * _tied_cross(emb, ids, g_e, a, g_d))
     total = None
     for module, kind, a, g in pieces:  # any other sharing: materialise (B, *shape)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from flatlm.core.tokens import WORD_OFFSET
-from flatlm.measure.ghost import _linear_weight_sq
+from flatlm.measure.ghost import linear_weight_sq
 from flatlm.measure.per_example import lstm_layers_unrolled, supports
 from flatlm.models.bert import unwrap
 from flatlm.models.lstm import BiLSTMForMaskedLM
@@ -63,8 +63,8 @@ def _lstm_norms(fwd: _Forward, grads: list) -> dict[str, torch.Tensor]:
         name = f"lstm.{{}}_l{layer}{'_reverse' if sfx else ''}"
         delta = torch.stack(grads[j * T:(j + 1) * T], 1)  # (B, T, 4h)
         bias_sq = _sq(delta.sum(1))
-        out.update({name.format("weight_ih"): _linear_weight_sq(x, delta).double(),
-                    name.format("weight_hh"): _linear_weight_sq(prev, delta).double(),
+        out.update({name.format("weight_ih"): linear_weight_sq(x, delta).double(),
+                    name.format("weight_hh"): linear_weight_sq(prev, delta).double(),
                     name.format("bias_ih"): bias_sq, name.format("bias_hh"): bias_sq})
     return out
 
