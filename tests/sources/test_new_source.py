@@ -3,7 +3,6 @@ to ``flatlm.sources.spec.REGISTRY`` and nothing else, runs a whole trial (train,
 probes with their reference rows) and gets a corpus."""
 
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,10 +13,9 @@ from flatlm.sources import load, spec
 
 @pytest.fixture
 def uniform_kind(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "assets"))
-    monkeypatch.setitem(spec.REGISTRY, "uniform", ("toy_source:Uniform", "vocab"))
+    monkeypatch.setitem(spec.REGISTRY, "uniform", ("tests.assets.toy_source:Uniform", "vocab"))
     yield
-    sys.modules.pop("toy_source", None)
+    sys.modules.pop("tests.assets.toy_source", None)
 
 
 def test_a_registered_toy_source_runs_a_trial(uniform_kind, tmp_path):
