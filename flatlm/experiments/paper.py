@@ -43,7 +43,9 @@ from flatlm.experiments.presets import PRESETS, source_kind, source_overrides
 from flatlm.experiments.protocols import model_for, parse_protocol, protocol_overrides
 from flatlm.experiments.scales import Scale
 from flatlm.experiments.scales import scale as get_scale
-from flatlm.runs.trial import TrialConfig
+from flatlm.measure.grown import lcm_shape
+from flatlm.models.presets import shape_string
+from flatlm.runs.trial import TrialConfig, measured_tasks
 
 
 @dataclass(frozen=True)
@@ -138,9 +140,6 @@ def _sgd(sc, protocol, base, algorithms):
 
 
 def _sizes(sc, protocol, base, algorithms):
-    from flatlm.measure.grown import lcm_shape  # defers torch: configs parse without it
-    from flatlm.models.presets import shape_string
-
     models = [model_for(m, protocol) for m in sc.models]
     thirds = sorted({sc.steps // 3, 2 * sc.steps // 3, sc.steps})
     # Tr(F) of models of different sizes is compared in one parameterisation: each checkpoint
@@ -162,8 +161,6 @@ def _with_adversary(sc: Scale, base: TrialConfig) -> TrialConfig:
     first task measured (an HMM's task-6, Dyck's g_star)."""
     adversary = dict(sc.adversarial)
     if "train.adversarial.task" not in adversary:
-        from flatlm.runs.trial import measured_tasks  # defers the source's truth
-
         tasks = measured_tasks(base)
         adversary["train.adversarial.task"] = "B" if "B" in tasks else tasks[0]
     return apply_overrides(base, adversary)
