@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from flatlm.experiments.paper import Experiment, build
+from flatlm.experiments.paper import Experiment, base_of, build
 from flatlm.experiments.presets import PRESETS
 from flatlm.experiments.scales import scale as get_scale
+from flatlm.runs.trial import TrialConfig
 from sweeps.spec import Sweep
 
 
@@ -27,6 +28,13 @@ def preset_tag(args: argparse.Namespace) -> str:
     if getattr(args, "scale", None) or getattr(args, "protocol", None):
         return "/".join(scale_and_protocol(args))
     return getattr(args, "preset", None) or "tiny"
+
+
+def base_of_args(args: argparse.Namespace) -> TrialConfig:
+    """The base trial of the command line's scale, protocol and ``--source``: what a sweep
+    script of one's own starts from (``--preset``, ``--scale`` or ``--protocol`` as given)."""
+    scale, protocol = scale_and_protocol(args)
+    return base_of(scale, protocol, getattr(args, "source", None))
 
 
 def experiment_of(name: str, args: argparse.Namespace, **choices) -> Experiment:

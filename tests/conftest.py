@@ -12,3 +12,8 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# The assets are modules tests import (a toy source, measurement, ...), not tests: collecting
+# them for doctests would import them, and so register them, before a test asks to.
+collect_ignore = ["assets"]

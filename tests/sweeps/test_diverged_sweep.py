@@ -17,11 +17,11 @@ import sys
 from sweeps.cli import main
 from sweeps.rayenv import tune
 from sweeps.spec import Sweep
-from flatlm.experiments.paper import base_for
+from sweeps.experiment import base_of_args
 
 
 def build(args):
-    return Sweep(name="lrs", base=base_for(args.preset),
+    return Sweep(name="lrs", base=base_of_args(args),
                  space={"train.lr": tune.grid_search([1e-3, 1000.0])}, max_failures=1)
 
 

@@ -37,11 +37,11 @@ import sys
 from sweeps.cli import main
 from sweeps.rayenv import tune
 from sweeps.spec import Sweep
-from flatlm.experiments.paper import base_for
+from sweeps.experiment import base_of_args
 
 
 def build(args):
-    return Sweep(name="sources", base=base_for(args.preset, args.source),
+    return Sweep(name="sources", base=base_of_args(args),
                  space={"model": tune.grid_search(["d16-h1-l1-i32"])})
 
 

@@ -112,9 +112,12 @@ def test_an_error_in_another_rank_is_raised_in_rank_0():
 
     from flatlm.sources.base import SourceError
     from flatlm.train.distributed import _ranks
+    from flatlm.train.registry import algorithm_named
 
-    job = {"cfg": TrainConfig(world_size=2, batch_size=8), "source": {"kind": "no-such-kind"},
-           "model_cfg": None, "out_dir": None, "device": "cpu", "ckpt": None, "corpus": None}
+    cfg = TrainConfig(world_size=2, batch_size=8)
+    job = {"cfg": cfg, "source": {"kind": "no-such-kind"}, "model_cfg": None, "out_dir": None,
+           "device": "cpu", "ckpt": None, "corpus": None,
+           "algorithm": algorithm_named(cfg.algorithm)}
     with pytest.raises(SourceError, match="source kind 'no-such-kind' is unknown"), \
             _ranks(job, 2, torch.device("cpu")):
         dist.barrier()
