@@ -204,6 +204,12 @@ ALGORITHMS: Mapping[str, AlgorithmDefaults] = RegistryView(operator.attrgetter("
 
 # ------------------------------------------------------------------------------ the built-ins
 
+def _growths_within_run(cfg) -> None:
+    """grow: at least one growth, each inside the run (a function, not a lambda: the
+    ``Algorithm`` goes to the data-parallel ranks by pickle)."""
+    cfg.grow.check_within(cfg.steps)
+
+
 _STANDARD = "flatlm.train.algorithms:standard_step"
 _DATA_PARALLEL = "flatlm.train.distributed:data_parallel_step"
 _PAPER_ADAMW = {"optimizer": "adamw", "weight_decay": 0.01, "dropout": 0.1,
@@ -240,7 +246,7 @@ BUILT_IN = (
                   "closed form on D1 (A.5)"))),
     # the growth itself happens between updates (flatlm.train.growth); every rank grows alike
     Algorithm(name="grow", section="grow", step=_STANDARD, data_parallel_step=_DATA_PARALLEL,
-              config_check="flatlm.train.config:check_growth_steps",
+              config_check=_growths_within_run,
               model_check="flatlm.train.growth:check_schedule",
               defaults=AlgorithmDefaults(**_PAPER_ADAMW, summary=(
                   "adamw whose model grows function-preservingly (B.4: width by replication, "

@@ -4,6 +4,7 @@ data-parallel, and appears in every table derived from the registry."""
 
 import dataclasses
 import importlib
+import pickle
 import sys
 
 import pytest
@@ -18,6 +19,7 @@ from flatlm.train.algorithms import STEPS
 from flatlm.train.config import ALGORITHMS
 from flatlm.train.distributed import DATA_PARALLEL_STEPS
 from flatlm.train.registry import (
+    BUILT_IN,
     REGISTRY,
     Algorithm,
     AlgorithmDefaults,
@@ -102,6 +104,12 @@ def test_an_algorithm_without_a_data_parallel_update_runs_in_one_process(sign_sg
                                          r"no data-parallel update\); use train\.world_size=1"):
         TrainConfig(algorithm="sign_sgd_alone", batch_size=8, world_size=2)
     assert "sign_sgd_alone" not in DATA_PARALLEL_STEPS and "sign_sgd_alone" in STEPS
+
+
+def test_every_built_in_crosses_to_a_rank():
+    """A data-parallel rank gets the run's ``Algorithm`` by pickle: no lambdas in it."""
+    for algorithm in BUILT_IN:
+        assert pickle.loads(pickle.dumps(algorithm)) == algorithm
 
 
 def test_an_unknown_algorithm_names_the_field_and_the_known_ones(sign_sgd):
