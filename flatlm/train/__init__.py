@@ -1,5 +1,7 @@
 """Masked-LM pre-training: one run = source + model + algorithm + schedule + steps + checkpoints.
 
+- ``registry``: one ``Algorithm`` per algorithm (defaults, config section, update, data-parallel
+  update, batch transform, hooks); ``register_algorithm`` adds one. The tables below are views.
 - ``config``: ``TrainConfig`` (every field commented), ``ALGORITHMS`` (each one's defaults),
   ``resolve``.
 - ``algorithms``: ``build_optimizer`` and the updates ``standard_step``, ``sam_step``,
@@ -8,7 +10,9 @@
 - ``growth``: algorithm "grow", the model replaced by its function-preserving embedding mid-run.
 - ``label_noise``: algorithm "label_noise", SGD on targets replaced by uniform words.
 - ``state``: ``TrainState`` and the checkpoint layout ``OUT/checkpoints/step-<N>/``.
+- ``run``: ``Run``, a run in progress, shared by the loop and the data-parallel ranks.
 - ``loop``: ``train(cfg, source, model_cfg, out_dir, *, device, on_checkpoint, ...)``.
+- ``distributed``: ``train.world_size`` processes sharing every update (``DATA_PARALLEL_STEPS``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import importlib
 # name -> submodule, imported lazily: ``flatlm.train.config`` is read when sweep configs are
 # parsed and should not pay for importing torch and transformers.
 _EXPORTS = {
+    "registry": "Algorithm AlgorithmDefaults register_algorithm",
     "config": "ALGORITHMS AdversarialConfig GrowConfig LabelNoiseConfig SamConfig TrainConfig "
               "resolve",
     "algorithms": "STEPS build_optimizer ridge_head_loss sentence_features",

@@ -109,6 +109,17 @@ class GrowConfig:
         _check(all(isinstance(t, str) and t.strip() for t in self.to), "grow.to", self.to,
                "use model shapes or presets such as d64-h2-l2-i256")
 
+    def check_within(self, steps: int) -> None:
+        """At least one growth, each inside a run of ``steps`` updates (algorithm "grow"; its
+        shapes are checked against the model at train())."""
+        _check(bool(self.steps), "grow.steps", self.steps,
+               "algorithm 'grow' needs at least one growth, e.g. train.grow.steps=500 "
+               "train.grow.to=d64-h2-l2-i256")
+        bad = [s for s in self.steps if not 1 <= s < steps]
+        _check(not bad, "grow.steps", self.steps,
+               f"step(s) {bad} lie outside the run; grow after 1..{steps - 1} updates "
+               "(train.steps)")
+
 
 @dataclass(frozen=True, kw_only=True)
 class LabelNoiseConfig:
@@ -302,17 +313,6 @@ class TrainConfig:
                "add its config class there (flatlm.train.registry)")
         if algorithm.config_check is not None:
             load_ref(algorithm.config_check)(self)
-
-
-def check_growth_steps(cfg: TrainConfig) -> None:
-    """grow: at least one growth, each inside the run (its shapes are checked at train())."""
-    _check(bool(cfg.grow.steps), "grow.steps", cfg.grow.steps,
-           "algorithm 'grow' needs at least one growth, e.g. train.grow.steps=500 "
-           "train.grow.to=d64-h2-l2-i256")
-    bad = [s for s in cfg.grow.steps if not 1 <= s < cfg.steps]
-    _check(not bad, "grow.steps", cfg.grow.steps,
-           f"step(s) {bad} lie outside the run; grow after 1..{cfg.steps - 1} updates "
-           "(train.steps)")
 
 
 @functools.cache

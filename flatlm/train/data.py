@@ -329,7 +329,8 @@ def prefetch_depth(device: torch.device) -> int:
 
 
 class BatchPipeline:
-    """Update index -> ``StepInputs`` on ``device``. ``prefetch`` = k > 0 prepares updates
+    """Update index -> ``StepInputs`` on ``device``, the masked batch changed by the algorithm's
+    batch transform if it has one (label_noise). ``prefetch`` = k > 0 prepares updates
     i + 1 .. i + k on the CPU in k background threads while update i runs; the inputs are the
     same either way (each is a pure function of its index)."""
 

@@ -301,8 +301,7 @@ def _helper(rank, world_size, port, job, errors, parent_pid) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     _see_gpus(job.get("gpus"))
     try:
-        if job["algorithm"].name not in REGISTRY:  # registered in rank 0's process only
-            register_algorithm(job["algorithm"])
+        _register_if_missing(job.get("algorithm"))
         device = rank_device(torch.device(job["device"]), rank, world_size)
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=TIMEOUT)
         store.set(f"started-{rank}", "1")
@@ -323,6 +322,13 @@ def _helper(rank, world_size, port, job, errors, parent_pid) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _register_if_missing(algorithm: Algorithm | None) -> None:
+    """Registers rank 0's algorithm here if this process lacks it (one registered outside flatlm,
+    by a module that this rank, started afresh, has not imported)."""
+    if algorithm is not None and algorithm.name not in REGISTRY:
+        register_algorithm(algorithm)
 
 
 # This process's store (one run at a time: a process belongs to one group).

@@ -37,15 +37,21 @@ from flatlm.models.growth import grow, growth
 from flatlm.models.presets import ModelConfig, parse_model, shape_string
 from flatlm.train.algorithms import StepContext, build_optimizer
 from flatlm.train.config import TrainConfig
+from flatlm.train.registry import algorithm_named
 
 _SCALE_TOLERANCE = 1e-6  # relative: c * tile(src) is computed in another order than grow's
+
+
+def grows(cfg: TrainConfig) -> bool:
+    """Whether the run's algorithm grows its model: it reads ``train.grow`` (its section)."""
+    return algorithm_named(cfg.algorithm).section == "grow"
 
 
 def check_schedule(cfg: TrainConfig, model_cfg: ModelConfig) -> list[ModelConfig]:
     """The shapes of ``cfg.grow.to`` as ``ModelConfig``s, each checked to be a growth of the one
     before it (the first: ``model_cfg``), with its dropout, attention and LayerNorm placement
-    (an unsuffixed shape takes the model's ``ln_mode``). Empty unless ``algorithm="grow"``."""
-    if cfg.algorithm != "grow":
+    (an unsuffixed shape takes the model's ``ln_mode``). Empty unless the algorithm grows."""
+    if not grows(cfg):
         return []
     shapes, current = [], model_cfg
     for j in range(len(cfg.grow.to)):
@@ -82,7 +88,7 @@ def shape_at(cfg: TrainConfig, model_cfg: ModelConfig, step: int) -> ModelConfig
 
 def growth_due(cfg: TrainConfig, current: ModelConfig, step: int) -> ModelConfig | None:
     """The shape to grow ``current`` into before update ``step + 1``, or None."""
-    if cfg.algorithm != "grow" or step not in cfg.grow.steps:
+    if not grows(cfg) or step not in cfg.grow.steps:
         return None
     return _next_shape(cfg, cfg.grow.steps.index(step), current)
 

@@ -14,8 +14,8 @@ given as itself or as ``"module:name"``, imported when first used; the built-ins
 theirs that way, so neither parsing a config nor the modules of ``flatlm.train`` import each other
 to find a step (``data.py`` no longer imports ``label_noise.py``, which imports it).
 
-To add an algorithm, register it from any module imported before the run (e.g. ``--preset``'s or
-a test's):
+To add an algorithm, register it from a module imported before the config is built (a script of
+your own, a test):
 
     from flatlm.train.registry import Algorithm, AlgorithmDefaults, register_algorithm
 
@@ -27,7 +27,8 @@ a test's):
 ``train.algorithm=sign_sgd`` then trains with it (tests/assets/toy_algorithm.py does exactly this).
 Settings of its own are a small frozen config dataclass added as a ``TrainConfig`` field, named
 by ``section``; a data-parallel update (``data_parallel_step``) runs on every rank, which gets the
-``Algorithm`` object from rank 0 (so its functions must be importable, not lambdas).
+``Algorithm`` object from rank 0 (so its functions must be importable, not lambdas). A process
+that imports no such module (a Ray worker, ``flatlm train``) knows only the built-ins.
 """
 
 from __future__ import annotations
@@ -204,6 +205,12 @@ ALGORITHMS: Mapping[str, AlgorithmDefaults] = RegistryView(operator.attrgetter("
 
 # ------------------------------------------------------------------------------ the built-ins
 
+def _growths_within_run(cfg) -> None:
+    """grow: at least one growth, each inside the run (a function, not a lambda: the
+    ``Algorithm`` goes to the data-parallel ranks by pickle)."""
+    cfg.grow.check_within(cfg.steps)
+
+
 _STANDARD = "flatlm.train.algorithms:standard_step"
 _DATA_PARALLEL = "flatlm.train.distributed:data_parallel_step"
 _PAPER_ADAMW = {"optimizer": "adamw", "weight_decay": 0.01, "dropout": 0.1,
@@ -238,9 +245,10 @@ BUILT_IN = (
               defaults=AlgorithmDefaults(**_PAPER_ADAMW, summary=(
                   "MLM loss minus lambda times the D2 loss of a downstream head fitted in "
                   "closed form on D1 (A.5)"))),
-    # the growth itself happens between updates (flatlm.train.growth); every rank grows alike
+    # the growth itself happens between updates, in any algorithm whose section is grow
+    # (flatlm.train.growth.grows); every rank grows alike
     Algorithm(name="grow", section="grow", step=_STANDARD, data_parallel_step=_DATA_PARALLEL,
-              config_check="flatlm.train.config:check_growth_steps",
+              config_check=_growths_within_run,
               model_check="flatlm.train.growth:check_schedule",
               defaults=AlgorithmDefaults(**_PAPER_ADAMW, summary=(
                   "adamw whose model grows function-preservingly (B.4: width by replication, "

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from flatlm.runs.manifest import verify_manifest
+
 STATE_NAME = "training_state.pt"
 _STEP_DIR = re.compile(r"step-(\d+)")
 
@@ -86,8 +88,7 @@ def newest_checkpoint(out_dir: Path) -> Path | None:
 
 def readable_checkpoints(out_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
     """(the newest checkpoint that loads or None, [(newer unreadable checkpoint, why)])."""
-    from flatlm.models.checkpoint import is_model_file, load_checkpoint
-    from flatlm.runs.manifest import verify_manifest
+    from flatlm.models.checkpoint import is_model_file, load_checkpoint  # defers transformers
 
     bad = []
     for _, ckpt in sorted(find_checkpoints(out_dir).items(), reverse=True):
