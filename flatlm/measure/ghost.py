@@ -35,13 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from flatlm.core.tokens import WORD_OFFSET
-from flatlm.models.bert import (
-    is_transformer,
-    position_ids,
-    transformer_parts,
-    unwrap,
-    word_logits,
-)
+from flatlm.models.bert import is_transformer, position_ids, transformer_parts
+from flatlm.models.masked_lm import unwrap, word_logits
 
 LAYERS = (nn.Linear, nn.Embedding, nn.LayerNorm)
 
@@ -80,9 +75,12 @@ def _gram(x: torch.Tensor) -> torch.Tensor:
     return x @ x.transpose(1, 2)  # (B, S, S)
 
 
-def _linear_weight_sq(a: torch.Tensor, g: torch.Tensor, gram=_gram) -> torch.Tensor:
-    """``gram`` computes a's Gram matrix: a cache shares it between layers reading one input
-    (query, key and value)."""
+def linear_weight_sq(a: torch.Tensor, g: torch.Tensor, gram=_gram) -> torch.Tensor:
+    """Per-example ||sum_t g_t a_t^T||^2 (B,): the squared norm of a Linear weight's gradient
+    from its inputs a (B, ..., i) and output gradients g (B, ..., o), in the cheaper of the Gram
+    and outer-product forms (module docstring; ``measure.lstm_ghost`` reads it for the LSTM's
+    weights). ``gram`` computes a's Gram matrix: a cache shares it between layers reading one
+    input (query, key and value)."""
     a, g = _flat(a, g)  # (B, S, i), (B, S, o)
     S, i, o = a.shape[1], a.shape[2], g.shape[2]
     if S == 1:
@@ -133,7 +131,7 @@ def _sq_norm(
     if kind == "bias":
         return _flat(g, g)[1].sum(1).square().sum(1)
     if isinstance(module, nn.Linear):
-        return _linear_weight_sq(a, g, gram)
+        return linear_weight_sq(a, g, gram)
     xhat, g = _flat(_layernorm_xhat(module, a), g)
     return (g * xhat).sum(1).square().sum(1)
 
@@ -158,7 +156,7 @@ def _shared_sq(pieces: list) -> torch.Tensor:
     if kinds == [("Embedding", "weight"), ("Linear", "weight")]:  # tied embedding / decoder
         (emb, _, ids, g_e), (_, _, a, g_d) = sorted(
             pieces, key=lambda piece: not isinstance(piece[0], nn.Embedding))
-        return (_sq_norm(emb, "weight", ids, g_e) + _linear_weight_sq(a, g_d)
+        return (_sq_norm(emb, "weight", ids, g_e) + linear_weight_sq(a, g_d)
                 + 2 * _tied_cross(emb, ids, g_e, a, g_d))
     total = None
     for module, kind, a, g in pieces:  # any other sharing: materialise (B, *shape)

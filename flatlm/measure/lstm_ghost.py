@@ -1,6 +1,6 @@
 """Per-example squared gradient norms of the BiLSTM from one batched backward ("ghost norms").
 
-The LSTM is unrolled as in ``measure.per_example`` (the same parameters and packed-sequence
+The LSTM is unrolled as in ``flatlm.models.lstm_unrolled`` (the same parameters and packed-sequence
 semantics), keeping every step's gate pre-activations gates_t = W_ih x_t + b_ih + W_hh h_{t-1} +
 b_hh (B, 4h). One backward of sum_i <u_i, z_i> gives, per example, delta_t = d s_i / d gates_t
 (examples do not interact), and then
@@ -23,10 +23,11 @@ import torch
 from torch import nn
 
 from flatlm.core.tokens import WORD_OFFSET
-from flatlm.measure.ghost import _linear_weight_sq
-from flatlm.measure.per_example import lstm_layers_unrolled, supports
-from flatlm.models.bert import unwrap
+from flatlm.measure.ghost import linear_weight_sq
+from flatlm.measure.per_example import supports
 from flatlm.models.lstm import BiLSTMForMaskedLM
+from flatlm.models.lstm_unrolled import lstm_layers_unrolled
+from flatlm.models.masked_lm import unwrap
 
 
 class _Forward:
@@ -63,8 +64,8 @@ def _lstm_norms(fwd: _Forward, grads: list) -> dict[str, torch.Tensor]:
         name = f"lstm.{{}}_l{layer}{'_reverse' if sfx else ''}"
         delta = torch.stack(grads[j * T:(j + 1) * T], 1)  # (B, T, 4h)
         bias_sq = _sq(delta.sum(1))
-        out.update({name.format("weight_ih"): _linear_weight_sq(x, delta).double(),
-                    name.format("weight_hh"): _linear_weight_sq(prev, delta).double(),
+        out.update({name.format("weight_ih"): linear_weight_sq(x, delta).double(),
+                    name.format("weight_hh"): linear_weight_sq(prev, delta).double(),
                     name.format("bias_ih"): bias_sq, name.format("bias_hh"): bias_sq})
     return out
 
