@@ -109,7 +109,7 @@ class Architecture:
     grow: Hook | None = None  # (model, target cfg, *, seed) -> same logits, larger; None: cannot
 
     def __post_init__(self):
-        for field in dataclasses.fields(self):
+        for field in dataclasses.fields(self):  # field.type is the annotation's text
             value = getattr(self, field.name)
             if field.type.startswith("Hook") and isinstance(value, str):
                 object.__setattr__(self, field.name, _Lazy(value))

@@ -13,7 +13,8 @@ Presets (``PRESETS``; ``parse_model`` also reads shape strings):
   The literal rows remain available as shapes, e.g. ``d320-h5-l6-i1024``.
 - ``lstm-h{128,256,512,768,1024}-l{4,6,8,12,16}``: the LSTM grid of A.4 (d_hidden per direction).
 
-Shape strings: ``d64-h1-l1-i256`` (d_model, heads, layers, d_inter) and ``lstm-h256-l4``.
+Shape strings: ``d64-h1-l1-i256`` (d_model, heads, layers, d_inter) and ``lstm-h256-l4``, or
+those of a registered architecture (``flatlm.models.architectures``, ``Architecture.shape``).
 A ``-pre`` suffix on a BERT shape or preset (``d64-h1-l1-i256-pre``, ``bert-2m-pre``) asks for
 the pre-LN encoder (``ModelConfig.ln_mode``); presets are post-LN, as in the paper.
 ``ModelSpec`` holds a preset name or shape string as a config value, checked on construction.

@@ -5,7 +5,8 @@ API when it is imported, and nothing else.
 Linear + GELU reading each position's state next to the sentence's mean state (its only context),
 then a Linear head over the V + 4 ids. It has ``encode``, ``head`` and ``layout``, so it needs no
 ``parts`` or ``layout`` hook; no ``save_pretrained``, so checkpoints hold its state dict; no
-``fisher_method``, so Tr(F) runs the per-example loop.
+``fisher_method``, so Tr(F) runs the per-example loop; no ``parameter_count``, so counting builds
+it.
 """
 
 import torch
@@ -38,12 +39,7 @@ class ToyMLM(nn.Module):
         return self.decoder(hidden)  # (..., V + 4)
 
 
-def toy_parameter_count(cfg, vocab_size: int, max_length: int) -> int:
-    d, n_ids = cfg.d_model, vocab_size + 4
-    return n_ids * d + (max_length + 2) * d + cfg.n_layers * (2 * d * d + d) + d * n_ids + n_ids
-
-
 TOY = register_architecture(Architecture(
     name="toy", label="toy MLM", shape="toy-d{d_model}-l{n_layers}", sizes=("d_model",),
-    build=ToyMLM, classes=lambda: {"post": ToyMLM}, parameter_count=toy_parameter_count,
+    build=ToyMLM, classes=lambda: {"post": ToyMLM},
 ))

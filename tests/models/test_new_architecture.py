@@ -4,6 +4,7 @@ shape strings, counts and messages derived from the registry, builds, reads, sav
 through the architecture-agnostic helpers, is measured (Tr(F) by the per-example loop, Tr(H)
 through ``word_logits``) and runs a whole trial."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from flatlm.measure.fisher import auto_method, trace_fisher
 from flatlm.measure.grown import check_grow_to
 from flatlm.measure.hessian_trace import second_order_logits, trace_hessian
 from flatlm.models import (
+    Architecture,
     ModelConfig,
     ModelSpec,
     architecture,
@@ -30,6 +32,7 @@ from flatlm.models import (
     paper_parameter_count,
     parameter_count,
     parse_model,
+    register_architecture,
     save_checkpoint,
     sentence_features,
     shape_string,
@@ -76,6 +79,17 @@ def test_the_registry_derives_shapes_counts_and_messages():
         growth(cfg, parse_model("d32-h2-l2-i64"))
     with pytest.raises(ValueError, match="measure.grow_to='toy-d16-l2': only BERT shapes"):
         check_grow_to(SHAPE)
+
+
+def test_register_architecture_refuses_what_the_registry_cannot_read():
+    with pytest.raises(ValueError, match="'toy' is registered already"):
+        register_architecture(dataclasses.replace(TOY, label="another toy"))
+    assert register_architecture(TOY) is TOY  # the same object again: a no-op
+    fields = dict(name="x", label="x", build=ToyMLM, classes=lambda: {"post": ToyMLM})
+    with pytest.raises(ValueError, match=r"sizes \['width'\] are not ModelConfig fields"):
+        Architecture(shape="x-w{width}-l{n_layers}", sizes=("width",), **fields)
+    with pytest.raises(ValueError, match="must name n_layers and each of sizes"):
+        Architecture(shape="x-d{d_model}", sizes=("d_model",), **fields)
 
 
 def test_the_helpers_build_read_save_and_load_it(tmp_path):
