@@ -29,7 +29,7 @@ from flatlm.core.seeds import derive_seed
 from flatlm.core.tokens import encode
 from flatlm.measure import finetune_keys
 from flatlm.measure.probe import downstream_classes, split_indices
-from flatlm.models.bert import cls_features, unwrap
+from flatlm.models.masked_lm import cls_features, unwrap
 from flatlm.sources.base import Source, as_tokens
 
 

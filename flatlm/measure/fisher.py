@@ -28,7 +28,9 @@ sum_i <u_i, z_i> (``measure.ghost``) for BERT, post- or pre-LN, and through an u
 (``method="lstm-ghost"``, ``measure.lstm_ghost``); ``method="vmap"`` is ``torch.func.vmap(grad)``
 over the unrolled BiLSTM (``measure.per_example``; on a CPU no faster than the loop, measured);
 ``method="loop"`` is the per-example backward loop they replace (the reference in tests and
-benchmarks), and the fallback for any other model.
+benchmarks), and the fallback for any other model. ``method="auto"`` takes the model's
+architecture's ``fisher_method`` (``flatlm.models.architectures``; "loop" for a model from
+elsewhere).
 
 >>> import torch
 >>> from flatlm.models import build_model, parse_model
@@ -56,9 +58,7 @@ from flatlm.measure.curvature import (
     model_device_dtype,
     selected_parameters,
 )
-from flatlm.models.bert import word_logits
-
-METHODS = ("auto", "ghost", "lstm-ghost", "vmap", "loop")
+from flatlm.models.masked_lm import find_architecture, word_logits
 
 
 def output_directions(
@@ -131,6 +131,22 @@ def _loop_values(model, params, x: MaskedInputs, cfg: FlatnessConfig, g) -> torc
     return out
 
 
+# (k, B) squared norms by method; an Architecture's fisher_method names one
+_VALUES = {"ghost": _ghost_values, "lstm-ghost": _lstm_ghost_values, "vmap": _vmap_values,
+           "loop": _loop_values}
+METHODS = ("auto", *_VALUES)
+
+
+def auto_method(model: nn.Module) -> str:
+    """The method of ``method="auto"``: the architecture's ``fisher_method``, else "loop"."""
+    arch = find_architecture(model)
+    method = arch.fisher_method if arch is not None else "loop"
+    if method not in _VALUES:
+        raise ValueError(f"architecture {arch.name!r}: fisher_method={method!r} is none of "
+                         f"{tuple(_VALUES)}")
+    return method
+
+
 def per_input_values(
     model: nn.Module, x: MaskedInputs, cfg: FlatnessConfig, *, device=None, method: str = "auto"
 ) -> torch.Tensor:
@@ -140,14 +156,12 @@ def per_input_values(
     if method not in METHODS:
         raise ValueError(f"method={method!r}: use one of {METHODS}")
     if method == "auto":
-        method = ("ghost" if ghost.supports(model) else
-                  "lstm-ghost" if lstm_ghost.supports(model) else "loop")
+        method = auto_method(model)
     device = device or model_device_dtype(model)[0]
     params = selected_parameters(model, cfg.exclude)
     g = torch.Generator(device=device).manual_seed(cfg.seed + 1)
     values = torch.zeros(len(x), dtype=torch.float64)
-    fn = {"ghost": _ghost_values, "lstm-ghost": _lstm_ghost_values, "vmap": _vmap_values,
-          "loop": _loop_values}[method]
+    fn = _VALUES[method]
     with eval_mode(model):
         for rows, batch in x.sorted_batches(cfg.batch_size, device):
             values[rows] = fn(model, params, batch, cfg, g).double().mean(0).cpu()

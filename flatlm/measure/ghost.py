@@ -35,13 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from flatlm.core.tokens import WORD_OFFSET
-from flatlm.models.bert import (
-    is_transformer,
-    position_ids,
-    transformer_parts,
-    unwrap,
-    word_logits,
-)
+from flatlm.models.bert import is_transformer, position_ids, transformer_parts
+from flatlm.models.masked_lm import unwrap, word_logits
 
 LAYERS = (nn.Linear, nn.Embedding, nn.LayerNorm)
 
@@ -81,8 +76,11 @@ def _gram(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear_weight_sq(a: torch.Tensor, g: torch.Tensor, gram=_gram) -> torch.Tensor:
-    """``gram`` computes a's Gram matrix: a cache shares it between layers reading one input
-    (query, key and value)."""
+    """Per-example ||sum_t g_t a_t^T||^2 (B,): the squared norm of a Linear weight's gradient
+    from its inputs a (B, ..., i) and output gradients g (B, ..., o), in the cheaper of the Gram
+    and outer-product forms (module docstring; ``measure.lstm_ghost`` reads it for the LSTM's
+    weights). ``gram`` computes a's Gram matrix: a cache shares it between layers reading one
+    input (query, key and value)."""
     a, g = _flat(a, g)  # (B, S, i), (B, S, o)
     S, i, o = a.shape[1], a.shape[2], g.shape[2]
     if S == 1:

@@ -31,6 +31,8 @@ from torch import nn
 
 from flatlm.measure import TRACE_FISHER, grown_key, se_key
 from flatlm.measure.curvature import FlatnessConfig
+from flatlm.models.architectures import architecture, can_grow, labels_where
+from flatlm.models.masked_lm import ln_mode_of
 from flatlm.models.presets import ModelConfig, parse_model
 from flatlm.sources.base import Source
 
@@ -43,9 +45,9 @@ def lcm_shape(shapes: Iterable[str | ModelConfig]) -> ModelConfig:
     if not cfgs:
         raise ValueError("measure.grow_to: give at least one model shape")
     for cfg in cfgs:
-        if cfg.arch != "bert":
-            raise ValueError(f"model {cfg}: only BERTs can grow (B.4); measure.grow_to needs "
-                             "every model of the sweep to be a BERT")
+        if not can_grow(cfg):
+            raise ValueError(f"model {cfg}: only {_growers()}s can grow (B.4); measure.grow_to "
+                             f"needs every model of the sweep to be a {_growers()}")
     ln_modes = {c.ln_mode for c in cfgs}
     if len(ln_modes) > 1:
         raise ValueError("the models mix pre-LN and post-LN encoders (model.ln_mode): growth "
@@ -67,22 +69,23 @@ def check_grow_to(target: str | ModelConfig) -> ModelConfig:
         cfg = parse_model(target)
     except ValueError as err:
         raise ValueError(f"measure.grow_to={target!r}: {err}") from err
-    if cfg.arch != "bert":
-        raise ValueError(f"measure.grow_to={target!r}: only BERT shapes (B.4); use e.g. "
-                         "'d256-h4-l4-i1024'")
+    if not can_grow(cfg):
+        raise ValueError(f"measure.grow_to={target!r}: only {_growers()} shapes (B.4); use "
+                         "e.g. 'd256-h4-l4-i1024'")
     return dataclasses.replace(cfg, dropout=0.0)
+
+
+def _growers() -> str:
+    return labels_where(can_grow)
 
 
 def grown_model(model: nn.Module, target: str | ModelConfig, *, seed: int = 0) -> nn.Module:
     """``model`` grown into the shape ``target`` (a preset or shape string), dropout 0, with the
     model's own LayerNorm placement (growth keeps it; a sweep may vary ``ln_mode`` with one
     ``grow_to``). A ValueError names ``measure.grow_to`` when ``model`` cannot grow into it."""
-    from flatlm.models.bert import ln_mode
-    from flatlm.models.growth import grow
-
-    cfg = dataclasses.replace(check_grow_to(target), ln_mode=ln_mode(model))
+    cfg = dataclasses.replace(check_grow_to(target), ln_mode=ln_mode_of(model))
     try:
-        return grow(model, cfg, seed=seed)
+        return architecture(cfg).grow(model, cfg, seed=seed)
     except ValueError as err:
         raise ValueError(f"measure.grow_to={target!r}: {err}. Use a shape every model of the "
                          "sweep grows into, e.g. shape_string(lcm_shape(shapes))") from err

@@ -19,8 +19,9 @@ difference of two independent estimates.
 Double backward needs eager attention (the SDPA kernels have no second derivative, also on
 CUDA): a BERT (post- or pre-LN) is switched to ``attn_implementation="eager"`` for the
 measurement and back. The
-BiLSTM runs unrolled in plain tensor ops (``measure.per_example``), since the fused cuDNN LSTM has
-no second derivative either.
+function differentiated is the architecture's ``second_order_logits`` (``flatlm.models.
+architectures``): the BiLSTM runs unrolled in plain tensor ops (``models.lstm_unrolled``), since
+the fused cuDNN LSTM has no second derivative either.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import contextlib
 import torch
 from torch import nn
 
-from flatlm.measure import per_example
 from flatlm.measure.curvature import (
     FlatnessConfig,
     eval_mode,
@@ -39,16 +39,17 @@ from flatlm.measure.curvature import (
     model_device_dtype,
     selected_parameters,
 )
-from flatlm.models.bert import is_transformer, model_layout, unwrap, word_logits
+from flatlm.models.masked_lm import find_architecture, model_layout, unwrap, word_logits
 
 
 @contextlib.contextmanager
 def eager_attention(model: nn.Module):
     """BERT with ``attn_implementation="eager"`` inside the block (double backward and forward-
-    mode AD through attention); the previous implementation is restored after."""
+    mode AD through attention); the previous implementation is restored after. A model without
+    a transformers attention implementation (the BiLSTM) passes through."""
     inner = unwrap(model)
     old = getattr(getattr(inner, "config", None), "_attn_implementation", None)
-    if not is_transformer(inner) or old == "eager":
+    if old is None or old == "eager":
         yield model
         return
     inner.set_attn_implementation("eager")
@@ -66,8 +67,11 @@ def rademacher_like(params: list[torch.Tensor], g: torch.Generator) -> list[torc
 
 
 def second_order_logits(model: nn.Module):
-    """The word-logit function with a second derivative (the unrolled LSTM for a BiLSTM)."""
-    return per_example.lstm_word_logits_unrolled if per_example.supports(model) else word_logits
+    """The word-logit function with a second derivative: the architecture's
+    ``second_order_logits`` (the unrolled LSTM for a BiLSTM), else ``word_logits``."""
+    arch = find_architecture(model)
+    hook = arch.second_order_logits if arch is not None else None
+    return hook if hook is not None else word_logits
 
 
 def hessian_vector(grads, v, params) -> tuple:

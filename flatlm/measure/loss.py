@@ -44,7 +44,7 @@ from torch import nn
 from flatlm.core.stats import mean_se, ratio_mean_se
 from flatlm.core.tokens import encode, mask_positions, uniform_positions
 from flatlm.measure import ENTROPY, KL, LOSS, LOSS_DATA, per_sentence_key, se_key
-from flatlm.models.bert import word_logits
+from flatlm.models.masked_lm import word_logits
 from flatlm.sources.base import Source, as_tokens
 
 POSITIONS = ("one", "all")

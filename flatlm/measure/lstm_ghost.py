@@ -1,6 +1,6 @@
 """Per-example squared gradient norms of the BiLSTM from one batched backward ("ghost norms").
 
-The LSTM is unrolled as in ``measure.per_example`` (the same parameters and packed-sequence
+The LSTM is unrolled as in ``flatlm.models.lstm_unrolled`` (the same parameters and packed-sequence
 semantics), keeping every step's gate pre-activations gates_t = W_ih x_t + b_ih + W_hh h_{t-1} +
 b_hh (B, 4h). One backward of sum_i <u_i, z_i> gives, per example, delta_t = d s_i / d gates_t
 (examples do not interact), and then
@@ -24,9 +24,10 @@ from torch import nn
 
 from flatlm.core.tokens import WORD_OFFSET
 from flatlm.measure.ghost import linear_weight_sq
-from flatlm.measure.per_example import lstm_layers_unrolled, supports
-from flatlm.models.bert import unwrap
+from flatlm.measure.per_example import supports
 from flatlm.models.lstm import BiLSTMForMaskedLM
+from flatlm.models.lstm_unrolled import lstm_layers_unrolled
+from flatlm.models.masked_lm import unwrap
 
 
 class _Forward:

@@ -1,16 +1,9 @@
-"""Per-example squared gradient norms by ``torch.func.vmap(grad)``: the BiLSTM's route.
+"""Per-example squared gradient norms by ``torch.func.vmap(grad)``: the BiLSTM's vmap route.
 
 Ghost norms (``measure.ghost``) need every parameter in a Linear / Embedding / LayerNorm; the
-BiLSTM's recurrent weights live in a fused ``nn.LSTM``, which ``vmap`` cannot batch either (its
-kernel has no batching rule, and packed sequences are data-dependent). So the LSTM is unrolled
-here in plain tensor ops, with the same parameters and the same packed-sequence semantics:
-
-    gates_t = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh = (i, f, g, o)
-    c_t = sigma(f) c_{t-1} + sigma(i) tanh(g),   h_t = sigma(o) tanh(c_t)
-
-The backward direction zeroes its state on padding, so it starts from zero at each sentence's
-[SEP] exactly as ``pack_padded_sequence`` does; the forward direction never reads padding before
-a real word. ``vmap(grad)`` over this function gives per-example gradients, in chunks of
+BiLSTM's recurrent weights live in a fused ``nn.LSTM``, which ``vmap`` cannot batch either. So
+``vmap(grad)`` runs over the LSTM unrolled in plain tensor ops (``flatlm.models.lstm_unrolled``:
+the same parameters and packed-sequence semantics) and gives per-example gradients, in chunks of
 ``chunk`` examples (memory: chunk x parameters).
 """
 
@@ -20,65 +13,14 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from flatlm.core.tokens import WORD_OFFSET
-from flatlm.models.bert import unwrap
 from flatlm.models.lstm import BiLSTMForMaskedLM
+from flatlm.models.lstm_unrolled import lstm_word_logits_unrolled
+from flatlm.models.masked_lm import unwrap
 
 
 def supports(model: nn.Module) -> bool:
+    """Whether the unrolled routes (this one and ``measure.lstm_ghost``) cover the model."""
     return isinstance(unwrap(model), BiLSTMForMaskedLM)
-
-
-def _lstm_direction(x, real, w_ih, w_hh, b_ih, b_hh, reverse: bool,
-                    saved: list | None = None) -> torch.Tensor:
-    """One direction of one layer: x (B, T, in), real (B, T) bool -> (B, T, h). With ``saved``,
-    appends (x, the previous states (B, T, h), the list of gate pre-activations (B, 4h) per
-    step): what ``measure.lstm_ghost``'s norms read."""
-    B, T, _ = x.shape
-    h = x.new_zeros(B, w_hh.shape[1])
-    c = torch.zeros_like(h)
-    xp = x @ w_ih.T + b_ih  # (B, T, 4h)
-    out, prev, gates = [None] * T, [None] * T, [None] * T
-    for t in (reversed(range(T)) if reverse else range(T)):
-        prev[t] = h
-        gates[t] = xp[:, t] + h @ w_hh.T + b_hh  # (B, 4h)
-        i, f, g, o = gates[t].chunk(4, -1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(c)
-        if reverse:  # padding after the sentence: restart from zero at its [SEP]
-            keep = real[:, t, None].to(h.dtype)
-            h, c = h * keep, c * keep
-        out[t] = h
-    if saved is not None:
-        saved.append((x.detach(), torch.stack(prev, 1).detach(), gates))
-    return torch.stack(out, 1)
-
-
-def lstm_layers_unrolled(lstm: nn.LSTM, x: torch.Tensor, real: torch.Tensor,
-                         saved: list | None = None) -> torch.Tensor:
-    """Every layer of the bidirectional ``lstm`` on x (B, T, in) -> (B, T, 2h); ``saved`` as in
-    ``_lstm_direction``, per layer and direction in parameter-name order."""
-    if lstm.proj_size or not lstm.bidirectional or not lstm.batch_first:
-        raise TypeError("unrolled LSTM: batch_first, bidirectional, no projection")
-    for layer in range(lstm.num_layers):
-        x = torch.cat([
-            _lstm_direction(x, real, *(getattr(lstm, f"{name}_l{layer}{sfx}") for name in (
-                "weight_ih", "weight_hh", "bias_ih", "bias_hh")), reverse=bool(sfx), saved=saved)
-            for sfx in ("", "_reverse")], -1)
-    return x
-
-
-def lstm_encode_unrolled(model: BiLSTMForMaskedLM, input_ids, attention_mask) -> torch.Tensor:
-    """``model.encode`` (eval mode) in plain tensor ops: (B, T+2) -> (B, T+2, 2h); padded
-    positions hold the forward direction's state instead of zeros (never read)."""
-    return lstm_layers_unrolled(model.lstm, model.embed(input_ids), attention_mask.bool())
-
-
-def lstm_word_logits_unrolled(model, input_ids, attention_mask, positions) -> torch.Tensor:
-    """``word_logits`` at one word per sentence (B, V) through ``lstm_encode_unrolled``."""
-    hidden = lstm_encode_unrolled(model, input_ids, attention_mask)  # (B, T+2, 2h)
-    rows = torch.arange(len(positions), device=hidden.device)
-    return model.head(hidden[rows, positions + 1])[:, WORD_OFFSET:]  # (B, V)
 
 
 def per_example_sq_norms(

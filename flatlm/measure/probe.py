@@ -48,7 +48,7 @@ from flatlm.core.schedules import SCHEDULES, learning_rate
 from flatlm.core.seeds import derive_seed
 from flatlm.core.tokens import encode
 from flatlm.measure import probe_key
-from flatlm.models.bert import sentence_features
+from flatlm.models.masked_lm import sentence_features
 from flatlm.sources.base import PAD, Source, as_tokens
 
 RELEASED = {"batch_size": 512, "epochs": 50, "lr": 1e-3, "weight_decay": 0.01,

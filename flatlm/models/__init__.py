@@ -1,11 +1,14 @@
-"""Masked LMs (BERT via transformers, bidirectional LSTM) on one shared token layout.
+"""Masked LMs (BERT via transformers, bidirectional LSTM, registered ones) on one token layout.
 
 - ``flatlm.core.tokens`` (re-exported: every stage reads it): ``encode`` (word ids ->
   ``[CLS] x_1 .. x_L [SEP] [PAD]..``), ``mask_positions``.
+- ``architectures``: the registry, one ``Architecture`` per ``ModelConfig.arch`` with its hooks;
+  ``register_architecture`` adds one.
 - ``presets``: ``ModelConfig``, ``ModelSpec``, the paper's presets (Tables 3-4, A.4),
   ``parse_model``, counts.
-- ``bert``: ``build_model`` and the architecture-agnostic helpers (``word_logits`` ...).
-- ``lstm``: ``BiLSTMForMaskedLM``.
+- ``masked_lm``: ``build_model`` and the architecture-agnostic helpers (``word_logits`` ...).
+- ``bert``: the transformers (post- and pre-LN); ``lstm``: ``BiLSTMForMaskedLM``
+  (``lstm_unrolled``: its forward in plain tensor ops).
 - ``checkpoint``: ``save_checkpoint`` / ``load_checkpoint`` (``save_pretrained`` + ``flatlm.json``).
 """
 
@@ -24,11 +27,14 @@ _EXPORTS = {
         "PRESETS TABLE3 TABLE4 ModelConfig ModelSpec describe paper_parameter_count "
         "parameter_count parse_model shape_string"
     ),
+    "architectures": "Architecture all_architectures architecture register_architecture",
+    "masked_lm": (
+        "architecture_of build_model cls_features count_parameters encoder_features "
+        "find_architecture ln_mode_of model_layout sentence_features unwrap word_logits"
+    ),
     "bert": (
-        "bert_config build_model cls_features count_parameters encoder_features is_transformer "
-        "ln_mode model_layout position_ids pre_ln_config transformer_config transformer_parts "
-        "sentence_features unwrap "
-        "word_logits"
+        "bert_config is_transformer ln_mode position_ids pre_ln_config transformer_config "
+        "transformer_parts"
     ),
     "lstm": "BiLSTMForMaskedLM",
     "checkpoint": "load_checkpoint save_checkpoint",

@@ -1,27 +1,18 @@
-"""Building masked LMs by config, and the helpers training and measurement code call on them.
+"""BERT, the transformers masked LMs: arch "bert" of ``flatlm.models.architectures``.
 
-``build_model`` returns a ``transformers.BertForMaskedLM`` (arch "bert", post-LN), a
-``transformers.RobertaPreLayerNormForMaskedLM`` (arch "bert", ``ln_mode="pre"``) or a
-``BiLSTMForMaskedLM`` (arch "lstm"); all read ``encode``'s layout (``flatlm.core.tokens``).
-The helpers work on any of them, so callers never branch on the architecture:
-
-- ``encoder_features`` -> (n, T+2, d) final-layer states (d = d_model, or 2 d_hidden for the LSTM);
-- ``cls_features`` -> (n, d), the states at [CLS];
-- ``word_logits`` -> logits over the V words only (head columns 4..V+3), at every position or only
-  at one masked word per sentence, where the head runs only on the gathered states.
-
->>> import torch
->>> from flatlm.models.presets import parse_model
->>> from flatlm.core.tokens import encode
->>> model = build_model(parse_model("d64-h1-l1-i256"), vocab_size=10, max_length=5, seed=0)
->>> ids, mask = encode(torch.tensor([[3, 1, -1, -1, -1]]), torch.tensor([2]))
->>> word_logits(model, ids, mask).shape, word_logits(model, ids, mask, torch.tensor([0])).shape
-(torch.Size([1, 7, 10]), torch.Size([1, 10]))
+``build_bert`` makes a ``transformers.BertForMaskedLM`` (post-LN, the paper's) or, for
+``ln_mode="pre"``, a ``RobertaPreLayerNormForMaskedLM``, both on ``encode``'s layout
+(``flatlm.core.tokens``): V + 4 token ids, T + 2 positions, one token type, decoder tied to the
+token embeddings, no pooler. The rest are the hooks the registry calls (``bert_parts``,
+``bert_layout``, ``load_bert``, ``transformer_classes``) and what BERT-only code reads
+(``transformer_parts``, ``position_ids``, ``ln_mode``). Architecture-agnostic helpers
+(``build_model``, ``word_logits``, ...) live in ``flatlm.models.masked_lm``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -29,12 +20,16 @@ from transformers import (
     BertConfig,
     BertForMaskedLM,
     PretrainedConfig,
+    PreTrainedModel,
     RobertaPreLayerNormConfig,
     RobertaPreLayerNormForMaskedLM,
 )
 
 from flatlm.core.tokens import CLS_ID, PAD_ID, SEP_ID, WORD_OFFSET, TokenLayout, token_layout
-from flatlm.models.lstm import BiLSTMForMaskedLM, build_lstm
+from flatlm.models.masked_lm import build_model as build_model  # re-exported: train/ and
+from flatlm.models.masked_lm import sentence_features as sentence_features  # measure/run.py
+from flatlm.models.masked_lm import unwrap  # import them from here; their home is masked_lm
+from flatlm.models.masked_lm import word_logits as word_logits
 from flatlm.models.presets import PRE_LN_EXTRA_POSITIONS, ModelConfig
 
 # the transformer classes build_model makes, by ModelConfig.ln_mode
@@ -73,34 +68,23 @@ def transformer_config(cfg: ModelConfig, vocab_size: int, max_length: int) -> Pr
     return make(cfg, vocab_size, max_length)
 
 
-def build_model(
-    cfg: ModelConfig, vocab_size: int, max_length: int, *, seed: int | None = None
-) -> nn.Module:
-    """A fresh masked LM for ``vocab_size`` words (V) and sentences of at most ``max_length`` (T).
-
-    arch "bert": ``BertForMaskedLM``, or ``RobertaPreLayerNormForMaskedLM`` for
-    ``cfg.ln_mode="pre"`` (no pooler; decoder tied to the token embeddings) with
-    ``cfg.attention`` as its attention implementation. arch "lstm": ``BiLSTMForMaskedLM``.
-    ``seed`` fixes the initialisation without touching the global RNG; None draws from it.
-    The model is on the CPU in train mode.
-    """
-    with torch.random.fork_rng(devices=[], enabled=seed is not None):
-        if seed is not None:
-            torch.manual_seed(seed)
-        if cfg.arch == "lstm":
-            return build_lstm(cfg, vocab_size, max_length)
-        config = transformer_config(cfg, vocab_size, max_length)
-        model_class = TRANSFORMERS[cfg.ln_mode]
-        return model_class._from_config(config, attn_implementation=cfg.attention).train()
+def build_bert(cfg: ModelConfig, vocab_size: int, max_length: int) -> PreTrainedModel:
+    """BERT's ``build`` hook: the class of ``cfg.ln_mode`` with ``cfg.attention`` as its attention
+    implementation, initialised from torch's global RNG (``build_model`` seeds it)."""
+    config = transformer_config(cfg, vocab_size, max_length)
+    return TRANSFORMERS[cfg.ln_mode]._from_config(config, attn_implementation=cfg.attention)
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The module ``torch.compile`` wrapped (``model`` itself when it is not compiled).
+def transformer_classes() -> dict[str, type]:
+    """BERT's ``classes`` hook: ``ln_mode`` -> transformers class."""
+    return TRANSFORMERS
 
-    A compiled module's submodules (bert, cls) are the uncompiled originals, so code that reads
-    parameters, names or types works on the unwrapped module.
-    """
-    return getattr(model, "_orig_mod", model)
+
+def load_bert(model_dir: str | Path, cfg: ModelConfig) -> PreTrainedModel:
+    """BERT's ``load`` hook: from local files only, with the saved attention implementation."""
+    return TRANSFORMERS[cfg.ln_mode].from_pretrained(
+        model_dir, attn_implementation=cfg.attention, local_files_only=True
+    )
 
 
 def is_transformer(model: nn.Module) -> bool:
@@ -138,82 +122,19 @@ def position_ids(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     return torch.arange(width, device=input_ids.device).expand(n, width).contiguous()
 
 
-def _encoder_and_head(model: nn.Module) -> tuple[Callable, Callable]:
-    model = unwrap(model)
-    if is_transformer(model):
-        base, head = transformer_parts(model)
+def bert_parts(model: nn.Module) -> tuple[Callable, nn.Module]:
+    """BERT's ``parts`` hook: (ids, mask -> last hidden states (n, T+2, d), the MLM head)."""
+    base, head = transformer_parts(model)
 
-        def encoder(ids, mask):
-            return base(input_ids=ids, attention_mask=mask).last_hidden_state
+    def encoder(ids, mask):
+        return base(input_ids=ids, attention_mask=mask).last_hidden_state
 
-        return encoder, head
-    if isinstance(model, BiLSTMForMaskedLM):
-        return model.encode, model.head
-    raise TypeError(f"expected a model from build_model, got {type(model).__name__}")
+    return encoder, head
 
 
-def encoder_features(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> torch.Tensor:
-    """Final-layer hidden states (n, T+2, d), before the MLM head."""
-    encoder, _ = _encoder_and_head(model)
-    return encoder(input_ids, attention_mask)
-
-
-def sentence_features(model: nn.Module, input_ids: torch.Tensor,
-                      attention_mask: torch.Tensor) -> torch.Tensor:
-    """Final-layer states of every position, concatenated: (n, (T+2) d), zero on padding.
-
-    The linear probe's representation (A.5: "we concatenate embeddings of all the tokens"), and
-    the adversarial algorithm's head's.
-    """
-    h = encoder_features(model, input_ids, attention_mask)  # (n, T+2, d)
-    return (h * attention_mask[..., None].to(h.dtype)).flatten(1)
-
-
-def cls_features(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> torch.Tensor:
-    """States at [CLS] (n, d). For the BiLSTM only its backward half has read the sentence."""
-    return encoder_features(model, input_ids, attention_mask)[:, 0]
-
-
-def word_logits(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    positions: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Logits over the V words: (n, T+2, V) everywhere, (n, V) at word ``positions`` [n], or
-    (k, V) at the k True entries of a bool ``positions`` [n, T] (row-major order).
-
-    ``positions`` are 0-based word positions (input position + 1). With them the encoder states are
-    gathered first and the MLM head runs on n (or k) vectors instead of n (T+2): for a large
-    vocabulary the head is a large share of the cost. Column c is word c (input id c + 4).
-    """
-    encoder, head = _encoder_and_head(model)
-    hidden = encoder(input_ids, attention_mask)  # (n, T+2, d)
-    if positions is not None and positions.dtype == torch.bool:
-        hidden = hidden[:, 1:-1][positions.to(hidden.device)]  # (k, d)
-    elif positions is not None:
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
-        hidden = hidden[rows, positions.to(hidden.device) + 1]  # (n, d)
-    return head(hidden)[..., WORD_OFFSET:]  # (n, [T+2,] V) or (k, V)
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Distinct parameters; the tied decoder weight counts once."""
-    return sum(p.numel() for p in model.parameters())
-
-
-def model_layout(model: nn.Module) -> TokenLayout:
-    """The token layout a built model reads, from its own sizes."""
-    model = unwrap(model)
-    if isinstance(model, BiLSTMForMaskedLM):
-        return model.layout
-    if is_transformer(model):
-        config = model.config
-        extra = PRE_LN_EXTRA_POSITIONS if ln_mode(model) == "pre" else 0
-        return token_layout(config.vocab_size - WORD_OFFSET,
-                            config.max_position_embeddings - 2 - extra)
-    raise TypeError(f"expected a model from build_model, got {type(model).__name__}")
+def bert_layout(model: nn.Module) -> TokenLayout:
+    """BERT's ``layout`` hook: the token layout, from the model's config."""
+    config = unwrap(model).config
+    extra = PRE_LN_EXTRA_POSITIONS if ln_mode(model) == "pre" else 0
+    return token_layout(config.vocab_size - WORD_OFFSET,
+                        config.max_position_embeddings - 2 - extra)

@@ -8,6 +8,11 @@ A checkpoint directory holds::
     flatlm.json         the source spec, the ModelConfig (with ln_mode), the token ids and input
                         layout, extras
 
+The model writes and reads its own files when its class has ``save_pretrained`` (BERT, BiLSTM):
+the architecture's ``load`` hook, or ``from_pretrained(dir)``, reads them back. A model without
+(a registered architecture that did not write one) is saved as its state dict alone, in
+``model.safetensors``, and rebuilt from ``flatlm.json``'s ModelConfig and token layout.
+
 A BERT checkpoint loads with ``transformers.BertForMaskedLM.from_pretrained(dir)`` alone (pre-LN:
 ``RobertaPreLayerNormForMaskedLM``); its inputs are rebuilt from ``flatlm.json["tokens"]``: word c
 has id c + 4, a sentence reads ``[CLS] x_1 .. x_L [SEP]`` padded with [PAD] to T + 2 positions.
@@ -19,15 +24,17 @@ import contextlib
 import json
 from pathlib import Path
 
+from safetensors.torch import load_model, save_model
 from torch import nn
 
-from flatlm.models.bert import TRANSFORMERS, count_parameters, model_layout, unwrap
-from flatlm.models.lstm import BiLSTMForMaskedLM
+from flatlm.models.architectures import architecture
+from flatlm.models.masked_lm import build_model, count_parameters, model_layout, unwrap
 from flatlm.models.presets import ModelConfig, shape_string
 from flatlm.runs.manifest import verify_manifest
 
 INFO_NAME = "flatlm.json"
 FORMAT = "flatlm-checkpoint-1"  # bump when the meaning of a flatlm.json field changes
+WEIGHTS_NAME = "model.safetensors"  # the file name transformers uses too
 
 
 def is_model_file(name: str) -> bool:
@@ -49,7 +56,7 @@ def save_checkpoint(
     JSON-serialisable data (step, metrics, vocabulary). Both go to ``flatlm.json`` unchanged.
     """
     model = unwrap(model)
-    expected = BiLSTMForMaskedLM if model_cfg.arch == "lstm" else TRANSFORMERS[model_cfg.ln_mode]
+    expected = architecture(model_cfg).classes()[model_cfg.ln_mode]
     if not isinstance(model, expected):
         raise ValueError(
             f"model_cfg.arch={model_cfg.arch!r}, ln_mode={model_cfg.ln_mode!r} but the model is "
@@ -57,8 +64,11 @@ def save_checkpoint(
         )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with _no_shard_bar():
-        model.save_pretrained(out_dir)
+    if hasattr(model, "save_pretrained"):
+        with _no_shard_bar():
+            model.save_pretrained(out_dir)
+    else:  # shared (tied) tensors are written once and retied on load
+        save_model(model, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
     info = {
         "format": FORMAT,
         "source": source_spec,
@@ -66,7 +76,7 @@ def save_checkpoint(
         "shape": shape_string(model_cfg),
         "n_parameters": count_parameters(model),
         "tokens": model_layout(model).to_dict(),
-        "load": _load_hint(model_cfg),
+        "load": _load_hint(model),
         "extra": extra or {},
     }
     # serialise before writing so a non-JSON extra fails without leaving a half-written file
@@ -75,11 +85,12 @@ def save_checkpoint(
     return out_dir
 
 
-def _load_hint(cfg: ModelConfig) -> str:
-    if cfg.arch == "lstm":
-        return "flatlm.models.load_checkpoint(dir)"
-    name = TRANSFORMERS[cfg.ln_mode].__name__
-    return f"transformers.{name}.from_pretrained(dir) or flatlm.models.load_checkpoint(dir)"
+def _load_hint(model: nn.Module) -> str:
+    """How to load the checkpoint: transformers reads its own classes without flatlm."""
+    ours = "flatlm.models.load_checkpoint(dir)"
+    if not type(model).__module__.startswith("transformers."):
+        return ours
+    return f"transformers.{type(model).__name__}.from_pretrained(dir) or {ours}"
 
 
 def load_checkpoint(model_dir: str | Path) -> tuple[nn.Module, dict]:
@@ -99,13 +110,21 @@ def load_checkpoint(model_dir: str | Path) -> tuple[nn.Module, dict]:
         info = info if isinstance(info, dict) else {}
         raise ValueError(f"{model_dir / INFO_NAME}: format {info.get('format')!r}, not {FORMAT}")
     cfg = ModelConfig(**info["model"])
-    if cfg.arch == "lstm":
-        return BiLSTMForMaskedLM.from_pretrained(model_dir), info
-    model = TRANSFORMERS[cfg.ln_mode].from_pretrained(
-        model_dir, attn_implementation=cfg.attention, local_files_only=True
-    )
-    return model.eval(), info
+    return _load_model(model_dir, cfg, info["tokens"]).eval(), info
 
+
+def _load_model(model_dir: Path, cfg: ModelConfig, tokens: dict) -> nn.Module:
+    """The model of a checkpoint (module docstring): the architecture's ``load`` hook, else the
+    class's ``from_pretrained``, else the state dict into a model rebuilt from ``cfg``."""
+    arch = architecture(cfg)
+    if arch.load is not None:
+        return arch.load(model_dir, cfg)
+    model_class = arch.classes()[cfg.ln_mode]
+    if hasattr(model_class, "from_pretrained"):
+        return model_class.from_pretrained(model_dir)
+    model = build_model(cfg, tokens["n_words"], tokens["max_length"], seed=0)  # RNG untouched
+    load_model(model, str(model_dir / WEIGHTS_NAME))
+    return model
 
 @contextlib.contextmanager
 def _no_shard_bar():

@@ -57,7 +57,7 @@ growth is exact with every other parameter of the added blocks (LayerNorms inclu
 fresh initialisation; no LayerNorm is moved.
 
 >>> import torch
->>> from flatlm.models.bert import build_model
+>>> from flatlm.models.masked_lm import build_model
 >>> from flatlm.models.presets import parse_model
 >>> from flatlm.core.tokens import encode
 >>> small = build_model(parse_model("d64-h1-l1-i256"), vocab_size=10, max_length=5, seed=0).eval()
@@ -80,15 +80,10 @@ import torch
 from torch import nn
 
 from flatlm.core.tokens import encode
-from flatlm.models.bert import (
-    build_model,
-    is_transformer,
-    ln_mode,
-    model_layout,
-    transformer_parts,
-    unwrap,
-)
+from flatlm.models.architectures import architecture, can_grow, labels_where
+from flatlm.models.bert import is_transformer, ln_mode, transformer_parts
 from flatlm.models.checkpoint import load_checkpoint, save_checkpoint
+from flatlm.models.masked_lm import build_model, model_layout, unwrap
 from flatlm.models.presets import ModelConfig, parse_model, shape_string
 
 
@@ -108,8 +103,7 @@ def growth(source: ModelConfig, target: ModelConfig) -> Growth:
     Growth(width=15, inter=15, added_layers=16)
     """
     for name, cfg in (("checkpoint", source), ("target", target)):
-        if cfg.arch != "bert":
-            raise ValueError(f"{name} model.arch={cfg.arch!r}: only BERTs can grow (B.4)")
+        check_can_grow(cfg, f"{name} model.arch={cfg.arch!r}")
     if target.ln_mode != source.ln_mode:
         raise ValueError(f"target model.ln_mode={target.ln_mode!r} but the checkpoint's is "
                          f"{source.ln_mode!r}: growth keeps the LayerNorm placement (a pre-LN "
@@ -130,6 +124,12 @@ def growth(source: ModelConfig, target: ModelConfig) -> Growth:
         raise ValueError(f"target model.n_layers={target.n_layers} is fewer than the "
                          f"checkpoint's n_layers={n}; blocks can only be added")
     return Growth(width=m, inter=target.d_inter // i, added_layers=target.n_layers - n)
+
+
+def check_can_grow(cfg: ModelConfig, what: str) -> None:
+    """A ValueError starting with ``what`` unless ``cfg``'s architecture can grow."""
+    if not can_grow(cfg):
+        raise ValueError(f"{what}: only {labels_where(can_grow)}s can grow (B.4)")
 
 
 def bert_shape(model: nn.Module) -> ModelConfig:
@@ -262,7 +262,7 @@ def grow_checkpoint(
         target_cfg = dataclasses.replace(target_cfg, dropout=source.dropout,
                                          attention=source.attention)
     g = growth(source, target_cfg)
-    big = grow(model, target_cfg, seed=seed)
+    big = architecture(source).grow(model, target_cfg, seed=seed)
     extra = dict(info.get("extra") or {})
     extra["grown_from"] = {"checkpoint": str(ckpt_dir.resolve()), "shape": shape_string(source),
                            **dataclasses.asdict(g), "seed": seed}

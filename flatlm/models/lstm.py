@@ -128,5 +128,11 @@ class BiLSTMForMaskedLM(nn.Module):
 
 
 def build_lstm(cfg: ModelConfig, vocab_size: int, max_length: int) -> BiLSTMForMaskedLM:
-    """A fresh BiLSTM masked LM for ``vocab_size`` words and sentences of ``max_length`` words."""
+    """A fresh BiLSTM masked LM for ``vocab_size`` words and sentences of ``max_length`` words
+    (the BiLSTM's ``build`` hook in ``flatlm.models.architectures``)."""
     return BiLSTMForMaskedLM(cfg, vocab_size, max_length)
+
+
+def lstm_classes() -> dict[str, type]:
+    """The BiLSTM's ``classes`` hook: one class, no LayerNorm placement to choose."""
+    return {"post": BiLSTMForMaskedLM}

@@ -13,7 +13,8 @@ Presets (``PRESETS``; ``parse_model`` also reads shape strings):
   The literal rows remain available as shapes, e.g. ``d320-h5-l6-i1024``.
 - ``lstm-h{128,256,512,768,1024}-l{4,6,8,12,16}``: the LSTM grid of A.4 (d_hidden per direction).
 
-Shape strings: ``d64-h1-l1-i256`` (d_model, heads, layers, d_inter) and ``lstm-h256-l4``.
+Shape strings: ``d64-h1-l1-i256`` (d_model, heads, layers, d_inter) and ``lstm-h256-l4``, or
+those of a registered architecture (``flatlm.models.architectures``, ``Architecture.shape``).
 A ``-pre`` suffix on a BERT shape or preset (``d64-h1-l1-i256-pre``, ``bert-2m-pre``) asks for
 the pre-LN encoder (``ModelConfig.ln_mode``); presets are post-LN, as in the paper.
 ``ModelSpec`` holds a preset name or shape string as a config value, checked on construction.
@@ -28,12 +29,11 @@ True
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, replace
 
 from flatlm.core.config import ConfigValue
+from flatlm.models.architectures import SIZES, all_architectures, architecture, labels_where
 
-ARCHS = ("bert", "lstm")
 ATTENTIONS = ("sdpa", "eager")
 LN_MODES = ("post", "pre")
 PRE_LN_SUFFIX = "-pre"  # on a BERT shape string or preset name: ln_mode="pre"
@@ -51,7 +51,9 @@ PRE_LN_EXTRA_POSITIONS = 1
 class ModelConfig:
     """Shape and regularisation of a masked LM; the vocabulary and length come from the source."""
 
-    arch: str = "bert"  # "bert" (transformers BertForMaskedLM) or "lstm" (bidirectional nn.LSTM)
+    # a registered architecture (flatlm.models.architectures): "bert" (transformers'
+    # BertForMaskedLM), "lstm" (bidirectional nn.LSTM), or one a user registered
+    arch: str = "bert"
     n_layers: int  # transformer blocks or stacked LSTM layers; 1..24 in the paper
     d_model: int | None = None  # bert only: hidden width, a multiple of n_heads; 64..1920
     n_heads: int | None = None  # bert only: attention heads; the paper keeps d_model/n_heads = 64
@@ -65,8 +67,7 @@ class ModelConfig:
     ln_mode: str = "post"
 
     def __post_init__(self):
-        if self.arch not in ARCHS:
-            raise ValueError(f"model.arch={self.arch!r}: use one of {ARCHS}")
+        arch = architecture(self.arch)
         if not (isinstance(self.n_layers, int) and self.n_layers >= 1):
             raise ValueError(f"model.n_layers={self.n_layers!r}: use an integer >= 1")
         if not 0.0 <= self.dropout < 1.0:
@@ -76,28 +77,33 @@ class ModelConfig:
         if self.ln_mode not in LN_MODES:
             raise ValueError(f"model.ln_mode={self.ln_mode!r}: use one of {LN_MODES} "
                              f"(or the shape suffix {PRE_LN_SUFFIX!r} for 'pre')")
-        if self.arch == "lstm" and self.ln_mode != "post":
-            raise ValueError("model.ln_mode='pre' is a transformer option; arch='lstm' has no "
-                             "encoder LayerNorms to move: leave ln_mode='post'")
-        own = ("d_model", "n_heads", "d_inter") if self.arch == "bert" else ("d_hidden",)
-        other = ("d_hidden",) if self.arch == "bert" else ("d_model", "n_heads", "d_inter")
-        for name in own:
+        if self.ln_mode not in arch.ln_modes:
+            raise ValueError(f"model.ln_mode={self.ln_mode!r} is not an option of "
+                             f"arch={self.arch!r} (it has {arch.ln_modes}): leave "
+                             f"ln_mode={arch.ln_modes[0]!r}")
+        for name in arch.sizes:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(
                     f"model.{name}={value!r}: arch={self.arch!r} needs an integer >= 1"
                 )
-        for name in other:
-            if getattr(self, name) is not None:
+        for name in SIZES:
+            if name not in arch.sizes and getattr(self, name) is not None:
                 raise ValueError(f"model.{name} is not used by arch={self.arch!r}; leave it None")
-        if self.arch == "bert" and self.d_model % self.n_heads:
-            raise ValueError(
-                f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}; "
-                f"pick d_model = 64 * n_heads as the paper does (e.g. {64 * self.n_heads})"
-            )
+        if arch.check is not None:
+            arch.check(self)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def check_bert(cfg: ModelConfig) -> None:
+    """BERT's shapes beyond their sizes (``Architecture.check``): heads split d_model evenly."""
+    if cfg.d_model % cfg.n_heads:
+        raise ValueError(
+            f"model.d_model={cfg.d_model} is not divisible by model.n_heads={cfg.n_heads}; "
+            f"pick d_model = 64 * n_heads as the paper does (e.g. {64 * cfg.n_heads})"
+        )
 
 
 def _bert(d_model: int, n_heads: int, n_layers: int, d_inter: int) -> ModelConfig:
@@ -133,8 +139,6 @@ LSTM_GRID = {  # A.4: d_hidden x layers
 }
 PRESETS: dict[str, ModelConfig] = {**TABLE3, **_FIG5, **LSTM_GRID}
 
-_BERT_SHAPE = re.compile(r"(?:bert-)?d(\d+)-h(\d+)-l(\d+)-i(\d+)")
-_LSTM_SHAPE = re.compile(r"lstm-h(\d+)-l(\d+)")
 
 
 def parse_model(name_or_shape: str | ModelSpec | ModelConfig) -> ModelConfig:
@@ -150,24 +154,29 @@ def parse_model(name_or_shape: str | ModelSpec | ModelConfig) -> ModelConfig:
     key = str(name_or_shape).strip().lower()
     if key.endswith(PRE_LN_SUFFIX):
         base = _parse_post(key.removesuffix(PRE_LN_SUFFIX), name_or_shape)
-        if base.arch != "bert":
+        if "pre" not in architecture(base).ln_modes:
             raise ValueError(f"model {name_or_shape!r}: the {PRE_LN_SUFFIX!r} suffix (pre-LN) "
-                             "applies to BERT shapes only")
+                             f"applies to {labels_where(_has_pre_ln)} shapes only")
         return replace(base, ln_mode="pre")
     return _parse_post(key, name_or_shape)
+
+
+def _has_pre_ln(arch) -> bool:
+    return "pre" in arch.ln_modes
 
 
 def _parse_post(key: str, name_or_shape) -> ModelConfig:
     if key in PRESETS:
         return PRESETS[key]
-    if m := _BERT_SHAPE.fullmatch(key):
-        return _bert(*map(int, m.groups()))
-    if m := _LSTM_SHAPE.fullmatch(key):
-        return _lstm(*map(int, m.groups()))
+    for arch in all_architectures():
+        sizes = arch.parse_shape(key)
+        if sizes is not None:
+            return ModelConfig(arch=arch.name, **sizes)
+    shapes = " or ".join(f"{a.shape!r} ({a.label})" for a in all_architectures())
     raise ValueError(
         f"model {name_or_shape!r} is neither a preset nor a shape. Presets: "
-        f"{', '.join(PRESETS)}. Shapes: 'd64-h1-l1-i256' (d_model-heads-layers-d_inter) or "
-        "'lstm-h256-l4' (hidden per direction-layers); add '-pre' to a BERT for pre-LN."
+        f"{', '.join(PRESETS)}. Shapes: {shapes}; "
+        f"add {PRE_LN_SUFFIX!r} to a {labels_where(_has_pre_ln)} for pre-LN."
     )
 
 
@@ -213,10 +222,8 @@ class ModelSpec(ConfigValue):
 def shape_string(cfg: ModelConfig) -> str:
     """The shape string ``parse_model`` reads back: ``d64-h1-l1-i256`` (``...-pre`` for pre-LN)
     or ``lstm-h256-l4``."""
-    if cfg.arch == "lstm":
-        return f"lstm-h{cfg.d_hidden}-l{cfg.n_layers}"
     suffix = PRE_LN_SUFFIX if cfg.ln_mode == "pre" else ""
-    return f"d{cfg.d_model}-h{cfg.n_heads}-l{cfg.n_layers}-i{cfg.d_inter}{suffix}"
+    return architecture(cfg).shape_string(cfg) + suffix
 
 
 def _bert_count(cfg: ModelConfig, n_ids: int, n_positions: int, n_types: int) -> int:
@@ -235,9 +242,22 @@ def _bert_count(cfg: ModelConfig, n_ids: int, n_positions: int, n_types: int) ->
     return embeddings + cfg.n_layers * (attention + mlp) + final + head
 
 
-def _lstm_count(cfg: ModelConfig, n_ids: int) -> int:
-    """Parameters of ``flatlm.models.lstm.BiLSTMForMaskedLM`` (embedding width = d_hidden)."""
-    h = cfg.d_hidden
+def bert_parameter_count(cfg: ModelConfig, vocab_size: int, max_length: int) -> int:
+    """BERT's ``Architecture.parameter_count``: V + 4 token ids, T + 2 positions (pre-LN:
+    T + 2 + ``PRE_LN_EXTRA_POSITIONS``), one token type."""
+    extra = PRE_LN_EXTRA_POSITIONS if cfg.ln_mode == "pre" else 0
+    return _bert_count(cfg, vocab_size + N_SPECIAL, max_length + 2 + extra, 1)
+
+
+def bert_paper_parameter_count(cfg: ModelConfig) -> int:
+    """BERT's ``Architecture.paper_parameter_count`` (``paper_parameter_count``)."""
+    return _bert_count(cfg, PAPER_VOCAB, PAPER_POSITIONS, PAPER_TOKEN_TYPES)
+
+
+def lstm_parameter_count(cfg: ModelConfig, vocab_size: int, max_length: int) -> int:
+    """Parameters of ``flatlm.models.lstm.BiLSTMForMaskedLM`` (embedding width = d_hidden); the
+    BiLSTM's ``Architecture.parameter_count`` (it has no position embeddings: T is unused)."""
+    h, n_ids = cfg.d_hidden, vocab_size + N_SPECIAL
 
     def per_direction(d_in: int) -> int:  # W_ih [4h, d_in], W_hh [4h, h], b_ih and b_hh [4h]
         return 4 * h * (d_in + h) + 8 * h
@@ -249,15 +269,12 @@ def _lstm_count(cfg: ModelConfig, n_ids: int) -> int:
 
 
 def parameter_count(cfg: ModelConfig, vocab_size: int, max_length: int) -> int:
-    """Parameters of ``build_model(cfg, vocab_size, max_length)``, computed without building it.
+    """Parameters of ``build_model(cfg, vocab_size, max_length)``, computed without building it
+    (``Architecture.parameter_count``; ``bert_parameter_count`` says what a BERT holds).
 
-    ``vocab_size`` is V (source words) and ``max_length`` is T; the model has V + 4 token ids,
-    T + 2 positions (pre-LN: T + 2 + ``PRE_LN_EXTRA_POSITIONS``) and one token type.
+    ``vocab_size`` is V (source words) and ``max_length`` is T.
     """
-    if cfg.arch == "lstm":
-        return _lstm_count(cfg, vocab_size + N_SPECIAL)
-    extra = PRE_LN_EXTRA_POSITIONS if cfg.ln_mode == "pre" else 0
-    return _bert_count(cfg, vocab_size + N_SPECIAL, max_length + 2 + extra, 1)
+    return architecture(cfg).parameter_count(cfg, vocab_size, max_length)
 
 
 def paper_parameter_count(cfg: ModelConfig) -> int:
@@ -272,9 +289,15 @@ def paper_parameter_count(cfg: ModelConfig) -> int:
     quoted in Figures 3-4, but moves the other rows further from their names. A pre-LN shape
     counts its final LayerNorm (2 d) on top, in the same layout.
     """
-    if cfg.arch != "bert":
-        raise ValueError("model.arch='lstm': the paper quotes parameter counts only for BERTs")
-    return _bert_count(cfg, PAPER_VOCAB, PAPER_POSITIONS, PAPER_TOKEN_TYPES)
+    count = architecture(cfg).paper_parameter_count
+    if count is None:
+        raise ValueError(f"model.arch={cfg.arch!r}: the paper quotes parameter counts only for "
+                         f"{labels_where(_has_paper_count)}s")
+    return count(cfg)
+
+
+def _has_paper_count(arch) -> bool:
+    return arch.paper_parameter_count is not None
 
 
 def describe(cfg: ModelConfig, vocab_size: int, max_length: int) -> str:
@@ -286,7 +309,7 @@ def describe(cfg: ModelConfig, vocab_size: int, max_length: int) -> str:
     here = parameter_count(cfg, vocab_size, max_length)
     text = (f"{cfg.arch} {shape_string(cfg)}: {here:,} parameters with {vocab_size} words + "
             f"{N_SPECIAL} special ids")
-    if cfg.arch == "lstm":
+    if not _has_paper_count(architecture(cfg)):
         return text
     paper = paper_parameter_count(cfg)
     positions = max_length + 2 + (PRE_LN_EXTRA_POSITIONS if cfg.ln_mode == "pre" else 0)

@@ -27,8 +27,8 @@ from flatlm.measure.curvature import (
 from flatlm.measure.fisher import output_directions, trace_fisher
 from flatlm.measure.flatness import measure_flatness, soft_labels
 from flatlm.measure.hessian_trace import eager_attention, trace_hessian
-from flatlm.measure.per_example import lstm_encode_unrolled
 from flatlm.models import build_model, encode, parse_model, word_logits
+from flatlm.models.lstm_unrolled import lstm_encode_unrolled
 from flatlm.sources import load
 
 V, T = 6, 5

@@ -13,7 +13,7 @@ import torch
 from flatlm.measure.finetune import FinetuneConfig  # noqa: E402
 from flatlm.measure.probe import ProbeConfig  # noqa: E402
 from flatlm.measure.run import MeasureConfig, downstream_of, eval_data, measure_model  # noqa: E402
-from flatlm.models.bert import build_model  # noqa: E402
+from flatlm.models.masked_lm import build_model  # noqa: E402
 from flatlm.models.presets import parse_model  # noqa: E402
 from flatlm.sources import SourceError, load  # noqa: E402
 from tests.assets.lm_assets import lm_glue_spec, make_lm_assets  # noqa: E402
