@@ -377,7 +377,11 @@ def experiment_trials(sc, experiments, seeds, protocol="paper") -> list[tuple[st
     scales.SCALES[sc.name] = sc  # this process only: build() looks scales up by name
     out = []
     for name in experiments:
-        exp = build(name, scale=sc.name, protocol=protocol, seeds=tuple(seeds))
+        # the steps run at a constant rate after warmup under every protocol (issue 23, fix 1;
+        # the sgd experiment already is)
+        constant = {"train.schedule": "constant"} if name == "steps" else None
+        exp = build(name, scale=sc.name, protocol=protocol, seeds=tuple(seeds),
+                    overrides=constant)
         out += [(name, trial, to_dict(cfg)) for trial, cfg in exp.trials()]
     return out
 
