@@ -19,7 +19,7 @@ models, algorithms or checkpoints.
 
 Stages (each appends to ``--out``, a JSON file with the exact configs; the next reads it):
 
-0 screen     (no training, seconds a candidate) random grammars from ``SPACE``: T, entropy,
+0 screen     (no training, seconds a candidate) random grammars from ``SPACES``: T, entropy,
              per task the majority share, the probe on a random d64 model's features
              (random_init), on the lookup table and on both concatenated (the truth beside the
              words), under the ``span`` rule; the kept: majority <= 50% and random_init <= 85%
@@ -70,17 +70,44 @@ CRITERIA = {
     "adversary_lambdas": [round(10 ** (-k / 2), 6) for k in range(7)],  # (d) 1 .. 1e-3, tried
     #   from the largest down; the first within tolerance is taken
 }
-# Stage 0's random family (RandomGrammarConfig knobs, the grammar seed and the length filter).
-SPACE = {
-    "vocab": (12, 16, 24, 32, 48),
-    "roots": (3, 4, 5),
-    "nonterminals_per_level": (3, 4, 6, 8),
-    "depth": (3, 4),
-    "binary_per_nonterminal": (2, 3, 4, 6),
-    "words_per_nonterminal": (3, 4, 6, 10),
-    "terminal_share": (0.0, 0.1, 0.25),
-    "concentration": (0.5, 1.0, 2.0),
-    "max_length": (8, 12, 16),
+# Stage 0's random families (RandomGrammarConfig knobs, the grammar seed and the length
+# filter): "wide" first; "fixed" after stage 1 of "wide" (every kept grammar of which left the
+# smallest model at KL 0.2-0.45): fixed-length sentences (terminal_share 0, depth 3: one tree
+# shape, 8 words), few nonterminals, around the sweep scale's grammar (which saturates) with
+# flatter rules (concentration) and more shared words, for balanced and harder labels.
+SPACES = {
+    "wide": {
+        "vocab": (12, 16, 24, 32, 48),
+        "roots": (3, 4, 5),
+        "nonterminals_per_level": (3, 4, 6, 8),
+        "depth": (3, 4),
+        "binary_per_nonterminal": (2, 3, 4, 6),
+        "words_per_nonterminal": (3, 4, 6, 10),
+        "terminal_share": (0.0, 0.1, 0.25),
+        "concentration": (0.5, 1.0, 2.0),
+        "max_length": (8, 12, 16),
+    },
+    "fixed": {
+        "vocab": (8, 12, 16),
+        "roots": (3, 4, 5),
+        "nonterminals_per_level": (3, 4),
+        "depth": (3,),
+        "binary_per_nonterminal": (2, 3, 4),
+        "words_per_nonterminal": (4, 6, 8),
+        "terminal_share": (0.0,),
+        "concentration": (1.0, 2.0, 4.0),
+        "max_length": (8,),
+    },
+}
+ID_PREFIX = {"wide": "g", "fixed": "f"}
+# Anchors screened beside the "fixed" round: the sweep and tiny scales' grammars (their KL at
+# those scales is known: flatlm/experiments/scales.py), under the span rule.
+REFERENCES = {
+    "ref-sweep": ({"vocab": 12, "roots": 3, "nonterminals_per_level": 3, "depth": 3,
+                   "binary_per_nonterminal": 3, "words_per_nonterminal": 6,
+                   "terminal_share": 0.0}, 8, 0),
+    "ref-tiny": ({"vocab": 30, "roots": 3, "nonterminals_per_level": 4, "depth": 3,
+                  "binary_per_nonterminal": 6, "words_per_nonterminal": 8}, 32, 0),
 }
 T_MAX = 16  # longer sentences cost too much on a CPU
 RANDOM_INIT_MAX = 0.85  # stage 0 keeps room for the +10 points of (b)
@@ -119,6 +146,8 @@ def parse_args(argv=None):
     p.add_argument("--table", action="store_true", help="write the .md table from --out")
     p.add_argument("--candidates", type=int, default=48, help="stage 0: grammars drawn")
     p.add_argument("--search-seed", type=int, default=0, help="stage 0: draws the grammars")
+    p.add_argument("--space", default="wide", choices=list(SPACES),
+                   help="stage 0: the random family; stage 1: whose kept to train")
     p.add_argument("--keep", type=int, default=6, help="stage 0: candidates kept for stage 1")
     p.add_argument("--only", nargs="*", default=None,
                    help="stages 1-2: candidate ids (default: stage 0's kept / stage 1's best)")
@@ -144,25 +173,26 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------- candidates
 
 
-def draw_candidates(n: int, seed: int) -> list[dict]:
-    """n source specs of the random family, each with an id; spans by parse depth (B: T/2, C:
-    T/4 words, T the longest sentence, as the text's L = 32/16/8 of sentences up to 32), labels
-    by the ``span`` rule."""
+def draw_candidates(n: int, seed: int, space: str = "wide") -> list[dict]:
+    """n source specs of the random family ``space``, each with an id; spans by parse depth (B:
+    T/2, C: T/4 words, T the longest sentence, as the text's L = 32/16/8 of sentences up to
+    32), labels by the ``span`` rule."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
-        knobs = {k: v[int(rng.integers(len(v)))] for k, v in SPACE.items()}
+        knobs = {k: v[int(rng.integers(len(v)))] for k, v in SPACES[space].items()}
         knobs = {k: (float(v) if isinstance(v, float) else int(v)) for k, v in knobs.items()}
         max_length = knobs.pop("max_length")
-        out.append({"id": f"g{seed}-{i}", "spec": source_spec(knobs, max_length,
-                                                              grammar_seed=int(rng.integers(1000)))})
+        out.append({"id": f"{ID_PREFIX[space]}{seed}-{i}", "spec": source_spec(
+            knobs, max_length, grammar_seed=int(rng.integers(1000)))})
     return out
 
 
 def source_spec(knobs: dict, max_length: int, grammar_seed: int) -> dict:
     """The pcfg spec: the grammar, the length filter, spans T/2 and T/4 (T = min(max_length,
     2^depth)), downstream sentences of at least max(5, T/2) words, the span rule."""
-    T = min(max_length, 2 ** knobs["depth"])
+    T = min(max_length, 2 ** knobs["depth"])  # the longest sentence (terminal_share > 0: the
+    #   shortest is shorter, so the length filter can bind)
     spans = {"B": max(1, T // 2), "C": max(1, T // 4)}
     return {"kind": "pcfg", "seed": grammar_seed, "max_length": max_length, "spans": spans,
             "downstream_min_length": min(T, max(5, spans["B"])), "label_rule": "span",
@@ -179,20 +209,41 @@ def _pool(jobs: int) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(max_workers=jobs, initializer=_threads)
 
 
-def _run_all(jobs: int, fn, items: list, desc: str) -> list:
+def _run_all(jobs: int, fn, items: list, desc: str, on_result=None) -> list:
     """fn(item) for every item in ``jobs`` one-thread processes, with a progress bar; results in
-    the items' order."""
+    the items' order; ``on_result(row)`` as each ends (the stages save as they go)."""
     from tqdm.auto import tqdm
 
+    on_result = on_result or (lambda row: None)
+    out = [None] * len(items)
     if jobs <= 1:
         _threads()
-        return [fn(item) for item in tqdm(items, desc=desc)]
+        for k, item in enumerate(tqdm(items, desc=desc)):
+            out[k] = fn(item)
+            on_result(out[k])
+        return out
     with _pool(jobs) as pool:
         futures = {pool.submit(fn, item): k for k, item in enumerate(items)}
-        out = [None] * len(items)
         for f in tqdm(as_completed(futures), total=len(items), desc=desc):
             out[futures[f]] = f.result()
+            on_result(out[futures[f]])
     return out
+
+
+def _saver(args, results: dict, stage: str, key):
+    """on_result for a stage whose rows are ``results[stage]["runs"]``, unique by ``key``:
+    each row replaces an older one of the same key, and the JSON is written."""
+    def save(row):
+        runs = results.setdefault(stage, {}).setdefault("runs", [])
+        runs[:] = [r for r in runs if key(r) != key(row)] + [row]
+        results[stage]["command"] = _command()
+        _write(args, results)
+    return save
+
+
+def _write(args, results: dict) -> None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
 
 
 # ---------------------------------------------------------------- stage 0
@@ -266,13 +317,21 @@ def screen_verdict(row: dict) -> tuple[bool, float]:
 
 
 def stage0(args, results: dict) -> None:
-    candidates = draw_candidates(args.candidates, args.search_seed)
+    candidates = draw_candidates(args.candidates, args.search_seed, args.space)
+    if args.space != "wide":
+        candidates += [{"id": name, "spec": source_spec(knobs, max_length, seed)}
+                       for name, (knobs, max_length, seed) in REFERENCES.items()]
     rows = _run_all(args.jobs, screen, candidates, "stage 0 (screen)")
     for row in rows:
         row["kept"], row["score"] = screen_verdict(row)
-    ranked = sorted((r for r in rows if r["kept"]), key=lambda r: -r["score"])
-    results["stage0"] = {"command": _command(), "candidates": rows,
-                         "kept": [r["id"] for r in ranked[: args.keep]]}
+        row["space"] = args.space
+    ranked = sorted((r for r in rows if r["kept"] and not r["id"].startswith("ref-")),
+                    key=lambda r: -r["score"])
+    stage = results.setdefault("stage0", {"candidates": [], "rounds": {}})
+    fresh = {r["id"] for r in rows}
+    stage["candidates"] = [r for r in stage["candidates"] if r["id"] not in fresh] + rows
+    stage.setdefault("rounds", {})[args.space] = {
+        "command": _command(), "kept": [r["id"] for r in ranked[: args.keep]]}
 
 
 # ---------------------------------------------------------------- stage 1
@@ -303,23 +362,16 @@ def learn(job: dict) -> dict:
 
 def stage1(args, results: dict) -> None:
     by_id = {r["id"]: r for r in results["stage0"]["candidates"]}
-    ids = args.only or results["stage0"]["kept"]
+    ids = args.only or results["stage0"]["rounds"][args.space]["kept"]
     jobs = [{"id": i, "spec": by_id[i]["spec"], "grid": g, "model": GRIDS[g]["models"][0],
              "setting_name": s, "setting": _setting(s, args.steps)}
             for i in ids for g in args.grids for s in args.settings]
-    runs = _run_all(args.jobs, learn, jobs, "stage 1 (smallest models)")
-    old = results.get("stage1", {}).get("runs", [])
-    results["stage1"] = {"command": _command(), "runs": _merge(old, runs)}
+    _run_all(args.jobs, learn, jobs, "stage 1 (smallest models)", _saver(
+        args, results, "stage1", lambda r: (r["id"], r["grid"], r["setting_name"])))
 
 
 def _setting(name: str, steps: int | None) -> dict:
     return SETTINGS[name] if steps is None else {**SETTINGS[name], "train.steps": steps}
-
-
-def _merge(old: list, new: list) -> list:
-    key = lambda r: (r["id"], r["grid"], r["setting_name"])  # noqa: E731
-    fresh = {key(r) for r in new}
-    return [r for r in old if key(r) not in fresh] + new
 
 
 def best_passing(results: dict) -> list[dict]:
@@ -445,16 +497,14 @@ def stage2(args, results: dict) -> None:
             jobs.append({"id": f["id"], "experiment": exp, "trial": trial, "config": config,
                          "work": str(args.work), "inside": exp in ("sizes", "steps")})
     jobs.sort(key=lambda j: -_expected_cost(j))  # longest first: the two workers end together
-    rows = _run_all(args.jobs, run_one, jobs, "stage 2 (experiments)")
     stage = results.setdefault("stage2", {"runs": []})
-    key = lambda r: (r["id"], r["experiment"], r["trial"])  # noqa: E731
-    fresh = {key(r) for r in rows}
-    stage["runs"] = [r for r in stage["runs"] if key(r) not in fresh] + rows
-    stage["command"] = _command()
     stage["finalists"] = [{k: f[k] for k in ("id", "grid", "setting_name", "setting")} | {
         "long_steps": args.long_steps or f["setting"]["train.steps"] * 3 // 2}
         for f in finalists]
-    stage["summary"] = {f["id"]: summarise(f["id"], stage["runs"]) for f in finalists}
+    _run_all(args.jobs, run_one, jobs, "stage 2 (experiments)", _saver(
+        args, results, "stage2", lambda r: (r["id"], r["experiment"], r["trial"])))
+    stage["summary"] = {f["id"]: summarise(f["id"], stage["runs"])
+                        for f in stage["finalists"]}
 
 
 def _expected_cost(job: dict) -> float:
@@ -577,7 +627,7 @@ def write_table(results: dict, path: Path) -> None:
              "Criteria (fixed before the search): " + json.dumps(CRITERIA), ""]
     if "stage0" in results:
         s0 = results["stage0"]
-        lines += [f"## Stage 0: screen (`{s0['command']}`)", "",
+        lines += ["## Stage 0: screen", "",
                   "span rule; per task majority / random_init / lookup / random+lookup", "",
                   "| id | knobs | T | H | A | B | C | kept | score |",
                   "|---|---|---|---|---|---|---|---|---|"]
@@ -590,7 +640,9 @@ def write_table(results: dict, path: Path) -> None:
                      for t in ("A", "B", "C")]
             lines.append(f"| {r['id']} | {knobs},L{r['spec']['max_length']} | {r['T']} | "
                          f"{r['entropy']:.2f} | {' | '.join(cells)} | {r['kept']} | {r['score']} |")
-        lines += ["", f"knob order: {', '.join(SPACE)}", ""]
+        lines += ["", f"knob order: {', '.join(SPACES['wide'])}", ""] + [
+            f"round {k}: `{v['command']}`, kept {v['kept']}" for k, v in s0["rounds"].items()]
+        lines.append("")
     if "stage1" in results:
         lines += [f"## Stage 1: the smallest model (`{results['stage1']['command']}`)", "",
                   "| id | grid | model | setting | final KL | cpu s |", "|---|---|---|---|---|---|"]
@@ -631,7 +683,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     results.setdefault("criteria", CRITERIA)
-    results.update({"space": SPACE, "grids": GRIDS, "settings": SETTINGS, "measure": MEASURE,
+    results.pop("space", None)  # the layout before SPACES
+    results.update({"spaces": SPACES, "references": REFERENCES, "grids": GRIDS,
+                    "settings": SETTINGS, "measure": MEASURE,
                     "machine": f"{platform.platform()}, {os.cpu_count()} cores"})
     stages = {0: stage0, 1: stage1, 2: stage2, 3: stage3}
     if args.stage is not None:
@@ -639,8 +693,7 @@ def main(argv=None) -> int:
         stages[args.stage](args, results)
         results.setdefault("wall_s", {})[f"stage{args.stage}"] = round(
             time.perf_counter() - start)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        _write(args, results)
     if args.table or args.stage is not None:
         write_table(results, args.out.with_suffix(".md"))
     return 0

@@ -1,0 +1,40 @@
+"""The ``testbed`` scale (issue 23, item 3; chosen by bench/testbed_search.py) exists and builds
+every experiment under both protocols; its source labels by the paper's span rule."""
+
+import json
+
+import pytest
+
+from flatlm.experiments.grids import EXPERIMENTS, EXTRA_EXPERIMENTS
+from flatlm.experiments.paper import build
+from flatlm.experiments.scales import SCALES, scale
+from flatlm.measure.grown import lcm_shape
+from flatlm.models.presets import shape_string
+from flatlm.runs.trial import validate_trial
+from flatlm.sources import load
+
+
+def test_the_testbed_scale_is_registered():
+    assert scale("testbed") is SCALES["testbed"]
+    assert scale("testbed").kl_threshold == 0.02  # the search's criterion (a)
+
+
+def test_the_testbed_source_labels_by_the_span_rule_with_spans_by_parse_depth():
+    source = load(scale("testbed").source)
+    assert source.label_rule == "span"
+    T = source.max_length
+    assert source.spans == {"B": T // 2, "C": T // 4}
+
+
+@pytest.mark.parametrize("protocol", ["paper", "paper-code"])
+@pytest.mark.parametrize("experiment", [*EXPERIMENTS, *EXTRA_EXPERIMENTS])
+def test_every_experiment_builds_valid_trials_at_the_testbed_scale(experiment, protocol):
+    exp = build(experiment, scale="testbed", protocol=protocol, seeds=(0,))
+    trials = exp.trials()
+    assert trials
+    for _, cfg in trials:
+        validate_trial(cfg)
+        assert cfg.source.to_dict() == json.loads(scale("testbed").source)
+    if experiment == "sizes":
+        models = [str(cfg.model) for _, cfg in trials]
+        assert exp.base.measure.grow_to == shape_string(lcm_shape(models))
