@@ -153,6 +153,9 @@ def parse_args(argv=None):
                    help="stages 1-2: candidate ids (default: stage 0's kept / stage 1's best)")
     p.add_argument("--settings", nargs="*", default=list(SETTINGS), choices=list(SETTINGS))
     p.add_argument("--grids", nargs="*", default=list(GRIDS), choices=list(GRIDS))
+    p.add_argument("--model", default=None,
+                   help="stage 1: train this model instead of the grid's smallest (the grid "
+                        "then names whose model it stands in; e.g. its steps model)")
     p.add_argument("--finalists", type=int, default=1, help="stage 2: candidates run")
     p.add_argument("--experiments", nargs="*", default=["sizes", "steps", "algorithms", "sgd"])
     p.add_argument("--seeds", type=int, nargs="*", default=[0], help="stage 2 training seeds")
@@ -363,11 +366,12 @@ def learn(job: dict) -> dict:
 def stage1(args, results: dict) -> None:
     by_id = {r["id"]: r for r in results["stage0"]["candidates"]}
     ids = args.only or results["stage0"]["rounds"][args.space]["kept"]
-    jobs = [{"id": i, "spec": by_id[i]["spec"], "grid": g, "model": GRIDS[g]["models"][0],
+    jobs = [{"id": i, "spec": by_id[i]["spec"], "grid": g,
+             "model": args.model or GRIDS[g]["models"][0],
              "setting_name": s, "setting": _setting(s, args.steps)}
             for i in ids for g in args.grids for s in args.settings]
     _run_all(args.jobs, learn, jobs, "stage 1 (smallest models)", _saver(
-        args, results, "stage1", lambda r: (r["id"], r["grid"], r["setting_name"])))
+        args, results, "stage1", lambda r: (r["id"], r["grid"], r["model"], r["setting_name"])))
 
 
 def _setting(name: str, steps: int | None) -> dict:
@@ -382,7 +386,7 @@ def best_passing(results: dict) -> list[dict]:
     grid_order = {g: k for k, g in enumerate(GRIDS)}
     best = {}
     for r in results.get("stage1", {}).get("runs", []):
-        if not r["passed"]:
+        if not r["passed"] or r["model"] != GRIDS[r["grid"]]["models"][0]:
             continue
         rank = (order[r["setting_name"]], grid_order[r["grid"]])
         if r["id"] not in best or rank < best[r["id"]][0]:
