@@ -98,8 +98,40 @@ SPACES = {
         "concentration": (1.0, 2.0, 4.0),
         "max_length": (8,),
     },
+    # "classes" after stage 1 of "fixed" (its kept grammar left d32 at KL 0.05 and every trained
+    # probe within 1-3 points of random-init features): the fixed shape with a larger vocabulary
+    # split into word classes (one per emitting nonterminal: words_per_nonterminal only adds
+    # shared words), so that a probe on random features must learn each word, and one on
+    # features that group the words of a class need not (the paper's premise)
+    "classes": {
+        "vocab": (32, 64, 128),
+        "roots": (4, 5, 6),
+        "nonterminals_per_level": (3, 4),
+        "depth": (3,),
+        "binary_per_nonterminal": (2, 3, 4),
+        "words_per_nonterminal": (1, 2, 4),
+        "terminal_share": (0.0,),
+        "concentration": (1.0, 2.0, 4.0),
+        "max_length": (8,),
+    },
+    # "varlen" after the steps model's stage 1 on f0-2 and on the tiny grammar: on the fixed
+    # shape its probe gained 1-3 points over random-init features, on the tiny grammar (lengths
+    # 2..8) 12-15 points at KL 0.08: lengths that vary move the constituents between positions,
+    # which the words' positions alone do not tell. Grammars smaller than the tiny one (fewer
+    # nonterminals and rules, a small terminal share), to be learnt faster.
+    "varlen": {
+        "vocab": (12, 16, 24),
+        "roots": (3, 4, 5),
+        "nonterminals_per_level": (3, 4),
+        "depth": (3,),
+        "binary_per_nonterminal": (2, 3, 4),
+        "words_per_nonterminal": (4, 6),
+        "terminal_share": (0.05, 0.1, 0.2),
+        "concentration": (1.0, 2.0, 4.0),
+        "max_length": (8,),
+    },
 }
-ID_PREFIX = {"wide": "g", "fixed": "f"}
+ID_PREFIX = {"wide": "g", "fixed": "f", "classes": "c", "varlen": "v"}
 # Anchors screened beside the "fixed" round: the sweep and tiny scales' grammars (their KL at
 # those scales is known: flatlm/experiments/scales.py), under the span rule.
 REFERENCES = {
@@ -321,7 +353,7 @@ def screen_verdict(row: dict) -> tuple[bool, float]:
 
 def stage0(args, results: dict) -> None:
     candidates = draw_candidates(args.candidates, args.search_seed, args.space)
-    if args.space != "wide":
+    if args.space == "fixed":
         candidates += [{"id": name, "spec": source_spec(knobs, max_length, seed)}
                        for name, (knobs, max_length, seed) in REFERENCES.items()]
     rows = _run_all(args.jobs, screen, candidates, "stage 0 (screen)")
