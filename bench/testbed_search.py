@@ -145,8 +145,24 @@ SPACES = {
         "concentration": (2.0, 4.0),
         "max_length": (8,),
     },
+    # "classes4" after the stage-1 runs of classes3 (KL 0.07-0.20 for d32, and no grammar with
+    # every majority <= 50%) and of c0-2 (4 nonterminals a level: d64-h4-l2-i256 at KL 0.021,
+    # d32-h2-l2-i128 0.029, d64-h4-l1-i256 0.028, probe +31..+37 points; but task B's majority
+    # 59%): c0-2's neighbourhood, drawn again for balanced labels
+    "classes4": {
+        "vocab": (64, 96, 128),
+        "roots": (5, 6),
+        "nonterminals_per_level": (4,),
+        "depth": (3,),
+        "binary_per_nonterminal": (2, 3),
+        "words_per_nonterminal": (1, 2),
+        "terminal_share": (0.0,),
+        "concentration": (4.0,),
+        "max_length": (8,),
+    },
 }
-ID_PREFIX = {"wide": "g", "fixed": "f", "classes": "c", "varlen": "v", "classes3": "k"}
+ID_PREFIX = {"wide": "g", "fixed": "f", "classes": "c", "varlen": "v", "classes3": "k",
+             "classes4": "q"}
 # Anchors screened beside the "fixed" round: the sweep and tiny scales' grammars (their KL at
 # those scales is known: flatlm/experiments/scales.py), under the span rule.
 REFERENCES = {
@@ -166,6 +182,11 @@ GRIDS = {
              "model": "d64-h4-l2-i256"},
     "small": {"models": ("d32-h2-l1-i128", "d32-h2-l2-i128", "d64-h4-l2-i256"),
               "model": "d64-h4-l2-i256"},
+    # after the classes round: d32-h2-l1-i128 ends at KL 0.07, d64-h4-l2-i256 at 0.021
+    "deep64": {"models": ("d64-h4-l1-i256", "d64-h4-l2-i256", "d64-h4-l4-i256"),
+               "model": "d64-h4-l2-i256"},
+    "wide64": {"models": ("d32-h2-l2-i128", "d64-h4-l2-i256", "d128-h8-l2-i512"),
+               "model": "d64-h4-l2-i256"},
 }
 # Stage 1's training settings, most paper-like first (AdamW; dropout None = its default 0.1).
 SETTINGS = {
