@@ -197,6 +197,10 @@ SETTINGS = {
     "linear-nodrop": {"train.lr": 5e-3, "train.batch_size": 128, "train.schedule": "linear",
                       "train.dropout": 0.0, "train.steps": 6000, "train.warmup_steps": 100},
 }
+# Stage 2 also runs the steps model's long run (a constant rate after warmup, AdamW's dropout
+# 0.1) with these changes, each on its own, in case the run as the scale has it stays above
+# the KL of (a): a lower constant rate, or no dropout.
+STEPS_VARIANTS = {"lr2e-3": {"train.lr": 2e-3}, "nodrop": {"train.dropout": 0.0}}
 # The measurement settings of the testbed's trials (those of the tiny and sweep scales): 4000
 # labelled sentences (800 test), the probe 40 epochs x 3 heads, Tr(F) on 1000 inputs.
 MEASURE = {
@@ -225,7 +229,8 @@ def parse_args(argv=None):
                    help="stage 1: train this model instead of the grid's smallest (the grid "
                         "then names whose model it stands in; e.g. its steps model)")
     p.add_argument("--finalists", type=int, default=1, help="stage 2: candidates run")
-    p.add_argument("--experiments", nargs="*", default=["sizes", "steps", "algorithms", "sgd"])
+    p.add_argument("--experiments", nargs="*", default=["sizes", "steps", "algorithms", "sgd"],
+                   help="stage 2 (steps also runs STEPS_VARIANTS)")
     p.add_argument("--seeds", type=int, nargs="*", default=[0], help="stage 2 training seeds")
     p.add_argument("--steps", type=int, default=None,
                    help="stages 1-2: replace the settings' steps (a quick check)")
@@ -449,12 +454,13 @@ def _setting(name: str, steps: int | None) -> dict:
 def best_passing(results: dict) -> list[dict]:
     """Stage 1's passing (candidate, grid, setting), one per candidate: the most paper-like
     setting, then the first grid; candidates by stage 0's score."""
-    score = {r["id"]: r["score"] for r in results["stage0"]["candidates"]}
+    score = {r["id"]: r["score"] for r in results["stage0"]["candidates"] if r["kept"]}
     order = {s: k for k, s in enumerate(SETTINGS)}
     grid_order = {g: k for k, g in enumerate(GRIDS)}
     best = {}
     for r in results.get("stage1", {}).get("runs", []):
-        if not r["passed"] or r["model"] != GRIDS[r["grid"]]["models"][0]:
+        if not r["passed"] or r["model"] != GRIDS[r["grid"]]["models"][0] or \
+                r["id"] not in score:  # passed, as its grid's smallest, and kept by stage 0
             continue
         rank = (order[r["setting_name"]], grid_order[r["grid"]])
         if r["id"] not in best or rank < best[r["id"]][0]:
@@ -568,6 +574,15 @@ def stage2(args, results: dict) -> None:
         for exp, trial, config in experiment_trials(sc, args.experiments, args.seeds):
             jobs.append({"id": f["id"], "experiment": exp, "trial": trial, "config": config,
                          "work": str(args.work), "inside": exp in ("sizes", "steps")})
+            if exp != "steps":
+                continue
+            for variant, changes in STEPS_VARIANTS.items():  # the steps run's own lr / dropout
+                changed = json.loads(json.dumps(config))
+                for key, value in changes.items():
+                    changed["train"][key.removeprefix("train.")] = value
+                jobs.append({"id": f["id"], "experiment": "steps-variant",
+                             "trial": f"{trial}_{variant}", "config": changed,
+                             "work": str(args.work)})
     jobs.sort(key=lambda j: -_expected_cost(j))  # longest first: the two workers end together
     stage = results.setdefault("stage2", {"runs": []})
     stage["finalists"] = [{k: f[k] for k in ("id", "grid", "setting_name", "setting")} | {
@@ -592,6 +607,8 @@ def summarise(cid: str, runs: list[dict]) -> dict:
     runs = [r for r in runs if r["id"] == cid]
     adamw = [r for r in runs if r["experiment"] in ("sizes", "steps")]
     a = {f"{r['experiment']}:{r['model']}": r["final"]["pretrain/kl"] for r in adamw}
+    variants = {r["trial"]: r["final"]["pretrain/kl"] for r in runs
+                if r["experiment"] == "steps-variant"}
     tasks = sorted({k.split("/")[1] for r in adamw for k in r["final"] if k.startswith("probe/")})
     b = {}
     for rule, get in (("span", lambda r, k: r["final"].get(k)),
@@ -608,6 +625,7 @@ def summarise(cid: str, runs: list[dict]) -> dict:
                              "majority": round(max(major), 4)}
     c = replication_time(runs)
     return {"a_kl": a, "a_passed": all(v <= CRITERIA["kl_max"] for v in a.values()),
+            "a_steps_variants_kl": variants,
             "b": b, "b_passed": {rule: all(t["gain"] >= CRITERIA["probe_gain_min"] and
                                            t["majority"] <= CRITERIA["majority_max"]
                                            for t in rows.values()) for rule, rows in b.items()},
@@ -727,7 +745,9 @@ def write_table(results: dict, path: Path) -> None:
         lines += [f"## Stage 2: the experiments (`{s2['command']}`)", ""]
         for cid, s in s2["summary"].items():
             lines += [f"### {cid}", "", "(a) final KL: " + ", ".join(
-                f"{k} {v:.4f}" for k, v in s["a_kl"].items()) + f" -> {s['a_passed']}", ""]
+                f"{k} {v:.4f}" for k, v in s["a_kl"].items()) + f" -> {s['a_passed']}; the "
+                "steps run's variants: " + ", ".join(
+                f"{k} {v:.4f}" for k, v in s.get("a_steps_variants_kl", {}).items()), ""]
             for rule, rows in s["b"].items():
                 lines.append(f"(b) {rule}: " + "; ".join(
                     f"{t}: probe {v['best_probe']:.3f} vs random {v['random_init']:.3f} "
