@@ -200,7 +200,11 @@ SETTINGS = {
 # Stage 2 also runs the steps model's long run (a constant rate after warmup, AdamW's dropout
 # 0.1) with these changes, each on its own, in case the run as the scale has it stays above
 # the KL of (a): a lower constant rate, or no dropout.
-STEPS_VARIANTS = {"lr2e-3": {"train.lr": 2e-3}, "nodrop": {"train.dropout": 0.0}}
+STEPS_VARIANTS = {"lr2e-3": {"train.lr": 2e-3}, "nodrop": {"train.dropout": 0.0},
+                  # after the first two: the run as the scale had it (lr 5e-3) ended at KL
+                  # 0.055, lr 2e-3 at 0.023, no dropout at 0.044 (9000 steps): lower rates,
+                  # over a longer run
+                  "lr1.5e-3": {"train.lr": 1.5e-3}, "lr1e-3": {"train.lr": 1e-3}}
 # The measurement settings of the testbed's trials (those of the tiny and sweep scales): 4000
 # labelled sentences (800 test), the probe 40 epochs x 3 heads, Tr(F) on 1000 inputs.
 MEASURE = {
@@ -232,6 +236,10 @@ def parse_args(argv=None):
     p.add_argument("--experiments", nargs="*", default=["sizes", "steps", "algorithms", "sgd"],
                    help="stage 2 (steps also runs STEPS_VARIANTS)")
     p.add_argument("--seeds", type=int, nargs="*", default=[0], help="stage 2 training seeds")
+    p.add_argument("--variants", nargs="*", default=["lr2e-3", "nodrop"],
+                   choices=list(STEPS_VARIANTS), help="stage 2: the steps run's variants")
+    p.add_argument("--variants-only", action="store_true",
+                   help="stage 2: only the steps run's variants (the pre-training loss only)")
     p.add_argument("--steps", type=int, default=None,
                    help="stages 1-2: replace the settings' steps (a quick check)")
     p.add_argument("--long-steps", type=int, default=None,
@@ -572,19 +580,34 @@ def stage2(args, results: dict) -> None:
     for f in finalists:
         sc = candidate_scale(by_id[f["id"]]["spec"], f["grid"], f["setting"], args.long_steps)
         for exp, trial, config in experiment_trials(sc, args.experiments, args.seeds):
-            jobs.append({"id": f["id"], "experiment": exp, "trial": trial, "config": config,
-                         "work": str(args.work), "inside": exp in ("sizes", "steps")})
+            if not args.variants_only:
+                jobs.append({"id": f["id"], "experiment": exp, "trial": trial,
+                             "config": config, "work": str(args.work),
+                             "inside": exp in ("sizes", "steps")})
             if exp != "steps":
                 continue
-            for variant, changes in STEPS_VARIANTS.items():  # the steps run's own lr / dropout
-                changed = json.loads(json.dumps(config))
+            for variant in args.variants:  # the steps run's own lr / dropout
+                changes = STEPS_VARIANTS[variant]
+                changed = _loss_only(config) if args.variants_only else json.loads(
+                    json.dumps(config))
+                if args.variants_only:  # the loss every 1500 steps: a long run's KL at any
+                    #   multiple of 1500 is that of a run so long (a constant rate)
+                    steps = changed["train"]["steps"]
+                    changed["train"]["checkpoint_steps"] = list(range(1500, steps + 1, 1500))
                 for key, value in changes.items():
                     changed["train"][key.removeprefix("train.")] = value
+                long = f"_{args.long_steps}" if args.long_steps else ""
                 jobs.append({"id": f["id"], "experiment": "steps-variant",
-                             "trial": f"{trial}_{variant}", "config": changed,
+                             "trial": f"{trial}_{variant}{long}", "config": changed,
                              "work": str(args.work)})
     jobs.sort(key=lambda j: -_expected_cost(j))  # longest first: the two workers end together
     stage = results.setdefault("stage2", {"runs": []})
+    if args.variants_only:
+        _run_all(args.jobs, run_one, jobs, "stage 2 (steps variants)", _saver(
+            args, results, "stage2", lambda r: (r["id"], r["experiment"], r["trial"])))
+        stage["summary"] = {f["id"]: summarise(f["id"], stage["runs"])
+                            for f in stage["finalists"]}
+        return
     stage["finalists"] = [{k: f[k] for k in ("id", "grid", "setting_name", "setting")} | {
         "long_steps": args.long_steps or f["setting"]["train.steps"] * 3 // 2}
         for f in finalists]
@@ -662,8 +685,10 @@ def _makespan(costs: list[float], workers: int) -> float:
 
 
 def stage3(args, results: dict) -> None:
-    """(d): adversarial runs at CRITERIA's lambdas, largest first, until one ends within the
-    tolerance of AdamW's KL (the algorithms experiment's adamw trial of the same seed)."""
+    """(d): adversarial runs at CRITERIA's lambdas, largest first, two at a time, until one ends
+    within the tolerance of AdamW's KL (the algorithms experiment's adamw trial of the same
+    seed); the largest such lambda is taken. Only the pre-training loss is measured. Stage 2's
+    adamw and lambda = 1 (the default) runs of the candidate are reused."""
     if args.scale:
         from flatlm.experiments.scales import scale as get_scale
 
@@ -673,27 +698,43 @@ def stage3(args, results: dict) -> None:
         spec = {r["id"]: r for r in results["stage0"]["candidates"]}[f["id"]]["spec"]
         sc, cid = candidate_scale(spec, f["grid"], f["setting"], f["long_steps"]), f["id"]
     seed = args.seeds[0]
-    adamw, adversarial = (_trial_of(sc, a, seed) for a in ("adamw", "adversarial"))
-    base = run_one({"id": cid, "experiment": "algorithms", "trial": f"adamw_seed{seed}",
-                    "config": adamw, "work": str(args.work)})
+    adamw, adversarial = (_loss_only(_trial_of(sc, a, seed)) for a in ("adamw", "adversarial"))
+    done = {r["trial"]: r for r in results.get("stage2", {}).get("runs", [])
+            if r["id"] == cid and r["experiment"] == "algorithms"}
+    base = done.get(f"adamw_seed{seed}") or run_one(
+        {"id": cid, "experiment": "algorithms", "trial": f"adamw_seed{seed}", "config": adamw,
+         "work": str(args.work)})
     target = base["final"]["pretrain/kl"]
     tried = []
-    for lam in CRITERIA["adversary_lambdas"]:
-        config = json.loads(json.dumps(adversarial))
-        config["train"]["adversarial"]["lambda"] = lam
-        row = run_one({"id": cid, "experiment": "adversary", "trial": f"lambda{lam}_seed{seed}",
-                       "config": config, "work": str(args.work)})
-        gap = row["final"]["pretrain/kl"] - target
-        tried.append({"lambda": lam, "kl": row["final"]["pretrain/kl"], "gap": round(gap, 5),
-                      "cpu_s": row["cpu_s"], "wall_s": row["wall_s"]})
-        print(f"lambda {lam}: KL {row['final']['pretrain/kl']:.4f} (adamw {target:.4f})",
-              flush=True)
-        if abs(gap) <= CRITERIA["adversary_kl_tol"]:
-            break
-    chosen = next((t["lambda"] for t in tried if abs(t["gap"]) <= CRITERIA["adversary_kl_tol"]),
-                  None)
+    lambdas = list(CRITERIA["adversary_lambdas"])
+    while lambdas and not any(abs(t["gap"]) <= CRITERIA["adversary_kl_tol"] for t in tried):
+        batch, lambdas = lambdas[: args.jobs], lambdas[args.jobs:]
+        jobs, rows = [], {}
+        for lam in batch:
+            old = done.get(f"adversarial_seed{seed}")
+            if old and old["config"]["train"]["adversarial"]["lambda"] == lam:
+                rows[lam] = old
+                continue
+            config = json.loads(json.dumps(adversarial))
+            config["train"]["adversarial"]["lambda"] = lam
+            jobs.append({"id": cid, "experiment": "adversary", "config": config,
+                         "trial": f"lambda{lam}_seed{seed}", "work": str(args.work)})
+        for row in _run_all(args.jobs, run_one, jobs, f"stage 3 (lambda {batch})"):
+            rows[row["config"]["train"]["adversarial"]["lambda"]] = row
+        for lam in batch:
+            kl = rows[lam]["final"]["pretrain/kl"]
+            tried.append({"lambda": lam, "kl": round(kl, 5), "gap": round(kl - target, 5),
+                          "cpu_s": rows[lam]["cpu_s"], "wall_s": rows[lam]["wall_s"]})
+            print(f"lambda {lam}: KL {kl:.4f} (adamw {target:.4f})", flush=True)
+    within = [t["lambda"] for t in tried if abs(t["gap"]) <= CRITERIA["adversary_kl_tol"]]
     results["stage3"] = {"command": _command(), "id": cid, "seed": seed, "adamw_kl": target,
-                         "adamw_cpu_s": base["cpu_s"], "tried": tried, "lambda": chosen}
+                         "tried": tried, "lambda": max(within) if within else None}
+
+
+def _loss_only(config: dict) -> dict:
+    config = json.loads(json.dumps(config))
+    config["measure"]["what"] = ["loss"]
+    return config
 
 
 def _trial_of(sc, algorithm: str, seed: int) -> dict:

@@ -50,9 +50,10 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
                        help="a (scale, protocol) pair: tiny = sweep + paper, a few small CPU "
                             "trials (default); paper = gpu + paper, the paper's settings; "
                             "paper-code = gpu + paper-code, the released code's protocol")
-        p.add_argument("--scale", choices=("sweep", "tiny", "gpu"),
+        p.add_argument("--scale", choices=("sweep", "tiny", "testbed", "gpu"),
                        help="where it runs, as in flatlm replicate (replaces the preset's): "
-                            "sweep (these CPU sweeps), tiny (the replication's CPU scale), gpu")
+                            "sweep (these CPU sweeps), tiny (the replication's CPU scale), "
+                            "testbed (a CPU scale where the models saturate), gpu")
         p.add_argument("--protocol", help="how it is run and measured, as in flatlm "
                        "replicate (replaces the preset's): paper, paper-code, or "
                        "paper+switch (flatlm.experiments.protocols)")

@@ -5,6 +5,8 @@ lengths of runs; the protocol (``protocols``) and the experiment (``paper``) adj
   grammar every tiny model saturates in minutes.
 - ``tiny``: the replication's CPU scale (``flatlm replicate``), about a minute a trial.
 - ``gpu``: the paper's sizes (Table 3), one GPU per trial.
+- ``testbed``: a CPU scale chosen by a search (bench/testbed_search.py) so that the models
+  saturate (KL <= 0.02 nats) and the tasks are not solved by random features.
 """
 
 from __future__ import annotations
@@ -33,6 +35,28 @@ SWEEP_SOURCE = json.dumps({"kind": "pcfg", "seed": 0, "random": {
 TINY_DEEP_SOURCE = json.dumps({"kind": "pcfg", "seed": 0, "random": {
     "vocab": 30, "roots": 3, "nonterminals_per_level": 4, "depth": 4,
     "binary_per_nonterminal": 6, "words_per_nonterminal": 8}})
+# The testbed's language (issue 23; chosen by bench/testbed_search.py, grammar q0-23 of its
+# "classes4" family): 128 words in 4 word classes (one per emitting nonterminal, 2 words shared
+# each), 6 roots over 3 levels of 4 nonterminals with 2 rules each, sentences of exactly 8 words
+# (one tree shape), entropy 3.71 nats/token. Labels by the paper's span rule (A.1), spans by
+# parse depth: B = 4, C = 2 words (the text's L = 32/16/8 of sentences up to 32, halved twice).
+# A probe on random features must learn 128 words one by one from 3200 sentences; one on
+# features that group a class's words need not: the paper's premise, and why its tasks are not
+# nearly free (random-init d64 features 0.68 / 0.70 / 0.73 on A / B / C, the lookup table 0.97).
+TESTBED_SOURCE = json.dumps({
+    "kind": "pcfg", "seed": 52, "max_length": 8, "spans": {"B": 4, "C": 2},
+    "downstream_min_length": 5, "label_rule": "span", "random": {
+        "vocab": 128, "roots": 6, "nonterminals_per_level": 4, "depth": 3,
+        "binary_per_nonterminal": 2, "words_per_nonterminal": 2, "terminal_share": 0.0,
+        "concentration": 4.0}})
+# The same grammar family one level deeper (sentences of exactly 16 words, spans 8 / 4): the
+# diagnosis' grammar switch at the testbed scale (not searched: its KL is not measured).
+TESTBED_DEEP_SOURCE = json.dumps({
+    "kind": "pcfg", "seed": 52, "max_length": 16, "spans": {"B": 8, "C": 4},
+    "downstream_min_length": 8, "label_rule": "span", "random": {
+        "vocab": 128, "roots": 6, "nonterminals_per_level": 4, "depth": 4,
+        "binary_per_nonterminal": 2, "words_per_nonterminal": 2, "terminal_share": 0.0,
+        "concentration": 4.0}})
 # Closer to the paper's description (A.1) than the shipped grammar: 200 words, 9 roots and 5
 # levels of 8 nonterminals (49 symbols), sentences up to 32 words.
 PAPER_LIKE_SOURCE = json.dumps({"kind": "pcfg", "seed": 0, "max_length": 32, "random": {
@@ -42,6 +66,9 @@ PAPER_LIKE_SOURCE = json.dumps({"kind": "pcfg", "seed": 0, "max_length": 32, "ra
 # The tiny models of the CPU sweeps, smallest first (d_model-heads-layers-d_inter); one head
 # size (16), so that each grows into the largest without changing its function (Table 4).
 TINY_MODELS = ("d16-h1-l1-i64", "d32-h2-l1-i128", "d64-h4-l2-i256")
+# The testbed's sizes grid: one width (d64, head size 16), 1 / 2 / 4 layers, all growing into
+# the largest; the narrower d16 / d32 models do not reach its KL criterion in a CPU budget.
+TESTBED_MODELS = ("d64-h4-l1-i256", "d64-h4-l2-i256", "d64-h4-l4-i256")
 # Table 3 presets the paper's PCFG sweeps span (bert-234m and up need a large GPU each).
 PAPER_MODELS = ("bert-2m", "bert-4.8m", "bert-8.3m", "bert-12.8m", "bert-41m", "bert-110m")
 # The BiLSTMs of the HMM experiments (paper A.1 / A.4), smallest first: two tiny ones for a CPU,
@@ -138,7 +165,30 @@ SWEEP = Scale(
         "measure.flatness.batch_size": 128, "measure.flatness.hutchinson_batch_size": 64,
     })
 
-SCALES = {s.name: s for s in (SWEEP, TINY, GPU)}
+# The testbed (issue 23, item 3): the scale where the paper's precondition can hold on a
+# laptop, chosen by bench/testbed_search.py against criteria fixed before any claim was looked
+# at (bench/results/testbed_search.md; the search read KL, the best trained probe against
+# random-init features, majority shares and times, never a claim's outcome). Measured there
+# (one seed, protocol paper, CPU seconds of one-thread trials):
+#   MEASURED_CRITERIA
+TESTBED = Scale(
+    name="testbed", source=TESTBED_SOURCE, deep_source=TESTBED_DEEP_SOURCE,
+    models=TESTBED_MODELS, model=TESTBED_MODELS[1], steps=6000, long_steps=9000, checkpoints=6,
+    seeds=(0,), gpus=0.0, sgd_lr=0.3,
+    adversarial={"train.adversarial.task": "B", "train.adversarial.d1": 32,
+                 "train.adversarial.d2": 32, "train.adversarial.pool": 256},
+    run_checkpoints=3, long_from_zero=False, sizes_overrides={"train.dropout": 0.0},
+    kl_threshold=0.02,
+    overrides={
+        "train.batch_size": 128, "train.lr": 5e-3, "train.warmup_steps": 100,
+        "train.schedule": "linear", "train.log_every": 50,
+        # as the tiny and sweep scales: 800 test sentences per task, Tr(F) on 1000 inputs
+        "measure.n_eval": 1000, "measure.n_downstream": 4000,
+        "measure.probe.epochs": 40, "measure.probe.seeds": 3, "measure.probe.batch_size": 256,
+        "measure.flatness.batch_size": 128, "measure.flatness.hutchinson_batch_size": 64,
+    })
+
+SCALES = {s.name: s for s in (SWEEP, TINY, GPU, TESTBED)}
 
 
 def scale(name: str) -> Scale:
