@@ -124,7 +124,8 @@ def _protocol_base(sc: Scale, protocol: str) -> TrialConfig:
 def _long_run(sc: Scale, base: TrialConfig, **extra) -> TrialConfig:
     every = sc.long_steps // sc.checkpoints
     first = 0 if sc.long_from_zero else every
-    return apply_overrides(base, {"train.steps": sc.long_steps, "train.checkpoint_steps":
+    return apply_overrides(base, {**sc.long_overrides, "train.steps": sc.long_steps,
+                                  "train.checkpoint_steps":
                                   list(range(first, sc.long_steps + 1, every)), **extra})
 
 

@@ -38,3 +38,14 @@ def test_every_experiment_builds_valid_trials_at_the_testbed_scale(experiment, p
     if experiment == "sizes":
         models = [str(cfg.model) for _, cfg in trials]
         assert exp.base.measure.grow_to == shape_string(lcm_shape(models))
+
+
+def test_only_the_long_runs_take_the_testbeds_constant_rate():
+    steps = build("steps", scale="testbed").base.train
+    assert (steps.lr, steps.schedule, steps.steps) == (1e-3, "constant", 12000)
+    assert build("sgd", scale="testbed").base.train.lr == scale("testbed").sgd_lr
+    for name in ("sizes", "algorithms"):
+        train = build(name, scale="testbed").base.train
+        assert (train.lr, train.schedule, train.steps) == (5e-3, "linear", 6000)
+    # the other scales have no long-run settings of their own: their experiments are unchanged
+    assert all(not sc.long_overrides for name, sc in SCALES.items() if name != "testbed")
