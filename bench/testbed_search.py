@@ -249,11 +249,13 @@ def parse_args(argv=None):
                    help="stage 2: only the steps run's variants (the pre-training loss only)")
     p.add_argument("--steps", type=int, default=None,
                    help="stages 1-2: replace the settings' steps (a quick check)")
+    p.add_argument("--long-lr", type=float, default=None,
+                   help="stage 2: the steps run's constant rate (default: the setting's)")
     p.add_argument("--long-steps", type=int, default=None,
                    help="stage 2: the steps / sgd run (default: 1.5 x the setting's steps)")
     p.add_argument("--scale", default=None,
-                   help="stage 3: a scale of flatlm.experiments.scales (default: stage 2's "
-                        "candidate scale)")
+                   help="stages 2-3: a scale of flatlm.experiments.scales (default: the "
+                        "candidate scale of stage 1's best / stage 2's finalist)")
     p.add_argument("--jobs", type=int, default=2, help="processes (one thread each)")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "testbed_search",
                    help="trial directories (checkpoints; not committed)")
@@ -487,7 +489,8 @@ def best_passing(results: dict) -> list[dict]:
 
 
 def candidate_scale(spec: dict, grid: str, setting: dict, long_steps: int | None,
-                    adversarial_lambda: float | None = None, name: str = "candidate"):
+                    adversarial_lambda: float | None = None, name: str = "candidate",
+                    long_lr: float | None = None):
     """The Scale a (candidate, grid, setting) stands for: the setting's optimiser, steps and
     schedule (the steps and sgd runs: 1.5x as long, constant rate, a checkpoint every sixth),
     the sizes grid, the CPU adversary of the tiny scale (task B, pools of 32 / 32 / 256), the
@@ -509,6 +512,8 @@ def candidate_scale(spec: dict, grid: str, setting: dict, long_steps: int | None
         sizes_overrides={} if setting["train.dropout"] is None else
         {"train.dropout": setting["train.dropout"]},
         kl_threshold=CRITERIA["kl_max"],
+        long_overrides={} if long_lr is None else {"train.lr": long_lr,
+                                                   "train.schedule": "constant"},
         overrides={**overrides, "train.log_every": 50, **MEASURE})
 
 
@@ -575,6 +580,8 @@ def _probe_at(cfg, ckpt_dir: Path, rule: str) -> dict:
 
 
 def stage2(args, results: dict) -> None:
+    if args.scale:
+        return stage2_of_scale(args, results)
     finalists = best_passing(results)
     if args.only:
         finalists = [r for r in finalists if r["id"] in args.only]
@@ -585,7 +592,8 @@ def stage2(args, results: dict) -> None:
     by_id = {r["id"]: r for r in results["stage0"]["candidates"]}
     jobs = []
     for f in finalists:
-        sc = candidate_scale(by_id[f["id"]]["spec"], f["grid"], f["setting"], args.long_steps)
+        sc = candidate_scale(by_id[f["id"]]["spec"], f["grid"], f["setting"], args.long_steps,
+                             long_lr=args.long_lr)
         for exp, trial, config in experiment_trials(sc, args.experiments, args.seeds):
             if not args.variants_only:
                 jobs.append({"id": f["id"], "experiment": exp, "trial": trial,
@@ -612,16 +620,43 @@ def stage2(args, results: dict) -> None:
     if args.variants_only:
         _run_all(args.jobs, run_one, jobs, "stage 2 (steps variants)", _saver(
             args, results, "stage2", lambda r: (r["id"], r["experiment"], r["trial"])))
-        stage["summary"] = {f["id"]: summarise(f["id"], stage["runs"])
-                            for f in stage["finalists"]}
+        stage["summary"].update({f["id"]: summarise(f["id"], stage["runs"])
+                                 for f in finalists})
         return
-    stage["finalists"] = [{k: f[k] for k in ("id", "grid", "setting_name", "setting")} | {
-        "long_steps": args.long_steps or f["setting"]["train.steps"] * 3 // 2}
-        for f in finalists]
+    stage["finalists"] = [f for f in stage.get("finalists", [])
+                          if f["id"] not in {g["id"] for g in finalists}] + [
+        {k: f[k] for k in ("id", "grid", "setting_name", "setting")} | {
+            "long_steps": args.long_steps or f["setting"]["train.steps"] * 3 // 2,
+            "long_lr": args.long_lr} for f in finalists]
     _run_all(args.jobs, run_one, jobs, "stage 2 (experiments)", _saver(
         args, results, "stage2", lambda r: (r["id"], r["experiment"], r["trial"])))
-    stage["summary"] = {f["id"]: summarise(f["id"], stage["runs"])
-                        for f in stage["finalists"]}
+    stage.setdefault("summary", {}).update({f["id"]: summarise(f["id"], stage["runs"])
+                                            for f in finalists})
+
+
+def stage2_of_scale(args, results: dict) -> None:
+    """Stage 2 on a scale of flatlm.experiments.scales (the chosen one, as committed): its
+    trials; one whose config equals a trial stage 2 already ran (training is deterministic) is
+    that run, copied under this scale's id with ``reused_from``."""
+    from flatlm.experiments.scales import scale as get_scale
+
+    cid = f"scale:{args.scale}"
+    stage = results.setdefault("stage2", {"runs": []})
+    jobs = []
+    for exp, trial, config in experiment_trials(get_scale(args.scale), args.experiments,
+                                                args.seeds):
+        same = next((r for r in stage["runs"] if r["config"] == config and
+                     r["experiment"] == exp and r["id"] != cid), None)
+        if same is not None:
+            stage["runs"] = [r for r in stage["runs"] if (r["id"], r["trial"]) != (cid, trial)]
+            stage["runs"].append({**same, "id": cid, "reused_from": same["id"]})
+            continue
+        jobs.append({"id": cid, "experiment": exp, "trial": trial, "config": config,
+                     "work": str(args.work), "inside": exp in ("sizes", "steps")})
+    jobs.sort(key=lambda j: -_expected_cost(j))
+    _run_all(args.jobs, run_one, jobs, f"stage 2 ({args.scale})", _saver(
+        args, results, "stage2", lambda r: (r["id"], r["experiment"], r["trial"])))
+    stage.setdefault("summary", {})[cid] = summarise(cid, stage["runs"])
 
 
 def _expected_cost(job: dict) -> float:
@@ -701,9 +736,12 @@ def stage3(args, results: dict) -> None:
 
         sc, cid = get_scale(args.scale), args.scale
     else:
-        f = results["stage2"]["finalists"][0]
+        f = next(f for f in results["stage2"]["finalists"]
+                 if not args.only or f["id"] in args.only)
         spec = {r["id"]: r for r in results["stage0"]["candidates"]}[f["id"]]["spec"]
-        sc, cid = candidate_scale(spec, f["grid"], f["setting"], f["long_steps"]), f["id"]
+        sc = candidate_scale(spec, f["grid"], f["setting"], f["long_steps"],
+                             long_lr=f.get("long_lr"))
+        cid = f["id"]
     seed = args.seeds[0]
     adamw, adversarial = (_loss_only(_trial_of(sc, a, seed)) for a in ("adamw", "adversarial"))
     done = {r["trial"]: r for r in results.get("stage2", {}).get("runs", [])
@@ -756,6 +794,51 @@ def _command() -> str:
     return "python bench/testbed_search.py " + " ".join(sys.argv[1:])
 
 
+def criteria_table(results: dict, cid: str = "scale:testbed") -> list[str]:
+    """The criteria, measured on the chosen scale (stage 2 with --scale testbed, stage 3)."""
+    summary = results.get("stage2", {}).get("summary", {}).get(cid)
+    if summary is None:
+        return []
+    kl, tol = CRITERIA["kl_max"], CRITERIA["probe_gain_min"]
+    lines = [f"## The criteria on the chosen scale (`{cid}`; one seed, protocol paper)", "",
+             "| criterion | model / task | measured | needed | met |", "|---|---|---|---|---|"]
+    for name, value in summary["a_kl"].items():
+        lines.append(f"| (a) final KL, nats/token | {name} | {value:.4f} | <= {kl} | "
+                     f"{'yes' if value <= kl else 'no'} |")
+    for rule, rows in summary["b"].items():
+        for task, v in rows.items():
+            met = v["gain"] >= tol and v["majority"] <= CRITERIA["majority_max"]
+            lines.append(f"| (b) {rule} labels: best probe - random-init; majority | task "
+                         f"{task} | {v['best_probe']:.3f} - {v['random_init']:.3f} = "
+                         f"{v['gain'] * 100:+.1f} pts; {v['majority'] * 100:.1f}% | >= "
+                         f"{tol * 100:.0f} pts; <= {CRITERIA['majority_max'] * 100:.0f}% | "
+                         f"{'yes' if met else 'no'} |")
+    c, budget = summary["c"], CRITERIA["replication_budget_s"]
+    for key, what in (("replication_one_protocol_s", "replication, one protocol"),
+                      ("replication_two_protocols_s", "replication, paper + paper-code")):
+        lines.append(f"| (c) {what} (5/5/3/3 seeds), 2 workers | all trials | "
+                     f"{c[key] / 60:.0f} min | <= {budget / 60:.0f} min | "
+                     f"{'yes' if c[key] <= budget else 'no'} |")
+    for exp, sec in c["sweeps_s"].items():
+        lines.append(f"| (c) no-argument sweep, one seed, 2 workers (without Ray's start) | "
+                     f"{exp} | {sec / 60:.1f} min | <= {CRITERIA['sweep_budget_s'] / 60:.0f} "
+                     f"min | {'yes' if sec <= CRITERIA['sweep_budget_s'] else 'no'} |")
+    s3 = results.get("stage3")
+    if s3:
+        lam = s3["lambda"]
+        lines.append(f"| (d) adversary's lambda (largest of {CRITERIA['adversary_lambdas']} "
+                     f"within {CRITERIA['adversary_kl_tol']} nats of AdamW's KL "
+                     f"{s3['adamw_kl']:.4f}) | {s3['id']} | "
+                     + ("none: " if lam is None else f"{lam}: ") + ", ".join(
+                         f"{t['lambda']} -> {t['kl']:.4f}" for t in s3["tried"])
+                     + f" | gap <= {CRITERIA['adversary_kl_tol']} | "
+                     + ("no lambda does" if lam is None else "yes") + " |")
+    lines += ["", "CPU seconds per trial (one thread; the replication's time is a longest-first "
+              "schedule of them onto 2 workers, each further seed costing the same): "
+              + json.dumps(c["per_trial_cpu_s"]), ""]
+    return lines
+
+
 def write_table(results: dict, path: Path) -> None:
     """A short markdown table of each stage (from the JSON)."""
     lines = ["# Testbed search (issue 23, item 3)", "",
@@ -763,6 +846,7 @@ def write_table(results: dict, path: Path) -> None:
              "every config. The search never read a claim's outcome: only KL, the best trained "
              "probe against random-init features, majority shares and times.", "",
              "Criteria (fixed before the search): " + json.dumps(CRITERIA), ""]
+    lines += criteria_table(results)
     if "stage0" in results:
         s0 = results["stage0"]
         lines += ["## Stage 0: screen", "",
