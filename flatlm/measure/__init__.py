@@ -21,7 +21,11 @@ Flatness (see ``measure.flatness``):
     flat/hessian_fisher_gap   flat/trace_hessian - flat/trace_fisher
     flat/<quantity>_grown     the same of the model grown into one common shape (``measure.grown``,
                         ``MeasureConfig.grow_to``), so that models of different sizes are compared
-                        in one parameterisation (paper Fig. 5, B.3-B.4)
+                        in one parameterisation (paper Fig. 5, B.3-B.4), by the construction
+                        ``measure.growth_construction`` (default "paper", B.4.2; in the trial's
+                        config.json)
+    flat/<quantity>_grown_<construction>   the same by each construction of
+                        ``measure.growth_compare`` ("-" written "_": ``_grown_head_norm``)
 Curvature beyond the trace (``measure.spectrum``, ``measure.blocks``, ``measure.sharpness``), of
 the population loss (labels = the true conditional) over the parameters flatness counts:
     flat/top_eig_hessian, flat/top_eig_fisher   lambda_max of H and of F over n masked inputs
@@ -97,10 +101,16 @@ def se_key(key: str) -> str:
     return f"{key.removesuffix('_mean')}_se"
 
 
-def grown_key(key: str) -> str:
+def grown_key(key: str, construction: str | None = None) -> str:
     """The key of a flatness metric measured in the grown shape: ``flat/trace_fisher`` ->
-    ``flat/trace_fisher_grown``."""
-    return f"{key}_grown"
+    ``flat/trace_fisher_grown``; with a ``construction`` (``measure.growth_compare``) its name
+    follows, "-" written "_".
+
+    >>> grown_key(TRACE_FISHER, "head-norm")
+    'flat/trace_fisher_grown_head_norm'
+    """
+    tail = "" if construction is None else "_" + construction.replace("-", "_")
+    return f"{key}_grown{tail}"
 
 
 PROBE_STATS = ("acc_mean", "acc_std", "acc_se", "train_acc", "majority_acc", "n_train", "n_test",

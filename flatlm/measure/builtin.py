@@ -41,15 +41,21 @@ def run_loss(model, source, data, cfg, device, artifact_dir) -> dict[str, float]
 
 def run_flatness(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
     """fisher and hessian: one run, since Tr(H) comes with Tr(F) and their gap; with
-    ``cfg.grow_to`` the same again in the grown shape."""
+    ``cfg.grow_to`` the same again in the grown shape, by ``cfg.growth_construction`` and by
+    each of ``cfg.growth_compare`` (its name in the keys)."""
     what, out = set(cfg.what), {}
     with timer(out, "flatness"):
         out.update(_flatness(model, source, data, cfg, device, what))
-    if cfg.grow_to is not None:
-        with timer(out, "flatness_grown"):
+    if cfg.grow_to is None:
+        return out
+    hessian = "hessian" in what and source.has_truth
+    for construction in (cfg.growth_construction, *cfg.growth_compare):
+        compared = construction != cfg.growth_construction
+        timed = "flatness_grown" + ("_" + construction.replace("-", "_") if compared else "")
+        with timer(out, timed):
             out.update(grown_flatness(model, cfg.grow_to, source, data.tokens, data.lengths,
-                                      cfg.flatness, device,
-                                      hessian="hessian" in what and source.has_truth))
+                                      cfg.flatness, device, hessian=hessian,
+                                      construction=construction, key_construction=compared))
     return out
 
 

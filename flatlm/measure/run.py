@@ -64,6 +64,13 @@ class MeasureConfig:
     # also measure flatness in this BERT shape (flat/*_grown; ``measure.grown``): the common shape
     # of a sweep over sizes, shape_string(lcm_shape(models)); None = native shape only
     grow_to: str | None = None
+    # how a model grows into grow_to (flatlm.models.growth.CONSTRUCTIONS): "paper" (B.4.2 and the
+    # released enlarge.py: input embeddings / m) or "head-norm" (flatlm's earlier: the MLM head's
+    # LayerNorm / m). Same function, different Tr(F): the flat/*_grown keys are this one's
+    growth_construction: str = "paper"
+    # further constructions measured too, under flat/*_grown_<construction> ("-" as "_"), so that
+    # one trial shows Fig. 5 under each; () = none
+    growth_compare: tuple[str, ...] = ()
 
     def __post_init__(self):
         known = measurement_names()
@@ -79,6 +86,22 @@ class MeasureConfig:
             from flatlm.measure.grown import check_grow_to
 
             check_grow_to(self.grow_to)
+        self._check_growth_constructions()
+
+    def _check_growth_constructions(self) -> None:
+        from flatlm.models.growth import check_construction
+
+        check_construction(self.growth_construction, "measure.growth_construction")
+        for name in self.growth_compare:
+            check_construction(name, "measure.growth_compare")
+        if self.growth_construction in self.growth_compare or \
+                len(set(self.growth_compare)) < len(self.growth_compare):
+            raise ValueError(f"measure.growth_compare={list(self.growth_compare)}: name each "
+                             "construction once, and not measure.growth_construction="
+                             f"{self.growth_construction!r} (its keys are flat/*_grown)")
+        if self.growth_compare and self.grow_to is None:
+            raise ValueError(f"measure.growth_compare={list(self.growth_compare)} needs "
+                             "measure.grow_to (the shape to grow into)")
 
 
 @dataclass

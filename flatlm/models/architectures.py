@@ -106,7 +106,9 @@ class Architecture:
     # (Tr(H), sharpness); None: word_logits itself
     second_order_logits: Hook | None = None
     fisher_method: str = "loop"  # Tr(F)'s per-example norms: a method of flatlm.measure.fisher
-    grow: Hook | None = None  # (model, target cfg, *, seed) -> same logits, larger; None: cannot
+    # (model, target cfg, *, seed, construction) -> same logits, larger (construction: one of
+    # flatlm.models.growth.CONSTRUCTIONS); None: cannot grow
+    grow: Hook | None = None
 
     def __post_init__(self):
         for field in dataclasses.fields(self):  # field.type is the annotation's text

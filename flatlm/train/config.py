@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from flatlm.core.schedules import SCHEDULES
+from flatlm.models.growth import check_construction
 from flatlm.train.registry import ALGORITHMS, AlgorithmDefaults, algorithm_named, load_ref
 
 __all__ = ["ALGORITHMS", "AlgorithmDefaults", "AdversarialConfig", "GrowConfig", "LabelNoiseConfig",
@@ -99,8 +100,14 @@ class GrowConfig:
     #   1..train.steps - 1
     to: tuple[str, ...] = ()  # the shape after each growth (d64-h2-l2-i256, a preset), one per
     #   step
+    # flatlm.models.growth.CONSTRUCTIONS. Not the paper's (measure.growth_construction): the
+    # paper never trains a grown model, and its all-zero added blocks would not train (with zero
+    # query, key, value and up-projection only their output biases get a gradient);
+    # "head-norm" initialises those afresh (flatlm.train.growth)
+    construction: str = "head-norm"
 
     def __post_init__(self):
+        check_construction(self.construction, "train.grow.construction")
         _check(all(_is_int(s) for s in self.steps), "grow.steps", self.steps, "use integers")
         _check(list(self.steps) == sorted(set(self.steps)), "grow.steps", self.steps,
                "use strictly increasing steps, one growth each")
