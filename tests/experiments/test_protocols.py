@@ -64,6 +64,9 @@ def test_experiment_grids_are_the_claims():
     assert sizes.grid["model"] == list(TINY.models)
     assert sizes.grid["train.seed"] == list(TINY.seeds)
     assert sizes.base.measure.grow_to == TINY.models[-1]  # the least common shape
+    # Fig. 5 by the paper's growth construction (B.4.2), and by flatlm's for comparison
+    assert sizes.base.measure.growth_construction == "paper"
+    assert sizes.base.measure.growth_compare == ("head-norm",)
     algorithms = build("algorithms", protocol="paper", seeds=(0, 1))
     assert algorithms.grid["train.algorithm"] == ["adamw", "adversarial", "noreg", "sam"]
     assert len(algorithms.trials()) == 8
