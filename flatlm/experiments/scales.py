@@ -111,7 +111,8 @@ GPU = Scale(
         "train.batch_size": 4096, "train.micro_batch_size": 1024, "train.warmup_steps": 1000,
         "train.log_every": 100,
         # A.7: the loss on 10^6 sentences; A.1: 0.1M labelled sentences per task; B.1: Tr(F) on
-        # 10^4 inputs (8 sampled labels each: s.e. ~2%)
+        # 10^4 inputs (50 sampled labels each under the paper protocol, B.1; 8 under paper-code:
+        # s.e. ~2%)
         "measure.n_eval": 1_000_000, "measure.n_downstream": 100_000,
         "measure.flatness.n_inputs": 10_000, "measure.flatness.batch_size": 512,
     })

@@ -17,8 +17,11 @@ from flatlm.sources import SourceSpec
 
 
 def test_paper_is_the_defaults_and_paper_code_is_every_released_switch():
-    assert protocol_overrides("paper") == {}
+    # the paper's text is the library's defaults but for B.1's 50 sampled labels per input
+    assert protocol_overrides("paper") == {"measure.flatness.labels_per_input": 50}
+    assert protocol_overrides("paper+mask-only")["measure.flatness.labels_per_input"] == 50
     code = protocol_overrides("paper-code")
+    assert "measure.flatness.labels_per_input" not in code  # no sampled labels in its code
     assert code["train.mask"] == 0.15 and code["train.max_predictions"] == 5
     assert code["train.schedule"] == "linear" and code["train.warmup_proportion"] == 0.2
     assert code["train.lr"] == 5e-4 and code["measure.label_rule"] == "inside"
@@ -64,6 +67,8 @@ def test_experiment_grids_are_the_claims():
     assert sizes.grid["model"] == list(TINY.models)
     assert sizes.grid["train.seed"] == list(TINY.seeds)
     assert sizes.base.measure.grow_to == TINY.models[-1]  # the least common shape
+    assert sizes.base.measure.flatness.labels_per_input == 50  # B.1
+    assert build("sizes", protocol="paper-code").base.measure.flatness.labels_per_input == 8
     # Fig. 5 by the paper's growth construction (B.4.2), and by flatlm's for comparison
     assert sizes.base.measure.growth_construction == "paper"
     assert sizes.base.measure.growth_compare == ("head-norm",)
