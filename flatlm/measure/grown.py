@@ -11,9 +11,10 @@ the traces there.
 Which point of the large architecture a model becomes is the growth construction
 (``flatlm.models.growth.CONSTRUCTIONS``; ``measure.growth_construction``, default "paper": B.4.2
 and the released ``enlarge.py`` divide the input embeddings by m; "head-norm" divides the MLM
-head's LayerNorm instead). Both keep the function; the trace is not kept (measured on the CPU
-sweep's three models grown to d64-h4-l2-i256, the paper's construction gave several times the
-other's Tr(F) for the smaller two), so a Fig. 5 verdict can depend on it: measure both
+head's LayerNorm instead). Both keep the function; the trace is not kept: the tiny scale's three
+models (1500 steps) grown to d64-h4-l2-i256 have Tr(F) 264 / 132 / 90 by the paper's and
+44 / 48 / 90 by "head-norm" (``bench/growth_constructions.py``): the largest is the flattest by
+one, the sharpest by the other. A Fig. 5 verdict depends on it: measure both
 (``measure.growth_compare``).
 
 ``grown_flatness`` grows a checkpoint's model into that shape and measures it with the estimators
