@@ -50,7 +50,7 @@ from flatlm.sources.base import Source
 
 
 def lcm_shape(shapes: Iterable[str | ModelConfig]) -> ModelConfig:
-    """The smallest BERT shape every one of ``shapes`` grows into (``embed.grow``, Table 4):
+    """The smallest BERT shape every one of ``shapes`` grows into (``growth.grow``, Table 4):
     d_model and d_inter the least common multiples, n_layers the largest, and the common head
     size d_model / n_heads. A ValueError names the shape that does not fit."""
     cfgs = [parse_model(s) for s in shapes]
