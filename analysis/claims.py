@@ -184,7 +184,7 @@ CLAIMS: tuple[Claim, ...] = (
           compare=("adversarial", "adamw")),
     Claim("algorithms", "Table 1 (2.3)", "the lookup table probes worse than AdamW", "lookup:B",
           -1, "39.7 vs 49.2", f"{PCFG_235M}, task B", -0.095, compare=("lookup", "adamw")),
-    Claim("algorithms", "Table 1 (2.3)", "... on task A", "lookup:A", -1, "71.2 vs 89.9",
+    Claim("algorithms", "Table 1 (2.3)", "... and on task A", "lookup:A", -1, "71.2 vs 89.9",
           f"{PCFG_235M}, task A", -0.187, compare=("lookup", "adamw")),
     Claim("algorithms", "Tables 1/2 (2.3, 4)", "no dropout / weight decay probes worse",
           acc("B"), -1, "QNLI -1.4, SST-2 -1.3, RTE -2.7 pts", BOOKCORPUS, -0.013,
