@@ -74,6 +74,8 @@ def parameterisations(df: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
         keys = sorted(c for c in grown if c.startswith("measure.grow"))
         groups = grown.groupby(keys, dropna=False) if keys else [((), grown)]
         for values, rows in groups:
+            if rows.empty:
+                continue
             values = values if isinstance(values, tuple) else (values,)
             label = ", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True))
             out.append((TRACE_FISHER_GROWN, f"grown ({label})" if label else "grown", rows))
@@ -121,7 +123,7 @@ def _row(measure: str, label: str, group: pd.DataFrame, key: str, rule: VerdictR
     return {
         "experiment": "all", "figure": "Fig. 1 (1, 4)",
         "claim": "among saturated checkpoints, the flatter probes better given the loss",
-        "metric": f"partial {settings.method}({measure}, {key} | {KL}), {label}",
+        "metric": f"partial {settings.method}({measure}, {key} given {KL}), {label}",
         "effect_unit": "correlation", "paper": "strong",
         "paper_setting": "PCFG, AdamW models of several sizes and steps, loss 3.204-3.208, "
                          "task B",

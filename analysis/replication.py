@@ -124,7 +124,7 @@ def claims_markdown(rows: pd.DataFrame) -> str:
         ours=[_interval(r) for r in rows.itertuples()],
         to_change=[_to_change(r) for r in rows.itertuples()])
     cols = ["figure", "claim", "paper_setting", "tested", "metric", "paper", "paper_effect",
-            "ours", "verdict", "decided_by", "to_change"]
+            "ours", "verdict", "decided_by", "note", "to_change"]
     return to_markdown(shown[cols])
 
 
