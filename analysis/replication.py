@@ -180,12 +180,18 @@ def diagnosis_table(tables: dict[str, pd.DataFrame], df: pd.DataFrame,
         entry = {"protocol": protocol, LOOKUP_GAP: _lookup_gap(df[df["protocol"] == protocol])}
         for experiment, metric in dict.fromkeys(DIAGNOSIS):
             hit = rows[(rows["experiment"] == experiment) & (rows["metric"] == metric)]
-            entry[f"{experiment}: {metric}"] = (
-                f"{hit.iloc[0]['effect']:+.3g} [{hit.iloc[0]['ci_low']:+.3g}, "
-                f"{hit.iloc[0]['ci_high']:+.3g}] {hit.iloc[0]['verdict']}"
-                if len(hit) and np.isfinite(hit.iloc[0]["effect"]) else "n/a")
+            entry[f"{experiment}: {metric}"] = _diagnosis_cell(hit)
         out.append(entry)
     return pd.DataFrame(out)
+
+
+def _diagnosis_cell(hit: pd.DataFrame) -> str:
+    if not len(hit) or not np.isfinite(hit.iloc[0]["effect"]):
+        return "n/a"
+    r = hit.iloc[0]
+    ci = (f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]" if np.isfinite(r["ci_low"])
+          else "(no interval)")
+    return f"{r['effect']:+.3g} {ci} (n={r['n']}) {r['verdict']}"
 
 
 def _lookup_gap(part: pd.DataFrame) -> str:
@@ -196,7 +202,10 @@ def _lookup_gap(part: pd.DataFrame) -> str:
         return "n/a"
     res = algorithm_effects(steps, "lookup:B", "lookup", "adamw")
     mean, low, high, n = mean_ci(res.values)
-    return f"{mean:+.3g} [{low:+.3g}, {high:+.3g}] (n={n})" if np.isfinite(mean) else "n/a"
+    if not np.isfinite(mean):
+        return "n/a"
+    ci = f"[{low:+.3g}, {high:+.3g}]" if np.isfinite(low) else "(no interval)"
+    return f"{mean:+.3g} {ci} (n={n})"
 
 
 def write_report(df: pd.DataFrame, out: Path, *, rule: VerdictRule = DEFAULT_RULE,

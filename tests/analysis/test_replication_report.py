@@ -50,3 +50,15 @@ def test_no_row_of_a_two_seed_report_has_a_verdict(tmp_path):
     assert (claims["n"] < 3).all()
     assert claims["verdict"].str.startswith("inconclusive (").all()
     assert not claims["verdict"].str.contains("underpowered|as large|no size").any()
+
+
+def test_a_one_seed_diagnosis_row_shows_a_sign_without_an_interval():
+    from analysis.replication import diagnosis_table, protocol_table
+
+    df = pd.concat([planted(), planted(seeds=(0,)).assign(protocol="paper+mask-only")])
+    tables = {p: protocol_table(df[df["protocol"] == p], fig1=Fig1Settings(n_boot=10))
+              for p in ("paper", "paper+mask-only")}
+    diag = diagnosis_table(tables, df).set_index("protocol")
+    one = diag.loc["paper+mask-only", "steps: probe/C/acc_mean"]
+    assert "(no interval) (n=1) inconclusive (n < 3)" in one
+    assert "(n=3) reproduces" in diag.loc["paper", "steps: probe/C/acc_mean"]
