@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flatlm.measure import EARLY_STOPPING_EPOCHS
 from flatlm.measure.probe import (
     ProbeConfig,
     head_seeds,
@@ -67,7 +68,7 @@ def probe_feature_sets(features: dict[str, torch.Tensor], tasks: Sequence[Task],
     heads' minibatches allow (module docstring)."""
     out = {name: {} for name in features}
     device = next(iter(features.values())).device
-    for keep, tasks_kept in _by_sentences(tasks):
+    for keep, tasks_kept in tasks_by_sentences(tasks):
         keep = keep.to(device)
         train, test = split_indices(int(keep.sum()), cfg.test_fraction, cfg.seed)
         prepared = {name: prepared_features(_float(x[keep]), train.to(device), cfg)
@@ -86,7 +87,7 @@ def _float(x: torch.Tensor) -> torch.Tensor:
     return x if x.is_floating_point() else x.float()
 
 
-def _by_sentences(tasks: Sequence[Task]) -> list[tuple[torch.Tensor, list[Task]]]:
+def tasks_by_sentences(tasks: Sequence[Task]) -> list[tuple[torch.Tensor, list[Task]]]:
     """(kept sentences, the tasks that keep them): one split and standardisation each."""
     groups: dict[bytes, list[Task]] = {}
     for task in tasks:
@@ -125,7 +126,7 @@ def _probe_group(x, y, num_classes: int, train, test, cfg: ProbeConfig, progress
                     for k in range(y.shape[0])])
         if epochs is not None:
             for k, result in enumerate(out[-1]):
-                result["epochs"] = float(epochs[f, :, k].double().mean())
+                result[EARLY_STOPPING_EPOCHS] = float(epochs[f, :, k].double().mean())
     return out
 
 

@@ -5,7 +5,8 @@ downstream sentences for the probes) are drawn once per trial by ``eval_data``, 
 checkpoint of a run is measured on the same sentences and differences between checkpoints are not
 sampling noise. Every probe result comes with its reference rows (``flatlm.measure``): the majority
 class (in the probe's own result), the lookup table and the same probe on a randomly initialised
-model of the trial's shape; the last two do not change during a trial: computed once and cached.
+model of the trial's shape; the last two do not change during a trial: computed once and cached,
+and with a cache directory once for every trial of a sweep (``measure.reference_cache``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,14 +38,9 @@ from flatlm.measure.landscape import WHAT as LANDSCAPE_WHAT
 from flatlm.measure.landscape import measure_landscape
 from flatlm.measure.lookup import lookup_features
 from flatlm.measure.loss import LossConfig, pretrain_loss
-from flatlm.measure.probe import (
-    ProbeConfig,
-    downstream_classes,
-    encoder_probe_features,
-    linear_probe_accuracy,
-    participation_ratio,
-    probe_metrics,
-)
+from flatlm.measure.probe import ProbeConfig, encoder_probe_features
+from flatlm.measure.probe_rows import probe_rows
+from flatlm.measure.reference_cache import reference_rows
 from flatlm.measure.sharpness import SharpnessConfig
 from flatlm.measure.spectrum import SpectrumConfig
 from flatlm.models.bert import build_model
@@ -111,6 +109,9 @@ class EvalData:
     random_model: nn.Module | None = None  # the trial's shape, randomly initialised
     reference: dict = field(default_factory=dict)  # cached reference metrics (once per trial)
     seconds: float | None = None  # eval_data's wall time, reported at the first checkpoint
+    cache_dir: Path | None = None  # where the reference rows are shared (measure.reference_cache)
+    key: str = ""  # the evaluation data's cache key: part of the reference rows' keys
+    shape: dict | None = None  # the random-init model's ModelConfig, as a dict
 
 
 def downstream_of(source: Source, cfg: MeasureConfig) -> tuple[str, tuple[str, ...]]:
@@ -149,7 +150,9 @@ def eval_data(source: Source, cfg: MeasureConfig, model_cfg=None, *, device=None
                                    seed=derive_seed(cfg.seed, "random-features")).eval()
     classes = {task: t[f"class/{task}"] for task in tasks}
     return EvalData(t["tokens"], t["lengths"], t["downstream_tokens"], t["downstream_lengths"],
-                    classes, random_model, seconds=seconds)
+                    classes, random_model, seconds=seconds, key=key,
+                    cache_dir=Path(cache_dir) if cache_dir is not None else None,
+                    shape=asdict(model_cfg) if model_cfg is not None else None)
 
 
 def skipped_without_truth(source: Source, cfg: MeasureConfig) -> list[str]:
@@ -178,9 +181,21 @@ def _draw(source: Source, cfg: MeasureConfig, rule: str, tasks, device) -> dict:
 
 
 def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: MeasureConfig,
-                  device, *, artifact_dir=None) -> dict[str, float]:
-    """Every metric ``cfg.what`` asks for (keys as in ``flatlm.measure``), plus timings; files
-    (the spectral density) go to ``artifact_dir`` (the checkpoint's directory), if given."""
+                  device, *, artifact_dir=None, progress: bool = False) -> dict[str, float]:
+    """Every metric ``cfg.what`` asks for (keys as in ``flatlm.measure``), plus timings
+    (``time/<measurement>_s``); files (the spectral density) go to ``artifact_dir`` (the
+    checkpoint's directory), if given. ``progress``: a console bar naming the measurement."""
+    from tqdm.auto import tqdm
+
+    with tqdm(desc="measure", unit="part", leave=False, disable=not progress) as bar:
+        token = _BAR.set(bar if progress else None)
+        try:
+            return _measure(model, source, data, cfg, device, artifact_dir)
+        finally:
+            _BAR.reset(token)
+
+
+def _measure(model, source, data: EvalData, cfg: MeasureConfig, device, artifact_dir) -> dict:
     what, out = set(cfg.what), {}
     model.eval()
     if "loss" in what:
@@ -237,13 +252,8 @@ def _probes(model, source, data: EvalData, cfg: MeasureConfig, stage: str, devic
 
 
 def _probe_tasks(features, source, data: EvalData, cfg: MeasureConfig, stage: str) -> dict:
-    out = {f"{stage}/feature_rank": participation_ratio(features)}
-    for task, y in data.classes.items():
-        keep, classes, num_classes = downstream_classes(source, y, task)
-        result = linear_probe_accuracy(features[keep.to(features.device)], classes, num_classes,
-                                       cfg.probe)
-        out.update(probe_metrics(stage, task, result, num_classes))
-    return out
+    return probe_rows(features, source, data.classes, cfg.probe, stage,
+                      progress=_BAR.get() is not None)
 
 
 def _references(source, data: EvalData, cfg: MeasureConfig, device, what) -> dict:
@@ -254,14 +264,18 @@ def _references(source, data: EvalData, cfg: MeasureConfig, device, what) -> dic
     data.seconds = None
     if "lookup" in what and source.has_truth and "lookup" not in data.reference:
         with timer(times, "lookup"):
-            features = lookup_features(source, data.downstream_tokens, data.downstream_lengths,
-                                       device=device)
-            data.reference["lookup"] = _probe_tasks(features, source, data, cfg, "lookup")
+            data.reference["lookup"] = reference_rows(
+                data.cache_dir, data.key, "lookup", cfg.probe, device,
+                lambda: _probe_tasks(lookup_features(source, data.downstream_tokens,
+                                                     data.downstream_lengths, device=device),
+                                     source, data, cfg, "lookup"))
     if "probe" in what and data.random_model is not None and "random_init" not in \
             data.reference:
         with timer(times, "random_init"):
-            data.reference["random_init"] = _probes(data.random_model.to(device), source, data,
-                                                    cfg, "random_init", device)
+            data.reference["random_init"] = reference_rows(
+                data.cache_dir, data.key, "random_init", cfg.probe, device,
+                lambda: _probes(data.random_model.to(device), source, data, cfg, "random_init",
+                                device), shape=data.shape)
         data.random_model = None  # measured: free its memory
     return {**{k: v for metrics in data.reference.values() for k, v in metrics.items()}, **times}
 
@@ -278,9 +292,19 @@ def _flatness(model, source, data, cfg, device, what) -> dict[str, float]:
     return out
 
 
+# The progress bar of the measure_model call under way (None: no bar), which every timed
+# measurement advances: the measurements need not pass it along.
+_BAR: ContextVar = ContextVar("measure_progress", default=None)
+
+
 @contextmanager
 def timer(out: dict, name: str):
-    """Records the wall time of the block as ``time/<name>_s``."""
+    """Records the wall time of the block as ``time/<name>_s`` (and names it on the bar)."""
+    bar = _BAR.get()
+    if bar is not None:
+        bar.set_description_str(f"measure {name}")
     start = time.perf_counter()
     yield
     out[f"time/{name}_s"] = time.perf_counter() - start
+    if bar is not None:
+        bar.update()
