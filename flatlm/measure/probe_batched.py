@@ -8,9 +8,10 @@ keep the same sentences and have the same C see the same minibatches, and so do 
 the same width. Those heads are one group and one problem (``train_heads_batched``):
 
     x (F, N, D) the standardised training features, y (K, N) the K tasks' classes,
-    W (F, S, D, K, C) and b (F, S, K, C) every head side by side; per update
+    W (F, S, K, C, D) and b (F, S, K, C) every head side by side (a class's weights a row: the
+    GEMMs run 2-4x faster than with W (D, C) at C = 9 on a CPU); per update
     gather x[:, idx_s] (F S, B, D) -> logits (F S, B, K, C) -> softmax over each task's C ->
-    grad W = x^T (p - onehot) / B, clip per head (f, s, k), one fused AdamW step for all.
+    grad W = (p - onehot)^T x / B, clip per head (f, s, k), one fused AdamW step for all.
 
 The gradient is written out as autograd gives it (exp(log_softmax) minus the one-hot, over the
 batch size) and AdamW is torch's fused kernel: per head the arithmetic of ``train_heads`` in
@@ -142,8 +143,8 @@ def _early_stopping_split(train: torch.Tensor, cfg: ProbeConfig):
 
 def _correct(x, W, b, y) -> torch.Tensor:
     """(F, S, K, n) bool: head (f, s, k) predicts y[k] on x[f]; x (F, n, D), y (K, n)."""
-    F, S, D, K, C = W.shape
-    logits = torch.einsum("fnd,fsdc->fsnc", x, W.view(F, S, D, K * C)) + b.view(F, S, 1, K * C)
+    F, S, K, C, D = W.shape
+    logits = torch.einsum("fnd,fscd->fsnc", x, W.reshape(F, S, K * C, D)) + b.view(F, S, 1, K * C)
     pred = logits.view(F, S, -1, K, C).argmax(-1)  # (F, S, n, K)
     return (pred == y.T).permute(0, 1, 3, 2)
 
@@ -153,17 +154,17 @@ class _Heads:
 
     def __init__(self, F: int, S: int, D: int, K: int, C: int, seeds, cfg: ProbeConfig,
                  device, dtype):
-        self.shape = (F, S, D, K, C)
-        n_w = F * S * D * K * C
+        self.shape = (F, S, K, C, D)
+        n_w = F * S * K * C * D
         flat = torch.empty(n_w + F * S * K * C, device=device, dtype=dtype)
         self.param = torch.nn.Parameter(flat)
         self.param.grad = torch.zeros_like(flat)
-        self.W, self.b = flat[:n_w].view(F, S, D, K, C), flat[n_w:].view(F, S, K, C)
-        self.gW = self.param.grad[:n_w].view(F * S, D, K * C)
+        self.W, self.b = flat[:n_w].view(F, S, K, C, D), flat[n_w:].view(F, S, K, C)
+        self.gW = self.param.grad[:n_w].view(F * S, K * C, D)
         self.gb = self.param.grad[n_w:].view(F * S, K * C)
         gens = [torch.Generator().manual_seed(s) for s in seeds]
         W0, b0 = initial_heads(D, C, gens, device, dtype)  # (S, D, C), (S, C): train_heads' draw
-        self.W.copy_(W0[None, :, :, None])
+        self.W.copy_(W0.transpose(1, 2)[None, :, None])
         self.b.copy_(b0[None, :, None])
         self.gens = gens
         self.opt = torch.optim.AdamW([self.param], lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -171,17 +172,18 @@ class _Heads:
 
     def step(self, x, y, idx, lr: float, grad_clip: float | None) -> None:
         """One AdamW update of every head on its minibatch: x (F, N, D), y (K, N), idx (S, B)."""
-        F, S, D, K, C = self.shape
+        F, S, K, C, D = self.shape
         B = idx.shape[1]
         xb = x.index_select(1, idx.flatten()).view(F * S, B, D)
-        logits = torch.baddbmm(self.b.view(F * S, 1, K * C), xb, self.W.view(F * S, D, K * C))
+        logits = torch.baddbmm(self.b.view(F * S, 1, K * C), xb,
+                               self.W.view(F * S, K * C, D).transpose(1, 2))  # (F S, B, K C)
         g = logits.view(F, S, B, K, C).log_softmax(-1).exp_().mul_(1.0 / B)  # d(mean CE)/dz
         target = y.index_select(1, idx.flatten()).view(K, S, B).permute(1, 2, 0)  # (S, B, K)
         g.scatter_add_(-1, target[None, ..., None].expand(F, S, B, K, 1),
                        torch.full((1,), -1.0 / B, device=g.device, dtype=g.dtype)
                        .expand(F, S, B, K, 1))
         g = g.view(F * S, B, K * C)
-        torch.bmm(xb.transpose(1, 2), g, out=self.gW)
+        torch.bmm(g.transpose(1, 2), xb, out=self.gW)  # (F S, K C, D)
         torch.sum(g, 1, out=self.gb)
         if grad_clip is not None:
             self._clip(grad_clip)
@@ -191,11 +193,11 @@ class _Heads:
     def _clip(self, max_norm: float) -> None:
         """Each head (f, s, k)'s gradient scaled to norm at most ``max_norm``, as
         ``probe._clip_per_head`` scales a head trained alone."""
-        F, S, D, K, C = self.shape
-        gW, gb = self.gW.view(F * S, D, K, C), self.gb.view(F * S, K, C)
-        norm = (gW.square().sum((1, 3)) + gb.square().sum(-1)).sqrt()  # (F S, K)
+        F, S, K, C, D = self.shape
+        gW, gb = self.gW.view(F * S, K, C, D), self.gb.view(F * S, K, C)
+        norm = (gW.square().sum((2, 3)) + gb.square().sum(-1)).sqrt()  # (F S, K)
         scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-        gW.mul_(scale[:, None, :, None])
+        gW.mul_(scale[:, :, None, None])
         gb.mul_(scale[:, :, None])
 
 
@@ -206,8 +208,9 @@ def train_heads_batched(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Heads of every feature set x (F, N, D), seed and task y (K, N), each the head
     ``probe.train_heads(x[f], y[k], num_classes, [seed], cfg)`` trains, up to rounding:
-    W (F, S, D, K, C), b (F, S, K, C) and, with ``val`` (held-out x (F, M, D), y (K, M);
-    early stopping), the epoch (F, S, K) each head's weights come from, else None."""
+    W (F, S, K, C, D) (head (f, s, k)'s W transposed), b (F, S, K, C) and, with ``val``
+    (held-out x (F, M, D), y (K, M); early stopping), the epoch (F, S, K) each head's weights
+    come from, else None."""
     F, N, D = x.shape
     K, C = y.shape[0], num_classes
     heads = _Heads(F, len(seeds), D, K, C, seeds, cfg, x.device, x.dtype)
@@ -249,7 +252,7 @@ class _EarlyStopping:
 
     def __init__(self, heads: _Heads, val, patience: int):
         self.heads, (self.x, self.y), self.patience = heads, val, patience
-        F, S, D, K, C = heads.shape
+        F, S, K, C, D = heads.shape
         self.W, self.b = heads.W.clone(), heads.b.clone()
         self.best = torch.full((F, S, K), -1.0, device=self.W.device)
         self.best_epoch = torch.zeros((F, S, K), dtype=torch.int64, device=self.W.device)
@@ -261,7 +264,7 @@ class _EarlyStopping:
         better = (acc > self.best) & ~self.done
         self.best = torch.where(better, acc, self.best)
         self.best_epoch = torch.where(better, epoch, self.best_epoch)
-        self.W.copy_(torch.where(better[:, :, None, :, None], self.heads.W, self.W))
+        self.W.copy_(torch.where(better[..., None, None], self.heads.W, self.W))
         self.b.copy_(torch.where(better[..., None], self.heads.b, self.b))
         self.done |= epoch - self.best_epoch >= self.patience
         return bool(self.done.all())

@@ -38,11 +38,11 @@ def test_every_head_is_the_head_trained_alone(batch_size):
     y = torch.stack([_labels(x[0], 4, 2), _labels(x[1], 4, 3)])  # (K=2, N), 4 classes each
     seeds = [11, 12, 13]
     W, b, epochs = train_heads_batched(x, y, 4, seeds, cfg)
-    assert W.shape == (2, 3, 12, 2, 4) and b.shape == (2, 3, 2, 4) and epochs is None
+    assert W.shape == (2, 3, 2, 4, 12) and b.shape == (2, 3, 2, 4) and epochs is None
     for f in range(2):
         for k in range(2):
             W1, b1 = train_heads(x[f], y[k], 4, seeds, cfg)  # (S, D, C): the task alone
-            torch.testing.assert_close(W[f, :, :, k], W1, rtol=0, atol=1e-5)
+            torch.testing.assert_close(W[f, :, k].transpose(1, 2), W1, rtol=0, atol=1e-5)
             torch.testing.assert_close(b[f, :, k], b1, rtol=0, atol=1e-5)
 
 
@@ -77,7 +77,7 @@ def test_early_stopping_keeps_each_heads_best_epoch_as_if_trained_alone():
         W1, b1, e1 = train_heads_batched(x, y[k : k + 1], 4, [2], cfg,
                                          val=(val[0], val[1][k : k + 1]))
         assert int(e1[0, 0, 0]) == int(epochs[0, 1, k])
-        torch.testing.assert_close(W1[0, 0, :, 0], W[0, 1, :, k], rtol=0, atol=1e-5)
+        torch.testing.assert_close(W1[0, 0, 0], W[0, 1, k], rtol=0, atol=1e-5)
 
 
 def test_early_stopping_reports_its_epochs_and_fixed_epochs_stay_the_default():
