@@ -18,6 +18,10 @@ of all ``seeds`` are trained at once as one batched linear layer [S, D, C]: seed
 initialisation (``nn.Linear``'s uniform(-1/sqrt(D), 1/sqrt(D))) and its own minibatch order, the
 summed loss gives each head only its own gradient, clipping is per head, and AdamW acts
 elementwise, so each head is the one it would be if trained alone (tests/measure/test_probe.py).
+``measure.probe_batched`` goes further and trains every task (and feature set) of a checkpoint as
+one problem, the same heads up to rounding; it is what ``measure.run`` uses unless
+``ProbeConfig.batched`` is off. It also offers early stopping (``ProbeConfig.patience``, off by
+default: the paper's fixed epochs).
 
 Reported with every accuracy (``linear_probe_accuracy``; keys in ``flatlm.measure``):
 

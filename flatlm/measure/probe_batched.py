@@ -164,9 +164,11 @@ class _Heads:
         self.gb = self.param.grad[n_w:].view(F * S, K * C)
         gens = [torch.Generator().manual_seed(s) for s in seeds]
         W0, b0 = initial_heads(D, C, gens, device, dtype)  # (S, D, C), (S, C): train_heads' draw
-        self.W.copy_(W0.transpose(1, 2)[None, :, None])
-        self.b.copy_(b0[None, :, None])
+        with torch.no_grad():
+            self.W.copy_(W0.transpose(1, 2)[None, :, None])
+            self.b.copy_(b0[None, :, None])
         self.gens = gens
+        self._minus_cache: dict[int, torch.Tensor] = {}
         self.opt = torch.optim.AdamW([self.param], lr=cfg.lr, weight_decay=cfg.weight_decay,
                                      betas=BETAS, eps=EPS, fused=True)
 
@@ -180,8 +182,7 @@ class _Heads:
         g = logits.view(F, S, B, K, C).log_softmax(-1).exp_().mul_(1.0 / B)  # d(mean CE)/dz
         target = y.index_select(1, idx.flatten()).view(K, S, B).permute(1, 2, 0)  # (S, B, K)
         g.scatter_add_(-1, target[None, ..., None].expand(F, S, B, K, 1),
-                       torch.full((1,), -1.0 / B, device=g.device, dtype=g.dtype)
-                       .expand(F, S, B, K, 1))
+                       self._minus(B, g).expand(F, S, B, K, 1))  # minus the one-hot / B
         g = g.view(F * S, B, K * C)
         torch.bmm(g.transpose(1, 2), xb, out=self.gW)  # (F S, K C, D)
         torch.sum(g, 1, out=self.gb)
@@ -190,14 +191,22 @@ class _Heads:
         self.opt.param_groups[0]["lr"] = lr
         self.opt.step()
 
+    def _minus(self, B: int, like: torch.Tensor) -> torch.Tensor:
+        """-1 / B as a one-element tensor, made once per batch size."""
+        if B not in self._minus_cache:
+            self._minus_cache[B] = torch.full((1,), -1.0 / B, device=like.device,
+                                              dtype=like.dtype)
+        return self._minus_cache[B]
+
     def _clip(self, max_norm: float) -> None:
         """Each head (f, s, k)'s gradient scaled to norm at most ``max_norm``, as
         ``probe._clip_per_head`` scales a head trained alone."""
         F, S, K, C, D = self.shape
-        gW, gb = self.gW.view(F * S, K, C, D), self.gb.view(F * S, K, C)
-        norm = (gW.square().sum((2, 3)) + gb.square().sum(-1)).sqrt()  # (F S, K)
+        gW, gb = self.gW.view(F * S, K, C * D), self.gb.view(F * S, K, C)
+        sq = torch.linalg.vector_norm(gW, dim=-1).square() + gb.square().sum(-1)  # (F S, K)
+        norm = sq.sqrt()
         scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-        gW.mul_(scale[:, :, None, None])
+        gW.mul_(scale[:, :, None])
         gb.mul_(scale[:, :, None])
 
 
