@@ -77,6 +77,9 @@ def parse_args(argv=None):
     p.add_argument("--measure-source", default="pcfg:paper")
     p.add_argument("--measure-steps", type=int, default=20)
     p.add_argument("--measure-what", default="loss,fisher,probe")
+    p.add_argument("--cli-default-what", action="store_true",
+                   help="also time flatlm measure's own default --what (with hessian and "
+                        "lookup), after only, cache cold and warm")
     p.add_argument("--measure-set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="MeasureConfig overrides for every flatlm measure run (default: none)")
     p.add_argument("--patience", type=int, default=5,
@@ -166,6 +169,11 @@ def measure_rows(args, tmp: Path) -> list[dict]:
     if args.patience:
         paths.append((f"after, early stopping (patience {args.patience})",
                       ["--set", f"probe.patience={args.patience}", "--cache", "none"]))
+    if args.cli_default_what:
+        default_what = ["--what", "loss,fisher,hessian,probe,lookup", "--cache",
+                        str(tmp / "cache-default-what")]
+        paths += [("after, default --what, cache cold", default_what),
+                  ("after, default --what, cache warm", default_what)]
     rows, values = [], {}
     for i, (path, extra) in enumerate(paths):
         out = tmp / f"measure-{i}.json"
@@ -173,13 +181,14 @@ def measure_rows(args, tmp: Path) -> list[dict]:
         _quiet([*command, "--out", str(out), *extra])
         wall = time.perf_counter() - start
         values[path] = json.loads(out.read_text())
+        what = extra[extra.index("--what") + 1] if "--what" in extra else args.measure_what
         rows.append({"metric": "flatlm_measure_wall_s", "path": path, "wall_s": wall,
                      "model": args.measure_model, "source": args.measure_source,
-                     "trained_steps": args.measure_steps, "what": args.measure_what,
+                     "trained_steps": args.measure_steps, "what": what,
                      "flags": extra,
                      "parts_s": {k: v for k, v in values[path].items() if k.startswith("time/")},
                      "command": "flatlm " + " ".join([*command, *extra]).replace(str(tmp), "TMP")})
-        print(f"[{path}] flatlm measure {args.measure_what}: {wall:.1f} s", flush=True)
+        print(f"[{path}] flatlm measure {what}: {wall:.1f} s", flush=True)
     rows.append(_difference("probe_equality", values["before"], values["after"]))
     if args.patience:
         rows.append(_difference("early_stopping_effect", values["after"], values[paths[-1][0]]))
@@ -190,9 +199,11 @@ def _difference(metric: str, a: dict, b: dict) -> dict:
     """The largest |b - a| over the probe keys both have, and every accuracy's change."""
     keys = [k for k in a if k.startswith(PROBE_STAGES) and k in b]
     diffs = {k: b[k] - a[k] for k in keys}
+    accs = {k: d for k, d in diffs.items() if k.endswith("/acc_mean")}
     return {"metric": metric, "keys": len(keys),
             "max_abs_difference": max((abs(d) for d in diffs.values()), default=0.0),
-            "acc_mean_changes": {k: d for k, d in diffs.items() if k.endswith("/acc_mean")}}
+            "max_abs_acc_mean_difference": max((abs(d) for d in accs.values()), default=0.0),
+            "acc_mean_changes": accs}
 
 
 def _quiet(argv: list[str]) -> None:
