@@ -166,9 +166,9 @@ def measure_rows(args, tmp: Path) -> list[dict]:
     command = ["measure", str(ckpt), "--what", args.measure_what, "--json", "--no-progress",
                "--device", args.device, *[a for kv in args.measure_set for a in ("--set", kv)]]
     paths = [("before", BEFORE_MEASURE), ("after", []), ("after, cache warm", [])]
+    early = f"after, early stopping (patience {args.patience})"
     if args.patience:
-        paths.append((f"after, early stopping (patience {args.patience})",
-                      ["--set", f"probe.patience={args.patience}", "--cache", "none"]))
+        paths.append((early, ["--set", f"probe.patience={args.patience}", "--cache", "none"]))
     if args.cli_default_what:
         default_what = ["--what", "loss,fisher,hessian,probe,lookup", "--cache",
                         str(tmp / "cache-default-what")]
@@ -191,7 +191,7 @@ def measure_rows(args, tmp: Path) -> list[dict]:
         print(f"[{path}] flatlm measure {what}: {wall:.1f} s", flush=True)
     rows.append(_difference("probe_equality", values["before"], values["after"]))
     if args.patience:
-        rows.append(_difference("early_stopping_effect", values["after"], values[paths[-1][0]]))
+        rows.append(_difference("early_stopping_effect", values["after"], values[early]))
     return rows
 
 

@@ -77,11 +77,16 @@ def probe_feature_sets(features: dict[str, torch.Tensor], tasks: Sequence[Task],
         for group in _by_classes(tasks_kept):
             y = torch.stack([task.classes for task in group]).to(device)  # (K, n)
             for names in _same_width(prepared):
-                x = torch.stack([prepared[name] for name in names])  # (F, n, D)
+                x = _stacked([prepared[name] for name in names])  # (F, n, D)
                 results = _probe_group(x, y, group[0].num_classes, train, test, cfg, progress)
                 for f, name in enumerate(names):
                     out[name].update({task.name: results[f][k] for k, task in enumerate(group)})
     return out
+
+
+def _stacked(xs: list[torch.Tensor]) -> torch.Tensor:
+    """(F, n, D); one feature set as a view, not a copy (the paper's sizes are gigabytes)."""
+    return xs[0][None] if len(xs) == 1 else torch.stack(xs)
 
 
 def _float(x: torch.Tensor) -> torch.Tensor:
