@@ -32,9 +32,11 @@ def _labels(x, C, seed):
     return scores.argmax(1)
 
 
-@pytest.mark.parametrize("batch_size", [16, None], ids=["minibatch", "full-batch"])
-def test_every_head_is_the_head_trained_alone(batch_size):
-    cfg = dataclasses.replace(CFG, batch_size=batch_size)
+@pytest.mark.parametrize("changes", [{}, {"batch_size": None}, {"schedule": "linear",
+                                                                 "batch_size": 32}],
+                         ids=["minibatch", "full-batch", "linear-decay"])
+def test_every_head_is_the_head_trained_alone(changes):
+    cfg = dataclasses.replace(CFG, **changes)
     x = torch.stack([_features(0), _features(1)])  # (F=2, N, D): two feature sets
     y = torch.stack([_labels(x[0], 4, 2), _labels(x[1], 4, 3)])  # (K=2, N), 4 classes each
     seeds = [11, 12, 13]
