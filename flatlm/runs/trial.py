@@ -141,9 +141,11 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
               eval_cache: str | Path | None = None) -> dict[int, dict]:
     """Runs (or resumes) the trial; returns step -> metrics for every checkpoint.
 
-    ``eval_cache``: a directory where the trials of a sweep share their evaluation data
-    (``flatlm.measure.eval_cache``); None draws it for this trial alone. Another process
-    writing to ``out_dir`` is an error (``flatlm.runs.dirlock.DirectoryBusyError``) before any work.
+    ``eval_cache``: a directory where the trials of a sweep share their evaluation data and
+    reference rows (``flatlm.measure.eval_cache``, ``flatlm.measure.reference_cache``); None
+    computes them for this trial alone. ``progress``: console bars for training and measuring.
+    Another process writing to ``out_dir`` is an error (``flatlm.runs.dirlock.DirectoryBusyError``)
+    before any work.
     """
     source, model_cfg = validate_trial(cfg)
     cfg = with_downstream_resolved(cfg)
@@ -162,7 +164,8 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
 
     def on_checkpoint(step: int, model, ckpt_dir: Path) -> None:
         start = time.perf_counter()
-        measured = measure_model(model, source, data, cfg.measure, device, artifact_dir=ckpt_dir)
+        measured = measure_model(model, source, data, cfg.measure, device, artifact_dir=ckpt_dir,
+                                 progress=progress)
         metrics = {N_PARAMS: float(sum(p.numel() for p in model.parameters())), **measured,
                    **measurement_cost(time.perf_counter() - start, ckpt_dir)}
         _record(out_dir, ckpt_dir, step, metrics)
