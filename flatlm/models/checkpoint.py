@@ -107,6 +107,34 @@ def load_checkpoint(model_dir: str | Path) -> tuple[nn.Module, dict]:
     return model.eval(), info
 
 
+def check_language(ckpt: Path, info: dict, source, action: str) -> None:
+    """Refuses to ``action`` (resume, measure) the checkpoint ``ckpt`` (its ``flatlm.json`` dict
+    ``info``) on ``source`` when that is another language than the one it was trained on,
+    naming both: same vocabulary size is not enough (another grammar over the same 12 words
+    is another language). The fingerprint the checkpoint recorded is compared; an older
+    checkpoint without one has its own source rebuilt and fingerprinted (its spec compared
+    when that source can no longer be built)."""
+    saved = info.get("extra", {}).get("source_fingerprint")
+    trained_on = info.get("source")
+    if saved is None:
+        saved = _fingerprint_of(trained_on)
+    same = (saved == source.fingerprint()) if saved is not None else trained_on == source.spec
+    if not same:
+        raise ValueError(f"cannot {action} {ckpt} on --source {source.spec}: it was trained on "
+                         f"another language ({trained_on}); give its own source (omit "
+                         "--source, or pass the one it was trained on), or start a new run")
+
+
+def _fingerprint_of(spec) -> str | None:
+    """The fingerprint of the source ``spec`` builds, or None if it cannot be built here."""
+    from flatlm.sources import load
+
+    try:
+        return load(spec).fingerprint()
+    except (ValueError, OSError):
+        return None
+
+
 @contextlib.contextmanager
 def _no_shard_bar():
     """transformers draws a "Writing model shards" bar per save: one per checkpoint of every
@@ -120,3 +148,8 @@ def _no_shard_bar():
     finally:
         if was_on:
             hf_logging.enable_progress_bar()
+
+
+# The same switch for a whole run asked for no progress output (``progress=False``, `flatlm train
+# --no-progress`): transformers also draws a "Loading weights" bar on every load.
+quiet_transformers_bars = _no_shard_bar

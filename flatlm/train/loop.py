@@ -22,15 +22,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from flatlm.config import flatten_dict, to_dict
 from flatlm.dirlock import writer_lock
 from flatlm.manifest import write_manifest
+from flatlm.memory import check_fits
 from flatlm.metrics_log import write_train_log
 from flatlm.models.bert import build_model
-from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, save_checkpoint
+from flatlm.models.checkpoint import (
+    INFO_NAME,
+    check_language,
+    load_checkpoint,
+    quiet_transformers_bars,
+    save_checkpoint,
+)
 from flatlm.models.presets import ModelConfig, parse_model
+from flatlm.safe_io import make_fresh_dir, refuse_link
 from flatlm.schedules import learning_rate
 from flatlm.sources.base import Source
 from flatlm.train.algorithms import STEPS, StepContext, build_optimizer
@@ -64,6 +73,8 @@ CheckpointHook = Callable[[int, nn.Module, Path], None]
 # A checkpoint's record of the training before it: {"seconds", "updates"} since the previous
 # checkpoint (or since this process started or resumed the run).
 TRAINING_INTERVAL = "training_interval"
+# A checkpoint's record of its language: ``Source.fingerprint()``, compared on resume and measure.
+SOURCE_FINGERPRINT = "source_fingerprint"
 # Fields a resumed run may change: how long it runs and what it saves, not what it computes.
 RESUMABLE_CHANGES = ("steps", "checkpoint_steps", "log_every", "compile", "precision",
                      "divergence_factor", "unpad")
@@ -75,12 +86,18 @@ class CheckpointWriteError(OSError):
     from the newest of them once there is room."""
 
     @classmethod
-    def of(cls, ckpt: Path, cause: BaseException) -> CheckpointWriteError:
+    def of(cls, ckpt: Path, cause: BaseException,
+           what: str = "checkpoint") -> CheckpointWriteError:
         free = shutil.disk_usage(_existing_parent(ckpt)).free
         why = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-        return cls(f"could not write checkpoint {ckpt} ({why}); {free / 2**30:.2f} GiB free on "
+        return cls(f"could not write {what} {ckpt} ({why}); {free / 2**30:.2f} GiB free on "
                    "its disk. The earlier checkpoints are intact: free space, then resume (the "
                    "same command with --resume)")
+
+
+# What a writer raises when the disk is full: OSError (ENOSPC, EDQUOT), torch's RuntimeError
+# ("basic_ios::clear"), and safetensors' own SafetensorError (neither of those).
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
 
 def _existing_parent(path: Path) -> Path:
@@ -91,8 +108,8 @@ def _existing_parent(path: Path) -> Path:
 
 class Diverged(RuntimeError):  # noqa: N818 - the name the sweeps and CLI catch
     """Training diverged: the loss read-out was non-finite (a non-finite gradient makes it so at
-    the next update) or above ``train.divergence_factor`` times the first logged loss. Raised
-    before any later checkpoint is written or measured."""
+    the next update) or above ``train.divergence_factor`` times the initial loss log V or the
+    first logged loss. Raised before any later checkpoint is written or measured."""
 
     def __init__(self, step: int, loss: float, reason: str):
         self.step, self.loss, self.reason = step, loss, reason
@@ -146,16 +163,18 @@ def train(
     check_schedule(cfg, model_cfg)  # grow: every shape a growth of the one before it
     device = torch.device(device)
     out_dir = Path(out_dir).absolute()
-    start, unreadable = _start_checkpoint(cfg, model_cfg, out_dir, resume)  # cheap checks first
-    pipeline, n_classes = _pipeline(cfg, source, device, corpus)
-    try:
-        with writer_lock(out_dir):  # one writer: two runs into one directory would mix them
-            for bad, _ in unreadable:  # kept for inspection, out of the way of the steps retrained
-                set_aside(bad)
-            run = _train(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start,
-                         on_checkpoint, progress)
-    finally:
-        pipeline.close()
+    check_fits(cfg, model_cfg, source, device)  # before any allocation: sizes vs memory
+    with contextlib.nullcontext() if progress else quiet_transformers_bars():
+        start, unreadable = _start_checkpoint(cfg, model_cfg, out_dir, resume, source)
+        pipeline, n_classes = _pipeline(cfg, source, device, corpus)
+        try:
+            with writer_lock(out_dir):  # one writer: two runs into one directory would mix them
+                for bad, _ in unreadable:  # kept for inspection, out of the way of those retrained
+                    set_aside(bad)
+                run = _train(cfg, source, model_cfg, out_dir, device, pipeline, n_classes,
+                             start, on_checkpoint, progress)
+        finally:
+            pipeline.close()
     return TrainResult(model=run.ctx.model, step=run.step, history=run.history,
                        checkpoints=find_checkpoints(out_dir))
 
@@ -191,9 +210,10 @@ def _pipeline(cfg, source, device, corpus) -> tuple[BatchPipeline, int]:
     return pipeline, pool.n_classes if pool else 0
 
 
-def _start_checkpoint(cfg, model_cfg, out_dir, resume):
+def _start_checkpoint(cfg, model_cfg, out_dir, resume, source=None):
     """(the checkpoint to resume from and its state, or None to start afresh; the newer
-    checkpoints that do not load), after checking that it continues this run."""
+    checkpoints that do not load), after checking that it continues this run (on ``source``'s
+    language, when given)."""
     found = find_checkpoints(out_dir)
     if not resume:
         if found:
@@ -217,6 +237,8 @@ def _start_checkpoint(cfg, model_cfg, out_dir, resume):
     if state.step > cfg.steps:
         raise ValueError(f"resume from {ckpt}: it is past train.steps={cfg.steps}")
     info = json.loads((ckpt / INFO_NAME).read_text())
+    if source is not None:
+        check_language(ckpt, info, source, "resume")
     model_cfg = shape_at(cfg, model_cfg, state.step)  # grow: the shape it had grown into
     if info["model"] != model_cfg.to_dict():
         raise ValueError(f"resume from {ckpt}: the checkpoint's model is {info['model']}, this "
@@ -336,13 +358,21 @@ class _Run:
             self.check_loss(float(self.window["train/loss"]) / self.window_count)
 
     def check_loss(self, loss: float) -> None:
-        """Raises ``Diverged`` if ``loss`` (at ``self.step``) is non-finite or above
-        ``cfg.divergence_factor`` times the run's first logged loss."""
+        """Raises ``Diverged`` if ``loss`` (at ``self.step``) is non-finite, or above
+        ``cfg.divergence_factor`` times the initial loss log V (a uniform guess over the V words:
+        a run that diverges before its first read-out has no sane first loss to compare with)
+        or times the run's first logged loss."""
         if not math.isfinite(loss):
             raise Diverged(self.step, loss, "is not finite")
         factor = self.cfg.divergence_factor
+        if factor is None:
+            return
+        initial = math.log(max(self.source.V, 2))
+        if loss > factor * initial:
+            raise Diverged(self.step, loss, f"exceeds train.divergence_factor={factor:g} times "
+                                            f"the initial loss log V = {initial:.6g}")
         first = self.history[0].get("train/loss") if self.history else None
-        if factor is not None and first is not None and loss > factor * first:
+        if first is not None and loss > factor * first:
             raise Diverged(self.step, loss, f"exceeds train.divergence_factor={factor:g} times "
                                             f"the first logged loss {first:.6g}")
 
@@ -352,25 +382,20 @@ class _Run:
         model, step = self.ctx.model, self.step
         final = checkpoint_dir(self.out_dir, step)
         tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
         rng = self.capture_rng()
         try:
-            save_checkpoint(model, tmp, source_spec=self.source.spec, model_cfg=self.model_cfg,
-                            extra={"step": step, "train": to_dict(self.cfg),
-                                   "last_log": self.history[-1] if self.history else {},
-                                   TRAINING_INTERVAL: self.training_interval()})
-            save_state(TrainState(step=step, data=self.pipeline.state_dict(step), rng=rng,
-                                  optimizer=self.ctx.optimizer.state_dict(),
-                                  config=to_dict(self.cfg), history=self.history,
-                                  window={"count": self.window_count,
-                                          "sums": self.window_sums()}), tmp)
-            write_manifest(tmp)  # last: every file's hash, checked before a resume trusts it
-        except (OSError, RuntimeError) as e:  # a full disk: torch says "basic_ios::clear"
-            shutil.rmtree(tmp, ignore_errors=True)
+            self.write_checkpoint(tmp, rng)
+        except WRITE_ERRORS as e:  # a full disk: torch says "basic_ios::clear", safetensors
+            if not tmp.is_symlink():  # raises its own SafetensorError
+                shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointWriteError.of(final, e) from e
+        refuse_link(final)  # renamed over: a link there would be a planted one
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        write_train_log(self.out_dir, self.history)
+        try:
+            write_train_log(self.out_dir, self.history)
+        except OSError as e:  # the checkpoint is whole; only the curve's file is behind
+            raise CheckpointWriteError.of(final, e, what="the training log of") from e
         log.info("checkpoint %s", final)
         if on_checkpoint is not None:
             model.eval()
@@ -380,6 +405,29 @@ class _Run:
                 model.train()
                 restore_rng(rng, self.device)
 
+    def write_checkpoint(self, tmp: Path, rng: dict) -> None:
+        """The checkpoint's files in the fresh directory ``tmp`` (a link there is refused)."""
+        refuse_link(tmp.parent)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        make_fresh_dir(tmp)
+        save_checkpoint(self.ctx.model, tmp, source_spec=self.source.spec,
+                        model_cfg=self.model_cfg,
+                        extra={"step": self.step, "train": to_dict(self.cfg),
+                               "last_log": self.history[-1] if self.history else {},
+                               TRAINING_INTERVAL: self.training_interval(),
+                               SOURCE_FINGERPRINT: self.fingerprint()})
+        save_state(TrainState(step=self.step, data=self.pipeline.state_dict(self.step), rng=rng,
+                              optimizer=self.ctx.optimizer.state_dict(),
+                              config=to_dict(self.cfg), history=self.history,
+                              window={"count": self.window_count,
+                                      "sums": self.window_sums()}), tmp)
+        write_manifest(tmp)  # last: every file's hash, checked before a resume trusts it
+
+    def fingerprint(self) -> str:
+        """The language's fingerprint, which every checkpoint records (hashed once a run)."""
+        if not hasattr(self, "_fingerprint"):
+            self._fingerprint = self.source.fingerprint()
+        return self._fingerprint
 
     def capture_rng(self) -> dict:
         """The RNG state a checkpoint stores (a data-parallel run adds every rank's)."""
