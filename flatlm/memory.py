@@ -8,10 +8,10 @@ states, one batch of sentences) and raises a ValueError naming the setting that 
 large. The estimate is a lower bound, so a run it refuses could never have fitted.
 
 >>> require(2**20, "hmm vocab", "use a smaller vocabulary", available=2**30)
->>> require(2**40, "hmm vocab", "use a smaller vocabulary", available=2**30)
+>>> require(2**40, "hmm vocab", "use a smaller vocabulary", available=2**30)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-ValueError: hmm vocab needs at least 1024 GiB of memory, but 1.0 GiB is available: use a smaller vocabulary
+ValueError: hmm vocab needs at least 1024 GiB of memory, but 1.0 GiB is available: use a ...
 """
 
 from __future__ import annotations

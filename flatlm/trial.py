@@ -29,8 +29,8 @@ import torch
 
 from flatlm.config import to_dict
 from flatlm.dirlock import writer_lock
-from flatlm.memory import check_fits
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
+from flatlm.memory import check_fits
 from flatlm.metrics_log import CHECKPOINT_METRICS_FILE, N_PARAMS, append_metrics, read_metrics
 from flatlm.models.checkpoint import INFO_NAME
 from flatlm.models.presets import ModelSpec, parse_model
