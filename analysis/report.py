@@ -51,7 +51,12 @@ from analysis.figures import (  # noqa: E402
 from analysis.runs import load_runs  # noqa: E402
 from analysis.selection import write_selection  # noqa: E402
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN, probe_keys  # noqa: E402
-from flatlm.track import TAG_REPORT, MlflowTracker, default_tracking_uri  # noqa: E402
+from flatlm.track import (  # noqa: E402
+    TAG_REPORT,
+    MlflowTracker,
+    check_tracking_uri,
+    default_tracking_uri,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -189,6 +194,14 @@ def check_store(uri: str, experiment: str) -> None:
                          f"there: {', '.join(sorted(names)) or 'none'}")
 
 
+def refuse_password(uri: str) -> None:
+    """Exits, without echoing the URI, when it holds a password (``flatlm.track``'s rule)."""
+    try:
+        check_tracking_uri(uri, "--tracking-uri (or $MLFLOW_TRACKING_URI)")
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
 def load_table(args) -> tuple:
     """(the tidy table, the tracking URI or None) from ``--trials`` or ``--experiment``."""
     if args.trials is not None:
@@ -196,12 +209,15 @@ def load_table(args) -> tuple:
         return load_trials(args.trials), None
     uri = (args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
            or default_tracking_uri(Path.cwd()))
+    refuse_password(uri)
     check_store(uri, args.experiment)
     return load_runs(uri, args.experiment, source=getattr(args, "source", "auto")), uri
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.tracking_uri:  # also with --trials: a password is refused, never echoed
+        refuse_password(args.tracking_uri)
     df, uri = load_table(args)
     if uri is None:
         args.no_log = True

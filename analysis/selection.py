@@ -284,9 +284,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    from analysis.report import accuracy_key, load_table, log_report, report_experiment
+    from analysis.report import (
+        accuracy_key,
+        load_table,
+        log_report,
+        refuse_password,
+        report_experiment,
+    )
 
     args = parse_args(argv)
+    if args.tracking_uri:  # a password is refused, never echoed
+        refuse_password(args.tracking_uri)
     df, uri = load_table(args)
     if df.empty:
         print("no runs to select from", file=sys.stderr)

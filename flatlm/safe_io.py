@@ -10,7 +10,7 @@ a link is refused unless the caller replaces such a link on purpose.
 >>> d = pathlib.Path(tempfile.mkdtemp())
 >>> write_atomic(d / "a.json", "{}\\n")
 >>> (d / "b.json").symlink_to(d / "a.json")
->>> write_atomic(d / "b.json", "[]")  # doctest: +ELLIPSIS
+>>> write_atomic(d / "b.json", "[]")  # doctest: +ELLIPSIS, +IGNORE_EXCEPTION_DETAIL
 Traceback (most recent call last):
 ...
 flatlm.safe_io.LinkRefusedError: .../b.json is a symbolic link ...
@@ -54,9 +54,12 @@ def open_fd(path: str | os.PathLike, flags: int, mode: int = 0o644) -> int:
         raise
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Creates or truncates ``path`` and writes ``data``, never through a link."""
-    fd = open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+def write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None) -> None:
+    """Creates or truncates ``path`` and writes ``data``, never through a link; ``mode``: its
+    permissions (e.g. 0o600 for a file only its owner may read)."""
+    fd = open_fd(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644 if mode is None else mode)
+    if mode is not None:
+        os.fchmod(fd, mode)  # also when the file existed
     with os.fdopen(fd, "wb") as f:
         f.write(data)
 
@@ -82,7 +85,7 @@ def append_bytes(path: str | os.PathLike, data: bytes, *, fsync: bool = False) -
 
 
 def write_atomic(path: str | os.PathLike, text: str | bytes, *,
-                 replace_link: bool = False) -> None:
+                 replace_link: bool = False, mode: int | None = None) -> None:
     """Writes ``path.tmp`` (never through a link) and renames it over ``path``: a reader sees
     the old file or the new one. A link at ``path`` is refused, or replaced (not followed) with
     ``replace_link``. A failed write (a full disk) leaves no temporary file behind."""
@@ -92,7 +95,7 @@ def write_atomic(path: str | os.PathLike, text: str | bytes, *,
     tmp = path.with_name(path.name + ".tmp")
     data = text.encode() if isinstance(text, str) else text
     try:
-        write_bytes(tmp, data)
+        write_bytes(tmp, data, mode)
         os.replace(tmp, path)
     except LinkRefusedError:
         raise
