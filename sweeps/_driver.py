@@ -45,12 +45,25 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
     _reach_tracking(uri, sweep.name)
     trials_dir = workdir / "trials" / sweep.name
     with one_driver(trials_dir, sweep.name):  # before Ray starts: a refusal costs nothing
-        return _run(sweep, workdir, uri, trials_dir, address, resume, show, callbacks,
-                    trust_state)
+        if resume:  # Ray unpickles the sweep's state on restore: code in it would run here
+            check_state(workdir / "ray_results" / sweep.name, trust_state)
+        return _run(sweep, workdir, uri, trials_dir, address, resume, show, callbacks)
+
+
+def check_state(path: Path, trust_state: bool) -> None:
+    """The trust checks of ``_trust`` on the state a resume would restore (if there is one)."""
+    if not (path / "tuner.pkl").exists() and not (path / "tuner.pkl").is_symlink():
+        return
+    check_trusted(path)
+    if trust_state:
+        print(f"warning: --trust-state: resuming {path} without verifying its state against "
+              "recorded digests", file=sys.stderr, flush=True)
+    else:
+        check_digest(path, refuse_unrecorded=True)
 
 
 def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str | None,
-         resume: bool, show: tuple[str, ...], callbacks, trust_state: bool) -> Path:
+         resume: bool, show: tuple[str, ...], callbacks) -> Path:
     from flatlm.track import default_artifact_location, ensure_experiment
 
     if address:
@@ -63,8 +76,7 @@ def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str |
         sweep_info = {"name": sweep.name, "preset": sweep.preset, "tracking_uri": uri,
                       "experiment_id": experiment_id, "trials_dir": str(trials_dir)}
         check_resume_settings(sweep, workdir / "ray_results" / sweep.name, resume)
-        tuner = _tuner(sweep, workdir / "ray_results", sweep_info, resume, show, callbacks,
-                       trust_state)
+        tuner = _tuner(sweep, workdir / "ray_results", sweep_info, resume, show, callbacks)
         record_settings(sweep, workdir / "ray_results" / sweep.name)
         with _sigterm_as_sigint() as received:
             results = tuner.fit()
@@ -239,17 +251,11 @@ def count_unfinished(results) -> int:
 
 
 def _tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, show: tuple[str, ...],
-           callbacks: Sequence[tune.Callback], trust_state: bool) -> tune.Tuner:
+           callbacks: Sequence[tune.Callback]) -> tune.Tuner:
     trainable_ = tune.with_resources(trainable, {"cpu": sweep.cpus_per_trial,
                                                  "gpu": sweep.gpus_per_trial})
     path = storage / sweep.name
-    if resume and tune.Tuner.can_restore(str(path)):
-        check_trusted(path)  # Tune unpickles its state: code in it would run here
-        if trust_state:
-            print(f"warning: --trust-state: resuming {path} without verifying its state "
-                  "against recorded digests", file=sys.stderr, flush=True)
-        else:
-            check_digest(path, refuse_unrecorded=True)
+    if resume and tune.Tuner.can_restore(str(path)):  # its state verified (check_state)
         tuner = tune.Tuner.restore(str(path), trainable=trainable_, resume_errored=True,
                                    resume_unfinished=True)
         record_digest(path)
