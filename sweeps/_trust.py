@@ -173,10 +173,11 @@ class StateDigests(tune.Callback):
         self._paths: tuple[Path, Path] | None = None  # (staging, storage) of the experiment
 
     def on_step_begin(self, iteration, trials, **info):
-        if self._paths is None and trials:
-            storage = trials[0].storage
+        if self._paths is None and trials:  # the first step with trials: what Tune saved
+            storage = trials[0].storage     # before it is recorded at once
             self._paths = (Path(storage.experiment_driver_staging_path),
                            Path(storage.experiment_fs_path))
+            self.get_state()
 
     def get_state(self):
         if self._paths is not None:

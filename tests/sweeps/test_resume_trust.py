@@ -49,8 +49,10 @@ def pasted(command: str, cwd: Path, env: dict, timeout: float = 600) -> subproce
     """``command`` run as a user pasting it into bash, ``python`` being this interpreter."""
     bin_dir = cwd / "bin"
     bin_dir.mkdir(exist_ok=True)
-    if not (bin_dir / "python").exists():
-        (bin_dir / "python").symlink_to(sys.executable)
+    python = bin_dir / "python"
+    if not python.exists():  # a script, not a link: a linked venv python loses its venv
+        python.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+        python.chmod(0o755)
     return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, start_new_session=True,
                           env={**env, "PATH": f"{bin_dir}:{env['PATH']}"})
