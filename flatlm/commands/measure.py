@@ -10,7 +10,6 @@ The source defaults to the one recorded in the checkpoint's ``flatlm.json``. The
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from flatlm.measure.registry import measurement_names
@@ -57,7 +56,7 @@ def _config(args):
 def run(args) -> int:
     from flatlm.core.devices import resolve_device
     from flatlm.measure.run import eval_data, measure_model
-    from flatlm.models.checkpoint import load_checkpoint
+    from flatlm.models.checkpoint import check_language, load_checkpoint
     from flatlm.models.presets import ModelConfig
     from flatlm.sources import SourceSpec, load
 
@@ -69,6 +68,7 @@ def run(args) -> int:
     model, info = load_checkpoint(ckpt)
     source = load(SourceSpec(args.source) if args.source else info["source"])
     _check_vocabulary(ckpt, info, source)
+    check_language(ckpt, info, source, "measure")  # same words, another grammar: refused
     model = model.to(device)
     data = eval_data(source, cfg, ModelConfig(**info["model"]))  # random-features reference
     path = Path(args.out) if args.out else ckpt / "measure.json"
@@ -98,6 +98,6 @@ def _check_vocabulary(ckpt: Path, info: dict, source) -> None:
 def _write_replacing(path: Path, text: str) -> None:
     """Writes ``path`` as a new file renamed into place: a symbolic link there is replaced, not
     followed (a checkpoint from elsewhere could point its measure.json at any file)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    from flatlm.core.safe_io import write_atomic
+
+    write_atomic(path, text, replace_link=True)

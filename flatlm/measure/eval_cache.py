@@ -7,12 +7,14 @@ trial of a sweep measures on the same sentences, so the exact truth behind the l
 inside-outside on a CPU for 10^5 sentences of the paper's grammar) is paid once. A file is
 ``<cache_dir>/eval-<key>.pt`` (tensors only, read with ``weights_only=True``), written to a
 temporary name and renamed, so concurrent trials either find a whole file or draw their own.
+A file that does not load (truncated, damaged) is drawn again and replaced, with a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import uuid
 from collections.abc import Callable
@@ -21,6 +23,8 @@ from pathlib import Path
 import torch
 
 FORMAT = "flatlm.eval/1"
+
+log = logging.getLogger(__name__)
 
 
 def cache_key(fingerprint: str, spec: dict, fields: dict) -> str:
@@ -38,7 +42,12 @@ def cached_tensors(cache_dir: str | Path | None, key: str,
         return make()
     path = Path(cache_dir) / f"eval-{key}.pt"
     if path.is_file():
-        return torch.load(path, weights_only=True)
+        try:
+            return torch.load(path, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable file: draw it again
+            why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            log.warning("evaluation cache %s does not load (%s: %s); drawing it again",
+                        path, type(e).__name__, why)
     tensors = make()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
