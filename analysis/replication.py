@@ -58,6 +58,9 @@ def load(args) -> pd.DataFrame:
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         raise SystemExit("--experiments needs --tracking-uri (or $MLFLOW_TRACKING_URI)")
+    from analysis.store import refuse_password
+
+    refuse_password(uri)
     frames = []
     for name in args.experiments.split(","):
         _, protocol, experiment = name.split(".")
@@ -255,6 +258,10 @@ def _sizes_line(part: pd.DataFrame) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.tracking_uri:  # before anything is read: a password is refused, never echoed
+        from analysis.store import refuse_password
+
+        refuse_password(args.tracking_uri)
     df = load(args)
     if df.empty:
         print("no trials found", file=sys.stderr)

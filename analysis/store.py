@@ -12,7 +12,12 @@ from pathlib import Path
 
 from analysis.runs import load_runs
 from flatlm.measure import probe_keys
-from flatlm.tracking.tracker import TAG_REPORT, MlflowTracker, default_tracking_uri
+from flatlm.tracking.tracker import (
+    TAG_REPORT,
+    MlflowTracker,
+    check_tracking_uri,
+    default_tracking_uri,
+)
 
 
 def accuracy_key(columns, task: str | None) -> str:
@@ -71,6 +76,15 @@ def check_store(uri: str, experiment: str) -> None:
                          f"there: {', '.join(sorted(names)) or 'none'}")
 
 
+def refuse_password(uri: str) -> None:
+    """Exits, without echoing the URI, when it holds a password (``flatlm.tracking.tracker``'s
+    rule)."""
+    try:
+        check_tracking_uri(uri, "--tracking-uri (or $MLFLOW_TRACKING_URI)")
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
 def load_table(args) -> tuple:
     """(the tidy table, the tracking URI or None) from ``--trials`` or ``--experiment``."""
     if args.trials is not None:
@@ -78,5 +92,6 @@ def load_table(args) -> tuple:
         return load_trials(args.trials), None
     uri = (args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
            or default_tracking_uri(Path.cwd()))
+    refuse_password(uri)
     check_store(uri, args.experiment)
     return load_runs(uri, args.experiment, source=getattr(args, "source", "auto")), uri

@@ -44,7 +44,13 @@ def plot_curves(rows: dict[int, dict], keys: list[str], path: Path, title: str,
         if key.startswith(LOG_SCALE_PREFIXES) and all(v > 0 for v in values):
             ax.set_yscale("log")
     fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=100)
+    import io
+
+    from flatlm.core.safe_io import write_atomic
+
+    png = io.BytesIO()
+    fig.savefig(png, dpi=100, format="png")
+    write_atomic(path, png.getvalue())  # never through a link planted in the trial directory
     return path
 
 

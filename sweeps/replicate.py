@@ -14,6 +14,7 @@ configs, ``flatlm.experiments``). The report (``analysis/replication.py``) goes 
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -58,7 +59,8 @@ def main(argv=None) -> int:
         for sweep in sweeps:
             print(f"== {sweep.name}", flush=True)
             run_sweep(sweep, workdir=workdir, tracking_uri=args.tracking_uri,
-                      address=args.address, resume=args.resume, show=shown_metrics(sweep))
+                      address=args.address, resume=args.resume, show=shown_metrics(sweep),
+                      trust_state=args.trust_state)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -75,7 +77,8 @@ def write_report(sweeps: list[Sweep], workdir: Path, tracking_uri: str | None) -
     return replication.main(["--experiments", ",".join(s.name for s in sweeps),
                              "--tracking-uri", uri,
                              "--out", str(workdir / "report" / "replication"),
-                             "--command", "python sweeps/replicate.py " + " ".join(sys.argv[1:])])
+                             "--command", shlex.join(["python", "sweeps/replicate.py",
+                                                      *sys.argv[1:]])])
 
 
 if __name__ == "__main__":

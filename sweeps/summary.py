@@ -4,6 +4,7 @@ worker."""
 
 from __future__ import annotations
 
+import shlex
 import textwrap
 import warnings
 from pathlib import Path
@@ -43,14 +44,14 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None) -> None:
         print(f"\nCorrelations with downstream accuracy ({key}), saturated checkpoints:")
         print(correlation_markdown(table))
         _print_selection(sweep, runs, key)
-    print(f"\nMLflow UI:  cd {workdir} && mlflow ui --backend-store-uri {uri}")
-    print(f"Report:     python {REPO / 'analysis' / 'report.py'} --experiment {sweep.name} "
-          f"--tracking-uri {uri} --task {task} {saturation_flag(sweep)} "
-          f"--out {workdir / 'report' / sweep.name}")
+    report = ["--experiment", sweep.name, "--tracking-uri", uri, "--task", task,
+              *saturation_flag(sweep).split(), "--out", str(workdir / "report" / sweep.name)]
+    print(f"\nMLflow UI:  cd {shlex.quote(str(workdir))} && "
+          f"{shlex.join(['mlflow', 'ui', '--backend-store-uri', uri])}")
+    print(f"Report:     {shlex.join(['python', str(REPO / 'analysis' / 'report.py'), *report])}")
     if sweep.selection:
-        print(f"Selection:  python {REPO / 'analysis' / 'selection.py'} --experiment "
-              f"{sweep.name} --tracking-uri {uri} --task {task} {saturation_flag(sweep)} "
-              f"--out {workdir / 'report' / sweep.name}")
+        print("Selection:  "
+              f"{shlex.join(['python', str(REPO / 'analysis' / 'selection.py'), *report])}")
 
 
 def measurement_cost(runs) -> str | None:

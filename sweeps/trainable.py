@@ -13,12 +13,12 @@ travelling in it keeps one MLflow run per trial. Runs in Ray workers: imports no
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from flatlm.core.config import apply_overrides, from_dict
+from flatlm.core.safe_io import write_bytes
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, probe_keys
 from flatlm.runs.metrics_log import METRICS_FILE, read_metrics, read_train_log
 from flatlm.runs.trial import TrialConfig, tracked_params
@@ -28,6 +28,7 @@ from sweeps.rayenv import tune
 from sweeps.travel import restore_tracking, save_tracking
 
 DIVERGED_FILE = "diverged.json"  # in a diverged trial's directory: {"step", "loss", "message"}
+#   (loss null when it was not finite: the file stays valid JSON)
 TAG_DIVERGED = "flatlm.diverged"  # MLflow tag of a diverged trial's run: the step
 # Artifacts of a trial's MLflow run: its config, every checkpoint's measurements, its curves.
 TRIAL_ARTIFACTS = (METRICS_FILE, "metrics.json", "trial_config.json", "*.png",
@@ -93,10 +94,14 @@ def end_diverged(tracker, out_dir: Path, e: Diverged) -> None:
     MLflow run FAILED. Nothing after the divergence was measured; the trial returns normally so
     that Tune neither retries it nor stops the sweep (the driver lists diverged trials)."""
     import json
+    import math
+
+    from flatlm.core.safe_io import write_text
 
     print(f"trial {out_dir.name}: {e}", file=sys.stderr, flush=True)
-    (out_dir / DIVERGED_FILE).write_text(json.dumps(
-        {"step": e.step, "loss": e.loss, "message": str(e)}) + "\n")
+    loss = e.loss if math.isfinite(e.loss) else None  # valid JSON: NaN and inf are not
+    write_text(out_dir / DIVERGED_FILE, json.dumps(
+        {"step": e.step, "loss": loss, "message": str(e)}, allow_nan=False) + "\n")
     if not tracker.set_tag(TAG_DIVERGED, str(e.step)):
         print(f"trial {out_dir.name}: could not tag its run diverged ({DIVERGED_FILE} says so)",
               file=sys.stderr, flush=True)
@@ -147,7 +152,7 @@ def _plot_trial(out_dir: Path, name: str, cfg: TrialConfig) -> None:
     tasks = tuple(cfg.measure.tasks) or tuple(load(cfg.source).tasks)
     plot_curves(read_metrics(out_dir), curve_keys(tasks), out_dir / "curves.png", name,
                 train_rows=read_train_log(out_dir))
-    shutil.copy2(out_dir / "config.json", out_dir / "trial_config.json")
+    write_bytes(out_dir / "trial_config.json", (out_dir / "config.json").read_bytes())
 
 
 def finish_trial(tracker, status: str, wait_s: float) -> bool:

@@ -14,7 +14,6 @@ A progress bar shows on a terminal (``--no-progress``: none).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -66,7 +65,7 @@ def _config(args):
 def run(args) -> int:
     from flatlm.core.devices import resolve_device
     from flatlm.measure.run import eval_data, measure_model
-    from flatlm.models.checkpoint import load_checkpoint
+    from flatlm.models.checkpoint import check_language, load_checkpoint
     from flatlm.models.presets import ModelConfig
     from flatlm.sources import SourceSpec, load
 
@@ -78,6 +77,7 @@ def run(args) -> int:
     model, info = load_checkpoint(ckpt)
     source = load(SourceSpec(args.source) if args.source else info["source"])
     _check_vocabulary(ckpt, info, source)
+    check_language(ckpt, info, source, "measure")  # same words, another grammar: refused
     model = model.to(device)
     data = eval_data(source, cfg, ModelConfig(**info["model"]),  # random-features reference
                      cache_dir=_cache_dir(args.cache, ckpt))
@@ -117,6 +117,6 @@ def _check_vocabulary(ckpt: Path, info: dict, source) -> None:
 def _write_replacing(path: Path, text: str) -> None:
     """Writes ``path`` as a new file renamed into place: a symbolic link there is replaced, not
     followed (a checkpoint from elsewhere could point its measure.json at any file)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    from flatlm.core.safe_io import write_atomic
+
+    write_atomic(path, text, replace_link=True)

@@ -14,9 +14,11 @@ value: ``--compile false``), a tuple is comma-separated
 the trial config's keys, as the sweeps do (``--set train.sam.rho=0.1``). Checkpoints go to
 ``OUT/checkpoints/step-<N>/`` (default: only the last step).
 
-Exit status: 0 trained; 2 bad input (a message naming the field); 3 training diverged (a
-non-finite loss, or one above --divergence-factor times the first logged loss): the message on
-stderr names the step and the loss, and no checkpoint after the divergence is written.
+Exit status: 0 trained; 2 bad input (a message naming the field, or an unusable --out); 3
+training diverged (a non-finite loss, or one above --divergence-factor times the initial loss
+log V or the first logged loss): the message on stderr names the step and the loss, and no
+checkpoint after the divergence is written; 5 a checkpoint or the training log could not be
+written (a full disk): the earlier checkpoints are intact.
 """
 
 from __future__ import annotations
@@ -61,12 +63,25 @@ def register(subparsers) -> None:
 
 def config_from_args(args) -> TrainConfig:
     """The ``TrainConfig`` the options describe (raises ValueError naming a bad field)."""
-    overrides = {**section_assignments(args.overrides, "train"), **overrides_from_args(args)}
+    given = section_assignments(args.overrides, "train")
+    flags = overrides_from_args(args)
+    _check_no_conflict(given, flags)
+    overrides = {**given, **flags}
     if "checkpoint_steps" not in overrides:  # default: a checkpoint at the last step only
         steps = apply_overrides(TrainConfig(), {k: v for k, v in overrides.items()
                                                 if k == "steps"}).steps
         overrides["checkpoint_steps"] = [steps]
     return apply_overrides(TrainConfig(), overrides)
+
+
+def _check_no_conflict(given: dict, flags: dict) -> None:
+    """``--set train.lr=0.5 --lr 0.001`` names one field twice: an error, not a silent pick."""
+    both = sorted(k for k in set(given) & set(flags) if str(given[k]) != str(flags[k]))
+    if both:
+        key = both[0]
+        flag = "--" + key.replace(".", "-").replace("_", "-")
+        raise ValueError(f"--set train.{key}={given[key]} and {flag} {flags[key]} set the same "
+                         f"field train.{key} to different values; give one of them")
 
 
 def run(args) -> int:
@@ -89,6 +104,9 @@ def run(args) -> int:
 
     source = load(spec)
     device = resolve_device(args.device)  # no global TF32: fp32 stays fp32, as in the sweeps
+    from flatlm.core.safe_io import check_output_dir
+
+    args.out = check_output_dir(args.out)  # a link, a file or an unwritable place: a message
     print(f"{describe(model.config, source.V, source.max_length)}; {cfg.algorithm} for "
           f"{cfg.steps} steps on {device}")
     try:

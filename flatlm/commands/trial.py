@@ -51,10 +51,12 @@ def trial_config(args):
 
 def run(args) -> int:
     from flatlm.core.devices import resolve_device
+    from flatlm.core.safe_io import check_output_dir
     from flatlm.runs.trial import printer, run_trial
 
     cfg = trial_config(args)
     device = resolve_device(args.device)
+    args.out = check_output_dir(args.out)  # a link, a file or an unwritable place: a message
     print(f"trial {cfg.model} on {cfg.source} ({args.scale} scale, {args.protocol}) -> "
           f"{args.out}", flush=True)
     run_trial(cfg, args.out, printer, device=device, progress=not args.no_progress)

@@ -65,7 +65,7 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor] | None:
         problem = "not a dict of tensors"
     except UNREADABLE as e:
         problem = str(e)
-    log.warning("%s cannot be read (%s): drawing it again", path, problem)
+    log.warning("evaluation cache %s does not load (%s): drawing it again", path, problem)
     return None
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from flatlm.core.config import to_dict
+from flatlm.core.safe_io import write_text
 from flatlm.measure.registry import unused_sections as unused_measure_sections
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
 from flatlm.models.checkpoint import INFO_NAME
@@ -39,6 +40,7 @@ from flatlm.train.config import TrainConfig
 from flatlm.train.loop import TRAINING_INTERVAL
 from flatlm.train.registry import check_before_training
 from flatlm.train.registry import unused_sections as unused_train_sections
+from flatlm.train.sizes import check_fits
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +151,7 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
     """
     source, model_cfg = validate_trial(cfg)
     cfg = with_downstream_resolved(cfg)
+    check_fits(cfg.train, model_cfg, source, torch.device(device))  # before the eval data too
     out_dir = Path(out_dir).absolute()
     with writer_lock(out_dir):  # one writer per trial directory (flatlm.runs.dirlock)
         return _run_trial(cfg, source, model_cfg, out_dir, report, device, progress, eval_cache)
@@ -158,7 +161,7 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
                eval_cache) -> dict[int, dict]:
     from flatlm.train.loop import train
 
-    (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    write_text(out_dir / "config.json", json.dumps(to_dict(cfg), indent=2) + "\n")
     data = eval_data(source, cfg.measure, model_cfg, device=device, cache_dir=eval_cache)
     done = read_metrics(out_dir)
 
@@ -196,7 +199,7 @@ def measurement_cost(seconds: float, ckpt_dir: Path) -> dict[str, float]:
 
 def _record(out_dir: Path, ckpt_dir: Path, step: int, metrics: dict) -> None:
     row = json.dumps({"step": step, **metrics})
-    (Path(ckpt_dir) / CHECKPOINT_METRICS_FILE).write_text(row + "\n")
+    write_text(Path(ckpt_dir) / CHECKPOINT_METRICS_FILE, row + "\n")  # never through a link
     append_metrics(out_dir, step, metrics)
 
 

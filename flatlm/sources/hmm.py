@@ -113,6 +113,16 @@ def check_hmm_arrays(initial, transition, emission, where: str = "arrays") -> li
     return out
 
 
+def _check_size(states: int, vocab: int) -> None:
+    """A vocabulary or state count too large for memory is an error naming it, before the
+    arrays are drawn (the kernel would otherwise kill the process minutes later)."""
+    from flatlm.core.memory import require
+
+    require(8 * 3 * states * (states + vocab),  # A [S, S] and E [S, V] in float64, ~3 copies
+            f"hmm spec: 'vocab' ({vocab}) x 'states' ({states})",
+            "lower 'vocab' or 'states' (the emission matrix has vocab x states entries)")
+
+
 def random_hmm_arrays(seed, vocab, states, blocks, leakage, concentration) -> list[np.ndarray]:
     """Block-diagonal pi [S], A [S, S], E [S, V] from ``np.random.default_rng(seed)``."""
     rng = np.random.default_rng(seed)
@@ -196,6 +206,7 @@ class HMM(Source):
                 f"hmm spec: 'blocks' ({args['blocks']}) must not exceed 'states' "
                 f"({args['states']}) or 'vocab' ({args['vocab']}); lower 'blocks'"
             )
+        _check_size(args["states"], args["vocab"])
         arrays = random_hmm_arrays(**args)
         return cls(*arrays, length, spec={"kind": "hmm", **args, "length": length},
                    where="random hmm")
