@@ -23,6 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flatlm.core.config import apply_overrides, parse_assignments
+
 if TYPE_CHECKING:
     from sweeps.driver import Interrupted
     from sweeps.spec import Sweep
@@ -33,8 +35,6 @@ if TYPE_CHECKING:
 
 def parse_overrides(pairs: list[str]) -> dict:
     """``--set`` pairs: the trial config's keys, the one key space of every command."""
-    from flatlm.core.config import parse_assignments
-
     return parse_assignments(pairs)
 
 
@@ -130,7 +130,6 @@ def resolve_source(args: argparse.Namespace) -> None:
 
 def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
     """The sweep with the command line's ``--set`` overrides and resource flags applied."""
-    from flatlm.core.config import apply_overrides
     from flatlm.runs.trial import validate_trial
 
     overrides = parse_overrides(getattr(args, "overrides", []))
@@ -156,7 +155,6 @@ def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
 def with_ranks_per_gpu(sweep: Sweep, overrides: dict) -> Sweep:
     """A trial given N > 1 GPUs trains data-parallel on them: ``train.world_size`` = N (one
     process per GPU, ``flatlm.train.distributed``); a fraction of one GPU shares it."""
-    from flatlm.core.config import apply_overrides
 
     gpus = sweep.gpus_per_trial
     if gpus <= 1:

@@ -4,9 +4,11 @@ alone (Ray workers import nothing from ``analysis/``)."""
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
+from flatlm.core.safe_io import write_atomic
 from flatlm.measure import se_key
 
 PANEL_IN = 3.6  # inches per panel
@@ -44,9 +46,6 @@ def plot_curves(rows: dict[int, dict], keys: list[str], path: Path, title: str,
         if key.startswith(LOG_SCALE_PREFIXES) and all(v > 0 for v in values):
             ax.set_yscale("log")
     fig.suptitle(title, fontsize=9)
-    import io
-
-    from flatlm.core.safe_io import write_atomic
 
     png = io.BytesIO()
     fig.savefig(png, dpi=100, format="png")

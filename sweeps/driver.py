@@ -11,8 +11,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from flatlm.core.config import to_dict
+from flatlm.core.config import flatten_dict, to_dict
 from flatlm.experiments.grids import trial_name
+from flatlm.runs.dirlock import DirectoryBusyError, writer_lock
+from flatlm.tracking.ledger import STATE_FILE, read_state
+from flatlm.tracking.tracker import (
+    MlflowTracker,
+    default_artifact_location,
+    default_tracking_uri,
+    ensure_experiment,
+    store_lock,
+)
 from sweeps.rayenv import ray, tune
 from sweeps.spec import Sweep, check_sweep, check_tracking_uri, objectives
 from sweeps.trainable import DIVERGED_FILE, trainable
@@ -34,8 +43,6 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
     it was started with. ``trust_state``: resume a sweep whose state has no digest recorded
     here (``sweeps.trust``; copied or moved here), on the owner and permission checks alone.
     """
-    from flatlm.tracking.tracker import default_tracking_uri
-
     check_sweep(sweep)
     check_tracking_uri(tracking_uri)
     workdir = workdir.absolute()
@@ -63,7 +70,6 @@ def check_state(path: Path, trust_state: bool) -> None:
 
 def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str | None,
          resume: bool, show: tuple[str, ...], callbacks) -> Path:
-    from flatlm.tracking.tracker import default_artifact_location, ensure_experiment
 
     if address:
         ray.init(address=address, logging_level="ERROR")
@@ -103,8 +109,6 @@ def one_driver(trials_dir: Path, name: str):
     """Holds the sweep's lock (``flatlm.runs.dirlock`` on its trials directory): a second driver of
     the same sweep, say a second ``--resume``, would run the same trials again beside the first.
     The kernel drops the lock when a driver dies, so none goes stale."""
-    from flatlm.runs.dirlock import DirectoryBusyError, writer_lock
-
     with contextlib.ExitStack() as held:
         try:  # only taking the lock is this error; the sweep's own errors pass through
             held.enter_context(writer_lock(trials_dir))
@@ -120,8 +124,6 @@ SETTINGS_FILE = "flatlm_sweep.json"  # in the Ray experiment directory: what the
 
 def sweep_settings(sweep: Sweep) -> dict:
     """The settings a resumed sweep must share with the one it continues (flat keys)."""
-    from flatlm.core.config import flatten_dict
-
     def plain(o):
         return {k: v for k, v in vars(o).items() if not k.startswith("_")} \
             if hasattr(o, "__dict__") else str(o)
@@ -135,7 +137,6 @@ def check_resume_settings(sweep: Sweep, path: Path, resume: bool) -> None:
     them (Tune would silently keep the old ones). A setting the record lacks (a config field
     added to flatlm since the sweep started) counts as its default: an upgrade alone changes
     nothing."""
-    from flatlm.core.config import flatten_dict
     from flatlm.runs.trial import TrialConfig
 
     file = path / SETTINGS_FILE
@@ -228,9 +229,6 @@ def mark_killed(trials_dir: Path, uri: str) -> list[str]:
     Returns the trials' names."""
     from mlflow import MlflowClient
 
-    from flatlm.tracking.ledger import read_state
-    from flatlm.tracking.tracker import MlflowTracker
-
     client, killed = MlflowClient(uri), []
     for out_dir in sorted(p for p in trials_dir.glob("*") if p.is_dir()):
         run_id = (read_state(out_dir) or {}).get("run_id")
@@ -279,8 +277,6 @@ def _reach_tracking(uri: str, name: str) -> None:
     """An unreachable store is an error naming the fix before Ray starts (with a few quick
     retries, not MLflow's minutes of back-off). Creates nothing in the store but its schema."""
     from mlflow import MlflowClient
-
-    from flatlm.tracking.tracker import store_lock
 
     quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
              "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
@@ -377,9 +373,6 @@ def report_diverged(trials_dir: Path) -> list[str]:
 def finish_undelivered(trials_dir: Path, uri: str, experiment_id: str) -> list[str]:
     """Ends the runs whose trials could not deliver their end (or last rows) to MLflow; returns
     the trials whose runs are still not ended (MLflow unreachable)."""
-    from flatlm.tracking.ledger import STATE_FILE
-    from flatlm.tracking.tracker import MlflowTracker
-
     pending = []
     for state_file in sorted(trials_dir.glob(f"*/{STATE_FILE}")):
         try:

@@ -18,8 +18,10 @@ import shlex
 import sys
 from pathlib import Path
 
+from analysis import replication
 from flatlm.commands.replicate import add_selection_arguments, experiments_from_args
 from flatlm.experiments.scales import scale
+from flatlm.tracking.tracker import default_tracking_uri
 from sweeps.cli import apply_arguments, interrupted, parser
 from sweeps.driver import Interrupted, run_sweep
 from sweeps.rayenv import tune
@@ -70,8 +72,6 @@ def main(argv=None) -> int:
 
 
 def write_report(sweeps: list[Sweep], workdir: Path, tracking_uri: str | None) -> int:
-    from analysis import replication
-    from flatlm.tracking.tracker import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri(workdir)
     return replication.main(["--experiments", ",".join(s.name for s in sweeps),

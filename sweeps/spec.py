@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from flatlm.core.config import apply_overrides
 from flatlm.measure import KL, LOSS, TRACE_FISHER, probe_keys
 from flatlm.runs.trial import TrialConfig, measured_tasks, validate_trial
+from flatlm.tracking.tracker import check_tracking_uri as check
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,8 +98,6 @@ def check_tracking_uri(uri: str | None) -> None:
     """Credentials in the URI (any scheme's case) would be printed and written into Ray's state
     files: ``flatlm.tracking.tracker.check_tracking_uri``, the one rule every entry point
     applies."""
-    from flatlm.tracking.tracker import check_tracking_uri as check
-
     check(uri)
 
 

@@ -17,7 +17,13 @@ import json
 import sys
 from pathlib import Path
 
+from flatlm.core.config import apply_overrides, section_assignments
+from flatlm.core.devices import resolve_device
+from flatlm.core.safe_io import write_atomic
 from flatlm.measure.registry import measurement_names
+from flatlm.models.checkpoint import check_language, load_checkpoint
+from flatlm.models.presets import ModelConfig
+from flatlm.sources import SourceSpec, load
 
 
 def register(sub) -> None:
@@ -48,7 +54,6 @@ def _config(args):
     """The MeasureConfig of the options: the named flags first, then ``--set`` (same path as
     ``flatlm.core.config.apply_overrides``, so ``--set measure.tasks=B,C`` and ``--tasks B,C``
     agree)."""
-    from flatlm.core.config import apply_overrides, section_assignments
     from flatlm.measure.run import MeasureConfig
 
     overrides = {"what": args.what, "seed": args.seed}
@@ -63,11 +68,7 @@ def _config(args):
 
 
 def run(args) -> int:
-    from flatlm.core.devices import resolve_device
     from flatlm.measure.run import eval_data, measure_model
-    from flatlm.models.checkpoint import check_language, load_checkpoint
-    from flatlm.models.presets import ModelConfig
-    from flatlm.sources import SourceSpec, load
 
     ckpt = Path(args.checkpoint)
     if not (ckpt / "flatlm.json").is_file():
@@ -117,6 +118,4 @@ def _check_vocabulary(ckpt: Path, info: dict, source) -> None:
 def _write_replacing(path: Path, text: str) -> None:
     """Writes ``path`` as a new file renamed into place: a symbolic link there is replaced, not
     followed (a checkpoint from elsewhere could point its measure.json at any file)."""
-    from flatlm.core.safe_io import write_atomic
-
     write_atomic(path, text, replace_link=True)

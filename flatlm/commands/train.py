@@ -34,7 +34,12 @@ from flatlm.core.config import (
     overrides_from_args,
     section_assignments,
 )
+from flatlm.core.devices import resolve_device
+from flatlm.core.safe_io import check_output_dir
+from flatlm.models.presets import ModelSpec, describe
+from flatlm.sources import SourceSpec, load
 from flatlm.train.config import TrainConfig
+from flatlm.train.data import corpus_source_spec
 
 DIVERGED_EXIT = 3  # exit status of a run stopped by flatlm.train.loop.Diverged
 WRITE_FAILED_EXIT = 5  # a checkpoint could not be written (disk full); earlier ones intact
@@ -86,8 +91,6 @@ def _check_no_conflict(given: dict, flags: dict) -> None:
 
 def run(args) -> int:
     cfg = config_from_args(args)  # before anything slow: a bad field fails at once
-    from flatlm.models.presets import ModelSpec, describe
-    from flatlm.sources import SourceSpec, load
 
     model = ModelSpec(args.model)
     if args.source is None and cfg.data == "fresh":
@@ -95,16 +98,13 @@ def run(args) -> int:
     if args.source is not None:
         spec = SourceSpec(args.source)
     else:
-        from flatlm.train.data import corpus_source_spec
 
         spec = SourceSpec(corpus_source_spec(cfg.data))
 
-    from flatlm.core.devices import resolve_device
     from flatlm.train.loop import CheckpointWriteError, Diverged, train
 
     source = load(spec)
     device = resolve_device(args.device)  # no global TF32: fp32 stays fp32, as in the sweeps
-    from flatlm.core.safe_io import check_output_dir
 
     args.out = check_output_dir(args.out)  # a link, a file or an unwritable place: a message
     print(f"{describe(model.config, source.V, source.max_length)}; {cfg.algorithm} for "

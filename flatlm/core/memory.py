@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 
 def available_bytes(device=None) -> int:
     """Memory a new allocation can use: the GPU's free memory for a CUDA device, else the
     host's MemAvailable (Linux), else its physical memory."""
     if device is not None and getattr(device, "type", str(device)).startswith("cuda"):
-        import torch
 
         return int(torch.cuda.mem_get_info(device)[0])
     try:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
@@ -109,8 +111,6 @@ def write_atomic(path: str | os.PathLike, text: str | bytes, *,
 def make_fresh_dir(path: str | os.PathLike) -> Path:
     """Creates the directory ``path`` anew (a leftover real directory is removed first; a link
     there is refused, never followed or emptied)."""
-    import shutil
-
     path = Path(path)
     refuse_link(path)
     shutil.rmtree(path, ignore_errors=True)
@@ -136,7 +136,6 @@ def check_output_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
         raise ValueError(f"{flag} {path}: cannot create it ({e.strerror}); give a directory "
                          "you can write") from None
     try:  # a real write: permission bits say nothing to root, and /proc takes no files
-        import tempfile
 
         fd, probe = tempfile.mkstemp(prefix=".flatlm-probe-", dir=path)
         os.close(fd)

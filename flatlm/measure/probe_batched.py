@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from tqdm.auto import tqdm
 
 from flatlm.core.schedules import learning_rate
 from flatlm.core.seeds import derive_seed
@@ -232,7 +233,6 @@ def train_heads_batched(
     per_epoch = math.ceil(N / bs)
     total = cfg.epochs * per_epoch
     stopper = _EarlyStopping(heads, val, cfg.patience) if val is not None else None
-    from tqdm.auto import tqdm
 
     with tqdm(total=total, desc="probe updates", unit="upd", leave=False,
               disable=not progress) as bar:

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+from tqdm.auto import tqdm
+
 # the bar of the measure_model call under way; None: no bar
 _BAR: ContextVar = ContextVar("measure_progress", default=None)
 
@@ -26,7 +28,6 @@ def progress_bar(show: bool) -> Iterator[None]:
         finally:
             _BAR.reset(token)
         return
-    from tqdm.auto import tqdm
 
     with tqdm(desc="measure", unit="part", leave=False) as bar:
         token = _BAR.set(bar)

@@ -25,6 +25,7 @@ from flatlm.core.seeds import derive_seed
 from flatlm.measure.curvature import FlatnessConfig
 from flatlm.measure.eval_cache import cache_key, cached_tensors
 from flatlm.measure.finetune import FinetuneConfig
+from flatlm.measure.grown import check_grow_to
 from flatlm.measure.loss import LossConfig
 from flatlm.measure.probe import ProbeConfig
 from flatlm.measure.progress import progress_bar, record, timer
@@ -79,7 +80,6 @@ class MeasureConfig:
         if self.n_downstream < 10:
             raise ValueError(f"measure.n_downstream={self.n_downstream}: use at least 10")
         if self.grow_to is not None:
-            from flatlm.measure.grown import check_grow_to
 
             check_grow_to(self.grow_to)
 

@@ -31,6 +31,7 @@ from flatlm.models.architectures import architecture
 from flatlm.models.masked_lm import build_model, count_parameters, model_layout, unwrap
 from flatlm.models.presets import ModelConfig, shape_string
 from flatlm.runs.manifest import verify_manifest
+from flatlm.sources import load
 
 INFO_NAME = "flatlm.json"
 FORMAT = "flatlm-checkpoint-1"  # bump when the meaning of a flatlm.json field changes
@@ -150,8 +151,6 @@ def check_language(ckpt: Path, info: dict, source, action: str) -> None:
 
 def _fingerprint_of(spec) -> str | None:
     """The fingerprint of the source ``spec`` builds, or None if it cannot be built here."""
-    from flatlm.sources import load
-
     try:
         return load(spec).fingerprint()
     except (ValueError, OSError):

@@ -27,20 +27,21 @@ from pathlib import Path
 
 import torch
 
-from flatlm.core.config import to_dict
+from flatlm.core.config import to_dict, to_flat_dict
 from flatlm.core.safe_io import write_text
 from flatlm.measure.registry import unused_sections as unused_measure_sections
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
-from flatlm.models.checkpoint import INFO_NAME
+from flatlm.models.checkpoint import INFO_NAME, load_checkpoint
 from flatlm.models.presets import ModelSpec, parse_model
 from flatlm.runs.dirlock import writer_lock
 from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, N_PARAMS, append_metrics, read_metrics
 from flatlm.sources import SourceSpec, load
-from flatlm.train.config import TrainConfig
+from flatlm.train.config import TrainConfig, resolve
 from flatlm.train.loop import TRAINING_INTERVAL
 from flatlm.train.registry import check_before_training
 from flatlm.train.registry import unused_sections as unused_train_sections
 from flatlm.train.sizes import check_fits
+from flatlm.train.state import newest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +119,6 @@ def tracked_params(cfg: TrialConfig) -> dict:
     defaults resolved (``train.dropout``, ``train.warmup_steps``, ...), the settings of other
     algorithms and of measurements that did not run left out, and options left unset (None)
     omitted, so that every logged value is one the trial used."""
-    from flatlm.core.config import to_flat_dict
-    from flatlm.train.config import resolve
-
     train = resolve(cfg.train)
     if train.micro_batch_size is None:  # None = one pass (sam: each half-batch in one pass)
         train = dataclasses.replace(train, micro_batch_size=train.sentences_per_pass)
@@ -210,9 +208,6 @@ def _catch_up(out_dir: Path, done: dict, on_checkpoint, report, device) -> None:
     between saving it and measuring it, or between measuring it and reporting it. Re-reporting
     is safe: the sinks keep one value per step (the tracker sends a step's key once).
     """
-    from flatlm.models.checkpoint import load_checkpoint
-    from flatlm.train.state import newest_checkpoint
-
     ckpt = newest_checkpoint(out_dir)
     if ckpt is None:
         return

@@ -42,6 +42,7 @@ import os
 import numpy as np
 import torch
 
+from flatlm.core.memory import require
 from flatlm.sources.base import PAD, Source, SourceError, as_tokens, padding_mask
 
 # Defaults of the random route (the paper's sizes: V = 200, S = 100, T = 16).
@@ -116,8 +117,6 @@ def check_hmm_arrays(initial, transition, emission, where: str = "arrays") -> li
 def _check_size(states: int, vocab: int) -> None:
     """A vocabulary or state count too large for memory is an error naming it, before the
     arrays are drawn (the kernel would otherwise kill the process minutes later)."""
-    from flatlm.core.memory import require
-
     require(8 * 3 * states * (states + vocab),  # A [S, S] and E [S, V] in float64, ~3 copies
             f"hmm spec: 'vocab' ({vocab}) x 'states' ({states})",
             "lower 'vocab' or 'states' (the emission matrix has vocab x states entries)")

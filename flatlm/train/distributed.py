@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import sys
 import threading
 import time
@@ -398,7 +399,6 @@ def _first_error(errors) -> BaseException | None:
 
 
 def _picklable(e: BaseException) -> BaseException:
-    import pickle
 
     try:
         return pickle.loads(pickle.dumps(e))

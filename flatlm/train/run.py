@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 from torch import nn
+from tqdm.auto import tqdm
 
 from flatlm.core.config import flatten_dict, to_dict
 from flatlm.core.safe_io import make_fresh_dir, refuse_link
@@ -212,7 +213,6 @@ class Run:
         return cls(cfg, source, model_cfg, out_dir, device, pipeline, ctx, resumed=state)
 
     def loop(self, on_checkpoint: CheckpointHook | None, progress: bool) -> None:
-        from tqdm.auto import tqdm
 
         cfg, step_fn = self.cfg, self.update_function()
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not progress, unit="step",
