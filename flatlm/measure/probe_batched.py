@@ -20,6 +20,17 @@ agree to at most one test sentence in a thousand, where a near tie flips). On 1 
 is 2-3x faster than ``train_heads`` task by task: one gather and one GEMM per update for the
 group, and AdamW in one pass instead of eight (bench/checkpoint_cost.py).
 
+The released probe (``probe.RELEASED``) adds three things, each a ``ProbeConfig`` setting:
+feature dropout (one (S, B, D) mask per update, the one ``train_heads`` draws, shared by the
+feature sets and tasks of a group), the N(0, 0.02) head (``initial_heads``) and the encoder in
+train mode while the heads train (``encoder_train_mode``): then the features differ every epoch,
+so ``probe_feature_sets`` takes a ``draws`` function per feature set and the heads train on a
+fresh train-mode forward pass over the training split every epoch (``epochs`` forward passes
+instead of one, per set of kept sentences; seeded by the probe's seed and the epoch; one draw per
+epoch shared by the seeds and tasks: each head sees every sentence once an epoch under a fresh
+dropout draw, as a lone run would, but the heads' draws are not independent). Evaluation, the
+ridge probe and the early-stopping scores read the eval-mode features.
+
 Early stopping (``ProbeConfig.patience``; off by default, and the paper's fixed epochs are what
 the ``paper`` and ``paper-code`` protocols run): ``ProbeConfig.val_fraction`` of the training
 split is held out (seeded), each head is scored on it after every epoch and keeps its weights of
@@ -220,9 +231,9 @@ class _Heads:
         F, S, K, C, D = self.shape
         B = idx.shape[1]
         xb = x.index_select(1, idx.flatten()).view(F * S, B, D)
-        if self.drop is not None:
-            xb = (xb.view(F, S, B, D) * dropout_multipliers(self.drop, (S, B, D), self.p,
-                                                            xb.device, xb.dtype)).view(F * S, B, D)
+        if self.drop is not None:  # xb is index_select's own copy: scaled in place
+            xb.view(F, S, B, D).mul_(dropout_multipliers(self.drop, (S, B, D), self.p,
+                                                         xb.device, xb.dtype))
         logits = torch.baddbmm(self.b.view(F * S, 1, K * C), xb,
                                self.W.view(F * S, K * C, D).transpose(1, 2))  # (F S, B, K C)
         g = logits.view(F, S, B, K, C).log_softmax(-1).exp_().mul_(1.0 / B)  # d(mean CE)/dz
