@@ -62,6 +62,7 @@ import pandas as pd
 from scipy import stats
 
 from flatlm.measure import KL, TRACE_FISHER, TRACE_FISHER_GROWN, probe_keys
+from flatlm.models.presets import parameter_count, parse_model
 
 SATURATION = 0.02  # nats/token: KL to the truth at or below which a checkpoint is saturated
 TOL = 0.02  # nats: "the same pre-training loss" among the compared checkpoints
@@ -391,7 +392,6 @@ def _paired(final: pd.DataFrame, column: str, a, b, metric: str, relative: bool)
 
 def model_size(model: str) -> float:
     """Parameter count of a model name (orders the sizes)."""
-    from flatlm.models.presets import parameter_count, parse_model
     return float(parameter_count(parse_model(model), vocab_size=100, max_length=32))
 
 

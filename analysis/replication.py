@@ -36,12 +36,17 @@ from analysis.claims import (  # noqa: E402
     UNDERPOWERED,
     VerdictRule,
     acc,
+    algorithm_effects,
     claim_rows,
     final_rows,
     mean_ci,
 )
 from analysis.correlate import to_markdown  # noqa: E402
 from analysis.fig1 import DEFAULT_FIG1, MIN_RUNS, Fig1Settings, fig1_rows  # noqa: E402
+from analysis.runs import load_runs
+from analysis.store import log_report, refuse_password
+from analysis.trials import load_trials
+from flatlm.experiments.protocols import describe
 from flatlm.measure import KL, TRACE_FISHER_GROWN  # noqa: E402
 
 
@@ -75,12 +80,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load(args) -> pd.DataFrame:
     if args.trials is not None:
-        from analysis.trials import load_trials
         return load_trials(args.trials)
-    from analysis.runs import load_runs
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         raise SystemExit("--experiments needs --tracking-uri (or $MLFLOW_TRACKING_URI)")
+    refuse_password(uri)
     frames = []
     for name in args.experiments.split(","):
         _, protocol, experiment = name.split(".")
@@ -195,8 +199,6 @@ def _diagnosis_cell(hit: pd.DataFrame) -> str:
 
 
 def _lookup_gap(part: pd.DataFrame) -> str:
-    from analysis.claims import algorithm_effects
-
     steps = part[part["experiment"] == "steps"]
     if steps.empty or "lookup/B/acc_mean" not in steps:
         return "n/a"
@@ -231,8 +233,6 @@ def write_report(df: pd.DataFrame, out: Path, *, rule: VerdictRule = DEFAULT_RUL
 
 
 def _markdown(df, tables, main, rule, fig1, command, hardware) -> str:
-    from flatlm.experiments.protocols import describe
-
     lines = ["# Replication of Liu et al. (ICML 2023) with flatlm", ""]
     if command:
         lines += [f"Made by: `{command}`", ""]
@@ -300,6 +300,8 @@ def _sizes_line(part: pd.DataFrame) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.tracking_uri:  # before anything is read: a password is refused, never echoed
+        refuse_password(args.tracking_uri)
     df = load(args)
     if df.empty:
         print("no trials found", file=sys.stderr)
@@ -315,7 +317,6 @@ def main(argv=None) -> int:
                          hardware=args.hardware)
     print((args.out / "replication.md").read_text())
     if args.tracking_uri and not args.no_log:
-        from analysis.store import log_report
         run_id = log_report(args.tracking_uri, "replication", paths,
                             {"saturation": args.saturation, "tol": args.tol,
                              "min_seeds": args.min_seeds, "trials": df["run_id"].nunique()})
