@@ -2,13 +2,13 @@
 50 sampled labels per input.
 
 Each checkpoint (``flatlm train`` output, ``CKPT/checkpoints/step-N``) is grown into ``--to`` by
-every construction of ``flatlm.models.growth.CONSTRUCTIONS`` ("paper": B.4.2 / enlarge.py, input
-embeddings / m; "head-norm": the MLM head's LayerNorm / m) and measured with ``trace_fisher`` on
-the same ``--inputs`` sentences of the checkpoint's source (one masked word each, the flatness
+every construction of ``flatlm.models.constructions.CONSTRUCTIONS`` ("paper": B.4.2 / enlarge.py,
+input embeddings / m; "head-norm": the MLM head's LayerNorm / m) and measured with ``trace_fisher``
+on the same ``--inputs`` sentences of the checkpoint's source (one masked word each, the flatness
 seed 0, ``--labels`` sampled labels per input); the native Tr(F) too, and the largest logit
-difference of each grown model from the checkpoint. With ``--time-labels`` it also times the
-native Tr(F) of each checkpoint for each of those label counts (the per-checkpoint cost of B.1's
-50; the least of 3 runs, one torch thread by default).
+difference of each grown model from the checkpoint. With ``--time-labels`` it also times the native
+Tr(F) of each checkpoint for each of those label counts (the per-checkpoint cost of B.1's 50; the
+least of 3 runs, one torch thread by default).
 
     python bench/growth_constructions.py RUN1 RUN2 RUN3 --to d64-h4-l2-i256 \\
         [--inputs 1000] [--labels 8] [--time-labels 1,8,50] [--threads 1] [--out results.json]
@@ -44,7 +44,8 @@ from flatlm.measure.curvature import FlatnessConfig
 from flatlm.measure.fisher import trace_fisher
 from flatlm.measure.grown import grown_model
 from flatlm.models.checkpoint import load_checkpoint
-from flatlm.models.growth import CONSTRUCTIONS, max_logit_difference
+from flatlm.models.constructions import CONSTRUCTIONS
+from flatlm.models.growth import max_logit_difference
 from flatlm.sources import load
 
 

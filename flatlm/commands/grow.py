@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flatlm.models.growth import CONSTRUCTIONS, DEFAULT_CONSTRUCTION
+from flatlm.models.checkpoint import load_checkpoint
+from flatlm.models.constructions import CONSTRUCTIONS, DEFAULT_CONSTRUCTION
 
 
 def register(subparsers) -> None:
@@ -41,7 +42,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from flatlm.models.checkpoint import load_checkpoint
     from flatlm.models.growth import grow_checkpoint, max_logit_difference
 
     if not args.checkpoint.is_dir():

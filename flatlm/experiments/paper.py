@@ -5,16 +5,16 @@ run these same objects, and name their trials by one rule (``trial_name``).
 ============  ============================================================  ================
 experiment    what varies (every grid point for each seed)                   paper
 ============  ============================================================  ================
-steps         one model trained long under AdamW, checkpointed densely        Fig. 2 / 4
+steps         one model trained long under AdamW, checkpointed densely        Fig. 2a
 sizes         the scale's models, each also measured grown into one shape     Fig. 3 / 5
 algorithms    adamw, adversarial, noreg, sam (+ the lookup table, measured)   Tables 1 / 2
-sgd           ``steps`` under SGD (warmup 12%, then a constant rate)          B.2, Fig. 10
+sgd           ``steps`` under SGD (warmup 12%, then a constant rate)          Fig. 4 / 10, B.2
 selection     algorithms x seeds, with the top eigenvalues and sharpness     App. D
 search        lr, beta2, weight decay, dropout drawn by a searcher (Optuna)   -
 ============  ============================================================  ================
 
-The Fig. 1 scatter is not an experiment of its own: it is read from every checkpoint of the
-others (``analysis/replication.py``).
+Fig. 1 is not an experiment of its own: it is read from the saturated checkpoints of the others'
+AdamW runs (``analysis/fig1.py``).
 
 >>> exp = build("sizes", scale="tiny", protocol="paper-code")
 >>> [name for name, _ in exp.trials()][:2]

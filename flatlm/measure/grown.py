@@ -9,13 +9,12 @@ them grows into (``lcm_shape``: Table 4's widths have least common multiple 1920
 the traces there.
 
 Which point of the large architecture a model becomes is the growth construction
-(``flatlm.models.growth.CONSTRUCTIONS``; ``measure.growth_construction``, default "paper": B.4.2
-and the released ``enlarge.py`` divide the input embeddings by m; "head-norm" divides the MLM
+(``flatlm.models.constructions.CONSTRUCTIONS``; ``measure.growth_construction``, default "paper":
+B.4.2 and the released ``enlarge.py`` divide the input embeddings by m; "head-norm" divides the MLM
 head's LayerNorm instead). Both keep the function; the trace is not kept: the tiny scale's three
-models (1500 steps) grown to d64-h4-l2-i256 have Tr(F) 264 / 132 / 90 by the paper's and
-44 / 48 / 90 by "head-norm" (``bench/growth_constructions.py``): the largest is the flattest by
-one, the sharpest by the other. A Fig. 5 verdict depends on it: measure both
-(``measure.growth_compare``).
+models (1500 steps) grown to d64-h4-l2-i256 have Tr(F) 264 / 132 / 90 by the paper's and 44 / 48 /
+90 by "head-norm" (``bench/growth_constructions.py``): the largest is the flattest by one, the
+sharpest by the other. A Fig. 5 verdict depends on it: measure both (``measure.growth_compare``).
 
 ``grown_flatness`` grows a checkpoint's model into that shape and measures it with the estimators
 of ``measure.flatness`` on the same inputs and seeds, under the keys ``grown_key(key)``:
@@ -43,7 +42,7 @@ from torch import nn
 from flatlm.measure import TRACE_FISHER, grown_key, se_key
 from flatlm.measure.curvature import FlatnessConfig
 from flatlm.models.architectures import architecture, can_grow, labels_where
-from flatlm.models.growth import DEFAULT_CONSTRUCTION
+from flatlm.models.constructions import DEFAULT_CONSTRUCTION
 from flatlm.models.masked_lm import ln_mode_of
 from flatlm.models.presets import ModelConfig, parse_model
 from flatlm.sources.base import Source

@@ -6,9 +6,10 @@ equal ``model``'s on every input (eval mode; float rounding and LayerNorm eps as
 the LayerNorm placement (``ln_mode``). With width factor ``m = d'/d``, intermediate factor
 ``k = d_inter'/d_inter`` and ``L' = n_layers' - n_layers`` added blocks.
 
-Two constructions (``CONSTRUCTIONS``) compute the same function but are different points of the
-large architecture, so Tr(F) and Tr(H) of the grown model differ between them (several-fold on the
-CPU sweep's models): a trace depends on the parameterisation. Which one a grown number used is a
+Two constructions (``CONSTRUCTIONS``, in ``flatlm.models.constructions``) compute the same
+function but are different points of the large architecture, so Tr(F) and Tr(H) of the grown
+model differ between them (several-fold on the CPU sweep's models): a trace depends on the
+parameterisation. Which one a grown number used is a
 setting (``measure.growth_construction``, ``flatlm grow --construction``) and is recorded.
 
 - ``"paper"`` (default): B.4.2 as written, ``W~_E = 1/m [W_E; ..; W_E]``, and the released
@@ -108,32 +109,9 @@ from flatlm.core.tokens import encode
 from flatlm.models.architectures import architecture, can_grow, labels_where
 from flatlm.models.bert import is_transformer, ln_mode, transformer_parts
 from flatlm.models.checkpoint import load_checkpoint, save_checkpoint
+from flatlm.models.constructions import DEFAULT_CONSTRUCTION, check_construction
 from flatlm.models.masked_lm import build_model, model_layout, unwrap
 from flatlm.models.presets import ModelConfig, parse_model, shape_string
-
-# name -> what it does (module docstring); "paper" is the default but for train.grow
-CONSTRUCTIONS = {
-    "paper": "B.4.2 / enlarge.py: input embeddings (and the tied decoder) tiled / m, LayerNorms "
-             "tiled, added blocks zero (post-LN: their LayerNorms exact as in head-norm)",
-    "head-norm": "flatlm's earlier: embeddings tiled unscaled, the MLM head's LayerNorm / m, "
-                 "added blocks' query, key, value, MLP up-projection freshly initialised",
-}
-DEFAULT_CONSTRUCTION = "paper"
-
-
-def check_construction(construction: str, field: str = "construction") -> str:
-    """``construction`` if it names one of ``CONSTRUCTIONS``, else a ValueError naming ``field``.
-
-    >>> check_construction("flatlm", "measure.growth_construction")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: measure.growth_construction='flatlm': use one of 'paper' (B.4.2 / ...), ...
-    """
-    if construction not in CONSTRUCTIONS:
-        known = ", ".join(f"{name!r} ({text.split(':')[0]}: ...)"
-                          for name, text in CONSTRUCTIONS.items())
-        raise ValueError(f"{field}={construction!r}: use one of {known}")
-    return construction
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from flatlm.core.schedules import SCHEDULES
-from flatlm.models.growth import check_construction
+from flatlm.models.constructions import check_construction
 from flatlm.train.registry import ALGORITHMS, AlgorithmDefaults, algorithm_named, load_ref
 
 __all__ = ["ALGORITHMS", "AlgorithmDefaults", "AdversarialConfig", "GrowConfig", "LabelNoiseConfig",
@@ -100,7 +100,7 @@ class GrowConfig:
     #   1..train.steps - 1
     to: tuple[str, ...] = ()  # the shape after each growth (d64-h2-l2-i256, a preset), one per
     #   step
-    # flatlm.models.growth.CONSTRUCTIONS. Not the paper's (measure.growth_construction): the
+    # flatlm.models.constructions.CONSTRUCTIONS. Not the paper's (measure.growth_construction): the
     # paper never trains a grown model, and its all-zero added blocks would not train (with zero
     # query, key, value and up-projection only their output biases get a gradient);
     # "head-norm" initialises those afresh (flatlm.train.growth)
@@ -200,8 +200,8 @@ class TrainConfig:
     #   per batch) the one micro-batch is cut to the batch's longest sentence; the GPU scale
     #   sets micro_batch_size=1024 of 4096
     divergence_factor: float | None = 10.0  # stop the run (``Diverged``) when a logged loss
-    #   exceeds this times the first logged loss; > 1; None = off (a non-finite loss always
-    #   stops it)
+    #   exceeds this times the initial loss log V or the first logged loss; > 1; None = off
+    #   (a non-finite loss always stops it)
     world_size: int = 1  # data-parallel processes, each taking an equal slice of every batch
     #   (one GPU each on CUDA, gloo processes on the CPU; flatlm.train.distributed); >= 1,
     #   dividing batch_size (sam: each half); adversarial runs in one process only

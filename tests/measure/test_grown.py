@@ -22,7 +22,8 @@ from flatlm.measure.fisher import trace_fisher  # noqa: E402
 from flatlm.measure.grown import grown_flatness, grown_model, lcm_shape  # noqa: E402
 from flatlm.measure.run import EvalData, MeasureConfig, measure_model  # noqa: E402
 from flatlm.models import TABLE4, build_model, parse_model, shape_string, word_logits  # noqa: E402
-from flatlm.models.growth import CONSTRUCTIONS, bert_shape  # noqa: E402
+from flatlm.models.constructions import CONSTRUCTIONS  # noqa: E402
+from flatlm.models.growth import bert_shape  # noqa: E402
 from tests.measure.test_flatness import Exact, replicated_pool, tiny_bert  # noqa: E402
 
 SMALL, BIG = "d8-h2-l1-i16", "d16-h4-l1-i32"  # head size 4; width x2, MLP x2

@@ -29,8 +29,8 @@ from flatlm.models import (
     parse_model,
     save_checkpoint,
 )
+from flatlm.models.constructions import CONSTRUCTIONS
 from flatlm.models.growth import (
-    CONSTRUCTIONS,
     grow,
     grow_checkpoint,
     growth,
