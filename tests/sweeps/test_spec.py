@@ -233,7 +233,8 @@ def test_the_default_sweeps_aim_at_the_regime_they_are_about():
     sizes = scaling.build(tiny)
     assert sizes.kl_threshold == 0.05 and sizes.base.train.dropout == 0.0
     assert sizes.base.source == apply_overrides(sizes.base, {"source": SWEEP_SOURCE}).source
-    assert sizes.base.train.steps == 3000 and sizes.base.train.schedule == "linear"
+    # the schedule's shape is the protocol's: the paper's constant rate (A.5)
+    assert sizes.base.train.steps == 3000 and sizes.base.train.schedule == "constant"
     assert tuple(sizes.base.measure.tasks) == ("A", "B")  # C is degenerate on this grammar
     assert scaling.build(Namespace(preset="paper")).kl_threshold == 0.1  # the paper's scale
     algs = algorithms.build(Namespace(preset="tiny", algorithms="adamw,sam,noreg,adversarial"))
