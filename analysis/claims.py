@@ -32,6 +32,7 @@ import pandas as pd
 from scipy import stats
 
 from flatlm.measure import KL, TRACE_FISHER, TRACE_FISHER_GROWN, probe_keys
+from flatlm.models.presets import parameter_count, parse_model
 
 LEVEL = 0.95
 TOL = 0.02  # nats: "the same pre-training loss" (the paper's Fig. 1 models span 0.004)
@@ -237,7 +238,6 @@ def _paired(final: pd.DataFrame, column: str, a, b, metric: str):
 
 def model_size(model: str) -> float:
     """Parameter count of a model name (orders the sizes)."""
-    from flatlm.models.presets import parameter_count, parse_model
     return float(parameter_count(parse_model(model), vocab_size=100, max_length=32))
 
 

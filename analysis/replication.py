@@ -24,8 +24,12 @@ from pathlib import Path
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.claims import TOL, acc, claim_rows, final_rows, mean_ci, verdict  # noqa: E402
-from analysis.correlate import MIN_RUNS, to_markdown  # noqa: E402
+from analysis.claims import TOL, acc, algorithm_effects, claim_rows, final_rows, mean_ci, verdict  # noqa: E402
+from analysis.correlate import MIN_RUNS, correlation_table, to_markdown  # noqa: E402
+from analysis.runs import load_runs
+from analysis.store import log_report, refuse_password
+from analysis.trials import load_trials
+from flatlm.experiments.protocols import describe
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN  # noqa: E402
 
 FIG1_TASK = "B"
@@ -52,12 +56,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load(args) -> pd.DataFrame:
     if args.trials is not None:
-        from analysis.trials import load_trials
         return load_trials(args.trials)
-    from analysis.runs import load_runs
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         raise SystemExit("--experiments needs --tracking-uri (or $MLFLOW_TRACKING_URI)")
+
+    refuse_password(uri)
     frames = []
     for name in args.experiments.split(","):
         _, protocol, experiment = name.split(".")
@@ -68,8 +72,6 @@ def load(args) -> pd.DataFrame:
 def scatter_row(df: pd.DataFrame, task: str = FIG1_TASK) -> dict | None:
     """Fig. 1: Spearman of Tr(F) and of the loss with accuracy over the checkpoints within
     ``SCATTER_TOL`` of the smallest KL, with cluster-bootstrap intervals over runs."""
-    from analysis.correlate import correlation_table
-
     key = acc(task)
     if key not in df or TRACE_FISHER not in df or df[KL].isna().all():
         return None
@@ -176,7 +178,6 @@ def diagnosis_table(tables: dict[str, pd.DataFrame], df: pd.DataFrame,
 
 
 def _lookup_gap(part: pd.DataFrame) -> str:
-    from analysis.claims import algorithm_effects
 
     steps = part[part["experiment"] == "steps"]
     if steps.empty or "lookup/B/acc_mean" not in steps:
@@ -207,7 +208,6 @@ def write_report(df: pd.DataFrame, out: Path, *, tol: float = TOL, command: str 
 
 
 def _markdown(df, tables, main, tol, command, hardware) -> str:
-    from flatlm.experiments.protocols import describe
 
     lines = ["# Replication of Liu et al. (ICML 2023) with flatlm", ""]
     if command:
@@ -255,6 +255,9 @@ def _sizes_line(part: pd.DataFrame) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.tracking_uri:  # before anything is read: a password is refused, never echoed
+
+        refuse_password(args.tracking_uri)
     df = load(args)
     if df.empty:
         print("no trials found", file=sys.stderr)
@@ -268,7 +271,6 @@ def main(argv=None) -> int:
                          hardware=args.hardware)
     print((args.out / "replication.md").read_text())
     if args.tracking_uri and not args.no_log:
-        from analysis.store import log_report
         run_id = log_report(args.tracking_uri, "replication", paths,
                             {"tol": args.tol, "trials": df["run_id"].nunique()})
         print(f"logged to MLflow run {run_id}")

@@ -47,6 +47,7 @@ from analysis.store import (  # noqa: E402
     accuracy_key,
     load_table,
     log_report,
+    refuse_password,
     report_experiment,
 )
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN  # noqa: E402
@@ -133,6 +134,8 @@ def _table_rule(summary) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.tracking_uri:  # also with --trials: a password is refused, never echoed
+        refuse_password(args.tracking_uri)
     df, uri = load_table(args)
     if uri is None:
         args.no_log = True

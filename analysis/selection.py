@@ -39,7 +39,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis.correlate import RUN, saturated, saturation_rule, to_markdown  # noqa: E402
-from analysis.store import accuracy_key, load_table, log_report, report_experiment  # noqa: E402
+from analysis.store import (  # noqa: E402
+    accuracy_key,
+    load_table,
+    log_report,
+    refuse_password,
+    report_experiment,
+)
 from flatlm.measure import HESSIAN_FISHER_GAP, LOSS  # noqa: E402
 
 RANDOM = "random choice"
@@ -283,6 +289,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.tracking_uri:  # a password is refused, never echoed
+        refuse_password(args.tracking_uri)
     df, uri = load_table(args)
     if df.empty:
         print("no runs to select from", file=sys.stderr)

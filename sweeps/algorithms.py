@@ -17,6 +17,7 @@ and would set the common loss for everyone; run it with its own rate
 import sys
 
 from flatlm.experiments.grids import ALGORITHMS as ALL
+from flatlm.train.config import ALGORITHMS
 from sweeps.cli import main
 
 
@@ -29,7 +30,6 @@ def add_arguments(p) -> None:
 def build(args):
     """The algorithms experiment (``flatlm.experiments.paper``) as a Ray sweep; imports here keep
     ``--help`` fast."""
-    from flatlm.train.config import ALGORITHMS
     from sweeps.experiment import experiment_of, sweep_of
 
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]

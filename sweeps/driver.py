@@ -4,7 +4,6 @@ after ``fit`` ends the MLflow runs whose trials could not deliver their end."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -12,24 +11,38 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from flatlm.core.config import to_dict
+from flatlm.core.config import flatten_dict, to_dict
 from flatlm.experiments.grids import trial_name
+from flatlm.runs.dirlock import DirectoryBusyError, writer_lock
+from flatlm.tracking.ledger import STATE_FILE, read_state
+from flatlm.tracking.tracker import (
+    MlflowTracker,
+    default_artifact_location,
+    default_tracking_uri,
+    ensure_experiment,
+    store_lock,
+)
 from sweeps.rayenv import ray, tune
 from sweeps.spec import Sweep, check_sweep, check_tracking_uri, objectives
 from sweeps.trainable import DIVERGED_FILE, trainable
+from sweeps.trust import (
+    StateDigests,
+    check_digest,
+    check_trusted,
+    record_digest,
+)
 
 
 def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address: str | None,
               resume: bool, show: tuple[str, ...],
-              callbacks: Sequence[tune.Callback] = ()) -> Path:
+              callbacks: Sequence[tune.Callback] = (), trust_state: bool = False) -> Path:
     """Runs (or resumes) the sweep; returns the Ray experiment directory.
 
     ``show``: the metrics printed per result (``spec.shown_metrics``). ``callbacks``: extra Tune
     callbacks for a new sweep (tests inject faults with one); a resumed sweep keeps the callbacks
-    it was started with.
+    it was started with. ``trust_state``: resume a sweep whose state has no digest recorded
+    here (``sweeps.trust``; copied or moved here), on the owner and permission checks alone.
     """
-    from flatlm.tracking.tracker import default_tracking_uri
-
     check_sweep(sweep)
     check_tracking_uri(tracking_uri)
     workdir = workdir.absolute()
@@ -37,12 +50,26 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
     _reach_tracking(uri, sweep.name)
     trials_dir = workdir / "trials" / sweep.name
     with one_driver(trials_dir, sweep.name):  # before Ray starts: a refusal costs nothing
+        if resume:  # Ray unpickles the sweep's state on restore: code in it would run here
+            check_state(workdir / "ray_results" / sweep.name, trust_state)
         return _run(sweep, workdir, uri, trials_dir, address, resume, show, callbacks)
+
+
+def check_state(path: Path, trust_state: bool) -> None:
+    """The trust checks of ``sweeps.trust`` on the state a resume would restore (if there is
+    one)."""
+    if not (path / "tuner.pkl").exists() and not (path / "tuner.pkl").is_symlink():
+        return
+    check_trusted(path)
+    if trust_state:
+        print(f"warning: --trust-state: resuming {path} without verifying its state against "
+              "recorded digests", file=sys.stderr, flush=True)
+    else:
+        check_digest(path, refuse_unrecorded=True)
 
 
 def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str | None,
          resume: bool, show: tuple[str, ...], callbacks) -> Path:
-    from flatlm.tracking.tracker import default_artifact_location, ensure_experiment
 
     if address:
         ray.init(address=address, logging_level="ERROR")
@@ -58,11 +85,13 @@ def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str |
         record_settings(sweep, workdir / "ray_results" / sweep.name)
         with _sigterm_as_sigint() as received:
             results = tuner.fit()
+        record_digest(workdir / "ray_results" / sweep.name)  # the state this run left
         unfinished = len(results) - results.num_terminated - results.num_errors
         if received or unfinished:  # Tune stops gracefully on SIGINT and returns normally
             finish_undelivered(trials_dir, uri, experiment_id)
             killed = mark_killed(trials_dir, uri)
-            raise Interrupted(received[0] if received else signal.SIGINT, unfinished, killed)
+            raise Interrupted(received[0] if received else signal.SIGINT,
+                              count_unfinished(results), killed)
         undelivered = finish_undelivered(trials_dir, uri, experiment_id)
         report_diverged(trials_dir)
         errors = [r.error for r in results if r.error]
@@ -80,8 +109,6 @@ def one_driver(trials_dir: Path, name: str):
     """Holds the sweep's lock (``flatlm.runs.dirlock`` on its trials directory): a second driver of
     the same sweep, say a second ``--resume``, would run the same trials again beside the first.
     The kernel drops the lock when a driver dies, so none goes stale."""
-    from flatlm.runs.dirlock import DirectoryBusyError, writer_lock
-
     with contextlib.ExitStack() as held:
         try:  # only taking the lock is this error; the sweep's own errors pass through
             held.enter_context(writer_lock(trials_dir))
@@ -97,8 +124,6 @@ SETTINGS_FILE = "flatlm_sweep.json"  # in the Ray experiment directory: what the
 
 def sweep_settings(sweep: Sweep) -> dict:
     """The settings a resumed sweep must share with the one it continues (flat keys)."""
-    from flatlm.core.config import flatten_dict
-
     def plain(o):
         return {k: v for k, v in vars(o).items() if not k.startswith("_")} \
             if hasattr(o, "__dict__") else str(o)
@@ -112,7 +137,6 @@ def check_resume_settings(sweep: Sweep, path: Path, resume: bool) -> None:
     them (Tune would silently keep the old ones). A setting the record lacks (a config field
     added to flatlm since the sweep started) counts as its default: an upgrade alone changes
     nothing."""
-    from flatlm.core.config import flatten_dict
     from flatlm.runs.trial import TrialConfig
 
     file = path / SETTINGS_FILE
@@ -205,9 +229,6 @@ def mark_killed(trials_dir: Path, uri: str) -> list[str]:
     Returns the trials' names."""
     from mlflow import MlflowClient
 
-    from flatlm.tracking.ledger import read_state
-    from flatlm.tracking.tracker import MlflowTracker
-
     client, killed = MlflowClient(uri), []
     for out_dir in sorted(p for p in trials_dir.glob("*") if p.is_dir()):
         run_id = (read_state(out_dir) or {}).get("run_id")
@@ -219,14 +240,19 @@ def mark_killed(trials_dir: Path, uri: str) -> list[str]:
     return killed
 
 
+def count_unfinished(results) -> int:
+    """Trials an interrupted ``fit`` left to do: Tune marks them TERMINATED like the finished
+    ones, but only a trial that returned has its last result ``done``; errored ones excluded."""
+    return sum(1 for r in results
+               if not (r.metrics or {}).get("done") and r.error is None)
+
+
 def _tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, show: tuple[str, ...],
            callbacks: Sequence[tune.Callback]) -> tune.Tuner:
     trainable_ = tune.with_resources(trainable, {"cpu": sweep.cpus_per_trial,
                                                  "gpu": sweep.gpus_per_trial})
     path = storage / sweep.name
-    if resume and tune.Tuner.can_restore(str(path)):
-        check_trusted(path)  # Tune unpickles tuner.pkl: code in it would run here
-        check_digest(path)
+    if resume and tune.Tuner.can_restore(str(path)):  # its state verified (check_state)
         tuner = tune.Tuner.restore(str(path), trainable=trainable_, resume_errored=True,
                                    resume_unfinished=True)
         record_digest(path)
@@ -242,57 +268,15 @@ def _tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, show: tu
         run_config=tune.RunConfig(
             name=sweep.name, storage_path=str(storage), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
-            callbacks=[RecordSignals(), OneLinePerResult(show), *callbacks]))
+            callbacks=[RecordSignals(), StateDigests(), OneLinePerResult(show), *callbacks]))
     record_digest(path)  # Tune wrote tuner.pkl as it built the Tuner
     return tuner
 
-
-def _digest_file(path: Path) -> Path:
-    """Where the digest of ``path``'s ``tuner.pkl`` is kept: in this user's own cache, outside
-    the sweep's storage (which, on a cluster, others may be able to write)."""
-    key = hashlib.sha256(str(path.absolute()).encode()).hexdigest()[:24]
-    return Path.home() / ".cache" / "flatlm" / "tuner-digests" / f"{key}.json"
-
-
-def record_digest(path: Path) -> None:
-    """Records the SHA-256 of the ``tuner.pkl`` Tune just wrote for the sweep at ``path``."""
-    from flatlm.runs.manifest import sha256
-
-    pkl = path / "tuner.pkl"
-    if not pkl.is_file():
-        return
-    file = _digest_file(path)
-    file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = file.with_name(file.name + ".tmp")
-    tmp.write_text(json.dumps({"path": str(path.absolute()), "sha256": sha256(pkl)}) + "\n")
-    tmp.chmod(0o600)
-    tmp.replace(file)
-
-
-def check_digest(path: Path) -> None:
-    """Before Tune unpickles ``tuner.pkl`` (running any code in it): it must be the file this
-    user's flatlm wrote. A sweep whose digest was never recorded here (another machine, an
-    older flatlm) is resumed with a warning."""
-    from flatlm.runs.manifest import sha256
-
-    file = _digest_file(path)
-    if not file.exists():
-        print(f"warning: no digest of {path / 'tuner.pkl'} was recorded on this machine; "
-              "resuming on the owner and permission checks alone", file=sys.stderr, flush=True)
-        return
-    if json.loads(file.read_text())["sha256"] != sha256(path / "tuner.pkl"):
-        raise ValueError(f"refusing to resume from {path}: its tuner.pkl is not the file "
-                         f"flatlm wrote (its SHA-256 differs from the one kept in {file}); Ray "
-                         "would unpickle it, running any code in it. Start a new sweep with "
-                         "--name, or delete that digest file if you changed tuner.pkl "
-                         "yourself")
 
 def _reach_tracking(uri: str, name: str) -> None:
     """An unreachable store is an error naming the fix before Ray starts (with a few quick
     retries, not MLflow's minutes of back-off). Creates nothing in the store but its schema."""
     from mlflow import MlflowClient
-
-    from flatlm.tracking.tracker import store_lock
 
     quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
              "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
@@ -312,21 +296,6 @@ def _reach_tracking(uri: str, name: str) -> None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def check_trusted(path: Path) -> None:
-    """The files ``--resume`` unpickles must be this user's own, not writable by others and not
-    links: a ``tuner.pkl`` someone else could write is code they could run as you. The same
-    trust rule as ssh's for its keys."""
-    for item in (path, path / "tuner.pkl"):
-        if not (item.is_symlink() or item.exists()):
-            continue
-        info = item.lstat()
-        if item.is_symlink() or info.st_uid != os.getuid() or info.st_mode & 0o022:
-            raise ValueError(f"refusing to resume from {item}: it is "
-                             f"{'a symbolic link' if item.is_symlink() else 'not yours alone'} "
-                             "(Ray would unpickle it, running any code in it); check its owner "
-                             "and permissions (chmod go-w), or start a new sweep with --name")
 
 
 def check_resources(sweep: Sweep) -> None:
@@ -404,9 +373,6 @@ def report_diverged(trials_dir: Path) -> list[str]:
 def finish_undelivered(trials_dir: Path, uri: str, experiment_id: str) -> list[str]:
     """Ends the runs whose trials could not deliver their end (or last rows) to MLflow; returns
     the trials whose runs are still not ended (MLflow unreachable)."""
-    from flatlm.tracking.ledger import STATE_FILE
-    from flatlm.tracking.tracker import MlflowTracker
-
     pending = []
     for state_file in sorted(trials_dir.glob(f"*/{STATE_FILE}")):
         try:

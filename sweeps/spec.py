@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from flatlm.core.config import apply_overrides
 from flatlm.measure import KL, LOSS, TRACE_FISHER, probe_keys
 from flatlm.runs.trial import TrialConfig, measured_tasks, validate_trial
+from flatlm.tracking.tracker import check_tracking_uri as check
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +85,6 @@ def objectives(sweep: Sweep) -> tuple[tuple[str, str], ...]:
 
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")  # a sweep name: one directory level
-CREDENTIALS = re.compile(r"^[a-z+]+://[^/@]*:[^/@]*@")  # user:password@ in a URI
 
 
 def check_name(name: str) -> None:
@@ -95,11 +95,10 @@ def check_name(name: str) -> None:
 
 
 def check_tracking_uri(uri: str | None) -> None:
-    """Credentials in the URI would be printed and written into Ray's state files."""
-    if uri and CREDENTIALS.match(uri):
-        raise ValueError("--tracking-uri holds a password: put the credentials in "
-                         "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (MLflow reads "
-                         "them) and give the URI without them")
+    """Credentials in the URI (any scheme's case) would be printed and written into Ray's state
+    files: ``flatlm.tracking.tracker.check_tracking_uri``, the one rule every entry point
+    applies."""
+    check(uri)
 
 
 def check_sweep(sweep: Sweep) -> None:

@@ -4,10 +4,16 @@ worker."""
 
 from __future__ import annotations
 
+import shlex
 import textwrap
 import warnings
 from pathlib import Path
 
+from analysis.conclusion import conclusion
+from analysis.correlate import correlation_markdown, correlation_table
+from analysis.runs import load_runs
+from analysis.selection import selection_markdown, selection_table, verdict
+from flatlm.tracking.tracker import default_tracking_uri
 from sweeps.spec import Sweep, accuracy_key, saturation, saturation_flag, sweep_task
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout: analysis/ is not an installed package
@@ -19,11 +25,6 @@ class TrackingUnreachable(Exception):  # noqa: N818 - the summary's store is dow
 
 def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None) -> None:
     """Prints the correlation table of every checkpoint and the commands to look further."""
-    from analysis.conclusion import conclusion
-    from analysis.correlate import correlation_markdown, correlation_table
-    from analysis.runs import load_runs
-    from flatlm.tracking.tracker import default_tracking_uri
-
     uri = tracking_uri or default_tracking_uri(workdir)
     try:
         runs = load_runs(uri, sweep.name)
@@ -43,14 +44,14 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None) -> None:
         print(f"\nCorrelations with downstream accuracy ({key}), saturated checkpoints:")
         print(correlation_markdown(table))
         _print_selection(sweep, runs, key)
-    print(f"\nMLflow UI:  cd {workdir} && mlflow ui --backend-store-uri {uri}")
-    print(f"Report:     python {REPO / 'analysis' / 'report.py'} --experiment {sweep.name} "
-          f"--tracking-uri {uri} --task {task} {saturation_flag(sweep)} "
-          f"--out {workdir / 'report' / sweep.name}")
+    report = ["--experiment", sweep.name, "--tracking-uri", uri, "--task", task,
+              *saturation_flag(sweep).split(), "--out", str(workdir / "report" / sweep.name)]
+    print(f"\nMLflow UI:  cd {shlex.quote(str(workdir))} && "
+          f"{shlex.join(['mlflow', 'ui', '--backend-store-uri', uri])}")
+    print(f"Report:     {shlex.join(['python', str(REPO / 'analysis' / 'report.py'), *report])}")
     if sweep.selection:
-        print(f"Selection:  python {REPO / 'analysis' / 'selection.py'} --experiment "
-              f"{sweep.name} --tracking-uri {uri} --task {task} {saturation_flag(sweep)} "
-              f"--out {workdir / 'report' / sweep.name}")
+        print("Selection:  "
+              f"{shlex.join(['python', str(REPO / 'analysis' / 'selection.py'), *report])}")
 
 
 def measurement_cost(runs) -> str | None:
@@ -68,8 +69,6 @@ def measurement_cost(runs) -> str | None:
 def _print_selection(sweep: Sweep, runs, key: str) -> None:
     """Would the flattest checkpoint have been a better pick than the lowest-loss one? The
     verdict in words; the whole table for a selection sweep."""
-    from analysis.selection import selection_markdown, selection_table, verdict
-
     table = selection_table(runs, key, **saturation(sweep))
     if sweep.selection:
         print(f"\n{selection_markdown(table)}")

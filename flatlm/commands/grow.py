@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flatlm.models.checkpoint import load_checkpoint
+
 
 def register(subparsers) -> None:
     """Adds ``grow`` to the top-level subparsers."""
@@ -30,7 +32,6 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from flatlm.models.checkpoint import load_checkpoint
     from flatlm.models.growth import grow_checkpoint, max_logit_difference
 
     if not args.checkpoint.is_dir():

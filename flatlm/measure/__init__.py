@@ -55,7 +55,13 @@ the same held-out sentences, labelled as ``Source.sample_downstream`` labels the
                         all downstream sentences: a collapse of the representation shows here
   with <stat> one of PROBE_STATS: acc_mean, acc_std (over head seeds), acc_se (honest standard
   error: test-set sampling and the seed spread), train_acc, majority_acc (reference row: the
-  training split's most frequent class), n_train, n_test, num_classes.
+  training split's most frequent class), n_train, n_test, num_classes; with early stopping
+  (ProbeConfig.patience) also epochs, the mean over seeds of the epoch each head was kept from.
+    <stage>_ridge/<task>/<stat>   the closed-form ridge probe on the same features, split and
+                        standardisation (``measure.ridge``; ProbeConfig.ridge): probe_ridge,
+                        random_init_ridge, lookup_ridge; <stat> one of RIDGE_STATS: acc_mean (one
+                        deterministic fit), acc_se (binomial over test sentences), train_acc,
+                        alpha (the L2 penalty / n_train, by leave-one-out accuracy)
 """
 
 LOSS = "pretrain/loss"
@@ -106,6 +112,13 @@ def grown_key(key: str) -> str:
 PROBE_STATS = ("acc_mean", "acc_std", "acc_se", "train_acc", "majority_acc", "n_train", "n_test",
                "num_classes")
 PROBE_STAGES = ("probe", "random_init", "lookup")
+RIDGE_STATS = ("acc_mean", "acc_se", "train_acc", "alpha")
+EARLY_STOPPING_EPOCHS = "epochs"  # the probe statistic early stopping adds
+
+
+def ridge_stage(stage: str) -> str:
+    """The ridge probe's stage beside a probe's: ``probe`` -> ``probe_ridge``."""
+    return f"{stage}_ridge"
 
 
 def probe_key(task: str, stat: str = "acc_mean", stage: str = "probe") -> str:

@@ -4,13 +4,11 @@ A per-checkpoint run is ``(model, source, data, cfg, device, artifact_dir) -> me
 the trial's ``measure.run.EvalData``, ``cfg`` its ``MeasureConfig``); a run that several
 measurements share (fisher and hessian, the landscape's four) runs once and reads ``cfg.what`` for
 its parts. A once-per-trial reference is ``(source, data, cfg, device) -> metrics``, or None when
-there is nothing to measure. Each run records its own wall time (``timer``).
+there is nothing to measure. Each run records its own wall time (``measure.progress.timer``:
+``time/<name>_s``, advancing the progress bar when one is shown).
 """
 
 from __future__ import annotations
-
-import time
-from contextlib import contextmanager
 
 from flatlm.measure import TRACE_FISHER, se_key
 from flatlm.measure.finetune import finetune_accuracy
@@ -21,13 +19,10 @@ from flatlm.measure.grown import grown_flatness
 from flatlm.measure.landscape import measure_landscape
 from flatlm.measure.lookup import lookup_features
 from flatlm.measure.loss import pretrain_loss
-from flatlm.measure.probe import (
-    downstream_classes,
-    encoder_probe_features,
-    linear_probe_accuracy,
-    participation_ratio,
-    probe_metrics,
-)
+from flatlm.measure.probe import encoder_probe_features
+from flatlm.measure.probe_rows import probe_rows
+from flatlm.measure.progress import showing_progress, timer
+from flatlm.measure.reference_cache import reference_rows
 from flatlm.sources.base import Source
 
 
@@ -83,20 +78,28 @@ def run_probe(model, source, data, cfg, device, artifact_dir) -> dict[str, float
 
 
 def random_init_rows(source, data, cfg, device) -> dict[str, float] | None:
-    """The probe on the trial's shape randomly initialised (``EvalData.random_model``); None
-    when eval_data built no such model (it was given no model config)."""
+    """The probe on the trial's shape randomly initialised (``EvalData.random_model``), or the
+    sweep's cached rows of that shape (``measure.reference_cache``); None when eval_data built
+    no such model (it was given no model config)."""
     if data.random_model is None:
         return None
-    rows = _probes(data.random_model.to(device), source, data, cfg, "random_init", device)
+    rows = reference_rows(
+        data.cache_dir, data.key, "random_init", cfg.probe, device,
+        lambda: _probes(data.random_model.to(device), source, data, cfg, "random_init", device),
+        shape=data.shape)
     data.random_model = None  # measured: free its memory
     return rows
 
 
 def lookup_rows(source, data, cfg, device) -> dict[str, float]:
-    """The probe on the lookup table: the true conditionals of every position."""
-    features = lookup_features(source, data.downstream_tokens, data.downstream_lengths,
-                               device=device)
-    return _probe_tasks(features, source, data, cfg, "lookup")
+    """The probe on the lookup table: the true conditionals of every position (or the sweep's
+    cached rows, ``measure.reference_cache``)."""
+    def measure() -> dict[str, float]:
+        features = lookup_features(source, data.downstream_tokens, data.downstream_lengths,
+                                   device=device)
+        return _probe_tasks(features, source, data, cfg, "lookup")
+
+    return reference_rows(data.cache_dir, data.key, "lookup", cfg.probe, device, measure)
 
 
 def _probes(model, source, data, cfg, stage: str, device) -> dict[str, float]:
@@ -108,13 +111,10 @@ def _probes(model, source, data, cfg, stage: str, device) -> dict[str, float]:
 
 
 def _probe_tasks(features, source, data, cfg, stage: str) -> dict[str, float]:
-    out = {f"{stage}/feature_rank": participation_ratio(features)}
-    for task, y in data.classes.items():
-        keep, classes, num_classes = downstream_classes(source, y, task)
-        result = linear_probe_accuracy(features[keep.to(features.device)], classes, num_classes,
-                                       cfg.probe)
-        out.update(probe_metrics(stage, task, result, num_classes))
-    return out
+    """Every task's probe (batched unless ``probe.batched`` is off), its ridge twin and the
+    features' effective rank (``measure.probe_rows``)."""
+    return probe_rows(features, source, data.classes, cfg.probe, stage,
+                      progress=showing_progress())
 
 
 def run_finetune(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
@@ -147,10 +147,3 @@ def glue_tasks_of(source: Source, data) -> tuple[str, ...]:
     chosen = tuple(task for task in data.classes if task in source.glue_tasks)
     return chosen or source.glue_tasks
 
-
-@contextmanager
-def timer(out: dict, name: str):
-    """Records the wall time of the block as ``time/<name>_s``."""
-    start = time.perf_counter()
-    yield
-    out[f"time/{name}_s"] = time.perf_counter() - start

@@ -18,6 +18,10 @@ of all ``seeds`` are trained at once as one batched linear layer [S, D, C]: seed
 initialisation (``nn.Linear``'s uniform(-1/sqrt(D), 1/sqrt(D))) and its own minibatch order, the
 summed loss gives each head only its own gradient, clipping is per head, and AdamW acts
 elementwise, so each head is the one it would be if trained alone (tests/measure/test_probe.py).
+``measure.probe_batched`` goes further and trains every task (and feature set) of a checkpoint as
+one problem, the same heads up to rounding; it is what ``measure.run`` uses unless
+``ProbeConfig.batched`` is off. It also offers early stopping (``ProbeConfig.patience``, off by
+default: the paper's fixed epochs).
 
 Reported with every accuracy (``linear_probe_accuracy``; keys in ``flatlm.measure``):
 
@@ -73,6 +77,15 @@ class ProbeConfig:
     test_fraction: float = 0.2  # share of the (labelled) sentences held out for accuracy; (0, 1)
     standardize: bool = True  # z-score each feature with training-split statistics
     forward_batch_size: int = 256  # sentences per forward pass when computing model features
+    # train every task (and feature set) of a checkpoint as one batched problem
+    # (measure.probe_batched; the same heads up to rounding); False: task by task (train_heads)
+    batched: bool = True
+    # early stopping (needs batched): epochs without a better held-out accuracy before a head
+    # stops, keeping its best epoch's weights; None = the fixed epochs (paper, paper-code)
+    patience: int | None = None
+    val_fraction: float = 0.1  # share of the training split held out by early stopping; (0, 1)
+    # also the closed-form ridge probe beside each probe (measure.ridge; <stage>_ridge/* keys)
+    ridge: bool = True
 
     def __post_init__(self):
         if self.epochs < 1 or self.seeds < 1 or self.forward_batch_size < 1:
@@ -89,6 +102,11 @@ class ProbeConfig:
             raise ValueError(f"probe.warmup_steps={self.warmup_steps}: use an int >= 0")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ValueError(f"probe.grad_clip={self.grad_clip}: use None or a value > 0")
+        if self.patience is not None and (self.patience < 1 or not self.batched):
+            raise ValueError(f"probe.patience={self.patience}: use None, or an int >= 1 with "
+                             "probe.batched=true")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"probe.val_fraction={self.val_fraction}: use a value in (0, 1)")
 
 
 def split_indices(n: int, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,7 +139,7 @@ def downstream_classes(
     return keep, classes, num_classes
 
 
-def _heads(D: int, C: int, gens: list[torch.Generator], device, dtype):
+def initial_heads(D: int, C: int, gens: list[torch.Generator], device, dtype):
     """Per-seed ``nn.Linear(D, C)`` initialisations stacked: W (S, D, C), b (S, C)."""
     bound = 1.0 / math.sqrt(D)
     W = torch.stack([(torch.rand(D, C, generator=g) * 2 - 1) * bound for g in gens])
@@ -135,7 +153,7 @@ def train_heads(
     """Linear heads trained on ``x`` (N, D), ``y`` (N,), one per seed: W (S, D, C), b (S, C)."""
     N, D = x.shape
     gens = [torch.Generator().manual_seed(s) for s in seeds]
-    W, b = _heads(D, num_classes, gens, x.device, x.dtype)
+    W, b = initial_heads(D, num_classes, gens, x.device, x.dtype)
     opt = torch.optim.AdamW([W, b], lr=cfg.lr, weight_decay=cfg.weight_decay)
     bs = N if cfg.batch_size is None else min(cfg.batch_size, N)
     total = cfg.epochs * math.ceil(N / bs)
@@ -194,7 +212,8 @@ def linear_probe_accuracy(
     ``n_train``, ``n_test`` and the per-seed ``accs`` (module docstring).
 
     Runs on the features' device. The split comes from ``cfg.seed``, head s from seed
-    derive_seed(cfg.seed, "head", s).
+    derive_seed(cfg.seed, "head", s). One task at a time: ``measure.probe_batched`` trains every
+    task (and feature set) of a checkpoint as one problem, the same heads up to rounding.
     """
     x = features.float() if not features.is_floating_point() else features
     y = torch.as_tensor(labels, dtype=torch.int64).to(x.device)
@@ -205,25 +224,44 @@ def linear_probe_accuracy(
         raise ValueError(f"labels must be class indices in 0..{num_classes - 1}")
     train, test = split_indices(len(y), cfg.test_fraction, cfg.seed)
     train, test = train.to(x.device), test.to(x.device)
+    x = prepared_features(x, train, cfg)
+    W, b = train_heads(x[train], y[train], num_classes, head_seeds(cfg), cfg)
+    correct = {split: (torch.einsum("nd,sdc->snc", x[rows], W) + b[:, None]).argmax(-1)
+               == y[rows] for split, rows in (("train", train), ("test", test))}  # (S, n)
+    return probe_statistics(correct["train"], correct["test"], y[train], y[test], num_classes)
+
+
+def head_seeds(cfg: ProbeConfig) -> list[int]:
+    """The seed of each head: its initialisation and minibatch order."""
+    return [derive_seed(cfg.seed, "head", s) for s in range(cfg.seeds)]
+
+
+def prepared_features(x: torch.Tensor, train: torch.Tensor, cfg: ProbeConfig) -> torch.Tensor:
+    """``x`` [n, D] as the heads read it: projected (``cfg.project_dim``), then standardised
+    with the statistics of the ``train`` rows (``cfg.standardize``)."""
     if cfg.project_dim is not None:
         x = x @ _projection(x.shape[1], cfg.project_dim, cfg.seed, x.device, x.dtype)  # (n, k)
     if cfg.standardize:
         mu, sd = x[train].mean(0), x[train].std(0)
         x = (x - mu) / torch.where(sd > 0, sd, torch.ones_like(sd))
-    seeds = [derive_seed(cfg.seed, "head", s) for s in range(cfg.seeds)]
-    W, b = train_heads(x[train], y[train], num_classes, seeds, cfg)
-    correct = {split: (torch.einsum("nd,sdc->snc", x[rows], W) + b[:, None]).argmax(-1)
-               == y[rows] for split, rows in (("train", train), ("test", test))}  # (S, n)
-    accs = correct["test"].double().mean(1)  # (S,)
+    return x
+
+
+def probe_statistics(correct_train: torch.Tensor, correct_test: torch.Tensor,
+                     y_train: torch.Tensor, y_test: torch.Tensor, num_classes: int) -> dict:
+    """The reported statistics (module docstring) of heads whose predictions were right where
+    ``correct_train`` (S, n_train) and ``correct_test`` (S, n_test) are True."""
+    accs = correct_test.double().mean(1)  # (S,)
     std = float(accs.std()) if len(accs) > 1 else 0.0
-    per_sentence = correct["test"].double().mean(0)  # (n_test,): correct, averaged over seeds
-    se_test = float(per_sentence.std() / math.sqrt(len(test))) if len(test) > 1 else math.nan
-    majority = torch.bincount(y[train], minlength=num_classes).argmax()
+    n_test = correct_test.shape[1]
+    per_sentence = correct_test.double().mean(0)  # (n_test,): correct, averaged over seeds
+    se_test = float(per_sentence.std() / math.sqrt(n_test)) if n_test > 1 else math.nan
+    majority = torch.bincount(y_train, minlength=num_classes).argmax()
     return {"acc_mean": float(accs.mean()), "acc_std": std,
             "acc_se": math.sqrt(se_test**2 + std**2 / len(accs)),
-            "train_acc": float(correct["train"].double().mean()),
-            "majority_acc": float((y[test] == majority).double().mean()),
-            "n_train": len(train), "n_test": len(test), "accs": accs.tolist()}
+            "train_acc": float(correct_train.double().mean()),
+            "majority_acc": float((y_test == majority).double().mean()),
+            "n_train": len(y_train), "n_test": n_test, "accs": accs.tolist()}
 
 
 @torch.no_grad()

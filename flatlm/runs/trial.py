@@ -27,18 +27,21 @@ from pathlib import Path
 
 import torch
 
-from flatlm.core.config import to_dict
+from flatlm.core.config import to_dict, to_flat_dict
+from flatlm.core.safe_io import write_text
 from flatlm.measure.registry import unused_sections as unused_measure_sections
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
-from flatlm.models.checkpoint import INFO_NAME
+from flatlm.models.checkpoint import INFO_NAME, load_checkpoint
 from flatlm.models.presets import ModelSpec, parse_model
 from flatlm.runs.dirlock import writer_lock
 from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, N_PARAMS, append_metrics, read_metrics
 from flatlm.sources import SourceSpec, load
-from flatlm.train.config import TrainConfig
+from flatlm.train.config import TrainConfig, resolve
 from flatlm.train.loop import TRAINING_INTERVAL
 from flatlm.train.registry import check_before_training
 from flatlm.train.registry import unused_sections as unused_train_sections
+from flatlm.train.sizes import check_fits
+from flatlm.train.state import newest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +142,6 @@ def tracked_params(cfg: TrialConfig) -> dict:
     defaults resolved (``train.dropout``, ``train.warmup_steps``, ...), the settings of other
     algorithms and of measurements that did not run left out, and options left unset (None)
     omitted, so that every logged value is one the trial used."""
-    from flatlm.core.config import to_flat_dict
-    from flatlm.train.config import resolve
-
     train = resolve(cfg.train)
     if train.micro_batch_size is None:  # None = one pass (sam: each half-batch in one pass)
         train = dataclasses.replace(train, micro_batch_size=train.sentences_per_pass)
@@ -164,12 +164,15 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
               eval_cache: str | Path | None = None) -> dict[int, dict]:
     """Runs (or resumes) the trial; returns step -> metrics for every checkpoint.
 
-    ``eval_cache``: a directory where the trials of a sweep share their evaluation data
-    (``flatlm.measure.eval_cache``); None draws it for this trial alone. Another process
-    writing to ``out_dir`` is an error (``flatlm.runs.dirlock.DirectoryBusyError``) before any work.
+    ``eval_cache``: a directory where the trials of a sweep share their evaluation data and
+    reference rows (``flatlm.measure.eval_cache``, ``flatlm.measure.reference_cache``); None
+    computes them for this trial alone. ``progress``: console bars for training and measuring.
+    Another process writing to ``out_dir`` is an error (``flatlm.runs.dirlock.DirectoryBusyError``)
+    before any work.
     """
     source, model_cfg = validate_trial(cfg)
     cfg = with_downstream_resolved(cfg)
+    check_fits(cfg.train, model_cfg, source, torch.device(device))  # before the eval data too
     out_dir = Path(out_dir).absolute()
     with writer_lock(out_dir):  # one writer per trial directory (flatlm.runs.dirlock)
         return _run_trial(cfg, source, model_cfg, out_dir, report, device, progress, eval_cache)
@@ -179,13 +182,14 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
                eval_cache) -> dict[int, dict]:
     from flatlm.train.loop import train
 
-    (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    write_text(out_dir / "config.json", json.dumps(to_dict(cfg), indent=2) + "\n")
     data = eval_data(source, cfg.measure, model_cfg, device=device, cache_dir=eval_cache)
     done = read_metrics(out_dir)
 
     def on_checkpoint(step: int, model, ckpt_dir: Path) -> None:
         start = time.perf_counter()
-        measured = measure_model(model, source, data, cfg.measure, device, artifact_dir=ckpt_dir)
+        measured = measure_model(model, source, data, cfg.measure, device, artifact_dir=ckpt_dir,
+                                 progress=progress)
         metrics = {N_PARAMS: float(sum(p.numel() for p in model.parameters())), **measured,
                    **measurement_cost(time.perf_counter() - start, ckpt_dir)}
         _record(out_dir, ckpt_dir, step, metrics)
@@ -216,7 +220,7 @@ def measurement_cost(seconds: float, ckpt_dir: Path) -> dict[str, float]:
 
 def _record(out_dir: Path, ckpt_dir: Path, step: int, metrics: dict) -> None:
     row = json.dumps({"step": step, **metrics})
-    (Path(ckpt_dir) / CHECKPOINT_METRICS_FILE).write_text(row + "\n")
+    write_text(Path(ckpt_dir) / CHECKPOINT_METRICS_FILE, row + "\n")  # never through a link
     append_metrics(out_dir, step, metrics)
 
 
@@ -227,9 +231,6 @@ def _catch_up(out_dir: Path, done: dict, on_checkpoint, report, device) -> None:
     between saving it and measuring it, or between measuring it and reporting it. Re-reporting
     is safe: the sinks keep one value per step (the tracker sends a step's key once).
     """
-    from flatlm.models.checkpoint import load_checkpoint
-    from flatlm.train.state import newest_checkpoint
-
     ckpt = newest_checkpoint(out_dir)
     if ckpt is None:
         return

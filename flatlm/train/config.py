@@ -199,8 +199,8 @@ class TrainConfig:
     #   per batch) the one micro-batch is cut to the batch's longest sentence; the GPU scale
     #   sets micro_batch_size=1024 of 4096
     divergence_factor: float | None = 10.0  # stop the run (``Diverged``) when a logged loss
-    #   exceeds this times the first logged loss; > 1; None = off (a non-finite loss always
-    #   stops it)
+    #   exceeds this times the initial loss log V or the first logged loss; > 1; None = off
+    #   (a non-finite loss always stops it)
     world_size: int = 1  # data-parallel processes, each taking an equal slice of every batch
     #   (one GPU each on CUDA, gloo processes on the CPU; flatlm.train.distributed); >= 1,
     #   dividing batch_size (sam: each half); adversarial runs in one process only

@@ -171,7 +171,7 @@ def test_an_unreachable_tracking_store_is_an_error_before_ray_starts(tmp_path):
 
 
 def test_resume_refuses_a_tuner_pickle_others_could_have_written(tmp_path):
-    from sweeps.driver import check_trusted
+    from sweeps.trust import check_trusted
 
     (tmp_path / "tuner.pkl").write_bytes(b"not really a pickle")
     tmp_path.chmod(0o755)
@@ -188,7 +188,7 @@ def test_resume_refuses_a_tuner_pickle_others_could_have_written(tmp_path):
 
 def test_resume_refuses_a_tuner_pickle_flatlm_did_not_write(tmp_path, monkeypatch, capsys):
     """The digest is kept in the user's own cache, outside the sweep's (shared) storage."""
-    from sweeps.driver import _digest_file, check_digest, record_digest
+    from sweeps.trust import check_digest, digest_file, record_digest
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     sweep = tmp_path / "ray_results" / "scaling"
@@ -197,8 +197,8 @@ def test_resume_refuses_a_tuner_pickle_flatlm_did_not_write(tmp_path, monkeypatc
     check_digest(sweep)  # never recorded here: a warning, not a refusal
     assert "no digest" in capsys.readouterr().err
     record_digest(sweep)
-    assert _digest_file(sweep).is_relative_to(tmp_path / "home" / ".cache" / "flatlm")
-    assert _digest_file(sweep).stat().st_mode & 0o777 == 0o600
+    assert digest_file(sweep).is_relative_to(tmp_path / "home" / ".cache" / "flatlm")
+    assert digest_file(sweep).stat().st_mode & 0o777 == 0o600
     check_digest(sweep)  # the same file: fine
     (sweep / "tuner.pkl").write_bytes(b"import os; os.system('...')")  # replaced by another
     with pytest.raises(ValueError, match=r"tuner.pkl is not the file flatlm wrote"):
