@@ -89,7 +89,8 @@ def labelled_source(cfg: TrialConfig) -> SourceSpec:
     if cfg.source.kind != "pcfg":
         if measure.spans is not None:
             raise ValueError(f"measure.spans={measure.spans!r}: only a PCFG's tasks have spans; "
-                             f"leave it unset (None) for a {cfg.source.kind} source")
+                             f"leave it unset (measure.spans=null) for a {cfg.source.kind} "
+                             "source (--source does, with the PCFG's label rule)")
         return cfg.source
     changes = {"spans": measure.spans, "label_rule": measure.label_rule}
     changes = {k: v for k, v in changes.items() if v is not None}

@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 
+from flatlm.commands.replicate import experiments_from_args
 from flatlm.core.config import apply_overrides
 from flatlm.core.schedules import learning_rate
 from flatlm.experiments.paper import EXPERIMENTS, build
@@ -24,6 +25,7 @@ from flatlm.runs.trial import TrialConfig, labelled_source, validate_trial
 from flatlm.sources import SourceSpec, load
 from flatlm.sources.pcfg import depth_spans
 from flatlm.train.config import resolve
+from sweeps.experiment import experiment_of
 
 
 def test_paper_is_the_text_and_paper_code_is_every_released_switch():
@@ -114,9 +116,6 @@ def test_the_sweeps_paper_and_the_replications_paper_are_one():
     """``--preset paper`` / ``--preset tiny`` of the sweeps and ``flatlm replicate --protocol
     paper`` at any scale: the same labels, masking, schedule shape and probe settings (from
     ``PAPER``), whatever the scale."""
-    from flatlm.commands.replicate import experiments_from_args
-    from sweeps.experiment import experiment_of
-
     def protocol_part(cfg):
         return (cfg.measure.probe, cfg.measure.label_rule, cfg.measure.spans, cfg.train.mask,
                 cfg.train.schedule)

@@ -1,10 +1,13 @@
 """BERT's masking rule: which words are predicted, what their inputs become, the cap."""
 
+import random
+
 import pytest
 import torch
 
 from flatlm.core.seeds import generator
 from flatlm.core.tokens import MASK_ID, WORD_OFFSET, encode
+from flatlm.sources import load
 from flatlm.train import TrainConfig
 from flatlm.train.data import BatchPipeline, FreshSamples, fixed_mask_count, mask_batch
 
@@ -15,8 +18,6 @@ def released_masked_lms(words: int, masked_lm_prob=0.15, max_predictions_per_seq
     """The released create_pretraining_data.py's create_masked_lm_predictions (the positions
     part), transcribed: a sentence of ``words`` words between [CLS] and [SEP]; the masked
     positions it returns."""
-    import random
-
     rng = random.Random(seed)
     tokens = ["[CLS]", *(f"w{i}" for i in range(words)), "[SEP]"]
     cand_indexes = [i for i, t in enumerate(tokens) if t not in ("[CLS]", "[SEP]")]
@@ -140,8 +141,6 @@ def test_fixed_count_is_the_released_count(cap):
 def test_the_trainer_masks_exactly_the_released_count_per_sentence(src):
     """paper-code's masking through the pipeline the trainer uses: every sentence gets exactly
     max(1, round(0.15 (L + 2))) predictions (none unmasked), a uniform subset of its words."""
-    from flatlm.sources import load
-
     paper = load("pcfg:paper")  # sentences of 2..16 words
     cfg = TrainConfig(batch_size=512, mask=0.15, max_predictions=5)
     assert cfg.mask_count == "fixed"
