@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from flatlm.core.config import apply_overrides, parse_assignments
 
 if TYPE_CHECKING:
-    from sweeps.driver import Interrupted
+    from sweeps.signals import Interrupted
     from sweeps.spec import Sweep
 
 # Nothing heavy at import: ``--help`` must not wait for Ray, torch or transformers; the
@@ -186,7 +186,9 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from sweeps.driver import Interrupted, TrackingIncomplete, run_sweep
+    from sweeps.delivery import TrackingIncomplete
+    from sweeps.driver import run_sweep
+    from sweeps.signals import Interrupted
     from sweeps.spec import shown_metrics
     from sweeps.summary import TrackingUnreachable, summarise
     from sweeps.trust import StateUnverified

@@ -23,8 +23,9 @@ from flatlm.commands.replicate import add_selection_arguments, experiments_from_
 from flatlm.experiments.scales import scale
 from flatlm.tracking.tracker import default_tracking_uri
 from sweeps.cli import apply_arguments, interrupted, parser
-from sweeps.driver import Interrupted, run_sweep
+from sweeps.driver import run_sweep
 from sweeps.rayenv import tune
+from sweeps.signals import Interrupted
 from sweeps.spec import Sweep, shown_metrics
 
 REPO = Path(__file__).resolve().parents[1]

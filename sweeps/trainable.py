@@ -159,7 +159,7 @@ def finish_trial(tracker, status: str, wait_s: float) -> bool:
 
     ``finish`` never raises: while the server is down it returns False, and a trial that simply
     returned then would leave its run RUNNING with its last rows unsent. The driver re-sends
-    what is still undelivered after ``fit`` (``sweeps.driver.finish_undelivered``, for the trial
+    what is still undelivered after ``fit`` (``sweeps.delivery.finish_undelivered``, for the trial
     directories it can see); on a cluster, ``MlflowTracker(uri, out_dir).finish()`` on the
     trial's node does.
     """

@@ -64,9 +64,10 @@ SWITCHES: dict[str, tuple[str, dict]] = {
                         "lr (the released run's --lr_schedule step --curve linear)",
                         {"train.schedule": "linear", "train.warmup_steps": None,
                          "train.warmup_proportion": RELEASED_WARMUP_PROPORTION}),
-    "released-probe": ("probe: batch 512, 50 epochs, linear decay, raw features (released code)",
-                       {**{f"measure.probe.{k}": v for k, v in RELEASED.items()},
-                        "measure.probe.standardize": False}),
+    "released-probe": ("probe as run_lp.py runs it: batch 512, 50 epochs, linear decay, no "
+                       "clipping, raw states of positions 1..T (padding too), dropout 0.1 on "
+                       "them, the encoder in train mode, a N(0, 0.02) head",
+                       {f"measure.probe.{k}": v for k, v in RELEASED.items()}),
     "deep-grammar": ("a deeper grammar: the scale's deep source (paper-like at GPU scale)", {}),
 }
 

@@ -10,6 +10,8 @@ there is nothing to measure. Each run records its own wall time (``measure.progr
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from flatlm.measure import TRACE_FISHER, se_key
 from flatlm.measure.finetune import finetune_accuracy
 from flatlm.measure.fisher import trace_fisher
@@ -19,7 +21,7 @@ from flatlm.measure.grown import grown_flatness
 from flatlm.measure.landscape import measure_landscape
 from flatlm.measure.lookup import lookup_features
 from flatlm.measure.loss import pretrain_loss
-from flatlm.measure.probe import encoder_probe_features
+from flatlm.measure.probe import encoder_probe_features, train_mode_features
 from flatlm.measure.probe_rows import probe_rows
 from flatlm.measure.progress import showing_progress, timer
 from flatlm.measure.reference_cache import reference_rows
@@ -93,27 +95,31 @@ def random_init_rows(source, data, cfg, device) -> dict[str, float] | None:
 
 def lookup_rows(source, data, cfg, device) -> dict[str, float]:
     """The probe on the lookup table: the true conditionals of every position (or the sweep's
-    cached rows, ``measure.reference_cache``)."""
+    cached rows, ``measure.reference_cache``). It has no encoder: ``probe.positions``,
+    ``zero_padding`` and ``encoder_train_mode`` do not apply (its features are the T word
+    positions, zero on padding); ``feature_dropout`` and the head's settings do."""
     def measure() -> dict[str, float]:
         features = lookup_features(source, data.downstream_tokens, data.downstream_lengths,
                                    device=device)
-        return _probe_tasks(features, source, data, cfg, "lookup")
+        no_encoder = replace(cfg.probe, encoder_train_mode=False)
+        return probe_rows(features, source, data.classes, no_encoder, "lookup",
+                          progress=showing_progress())
 
     return reference_rows(data.cache_dir, data.key, "lookup", cfg.probe, device, measure)
 
 
 def _probes(model, source, data, cfg, stage: str, device) -> dict[str, float]:
     """Every task's probe on one forward pass over the downstream sentences, and the features'
-    effective rank (``<stage>/feature_rank``)."""
+    effective rank (``<stage>/feature_rank``); with ``probe.encoder_train_mode`` the heads train
+    on a train-mode forward pass every epoch (``probe.train_mode_features``)."""
+    probe_cfg = cfg.probe
     features = encoder_probe_features(model, data.downstream_tokens, data.downstream_lengths,
-                                      device=device, batch_size=cfg.probe.forward_batch_size)
-    return _probe_tasks(features, source, data, cfg, stage)
-
-
-def _probe_tasks(features, source, data, cfg, stage: str) -> dict[str, float]:
-    """Every task's probe (batched unless ``probe.batched`` is off), its ridge twin and the
-    features' effective rank (``measure.probe_rows``)."""
-    return probe_rows(features, source, data.classes, cfg.probe, stage,
+                                      device=device, batch_size=probe_cfg.forward_batch_size,
+                                      positions=probe_cfg.positions,
+                                      zero_padding=probe_cfg.zero_padding)
+    draw = (train_mode_features(model, data.downstream_tokens, data.downstream_lengths,
+                                probe_cfg, device) if probe_cfg.encoder_train_mode else None)
+    return probe_rows(features, source, data.classes, probe_cfg, stage, draw=draw,
                       progress=showing_progress())
 
 

@@ -20,6 +20,17 @@ agree to at most one test sentence in a thousand, where a near tie flips). On 1 
 is 2-3x faster than ``train_heads`` task by task: one gather and one GEMM per update for the
 group, and AdamW in one pass instead of eight (bench/checkpoint_cost.py).
 
+The released probe (``probe.RELEASED``) adds three things, each a ``ProbeConfig`` setting:
+feature dropout (one (S, B, D) mask per update, the one ``train_heads`` draws, shared by the
+feature sets and tasks of a group), the N(0, 0.02) head (``initial_heads``) and the encoder in
+train mode while the heads train (``encoder_train_mode``): then the features differ every epoch,
+so ``probe_feature_sets`` takes a ``draws`` function per feature set and the heads train on a
+fresh train-mode forward pass over the training split every epoch (``epochs`` forward passes
+instead of one, per set of kept sentences; seeded by the probe's seed and the epoch; one draw per
+epoch shared by the seeds and tasks: each head sees every sentence once an epoch under a fresh
+dropout draw, as a lone run would, but the heads' draws are not independent). Evaluation, the
+ridge probe and the early-stopping scores read the eval-mode features.
+
 Early stopping (``ProbeConfig.patience``; off by default, and the paper's fixed epochs are what
 the ``paper`` and ``paper-code`` protocols run): ``ProbeConfig.val_fraction`` of the training
 split is held out (seeded), each head is scored on it after every epoch and keeps its weights of
@@ -30,7 +41,7 @@ problem stops when every head is (each head's result is the one it would get tra
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,12 +52,18 @@ from flatlm.core.seeds import derive_seed
 from flatlm.measure import EARLY_STOPPING_EPOCHS
 from flatlm.measure.probe import (
     ProbeConfig,
+    dropout_multipliers,
+    feature_dropout,
+    feature_preparation,
     head_seeds,
     initial_heads,
-    prepared_features,
     probe_statistics,
     split_indices,
 )
+
+# (rows of the downstream sentences, epoch) -> their features drawn with the encoder in train
+# mode (``probe.train_mode_features``)
+Draw = Callable[[torch.Tensor, int], torch.Tensor]
 
 BETAS = (0.9, 0.999)  # torch.optim.AdamW's defaults, which train_heads uses
 EPS = 1e-8
@@ -64,25 +81,50 @@ class Task:
 
 @torch.no_grad()
 def probe_feature_sets(features: dict[str, torch.Tensor], tasks: Sequence[Task],
-                       cfg: ProbeConfig, *, progress: bool = False) -> dict[str, dict]:
+                       cfg: ProbeConfig, *, draws: dict[str, Draw] | None = None,
+                       progress: bool = False) -> dict[str, dict]:
     """feature set -> task -> the ``linear_probe_accuracy`` result of its heads, for every
     feature set [n, D] (all on one device) and task, trained as few batched problems as the
-    heads' minibatches allow (module docstring)."""
+    heads' minibatches allow (module docstring).
+
+    ``draws``: feature set -> its features with the encoder in train mode
+    (``ProbeConfig.encoder_train_mode``, ``probe.train_mode_features``): the heads of that set
+    train on a fresh draw every epoch, prepared as ``features`` (its eval-mode features, which
+    the heads are evaluated on) are. Each epoch costs one forward pass over the training split
+    per set of sentences the tasks keep."""
+    draws = draws or {}
     out = {name: {} for name in features}
     device = next(iter(features.values())).device
     for keep, tasks_kept in tasks_by_sentences(tasks):
         keep = keep.to(device)
         train, test = split_indices(int(keep.sum()), cfg.test_fraction, cfg.seed)
-        prepared = {name: prepared_features(_float(x[keep]), train.to(device), cfg)
-                    for name, x in features.items()}  # once for all tasks on these sentences
+        prepare = {name: feature_preparation(_float(x[keep]), train.to(device), cfg)
+                   for name, x in features.items()}  # once for all tasks on these sentences
+        prepared = {name: prepare[name](_float(x[keep])) for name, x in features.items()}
+        rows = keep.nonzero().squeeze(1)  # the kept sentences among all n
         for group in _by_classes(tasks_kept):
             y = torch.stack([task.classes for task in group]).to(device)  # (K, n)
             for names in _same_width(prepared):
                 x = _stacked([prepared[name] for name in names])  # (F, n, D)
-                results = _probe_group(x, y, group[0].num_classes, train, test, cfg, progress)
+                redraw = _redraw(names, prepared, prepare, draws, rows)
+                results = _probe_group(x, y, group[0].num_classes, train, test, cfg, progress,
+                                       redraw)
                 for f, name in enumerate(names):
                     out[name].update({task.name: results[f][k] for k, task in enumerate(group)})
     return out
+
+
+def _redraw(names, prepared, prepare, draws: dict[str, Draw], rows: torch.Tensor):
+    """``(epoch, fit) -> (F, N, D)``: the training features of epoch ``epoch`` at rows ``fit`` of
+    the kept sentences, drawn afresh for the feature sets in ``draws``; None if none is."""
+    if not any(name in draws for name in names):
+        return None
+
+    def features(epoch: int, fit: torch.Tensor) -> torch.Tensor:
+        return _stacked([prepare[name](_float(draws[name](rows[fit], epoch)))
+                         if name in draws else prepared[name][fit] for name in names])
+
+    return features
 
 
 def _stacked(xs: list[torch.Tensor]) -> torch.Tensor:
@@ -117,13 +159,16 @@ def _same_width(prepared: dict[str, torch.Tensor]) -> list[list[str]]:
     return list(widths.values())
 
 
-def _probe_group(x, y, num_classes: int, train, test, cfg: ProbeConfig, progress: bool):
-    """[f][k] -> result of feature set f and task k; x (F, n, D), y (K, n)."""
+def _probe_group(x, y, num_classes: int, train, test, cfg: ProbeConfig, progress: bool,
+                 redraw=None):
+    """[f][k] -> result of feature set f and task k; x (F, n, D), y (K, n); ``redraw`` as
+    ``_redraw`` gives it."""
     train, test = train.to(x.device), test.to(x.device)
     fit, val = _early_stopping_split(train, cfg)
-    W, b, epochs = train_heads_batched(x[:, fit], y[:, fit], num_classes, head_seeds(cfg), cfg,
-                                       val=(x[:, val], y[:, val]) if val is not None else None,
-                                       progress=progress)
+    W, b, epochs = train_heads_batched(
+        x[:, fit], y[:, fit], num_classes, head_seeds(cfg), cfg,
+        val=(x[:, val], y[:, val]) if val is not None else None, progress=progress,
+        epoch_features=(lambda epoch: redraw(epoch, fit)) if redraw is not None else None)
     right = {split: _correct(x[:, rows], W, b, y[:, rows]) for split, rows in
              (("train", fit), ("test", test))}  # (F, S, K, n)
     out = []
@@ -169,11 +214,15 @@ class _Heads:
         self.gW = self.param.grad[:n_w].view(F * S, K * C, D)
         self.gb = self.param.grad[n_w:].view(F * S, K * C)
         gens = [torch.Generator().manual_seed(s) for s in seeds]
-        W0, b0 = initial_heads(D, C, gens, device, dtype)  # (S, D, C), (S, C): train_heads' draw
+        W0, b0 = initial_heads(D, C, gens, device, dtype,
+                               cfg.head_init_std)  # (S, D, C), (S, C): train_heads' draw
         with torch.no_grad():
             self.W.copy_(W0.transpose(1, 2)[None, :, None])
             self.b.copy_(b0[None, :, None])
         self.gens = gens
+        # feature dropout: train_heads' masks, one (S, B, D) per update, shared by the feature
+        # sets and tasks (each head's are those it would draw trained alone)
+        self.drop, self.p = feature_dropout(cfg, device), cfg.feature_dropout
         self._minus_cache: dict[int, torch.Tensor] = {}
         self.opt = torch.optim.AdamW([self.param], lr=cfg.lr, weight_decay=cfg.weight_decay,
                                      betas=BETAS, eps=EPS, fused=True)
@@ -183,6 +232,9 @@ class _Heads:
         F, S, K, C, D = self.shape
         B = idx.shape[1]
         xb = x.index_select(1, idx.flatten()).view(F * S, B, D)
+        if self.drop is not None:  # xb is index_select's own copy: scaled in place
+            xb.view(F, S, B, D).mul_(dropout_multipliers(self.drop, (S, B, D), self.p,
+                                                         xb.device, xb.dtype))
         logits = torch.baddbmm(self.b.view(F * S, 1, K * C), xb,
                                self.W.view(F * S, K * C, D).transpose(1, 2))  # (F S, B, K C)
         g = logits.view(F, S, B, K, C).log_softmax(-1).exp_().mul_(1.0 / B)  # d(mean CE)/dz
@@ -220,12 +272,14 @@ class _Heads:
 def train_heads_batched(
     x: torch.Tensor, y: torch.Tensor, num_classes: int, seeds: list[int], cfg: ProbeConfig, *,
     val: tuple[torch.Tensor, torch.Tensor] | None = None, progress: bool = False,
+    epoch_features: Callable[[int], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Heads of every feature set x (F, N, D), seed and task y (K, N), each the head
     ``probe.train_heads(x[f], y[k], num_classes, [seed], cfg)`` trains, up to rounding:
     W (F, S, K, C, D) (head (f, s, k)'s W transposed), b (F, S, K, C) and, with ``val``
     (held-out x (F, M, D), y (K, M); early stopping), the epoch (F, S, K) each head's weights
-    come from, else None."""
+    come from, else None. ``epoch_features(epoch)`` (F, N, D), when given, replaces x for that
+    epoch's updates (the encoder in train mode: a fresh dropout draw every epoch)."""
     F, N, D = x.shape
     K, C = y.shape[0], num_classes
     heads = _Heads(F, len(seeds), D, K, C, seeds, cfg, x.device, x.dtype)
@@ -237,6 +291,8 @@ def train_heads_batched(
     with tqdm(total=total, desc="probe updates", unit="upd", leave=False,
               disable=not progress) as bar:
         for epoch in range(cfg.epochs):
+            if epoch_features is not None:
+                x = epoch_features(epoch)
             for j, idx in enumerate(_minibatches(heads.gens, N, bs, x.device)):
                 lr = learning_rate(epoch * per_epoch + j, peak=cfg.lr,
                                    warmup_steps=cfg.warmup_steps, total_steps=total,

@@ -14,7 +14,7 @@ from flatlm.measure.probe import (
     participation_ratio,
     probe_metrics,
 )
-from flatlm.measure.probe_batched import Task, probe_feature_sets
+from flatlm.measure.probe_batched import Draw, Task, probe_feature_sets
 from flatlm.measure.ridge import ridge_feature_sets, ridge_metrics
 from flatlm.sources.base import Source
 
@@ -25,13 +25,22 @@ def downstream_tasks(source: Source, classes: dict[str, torch.Tensor]) -> list[T
 
 
 def probe_rows(features: torch.Tensor, source: Source, classes: dict[str, torch.Tensor],
-               cfg: ProbeConfig, stage: str, *, progress: bool = False) -> dict[str, float]:
+               cfg: ProbeConfig, stage: str, *, draw: Draw | None = None,
+               progress: bool = False) -> dict[str, float]:
     """Every key of ``stage`` for ``features`` [n, D] of the downstream sentences whose classes
-    per task are ``classes`` (``Source.sample_downstream``'s ids, -1 = undefined)."""
+    per task are ``classes`` (``Source.sample_downstream``'s ids, -1 = undefined). ``draw``:
+    the same features with the encoder in train mode (``probe.train_mode_features``), which the
+    heads train on when ``cfg.encoder_train_mode`` is on (``features`` are then the eval-mode
+    ones they are evaluated on; the ridge probe and the rank read those too)."""
+    if cfg.encoder_train_mode and draw is None:
+        raise ValueError(f"{stage}: probe.encoder_train_mode=true needs the train-mode features "
+                         "(draw=probe.train_mode_features(model, ...))")
     tasks = downstream_tasks(source, classes)
     out = {f"{stage}/feature_rank": participation_ratio(features)}
     if cfg.batched:
-        results = probe_feature_sets({stage: features}, tasks, cfg, progress=progress)[stage]
+        draws = {stage: draw} if cfg.encoder_train_mode else None
+        results = probe_feature_sets({stage: features}, tasks, cfg, draws=draws,
+                                     progress=progress)[stage]
     else:  # the reference implementation, task by task
         results = {task.name: linear_probe_accuracy(features[task.keep.to(features.device)],
                                                     task.classes, task.num_classes, cfg)

@@ -35,12 +35,12 @@ def test_a_signal_stops_the_sweep_with_its_exit_code_and_the_resume_command(
 
 
 def test_sigterm_takes_tunes_sigint_path_and_is_remembered():
-    from sweeps.driver import Interrupted, _sigterm_as_sigint
+    from sweeps.signals import Interrupted, sigterm_as_sigint
 
     seen = []
     old = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
     try:
-        with _sigterm_as_sigint() as received:
+        with sigterm_as_sigint() as received:
             signal.raise_signal(signal.SIGTERM)
     finally:
         signal.signal(signal.SIGINT, old)

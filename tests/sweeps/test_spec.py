@@ -98,7 +98,7 @@ def test_the_trainable_module_does_not_import_analysis():
 def test_trial_names_say_what_the_trial_varies_then_rays_id():
     from types import SimpleNamespace
 
-    from sweeps.driver import trial_label
+    from sweeps.console import trial_label
 
     trial = SimpleNamespace(trial_id="1a0e7_00003", config={"overrides": {
         "model": "d32-h2-l1-i128", "train.seed": 2, "train.lr": 0.000316227,
@@ -123,8 +123,8 @@ def test_help_imports_neither_ray_nor_torch(script):
 def test_resume_with_changed_settings_is_refused_naming_them(tmp_path):
     from dataclasses import replace as dc_replace
 
-    from sweeps.driver import check_resume_settings, record_settings
     from sweeps.rayenv import tune
+    from sweeps.resume import check_resume_settings, record_settings
 
     sweep = Sweep(name="s", base=base_for("tiny"),
                   space={"model": tune.grid_search(["d16-h1-l1-i64"]),
@@ -145,7 +145,7 @@ def test_a_sweep_started_before_a_field_was_added_resumes(tmp_path):
     import json
     from dataclasses import replace as dc_replace
 
-    from sweeps.driver import SETTINGS_FILE, check_resume_settings, record_settings
+    from sweeps.resume import SETTINGS_FILE, check_resume_settings, record_settings
 
     sweep = Sweep(name="s", base=base_for("tiny"))
     record_settings(sweep, tmp_path)
