@@ -5,7 +5,8 @@ run these same objects, and name their trials by one rule (``trial_name``).
 ============  ============================================================  ================
 experiment    what varies (every grid point for each seed)                   paper
 ============  ============================================================  ================
-steps         one model trained long under AdamW, checkpointed densely        Fig. 2a
+steps         one model trained long under AdamW, checkpointed densely, a     Fig. 2a
+              constant rate after warmup under every protocol (A.5)
 sizes         the scale's models, each also measured grown into one shape     Fig. 3 / 5
 algorithms    adamw, adversarial, noreg, sam (+ the lookup table, measured)   Tables 1 / 2
 sgd           ``steps`` under SGD (warmup 12%, then a constant rate)          Fig. 4 / 10, B.2
@@ -129,11 +130,15 @@ def _long_run(sc: Scale, base: TrialConfig, **extra) -> TrialConfig:
 
 
 def _steps(sc, protocol, base, algorithms):
-    return _long_run(sc, base), {}, {}
+    # A.5: a constant rate after warmup "to compare checkpoints at different number of steps",
+    # under every protocol (a decay to 0 would make the late checkpoints flatter by the schedule
+    # alone); the released code ships it too (schedules.py: ConstCurve, "constant_step")
+    return _long_run(sc, base, **{"train.schedule": "constant"}), {}, {}
 
 
 def _sgd(sc, protocol, base, algorithms):
-    # B.2: SGD, warmup over 12% of the steps, then a constant rate (the paper's 1e-3 at GPU scale)
+    # B.2: SGD, warmup over 12% of the steps, then a constant rate (the paper's 1e-3 at GPU
+    # scale), under every protocol, as the steps experiment
     return _long_run(sc, base, **{"train.algorithm": "sgd", "train.lr": sc.sgd_lr,
                                   "train.warmup_steps": None, "train.warmup_proportion": 0.12,
                                   "train.schedule": "constant"}), {}, {}

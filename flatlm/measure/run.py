@@ -35,6 +35,7 @@ from flatlm.measure.spectrum import SpectrumConfig
 from flatlm.models.bert import build_model
 from flatlm.models.constructions import check_construction
 from flatlm.sources.base import Source
+from flatlm.sources.pcfg import SPAN_RULES
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,12 @@ class MeasureConfig:
     # test sentences, s.e. of an accuracy ~1 point (bench/protocol_cpu.py); the paper 10^5
     n_downstream: int = 8000
     tasks: tuple[str, ...] = ()  # downstream tasks; () = all of the source's
-    label_rule: str | None = None  # downstream label rule; None = the source's default
+    label_rule: str | None = None  # downstream label rule; None = the source's default (a
+    #   PCFG's: posterior, span or inside, flatlm.sources.pcfg)
+    spans: str | None = None  # a PCFG's task spans (flatlm.sources.pcfg): "depth" (the paper's
+    #   text, A.1: tasks A, B, C the symbols at parse depth 1, 2, 3, over the whole sentence and
+    #   its first T/2 and T/4 words, T its longest: L = 32/16/8 on the paper's grammar),
+    #   "released" (B = 4, C = 2 words: the released labeling()); None = the source spec's own
     seed: int = 0  # draws the evaluation data; the estimators have their own seeds
     loss: LossConfig = field(default_factory=LossConfig)
     flatness: FlatnessConfig = field(default_factory=lambda: FlatnessConfig(n_inputs=None))
@@ -87,6 +93,9 @@ class MeasureConfig:
             raise ValueError(f"measure.n_eval={self.n_eval}: use at least 2 sentences")
         if self.n_downstream < 10:
             raise ValueError(f"measure.n_downstream={self.n_downstream}: use at least 10")
+        if self.spans is not None and self.spans not in SPAN_RULES:
+            raise ValueError(f"measure.spans={self.spans!r}: use one of {', '.join(SPAN_RULES)}, "
+                             "or None for the source's own")
         if self.grow_to is not None:
 
             check_grow_to(self.grow_to)

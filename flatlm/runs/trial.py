@@ -80,10 +80,34 @@ class TrialConfig:
                     raise ValueError(f"{name}={value!r}: {e}") from None
 
 
-def validate_trial(cfg: TrialConfig):
-    """Builds what the trial needs, failing on a bad config before any work: (source, model)."""
+def labelled_source(cfg: TrialConfig) -> SourceSpec:
+    """``cfg.source`` as the trial uses it: a PCFG's spec with ``measure.spans`` and
+    ``measure.label_rule`` written in where set, so that pre-training (the adversary's labelled
+    pool, ``train.adversarial``) and the measurements (probes, lookup table) read the same labels;
+    other sources as given (``measure.spans`` is then an error: only a PCFG's tasks have spans)."""
+    measure = cfg.measure
+    if cfg.source.kind != "pcfg":
+        if measure.spans is not None:
+            raise ValueError(f"measure.spans={measure.spans!r}: only a PCFG's tasks have spans; "
+                             f"leave it unset (measure.spans=null) for a {cfg.source.kind} "
+                             "source (--source does, with the PCFG's label rule)")
+        return cfg.source
+    changes = {"spans": measure.spans, "label_rule": measure.label_rule}
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if not changes:
+        return cfg.source
     try:
-        source = load(cfg.source)
+        return SourceSpec({**cfg.source.to_dict(), **changes})
+    except ValueError as e:
+        raise ValueError(f"measure.spans / measure.label_rule: {e}") from None
+
+
+def validate_trial(cfg: TrialConfig):
+    """Builds what the trial needs, failing on a bad config before any work: (source, model);
+    the source is ``labelled_source(cfg)``'s."""
+    spec = labelled_source(cfg)
+    try:
+        source = load(spec)
     except (ValueError, OSError) as e:  # the spec was valid when made; a file may have gone
         raise ValueError(f"source: {e}") from None
     model_cfg = parse_model(cfg.model)
@@ -105,7 +129,7 @@ def with_downstream_resolved(cfg: TrialConfig) -> TrialConfig:
     """``cfg`` with the downstream label rule and tasks spelled out (the source's defaults where
     left None / empty), so that config.json and the MLflow params say which rule, and which
     tasks, every accuracy was measured with."""
-    rule, tasks = downstream_of(load(cfg.source), cfg.measure)
+    rule, tasks = downstream_of(load(labelled_source(cfg)), cfg.measure)
     return dataclasses.replace(cfg, measure=dataclasses.replace(cfg.measure, label_rule=rule,
                                                                 tasks=tasks))
 
@@ -225,6 +249,6 @@ def printer(step: int, metrics: dict, ckpt_dir: Path) -> None:
     print(f"step {step}: " + "  ".join(f"{k}={metrics[k]:.4g}" for k in keys), flush=True)
 
 
-__all__ = ["EvalData", "Report", "TrialConfig", "measured_tasks", "printer", "read_metrics",
-           "run_trial",
+__all__ = ["EvalData", "Report", "TrialConfig", "labelled_source", "measured_tasks", "printer",
+           "read_metrics", "run_trial",
            "tracked_params", "validate_trial"]

@@ -41,6 +41,7 @@ __all__ = ["ALGORITHMS", "AlgorithmDefaults", "AdversarialConfig", "GrowConfig",
            "SamConfig", "TrainConfig", "resolve", "switch_on"]
 
 PRECISIONS = ("auto", "fp32", "bf16")
+MASK_COUNTS = ("fixed", "bernoulli")  # train.mask_count (flatlm.train.data.mask_batch)
 _SWITCH_WORDS = {"true": True, "on": True, "false": False, "off": False, "auto": "auto"}
 
 
@@ -169,8 +170,13 @@ class TrainConfig:
     warmup_proportion: float | None = None  # ... or as a fraction of steps in [0, 1]; set at
     #   most one; both None = the algorithm's default (1000 steps; sgd 12%)
     mask: str | float = "one"  # "one": one masked word per sentence, uniform over its words
-    #   (the paper's synthetic setting); or a rate in (0, 1): each word masked independently
-    #   with that probability (0.15: the released code and real text)
+    #   (the paper's formulation, Section 2 and its footnote 1); or a rate in (0, 1), drawn as
+    #   mask_count says (0.15: the released code, and the paper on real text, A.2)
+    mask_count: str = "fixed"  # at a rate, how many words of a sentence are masked: "fixed":
+    #   exactly max(1, round(rate * (words + 2))) (the +2 counts [CLS] and [SEP]; Python's
+    #   round), a uniformly random subset of its words, at most max_predictions: BERT's rule, as
+    #   the released create_pretraining_data.py draws it (create_masked_lm_predictions); or
+    #   "bernoulli": each word independently with that probability (some sentences get none)
     mask_replace: tuple[float, float, float] = (0.8, 0.1, 0.1)  # what a masked word's input
     #   becomes: [MASK], a random word, itself (BERT's rule, the released code); (1, 0, 0) =
     #   always [MASK]. Each >= 0, summing to 1
@@ -256,6 +262,8 @@ class TrainConfig:
         _check(mask == "one" or (isinstance(mask, float) and 0.0 < mask < 1.0),
                "mask", self.mask, "use 'one' or a masking rate in (0, 1) such as 0.15")
         object.__setattr__(self, "mask", mask)
+        _check(self.mask_count in MASK_COUNTS, "mask_count", self.mask_count,
+               f"use one of {', '.join(MASK_COUNTS)}")
         replace = tuple(self.mask_replace)
         _check(len(replace) == 3 and all(p >= 0 for p in replace)
                and abs(sum(replace) - 1.0) < 1e-9, "mask_replace", self.mask_replace,

@@ -59,20 +59,22 @@ def test_released_settings_are_the_released_codes():
     assert _probe_settings(ProbeConfig()) == PAPER_PROBE
 
 
-@pytest.mark.parametrize("protocol, expected", [("paper", PAPER_PROBE),
-                                                ("paper-code", RELEASED_PROBE),
-                                                ("paper+released-probe", RELEASED_PROBE)])
-def test_protocols_probe_as_their_source_does(protocol, expected):
+# the paper protocol's probe: the text's (A.6: lr 1e-3, 100 epochs) and, where it gives none, the
+# released batch of 512 (flatlm.experiments.protocols.PAPER); no scale changes a probe setting
+PAPER_PROTOCOL_PROBE = {"batch_size": 512, "epochs": 100, "lr": 1e-3}
+
+
+@pytest.mark.parametrize("protocol, expected", [
+    ("paper", {**PAPER_PROBE, **PAPER_PROTOCOL_PROBE}), ("paper-code", RELEASED_PROBE),
+    ("paper+released-probe", RELEASED_PROBE)])
+@pytest.mark.parametrize("scale", ["sweep", "tiny", "gpu"])
+def test_protocols_probe_as_their_source_does(protocol, expected, scale):
     overrides = protocol_overrides(protocol)
     probe_overrides = {k: overrides[f"measure.probe.{k}"] for k in RELEASED_PROBE
                        if f"measure.probe.{k}" in overrides}
-    assert probe_overrides == ({} if protocol == "paper" else RELEASED_PROBE)
-    for _, cfg in build("steps", scale="tiny", protocol=protocol, seeds=(0,)).trials():
-        got = _probe_settings(cfg.measure.probe)
-        # the scale sets the probe's budget (epochs, batch); the protocol the rest
-        budget = {"epochs", "batch_size"} if protocol == "paper" else set()
-        assert {k: v for k, v in got.items() if k not in budget} == {
-            k: v for k, v in expected.items() if k not in budget}
+    assert probe_overrides == (PAPER_PROTOCOL_PROBE if protocol == "paper" else RELEASED_PROBE)
+    for _, cfg in build("steps", scale=scale, protocol=protocol, seeds=(0,)).trials():
+        assert _probe_settings(cfg.measure.probe) == expected
 
 
 def test_released_settings_travel_as_overrides():

@@ -24,7 +24,10 @@ from sweeps.spec import Sweep, check_sweep, objectives, shown_metrics, sweep_tas
 
 
 def tiny_sweep(**overrides) -> Sweep:
-    return Sweep(name="t", base=apply_overrides(base_for("tiny"), overrides))
+    """The tiny preset's sweep; a ``source`` comes with its kind's settings, as the command
+    line's ``--source`` / ``--set source=`` bring them (the paper's PCFG labels dropped)."""
+    base = base_for("tiny", source=overrides.pop("source", None))
+    return Sweep(name="t", base=apply_overrides(base, overrides))
 
 
 @pytest.mark.parametrize(("overrides", "task"), [
@@ -48,8 +51,9 @@ def test_the_sweep_task_is_the_first_task_measured(overrides, task):
 def test_the_search_scripts_default_objective_follows_the_source():
     args = Namespace(preset="tiny", objective=[], samples=None)
     sweep = search.build(args)
-    sweep = replace(sweep, base=apply_overrides(sweep.base, {"source": "dyck:6",
-                                                             "measure.tasks": []}))
+    sweep = replace(sweep, base=apply_overrides(sweep.base, {  # as --source dyck:6 sets it
+        "source": "dyck:6", "measure.tasks": [], "measure.label_rule": None,
+        "measure.spans": None}))
     assert objectives(sweep) == (("probe/g_star/acc_mean", "max"),)
     args.objective = ["flat/trace_fisher:min"]
     assert objectives(search.build(args)) == (("flat/trace_fisher", "min"),)
@@ -233,7 +237,8 @@ def test_the_default_sweeps_aim_at_the_regime_they_are_about():
     sizes = scaling.build(tiny)
     assert sizes.kl_threshold == 0.05 and sizes.base.train.dropout == 0.0
     assert sizes.base.source == apply_overrides(sizes.base, {"source": SWEEP_SOURCE}).source
-    assert sizes.base.train.steps == 3000 and sizes.base.train.schedule == "linear"
+    # the schedule's shape is the protocol's: the paper's constant rate (A.5)
+    assert sizes.base.train.steps == 3000 and sizes.base.train.schedule == "constant"
     assert tuple(sizes.base.measure.tasks) == ("A", "B")  # C is degenerate on this grammar
     assert scaling.build(Namespace(preset="paper")).kl_threshold == 0.1  # the paper's scale
     algs = algorithms.build(Namespace(preset="tiny", algorithms="adamw,sam,noreg,adversarial"))
