@@ -15,8 +15,6 @@ beside three at 0.93 - 0.95).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
