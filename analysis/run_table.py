@@ -27,6 +27,7 @@ import pandas as pd
 
 from analysis.checkpoints import (
     RUN,
+    SEEDS,
     final_checkpoints,
     loss_matched,
     run_labels,
@@ -34,6 +35,7 @@ from analysis.checkpoints import (
     varying_columns,
 )
 from analysis.correlate import saturated, saturation_rule
+from analysis.effects import group_means
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN, probe_key, se_key
 from flatlm.runs.metrics_log import N_PARAMS
 
@@ -78,6 +80,28 @@ def run_table(rows: pd.DataFrame, acc_key: str) -> pd.DataFrame:
         columns[name + SE] = _column(rows, se_key(key))
     table = pd.DataFrame(columns)
     return pd.concat([table, reference_rows(rows, names)], ignore_index=True)
+
+
+def seed_means(rows: pd.DataFrame, acc_key: str) -> pd.DataFrame | None:
+    """One row per group of runs that differ by seed only (``rows``: one checkpoint per run):
+    the mean over its runs of each shown quantity and its s.e. (the spread over seeds,
+    ``analysis.effects.group_means``), named by what the group varies with ``(n runs)``;
+    None when no group has two runs."""
+    fields = varying_columns(rows, seeds=False)
+    if not any(c in SEEDS for c in varying_columns(rows)):
+        return None
+    names = quantities(rows, acc_key)
+    label = (rows[fields].astype(str).apply(
+        lambda r: " ".join(f"{short_name(c)}={v}" for c, v in r.items()), axis=1)
+        if fields else pd.Series("all runs", index=rows.index))
+    groups = group_means(rows.assign(_group=label), "_group", list(names.values()))
+    if (groups["runs"] < 2).all():
+        return None
+    columns = {"run": [f"{g} ({n} runs)" for g, n in groups["runs"].items()]}
+    for name, key in names.items():
+        columns[name] = groups[key].to_numpy(float)
+        columns[name + SE] = groups[se_key(key)].to_numpy(float)
+    return pd.DataFrame(columns)
 
 
 def reference_rows(rows: pd.DataFrame, names: dict[str, str]) -> pd.DataFrame:
@@ -269,15 +293,21 @@ def glance(df: pd.DataFrame, acc_key: str, *, kl_threshold: float | None = None,
 def _matched_section(df, final, excluded, acc_key: str, kl_threshold) -> list[str]:
     rows, target = matched_rows(df, excluded["run_id"], kl_threshold)
     if not math.isfinite(target):
-        return ["At matched loss: no KL was measured (a source without a truth), no table."]
+        means = seed_means(final, acc_key)
+        return ["At matched loss: no KL was measured (a source without a truth), no table.",
+                *(["Over seeds, final checkpoints (mean ± s.e. over the runs of each):",
+                   render(means)] if means is not None else [])]
     head = (f"At matched loss: each run's checkpoint whose KL is nearest {target:.3g} nats, "
             "the lowest KL every run in the regime reached")
     same = set(zip(rows[RUN], rows["step"], strict=True)) <= set(
         zip(final[RUN], final["step"], strict=True))
+    means = seed_means(rows, acc_key)
+    over_seeds = (["Over seeds, at matched loss (mean ± s.e. over the runs of each):",
+                   render(means)] if means is not None else [])
     if same:
         less = ", less the runs left out" if len(excluded) else ""
-        return [f"{head}: their final checkpoints (the table above{less})."]
-    return [f"{head}:", render(run_table(rows, acc_key))]
+        return [f"{head}: their final checkpoints (the table above{less}).", *over_seeds]
+    return [f"{head}:", render(run_table(rows, acc_key)), *over_seeds]
 
 
 def left_out_text(excluded: pd.DataFrame, rule: str) -> str:

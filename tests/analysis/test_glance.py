@@ -108,6 +108,10 @@ def test_no_p_value_for_fewer_than_five_runs():
     text = correlation_markdown(few)
     assert "| p |" not in text and "No p-value: 3 run(s)" in text
     assert "10 distinct resamples" in text
+    from analysis.selection import selection_table
+
+    picks = selection_table(steps_runs(3), A, kl_threshold=0.05, n_boot=50)
+    assert picks.attrs["runs"] == 3 and picks["p"].isna().all()
     enough = _correlations(steps_runs(6), A)
     assert set(enough["runs"]) == {6} and enough["p"].notna().all()
     assert "| p |" in correlation_markdown(enough)
@@ -265,3 +269,16 @@ def test_bulk_range_keeps_clusters_and_drops_a_lone_point():
     assert bulk_range([1.0, 2.0, 1000.0], log=True) == pytest.approx((1.0, 2.0))
     assert bulk_range([]) is None
     assert bulk_range(pd.Series([0.3, None, 0.4])) == (0.3, 0.4)
+
+
+def test_runs_that_differ_by_seed_only_are_also_shown_as_their_mean():
+    one = algorithm_runs()
+    two = one.assign(run_id=one["run_id"] + "-1", **{"train.seed": 1,
+                                                    B: one[B] + 0.01})
+    text = glance(pd.concat([one, two], ignore_index=True), B, **RULE)
+    over = text.split("Over seeds, at matched loss")[1]
+    line = next(ln for ln in over.splitlines() if ln.startswith("| algorithm=adamw (2 runs)"))
+    b = [0.93 - 0.2 - 0.012 / 10, 0.93 - 0.2 - 0.012 / 10 + 0.01]
+    mean, se = sum(b) / 2, abs(b[1] - b[0]) / 2  # std / sqrt(2) of two values
+    assert f"{mean:.4f} ± {se:.4f}" in line
+    assert "algorithm=adversarial (2 runs)" not in over  # left out: never in the regime
