@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+REFERENCE_LABELS = ("majority class", "lookup table", "random-init")
 OUTLIER_GAP = 3.0  # a side apart from the rest by this many times the rest's spread
 MARGIN = 0.08  # of the shown span, on each side
 REACH = 1.0  # a reference level this many spans beyond the points widens the axis to it
@@ -89,9 +90,11 @@ def mark_outside(ax, x, y, color, label: str = "") -> None:
         ax.plot(px, py, marker=MARKERS[side], ms=7, color=color, clip_on=False, ls="none")
         low, high = min(value), max(value)
         text = f"{low:.3g}" if f"{low:.3g}" == f"{high:.3g}" else f"{low:.3g}-{high:.3g}"
+        left = (px[0] - x0) < (x1 - x0) / 2 if ax.get_xscale() != "log" else \
+            np.log10(px[0] / x0) < np.log10(x1 / x0) / 2
         ax.annotate(f"{label} {text}".strip(), (px[0], py[0]), fontsize=6, color=color,
-                    xytext=(-4, -10 if side == "top" else 6), textcoords="offset points",
-                    ha="right" if side in ("bottom", "top", "right") else "left",
+                    xytext=(6 if left else -6, -10 if side == "top" else 6),
+                    textcoords="offset points", ha="left" if left else "right",
                     annotation_clip=False)
 
 
@@ -141,7 +144,8 @@ def draw_levels(ax, levels, axis: str = "y") -> None:
             named.add(label)
             continue
         side = "below" if value < low else "above"
-        height = 0.02 + 0.05 * notes[side] if side == "below" else 0.94 - 0.05 * notes[side]
+        # clear of the outliers' edge markers and their notes (the outermost 6% of the axes)
+        height = 0.08 + 0.05 * notes[side] if side == "below" else 0.88 - 0.05 * notes[side]
         notes[side] += 1
         ax.text(0.01, height, f"{label} {value:.3f} ({side} the axis)", transform=ax.transAxes,
                 fontsize=6, color=color)

@@ -40,7 +40,13 @@ from analysis.checkpoints import (
     varying_columns,
 )
 from analysis.correlate import to_markdown
-from analysis.figure_marks import draw_levels, fit_axis, mark_outside, reference_levels
+from analysis.figure_marks import (
+    REFERENCE_LABELS,
+    draw_levels,
+    fit_axis,
+    mark_outside,
+    reference_levels,
+)
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, se_key
 from flatlm.runs.metrics_log import N_PARAMS
 
@@ -116,8 +122,9 @@ def _scatter_panel(ax, df, x: str, y: str, groups: pd.Series, colors: dict,
 def metrics_over_steps(df: pd.DataFrame, path: str | Path, *, keys, acc_key: str | None = None,
                        title: str | None = None) -> Path:
     """Figs. 2/4: one panel per key, one line per run over ``step`` (its own color, named in
-    the legend by ``run_labels``), with each checkpoint's standard error as bars; the panel of
-    ``acc_key`` with the reference levels."""
+    the legend by ``run_labels``), with each checkpoint's standard error as bars; axes fitted
+    to the bulk of the points (an outlying run marked at the edge); the panel of ``acc_key``
+    with the reference levels."""
     keys = [k for k in keys if _has(df, k)]
     fig, axes = panels(len(keys))
     labels = run_labels(df)
@@ -134,20 +141,25 @@ def metrics_over_steps(df: pd.DataFrame, path: str | Path, *, keys, acc_key: str
         ax.set_ylabel(key)
         if key in LOG_KEYS or key.startswith("flat/"):
             _maybe_log(ax, df[key], "y")
-        if key == acc_key:
-            _levels_beside(ax, df, key, labels, colors)
+        _fit_steps_panel(ax, df, key, labels, colors, key == acc_key)
     if keys:
         fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
                    ncols=min(4, max(1, labels.nunique())), fontsize=7)
     return save_figure(fig, path, title or "Figs. 2/4: metrics over training steps", empty=not keys)
 
 
-def _levels_beside(ax, df: pd.DataFrame, key: str, groups: pd.Series, colors: dict) -> None:
-    """The reference levels on an accuracy panel whose axis keeps every point."""
-    levels = reference_levels(df, key, groups, colors)
-    low, high = sorted(ax.get_ylim())
-    fit_axis(ax, "y", [*df[key].dropna(), low, high], [v for v, *_ in levels])
+def _fit_steps_panel(ax, df: pd.DataFrame, key: str, labels: pd.Series, colors: dict,
+                     accuracy: bool) -> None:
+    """The y axis around the bulk of the points, the reference levels of an accuracy panel
+    (with their own legend), the points beyond the axis marked at its edge."""
+    levels = reference_levels(df, key, labels, colors) if accuracy else []
+    fit_axis(ax, "y", df[key], [v for v, *_ in levels], errors=_err(df, key))
     draw_levels(ax, levels)
+    for label, rows in df.groupby(labels, sort=False):
+        mark_outside(ax, rows["step"], rows[key], colors[label], label)
+    shown = [h for h in ax.get_lines() if h.get_label() in REFERENCE_LABELS]
+    if shown:
+        ax.legend(handles=shown, fontsize=6)
 
 
 def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys,

@@ -94,7 +94,9 @@ def seed_means(rows: pd.DataFrame, acc_key: str) -> pd.DataFrame | None:
     label = (rows[fields].astype(str).apply(
         lambda r: " ".join(f"{short_name(c)}={v}" for c, v in r.items()), axis=1)
         if fields else pd.Series("all runs", index=rows.index))
-    groups = group_means(rows.assign(_group=label), "_group", list(names.values()))
+    keep = [c for c in dict.fromkeys([RUN, N_PARAMS, *names.values(),
+                                      *map(se_key, names.values())]) if c in rows]
+    groups = group_means(rows[keep].assign(_group=label), "_group", list(names.values()))
     if (groups["runs"] < 2).all():
         return None
     columns = {"run": [f"{g} ({n} runs)" for g, n in groups["runs"].items()]}

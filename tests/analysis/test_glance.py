@@ -206,15 +206,19 @@ def test_an_algorithms_sweep_is_judged_on_the_task_its_adversary_attacks():
 
 # -- figures ----------------------------------------------------------------------------------
 
-def test_the_report_writes_its_figures_without_warnings(tmp_path):
+@pytest.mark.parametrize(("runs", "key", "figures"), [
+    (scaling_runs, A, {"fig1_accuracy_scatter.png", "fig2_over_steps.png", "fig3_over_size.png"}),
+    (algorithm_runs, B, {"fig1_accuracy_scatter.png", "fig2_over_steps.png"}),
+    (steps_runs, A, {"fig1_accuracy_scatter.png", "fig2_over_steps.png"})],
+    ids=["scaling", "algorithms", "steps"])
+def test_the_report_writes_its_figures_without_warnings(tmp_path, runs, key, figures):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        paths, _ = write_report(fragmented(scaling_runs()), tmp_path, A, n_boot=50, **RULE)
+        paths, _ = write_report(fragmented(runs()), tmp_path, key, n_boot=50, **RULE)
     assert [str(w.message)[:80] for w in caught] == []
-    names = {p.name for p in paths}
-    assert {"fig1_accuracy_scatter.png", "fig2_over_steps.png", "fig3_over_size.png"} <= names
+    assert {p.name for p in paths if p.name.startswith("fig")} == figures
     text = (tmp_path / "conclusion.md").read_text()
-    assert "| majority class " in text and "3.6x apart" in text
+    assert "| majority class " in text and "Against the paper" in text
 
 
 def test_a_one_size_sweep_writes_no_over_size_figure(tmp_path):
