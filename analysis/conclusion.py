@@ -229,7 +229,7 @@ def _loss_gap(final: pd.DataFrame) -> str:
     gap = high[KL] - low[KL]
     ratio = f"{high[KL] / low[KL]:.1f}x apart" if low[KL] > 0 else "apart"
     apart = f", {gap / se:.0f} s.e." if se > 0 else ""
-    equal = ("equal loss within 2 s.e." if math.isfinite(se) and gap <= 2 * se
+    equal = ("equal loss (within 2 s.e.)" if math.isfinite(se) and gap <= 2 * se
              else "not equal loss")
     return (f"Final KL {low[KL]:.3g} to {high[KL]:.3g} nats ({ratio}{apart}): {equal}.")
 

@@ -206,7 +206,8 @@ def correlation_markdown(table: pd.DataFrame, digits: int = 3) -> str:
     """The correlation table with its rule and interval level stated above it."""
     level = table.attrs.get("level", 0.95)
     rule = table.attrs.get("rule", "")
-    note = (f"Saturation regime: {rule}. r with {level:.0%} CI and p from a cluster bootstrap "
+    note = (f"Saturation regime: {rule}. r with {level:.0%} CI and (from {MIN_RUNS} runs) p "
+            f"from a cluster bootstrap "
             f"(runs resampled with all their checkpoints; n = checkpoints, runs = clusters); "
             f"partial_*: controlling for the column `control`.")
     if table.attrs.get("note"):
