@@ -82,7 +82,8 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--max-failures", type=int,
                    help="retries of a failed trial from its last checkpoint (default 3)")
     p.add_argument("--verbose", action="store_true",
-                   help="keep Ray's per-checkpoint log lines (off by default; FLATLM_VERBOSE=1)")
+                   help="keep Ray's per-checkpoint log lines (off by default; FLATLM_VERBOSE=1) "
+                        "and end with the correlation table and the model-selection verdict")
     p.add_argument("--kl-threshold", type=float,
                    help="saturation rule of the closing summary: checkpoints with "
                         "pretrain/kl below this (default: 0.05 nats for --preset tiny, whose "
@@ -211,7 +212,7 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
     except TrackingIncomplete as e:
         return tracking_lags(f"{e}.", e.uri)
     try:
-        summarise(sweep, workdir, args.tracking_uri)
+        summarise(sweep, workdir, args.tracking_uri, verbose=args.verbose)
     except TrackingUnreachable as e:
         return tracking_lags(f"every run ended, but {e}.", None)
     return 0
