@@ -125,11 +125,13 @@ def measured_tasks(cfg: TrialConfig) -> tuple[str, ...]:
     return tuple(cfg.measure.tasks) or tuple(source.tasks)
 
 
-def with_downstream_resolved(cfg: TrialConfig) -> TrialConfig:
+def with_downstream_resolved(cfg: TrialConfig, source=None) -> TrialConfig:
     """``cfg`` with the downstream label rule and tasks spelled out (the source's defaults where
     left None / empty), so that config.json and the MLflow params say which rule, and which
-    tasks, every accuracy was measured with."""
-    rule, tasks = downstream_of(load(labelled_source(cfg)), cfg.measure)
+    tasks, every accuracy was measured with. ``source``: ``labelled_source(cfg)`` loaded, when
+    the caller has it (a source is built once per trial)."""
+    source = source if source is not None else load(labelled_source(cfg))
+    rule, tasks = downstream_of(source, cfg.measure)
     return dataclasses.replace(cfg, measure=dataclasses.replace(cfg.measure, label_rule=rule,
                                                                 tasks=tasks))
 
@@ -172,7 +174,7 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
     before any work.
     """
     source, model_cfg = validate_trial(cfg)
-    cfg = with_downstream_resolved(cfg)
+    cfg = with_downstream_resolved(cfg, source)
     check_fits(cfg.train, model_cfg, source, torch.device(device))  # before the eval data too
     out_dir = Path(out_dir).absolute()
     with writer_lock(out_dir):  # one writer per trial directory (flatlm.runs.dirlock)
