@@ -71,7 +71,10 @@ def parameterisations(df: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
             out.append((TRACE_FISHER, f"model {model}", rows))
     if TRACE_FISHER_GROWN in df:
         grown = df[df[TRACE_FISHER_GROWN].notna()]
-        keys = sorted(c for c in grown if c.startswith("measure.grow"))
+        # growth_compare names extra keys (flat/*_grown_<name>), not this measure's setting
+        keys = sorted(c for c in grown if c.startswith("measure.grow")
+                      and c != "measure.growth_compare")
+        grown = grown.assign(**{k: grown[k].map(_hashable) for k in keys})
         groups = grown.groupby(keys, dropna=False) if keys else [((), grown)]
         for values, rows in groups:
             if rows.empty:
@@ -80,6 +83,11 @@ def parameterisations(df: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
             label = ", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True))
             out.append((TRACE_FISHER_GROWN, f"grown ({label})" if label else "grown", rows))
     return out
+
+
+def _hashable(value):
+    """A config cell as a group key: lists (a JSON list param) as their text."""
+    return str(value) if isinstance(value, list | dict) else value
 
 
 def fig1_rows(df: pd.DataFrame, rule: VerdictRule = DEFAULT_RULE,

@@ -147,3 +147,16 @@ def test_settings_are_checked():
         Fig1Settings(method="kendall")
     with pytest.raises(ValueError, match="Fig1Settings.min_runs"):
         Fig1Settings(min_runs=1)
+
+
+def test_list_valued_growth_settings_group_and_growth_compare_is_no_parameterisation():
+    """``measure.growth_compare`` is a list param (extra keys, not this measure's setting): the
+    grown rows group on the construction alone; a list-valued cell is no error."""
+    both = pd.concat([table(model="d16-h1-l1-i64"), table(model="d32-h2-l1-i128", seed=1)])
+    grown = both.assign(**{TR_GROWN: both[TR] / 2, "measure.grow_to": "d64-h4-l2-i256",
+                           "measure.growth_construction": "paper"})
+    grown["measure.growth_compare"] = [["head-norm"]] * len(grown)
+    rows = fig1_rows(grown, settings=Fig1Settings(n_boot=50))
+    labels = [m for m in rows["metric"] if "grown" in m]
+    assert len(labels) == 1 and "growth_compare" not in labels[0]
+    assert "measure.growth_construction=paper" in labels[0]
