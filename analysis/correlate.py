@@ -21,7 +21,9 @@ Rows are checkpoints and several come from one run, so they are not independent:
 interval and the p-value come from a **cluster bootstrap** that resamples runs (``run_id``) with
 all their saturated checkpoints. The interval is the percentile interval; the two-sided p-value
 is 2 min(P*(r <= 0), P*(r >= 0)) over the resamples (+1 smoothed), the test that inverts it (p <
-1 - level exactly when the interval excludes 0). Below ``min_runs`` runs a warning says so.
+1 - level exactly when the interval excludes 0). Below ``min_runs`` runs a warning says so and
+no p-value is given (NaN): n runs have only C(2n - 1, n) distinct resamples (10 for 3 runs), too
+few for a test.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ def correlation_table(df: pd.DataFrame, acc_key: str, *, x_keys=X_KEYS, control:
             out.append((acc_key, x, method, control, len(y_), trio[RUN].nunique(), r, p, lo, hi))
     table = pd.DataFrame(out, columns=list(TABLE_COLUMNS))
     table[["n", "runs"]] = table[["n", "runs"]].astype("int64")
+    table["p"] = table["p"].where(table["runs"] >= min_runs)  # too few runs for a test
     table.attrs.update(rule=rule, level=level)
     if note:
         table.attrs["note"] = note
@@ -149,8 +152,18 @@ def _regime_note(df: pd.DataFrame, rows: pd.DataFrame, rule: str, min_runs: int)
     n_runs = rows[RUN].nunique()
     if n_runs < min_runs:
         return (f"only {n_runs} run(s) in the regime {rule} (fewer than {min_runs}): with so "
-                f"few clusters the bootstrap intervals and p-values are unreliable")
+                f"few clusters the bootstrap intervals are unreliable and no p-value is given")
     return ""
+
+
+def distinct_resamples(n_runs: int) -> int:
+    """How many different resamples a cluster bootstrap over ``n_runs`` runs can draw (multisets
+    of n_runs of them): C(2n - 1, n).
+
+    >>> [distinct_resamples(n) for n in (1, 2, 3, 5)]
+    [1, 3, 10, 126]
+    """
+    return math.comb(2 * n_runs - 1, n_runs) if n_runs > 0 else 0
 
 
 def partial_corr(x, y, z, *, method: str = "pearson") -> tuple[float, float]:
@@ -169,6 +182,40 @@ def partial_corr(x, y, z, *, method: str = "pearson") -> tuple[float, float]:
         return r, 0.0
     t = r * math.sqrt((n - 3) / (1 - r * r))
     return r, float(2 * stats.t.sf(abs(t), n - 3))
+
+
+def partial_correlation_ci(x, y, z, clusters, *, method: str = "spearman", n_boot: int = 1000,
+                           level: float = 0.95, seed: int = 0) -> dict:
+    """The partial correlation of x and y given z (``partial_corr``) with a cluster-bootstrap
+    percentile interval: each of ``n_boot`` resamples draws as many clusters (runs) as there are,
+    with replacement, and keeps all their rows. Returns ``r, ci_low, ci_high, n`` (rows), ``runs``
+    (clusters), ``resamples`` (finite resampled statistics) and ``distinct`` (distinct multisets
+    of clusters drawn: with k clusters there are at most C(2k-1, k), 10 for k = 3, so few runs
+    give an interval from few distinct values). NaN interval below 2 clusters."""
+    x, y, z = (np.asarray(a, float) for a in (x, y, z))
+    codes, _ = pd.factorize(pd.Series(clusters).to_numpy())
+    members = [np.flatnonzero(codes == c) for c in range(codes.max() + 1)] if len(codes) else []
+    r = partial_corr(x, y, z, method=method)[0] if len(x) >= 4 else math.nan
+    out = {"r": r, "ci_low": math.nan, "ci_high": math.nan, "n": len(x), "runs": len(members),
+           "resamples": 0, "distinct": 0}
+    if len(members) < 2 or n_boot <= 0:
+        return out
+    picks = np.random.default_rng(seed).integers(0, len(members), size=(n_boot, len(members)))
+    boot = np.array([_partial_or_nan(x, y, z, np.concatenate([members[c] for c in pick]), method)
+                     for pick in picks])
+    finite = boot[np.isfinite(boot)]
+    out["distinct"] = len({tuple(sorted(pick)) for pick in picks.tolist()})
+    out["resamples"] = int(finite.size)
+    if finite.size:
+        alpha = (1 - level) / 2
+        out["ci_low"], out["ci_high"] = (float(q) for q in np.quantile(finite, [alpha, 1 - alpha]))
+    return out
+
+
+def _partial_or_nan(x, y, z, rows: np.ndarray, method: str) -> float:
+    if len(rows) < 4:
+        return math.nan
+    return partial_corr(x[rows], y[rows], z[rows], method=method)[0]
 
 
 def to_markdown(table: pd.DataFrame, digits: int = 3, formats: dict | None = None) -> str:
@@ -193,12 +240,19 @@ def correlation_markdown(table: pd.DataFrame, digits: int = 3) -> str:
     """The correlation table with its rule and interval level stated above it."""
     level = table.attrs.get("level", 0.95)
     rule = table.attrs.get("rule", "")
-    note = (f"Saturation regime: {rule}. r with {level:.0%} CI and p from a cluster bootstrap "
+    note = (f"Saturation regime: {rule}. r with {level:.0%} CI and (from {MIN_RUNS} runs) p "
+            f"from a cluster bootstrap "
             f"(runs resampled with all their checkpoints; n = checkpoints, runs = clusters); "
             f"partial_*: controlling for the column `control`.")
     if table.attrs.get("note"):
         note += f"\n\n**Note:** {table.attrs['note']}."
-    return note + "\n\n" + to_markdown(table, digits, formats={"p": ".2g"})
+    if len(table) and table["p"].isna().all():
+        runs = int(table["runs"].max())
+        note += (f"\n\nNo p-value: {runs} run(s), whose cluster bootstrap has "
+                 f"{distinct_resamples(runs)} distinct resamples; read r and the interval as "
+                 "descriptive.")
+    shown = table.drop(columns="p") if len(table) and table["p"].isna().all() else table
+    return note + "\n\n" + to_markdown(shown, digits, formats={"p": ".2g"})
 
 
 # -- estimators -------------------------------------------------------------------------------

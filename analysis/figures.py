@@ -1,16 +1,22 @@
 """The paper's figures and tables from the tidy table of ``analysis.runs.load_runs``.
 
-* Fig. 1 style, :func:`accuracy_scatter`: downstream accuracy against the pre-training loss and
-  against flatness, one point per checkpoint, colored by algorithm (or model).
+* Fig. 1 style, :func:`accuracy_scatter`: downstream accuracy against the KL to the truth and
+  against flatness, one point per checkpoint, coloured by what the sweep varies (the model, the
+  algorithm; ``point_groups``).
 * Figs. 2/4 style, :func:`metrics_over_steps`: metrics over training steps, one line per run,
-  each named in the legend by what sets it apart (:func:`run_labels`).
+  each named in the legend by what sets it apart (``analysis.checkpoints.run_labels``).
 * Figs. 3/5 style, :func:`metrics_over_size`: final-checkpoint metrics over model size
-  (``n_params``, log x), mean and standard deviation over the runs of each group.
+  (``n_params``, log x), each point named by its model, mean and standard deviation over the
+  runs of each group.
 * Tables 1/2, :func:`summary_table` + :func:`summary_markdown`: accuracy by algorithm (and
   model), with loss, KL and flatness columns, over each run's final checkpoint (or, for
-  Table 1, the checkpoint at the common loss: :func:`loss_matched`).
+  Table 1, the checkpoint at the common loss: ``analysis.checkpoints.loss_matched``).
 
-Every point carries its standard error (the ``_se`` twin of its metric) as an error bar.
+Every point carries its standard error (the ``_se`` twin of its metric) as an error bar. The
+loss axis is the KL to the truth (the loss minus the entropy, which every run shares): the loss's
+own s.e. is mostly the shared entropy estimate's and would hide KL gaps. Accuracy panels draw the
+reference levels (majority class, lookup table, each group's random-init model) and fit the
+axes to the bulk of the points, outliers marked at the edge (``analysis.figure_marks``).
 
 Figures are drawn on ``matplotlib.figure.Figure`` with the Agg canvas: no pyplot, no global
 backend switch, no display needed.
@@ -26,85 +32,103 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from analysis.checkpoints import (
+    final_checkpoints,
+    loss_matched,
+    run_labels,
+    short_name,
+    varying_columns,
+)
 from analysis.correlate import to_markdown
+from analysis.figure_marks import (
+    REFERENCE_LABELS,
+    draw_levels,
+    fit_axis,
+    mark_outside,
+    reference_levels,
+)
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, se_key
 from flatlm.runs.metrics_log import N_PARAMS
 
 PANEL_IN = 3.6  # inches per panel
+LOG_KEYS = (LOSS, KL)  # drawn on a log axis when they span more than a decade, as flat/*
 
 
-def final_checkpoints(df: pd.DataFrame) -> pd.DataFrame:
-    """The last checkpoint (largest step) of each run."""
-    if df.empty:
-        return df
-    return df.sort_values("step").groupby("run_id", sort=False).tail(1).sort_index()
+def point_groups(df: pd.DataFrame, color_by: str | None = None) -> tuple[pd.Series, str]:
+    """(a label per row, the legend's title): ``color_by``'s values when given, else what the
+    sweep varies besides the seed (``model``, ``algorithm``, both), else the seed, else
+    ``all``."""
+    if color_by is not None:
+        return _labels(df, color_by), color_by
+    fields = varying_columns(df, seeds=False) or varying_columns(df)
+    return _field_labels(df, fields, "all")
 
 
-# What tells runs apart first, in legend order; then any other param that varies.
-LABEL_FIRST = ("model", "algorithm", "train.algorithm", "train.seed", "seed")
-
-
-def run_labels(df: pd.DataFrame, max_fields: int = 3) -> pd.Series:
-    """A legend label per row naming its run by what differs between the runs: the values of
-    the (up to ``max_fields``) columns of ``LABEL_FIRST`` and params that vary across runs,
-    ``model=d32-h2-l1-i128 algorithm=sam seed=1``, with the trial name added where runs share
-    them; the trial name alone when nothing varies."""
-    per_run = df.groupby("run_id", sort=False).first()
-    params = [c for c in df.attrs.get("params", []) if c not in LABEL_FIRST]
-    candidates = [c for c in (*LABEL_FIRST, *params) if c in per_run]
-    varying = [c for c in candidates if per_run[c].dropna().astype(str).nunique() > 1]
-    varying = [c for c in varying if not (c == "algorithm" and "train.algorithm" in varying)]
-    trial = per_run["trial"].astype(str) if "trial" in per_run else per_run.index.to_series()
-    if not varying:
-        return df["run_id"].map(trial)
-    names = per_run[varying[:max_fields]].astype(str).apply(
-        lambda r: " ".join(f"{c.rsplit('.', 1)[-1]}={v}" for c, v in r.items()), axis=1)
-    shared = names.duplicated(keep=False)
-    names[shared] = names[shared] + " (" + trial[shared] + ")"
-    return df["run_id"].map(names)
+def _field_labels(df: pd.DataFrame, fields: list[str], default: str) -> tuple[pd.Series, str]:
+    """Each row's values of ``fields`` joined, and their short names (``default`` and "" when
+    there is no field)."""
+    if not fields:
+        return pd.Series(default, index=df.index), ""
+    labels = df[fields].astype(object).where(df[fields].notna(), "n/a").astype(str)
+    return labels.agg(" ".join, axis=1), " ".join(short_name(f) for f in fields)
 
 
 def accuracy_scatter(df: pd.DataFrame, acc_key: str, path: str | Path, *,
-                     x_keys=(LOSS, TRACE_FISHER, TRACE_HESSIAN), color_by: str = "algorithm",
+                     x_keys=(KL, TRACE_FISHER, TRACE_HESSIAN), color_by: str | None = None,
                      regime: pd.Series | None = None, title: str | None = None) -> Path:
     """Fig. 1: accuracy against each of ``x_keys``, one point per checkpoint with its standard
-    errors as bars, colored by ``color_by``; rows outside ``regime`` (a mask) drawn hollow."""
+    errors as bars, coloured by ``point_groups``; rows outside ``regime`` (a mask) drawn
+    hollow; the reference levels drawn; outliers marked at the axis edge."""
     keys = [k for k in x_keys if _has(df, k)] if _has(df, acc_key) else []
     fig, axes = panels(len(keys))
-    colors = _colors(df, color_by)
+    groups, legend_title = point_groups(df, color_by)
+    colors = _colors(groups)
     inside = regime if regime is not None else pd.Series(True, index=df.index)
+    levels = reference_levels(df, acc_key, groups, colors)
     for ax, x in zip(axes, keys, strict=True):
-        for label, rows in df.groupby(_labels(df, color_by), sort=True):
-            named = False  # one legend entry per group, filled or hollow
-            for mask, face in ((inside.loc[rows.index], colors[label]),
-                               (~inside.loc[rows.index], "none")):
-                part = rows[mask]
-                if part.empty:
-                    continue
-                ax.errorbar(part[x], part[acc_key], xerr=_err(part, x), yerr=_err(part, acc_key),
-                            fmt="o", ms=4, mfc=face, color=colors[label], elinewidth=0.6,
-                            alpha=1.0 if face != "none" else 0.5,
-                            label=None if named else str(label))
-                named = True
+        _scatter_panel(ax, df, x, acc_key, groups, colors, inside)
+        if x.startswith("flat/") or x in LOG_KEYS:
+            _maybe_log(ax, df[x], "x")
+        fit_axis(ax, "x", df[x], errors=_err(df, x))
+        fit_axis(ax, "y", df[acc_key], [v for v, *_ in levels], errors=_err(df, acc_key))
+        draw_levels(ax, levels)
+        for label, rows in df.groupby(groups, sort=True):
+            mark_outside(ax, rows[x], rows[acc_key], colors[label], label)
         ax.set_xlabel(x)
         ax.set_ylabel(acc_key)
-        if x.startswith("flat/"):
-            _maybe_log(ax, df[x], "x")
     if keys:
-        axes[0].legend(title=color_by, fontsize=7, title_fontsize=7)
+        axes[0].legend(title=legend_title or None, fontsize=7, title_fontsize=7)
     note = "" if regime is None else " (hollow: outside the saturation regime)"
-    return save_figure(fig, path, (title or f"Fig. 1: {acc_key} vs loss and flatness") + note,
-                 empty=not keys)
+    return save_figure(fig, path, (title or f"Fig. 1: {acc_key} vs KL and flatness") + note,
+                       empty=not keys)
 
 
-def metrics_over_steps(df: pd.DataFrame, path: str | Path, *, keys,
+def _scatter_panel(ax, df, x: str, y: str, groups: pd.Series, colors: dict,
+                   inside: pd.Series) -> None:
+    for label, rows in df.groupby(groups, sort=True):
+        named = False  # one legend entry per group, filled or hollow
+        for mask, face in ((inside.loc[rows.index], colors[label]),
+                           (~inside.loc[rows.index], "none")):
+            part = rows[mask]
+            if part.empty:
+                continue
+            ax.errorbar(part[x], part[y], xerr=_err(part, x), yerr=_err(part, y),
+                        fmt="o", ms=4, mfc=face, color=colors[label], elinewidth=0.6,
+                        alpha=1.0 if face != "none" else 0.5,
+                        label=None if named else str(label))
+            named = True
+
+
+def metrics_over_steps(df: pd.DataFrame, path: str | Path, *, keys, acc_key: str | None = None,
                        title: str | None = None) -> Path:
     """Figs. 2/4: one panel per key, one line per run over ``step`` (its own color, named in
-    the legend by ``run_labels``), with each checkpoint's standard error as bars."""
+    the legend by ``run_labels``), with each checkpoint's standard error as bars; axes fitted
+    to the bulk of the points (an outlying run marked at the edge); the panel of ``acc_key``
+    with the reference levels."""
     keys = [k for k in keys if _has(df, k)]
     fig, axes = panels(len(keys))
     labels = run_labels(df)
-    colors = _colors(labels.to_frame("run"), "run")
+    colors = _colors(labels)
     for ax, key in zip(axes, keys, strict=True):
         for _, rows in df.groupby("run_id", sort=False):
             rows = rows.sort_values("step").dropna(subset=[key])
@@ -115,64 +139,84 @@ def metrics_over_steps(df: pd.DataFrame, path: str | Path, *, keys,
                         capsize=2, elinewidth=0.6, color=colors[label], label=label)
         ax.set_xlabel("step")
         ax.set_ylabel(key)
-        if key in (LOSS, KL) or key.startswith("flat/"):
+        if key in LOG_KEYS or key.startswith("flat/"):
             _maybe_log(ax, df[key], "y")
+        _fit_steps_panel(ax, df, key, labels, colors, key == acc_key)
     if keys:
         fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
                    ncols=min(4, max(1, labels.nunique())), fontsize=7)
     return save_figure(fig, path, title or "Figs. 2/4: metrics over training steps", empty=not keys)
 
 
-def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys, color_by: str = "algorithm",
-                      title: str | None = None) -> Path:
+def _fit_steps_panel(ax, df: pd.DataFrame, key: str, labels: pd.Series, colors: dict,
+                     accuracy: bool) -> None:
+    """The y axis around the bulk of the points, the reference levels of an accuracy panel
+    (with their own legend), the points beyond the axis marked at its edge."""
+    levels = reference_levels(df, key, labels, colors) if accuracy else []
+    fit_axis(ax, "y", df[key], [v for v, *_ in levels], errors=_err(df, key))
+    draw_levels(ax, levels)
+    for label, rows in df.groupby(labels, sort=False):
+        mark_outside(ax, rows["step"], rows[key], colors[label], label)
+    shown = [h for h in ax.get_lines() if h.get_label() in REFERENCE_LABELS]
+    if shown:
+        ax.legend(handles=shown, fontsize=6)
+
+
+def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys,
+                      color_by: str | None = None, title: str | None = None) -> Path:
     """Figs. 3/5: final-checkpoint values over ``n_params`` (log x), one line per group of
-    ``color_by``: the mean over the group's runs of each size, with bars of the standard
-    deviation over runs (the standard error of the one run where a size has one run)."""
-    final = final_checkpoints(df)
+    ``color_by`` (default: what varies besides the model and the seed; one line when nothing
+    does), each point named by its model: the mean over the group's runs of each size, with bars
+    of the standard deviation over runs (the standard error of the one run where a size has
+    one run). Accuracy panels draw the random-init model of each size (dashed) and the
+    majority class and lookup table."""
+    final = final_checkpoints(df).copy()  # one block per dtype: no fragmentation warning
     keys = [k for k in keys if _has(final, k)] if _has(final, N_PARAMS) else []
     fig, axes = panels(len(keys))
-    colors = _colors(df, color_by)
-    final = final.assign(_group=_labels(final, color_by),
-                         _n=pd.to_numeric(final.get(N_PARAMS), errors="coerce"))
+    groups, legend_title = _size_groups(final, color_by)
+    colors = _colors(groups)
+    final = final.assign(_group=groups, _n=pd.to_numeric(final.get(N_PARAMS), errors="coerce"))
     for ax, key in zip(axes, keys, strict=True):
-        rows = final.dropna(subset=["_n", key])
-        rows = rows.assign(_se=_err(rows, key) if _has(rows, se_key(key)) else np.nan)
-        for label, part in rows.groupby("_group", sort=True):
-            agg = part.groupby("_n").agg(mean=(key, "mean"), std=(key, "std"),
-                                         se=("_se", "first"), runs=(key, "size")).sort_index()
-            bars = agg["std"].where(agg["runs"] > 1, agg["se"]).fillna(0)
-            ax.errorbar(agg.index, agg["mean"], yerr=bars, marker="o", ms=4, capsize=3,
-                        color=colors[label], label=str(label))
+        _size_panel(ax, final, key, colors)
         ax.set_xscale("log")
         ax.set_xlabel("parameters")
         ax.set_ylabel(key)
     if keys:
-        axes[0].legend(title=color_by, fontsize=7, title_fontsize=7)
+        axes[0].legend(title=legend_title or None, fontsize=7, title_fontsize=7)
     return save_figure(fig, path, title or "Figs. 3/5: final checkpoint over model size",
-                 empty=not keys)
+                       empty=not keys)
 
 
-def loss_matched(df: pd.DataFrame, kl_threshold: float | None = None
-                 ) -> tuple[pd.DataFrame, float, list[str]]:
-    """One checkpoint per run at (nearly) the same loss. The paper compares algorithms "at the
-    same pre-training loss"; final checkpoints of runs that converge at different speeds are
-    not that. The target is the lowest KL every run reached (the largest of the runs' smallest
-    KLs); each run contributes its checkpoint whose KL is closest to it. With ``kl_threshold``
-    a run that never got below it (a run that failed to fit) does not drag the target up for
-    the others: it contributes its lowest-KL checkpoint and is listed as unmatched. Returns
-    (those rows, the target, the unmatched runs' ids). Runs without a KL (a source without a
-    truth, e.g. real text) give their final checkpoints, and the target NaN says so."""
-    rows = df.dropna(subset=[KL]) if KL in df else df.iloc[:0]
-    if rows.empty:
-        return final_checkpoints(df), math.nan, []
-    best = rows.groupby("run_id")[KL].min()
-    fitted = best[best < kl_threshold] if kl_threshold is not None else best
-    if fitted.empty:
-        fitted = best
-    target = float(fitted.max())
-    gap = (rows[KL] - target).abs().where(rows["run_id"].isin(fitted.index), rows[KL])
-    unmatched = sorted(set(best.index) - set(fitted.index))
-    return rows.loc[gap.groupby(rows["run_id"]).idxmin()].sort_index(), target, unmatched
+def _size_groups(final: pd.DataFrame, color_by: str | None) -> tuple[pd.Series, str]:
+    if color_by is not None:
+        return _labels(final, color_by), color_by
+    fields = [f for f in varying_columns(final, seeds=False) if f != "model"]
+    return _field_labels(final, fields, "trained")
+
+
+def _size_panel(ax, final: pd.DataFrame, key: str, colors: dict) -> None:
+    rows = final.dropna(subset=["_n", key])
+    rows = rows.assign(_se=_err(rows, key) if _has(rows, se_key(key)) else np.nan)
+    for label, part in rows.groupby("_group", sort=True):
+        part = part.assign(_model=part["model"] if "model" in part else part["_n"])
+        agg = part.groupby("_n").agg(mean=(key, "mean"), std=(key, "std"),
+                                     se=("_se", "first"), runs=(key, "size"),
+                                     model=("_model", "first")).sort_index()
+        bars = agg["std"].where(agg["runs"] > 1, agg["se"]).fillna(0)
+        ax.errorbar(agg.index, agg["mean"], yerr=bars, marker="o", ms=4, capsize=3,
+                    color=colors[label], label=str(label))
+        for n, row in agg.iterrows():  # each point named by its model
+            ax.annotate(str(row["model"]), (n, row["mean"]), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
+    ref = key.replace("probe/", "random_init/", 1)
+    if key.startswith("probe/") and _has(rows, ref):
+        level = rows.groupby("_n")[ref].mean().sort_index()
+        ax.plot(level.index, level.to_numpy(), ls="--", marker="x", color="grey", lw=1,
+                label="random-init")
+        levels = [lv for lv in reference_levels(rows, key, rows["_group"], colors)
+                  if lv[1] != "random-init"]
+        fit_axis(ax, "y", [*rows[key], *level], [v for v, *_ in levels])
+        draw_levels(ax, levels)
 
 
 def summary_table(df: pd.DataFrame, acc_key: str, *, by=("algorithm",),
@@ -254,10 +298,11 @@ def _labels(df: pd.DataFrame, color_by: str) -> pd.Series:
     return df[color_by].astype(object).where(df[color_by].notna(), "n/a").astype(str)
 
 
-def _colors(df: pd.DataFrame, color_by: str) -> dict:
+def _colors(labels: pd.Series) -> dict:
+    """A colour per distinct label (tab10, tab20 beyond ten)."""
     from matplotlib import colormaps
 
-    labels = sorted(_labels(df, color_by).unique())
+    labels = sorted(labels.astype(str).unique())
     cmap = colormaps["tab10" if len(labels) <= 10 else "tab20"]
     return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
 

@@ -1,7 +1,9 @@
-"""The replication report: for each claim of the paper, its number, ours with a 95% interval,
-and a verdict (``analysis/claims.py`` states the rule); reference points; the Fig. 1 scatter;
-and, when the trials include single-switch protocols (``flatlm replicate --diagnose``), which
-switch changes the sign of the steps and sizes effects.
+"""The replication report: for each claim of the paper, where it says it (figure, section, the
+paper's setting; an analogue when the paper tested it on other data), its effect, ours with a 95%
+interval, what decided the verdict, and the verdict (``analysis/claims.py`` states the rule);
+Fig. 1 as a partial correlation given the loss (``analysis/fig1.py``); reference points; and,
+when the trials include single-switch protocols (``flatlm replicate --diagnose``), which switch
+changes the sign of the steps and sizes effects.
 
     python analysis/replication.py --trials repl/ --out repl/report/          # trial directories
     python analysis/replication.py --experiments replicate.paper.steps,... \\
@@ -18,18 +20,34 @@ import argparse
 import os
 import platform
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.claims import TOL, acc, claim_rows, final_rows, mean_ci, verdict  # noqa: E402
-from analysis.correlate import MIN_RUNS, to_markdown  # noqa: E402
-from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN  # noqa: E402
-
-FIG1_TASK = "B"
-SCATTER_TOL = 0.05  # nats above the smallest KL: the Fig. 1 set of "similar loss" checkpoints
+from analysis.claims import (  # noqa: E402
+    DEFAULT_RULE,
+    FIG5_TASK,
+    MIN_SEEDS,
+    NO_SIZE,
+    NOT_SATURATED,
+    SATURATION,
+    TOL,
+    UNDERPOWERED,
+    VerdictRule,
+    acc,
+    algorithm_effects,
+    claim_rows,
+    final_rows,
+    mean_ci,
+)
+from analysis.correlate import to_markdown  # noqa: E402
+from analysis.fig1 import DEFAULT_FIG1, MIN_RUNS, Fig1Settings, fig1_rows  # noqa: E402
+from analysis.runs import load_runs
+from analysis.store import log_report, refuse_password
+from analysis.trials import load_trials
+from flatlm.experiments.protocols import describe
+from flatlm.measure import KL, TRACE_FISHER_GROWN  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -41,8 +59,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                           "(sweeps/replicate.py)")
     p.add_argument("--out", required=True, type=Path, help="directory for the report")
     p.add_argument("--tracking-uri", default=None, help="MLflow store (read and log)")
+    p.add_argument("--saturation", type=float, default=SATURATION,
+                   help="nats/token: a checkpoint is saturated when its KL to the truth is at "
+                        f"most this; unsaturated claims reach no verdict (default {SATURATION})")
     p.add_argument("--tol", type=float, default=TOL,
-                   help=f"nats: KL differences that count as the same loss (default {TOL})")
+                   help="nats: the compared checkpoints' KLs lie within this of each other "
+                        f"(default {TOL})")
+    p.add_argument("--min-seeds", type=int, default=MIN_SEEDS,
+                   help=f"fewer seeds reach no verdict (default {MIN_SEEDS})")
+    p.add_argument("--fig1-min-runs", type=int, default=MIN_RUNS,
+                   help=f"Fig. 1: fewer runs give no interval (default {MIN_RUNS})")
+    p.add_argument("--n-boot", type=int, default=1000,
+                   help="Fig. 1: cluster-bootstrap resamples (default 1000)")
     p.add_argument("--command", default=None, help="the command that made the trials (quoted "
                                                     "in the report)")
     p.add_argument("--hardware", default=None, help="where the trials ran (quoted)")
@@ -52,12 +80,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load(args) -> pd.DataFrame:
     if args.trials is not None:
-        from analysis.trials import load_trials
         return load_trials(args.trials)
-    from analysis.runs import load_runs
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         raise SystemExit("--experiments needs --tracking-uri (or $MLFLOW_TRACKING_URI)")
+    refuse_password(uri)
     frames = []
     for name in args.experiments.split(","):
         _, protocol, experiment = name.split(".")
@@ -65,44 +92,11 @@ def load(args) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def scatter_row(df: pd.DataFrame, task: str = FIG1_TASK) -> dict | None:
-    """Fig. 1: Spearman of Tr(F) and of the loss with accuracy over the checkpoints within
-    ``SCATTER_TOL`` of the smallest KL, with cluster-bootstrap intervals over runs."""
-    from analysis.correlate import correlation_table
-
-    key = acc(task)
-    if key not in df or TRACE_FISHER not in df or df[KL].isna().all():
-        return None
-    threshold = float(df[KL].min()) + SCATTER_TOL
-    with warnings.catch_warnings():  # few points: constant-input warnings; the note says n
-        warnings.simplefilter("ignore")
-        table = correlation_table(df, key, x_keys=(TRACE_FISHER, LOSS),
-                                  kl_threshold=threshold, n_boot=1000, min_runs=0)
-    rows = table[table["method"] == "spearman"].set_index("x")
-    if TRACE_FISHER not in rows.index:
-        return None
-    tr, loss = rows.loc[TRACE_FISHER], rows.loc[LOSS] if LOSS in rows.index else None
-    note = (f"{int(tr['n'])} checkpoints of {int(tr['runs'])} runs with KL < {threshold:.3f}"
-            + (f"; Spearman(loss, acc) = {loss['r']:+.2f} [{loss['ci_low']:+.2f}, "
-               f"{loss['ci_high']:+.2f}]" if loss is not None else ""))
-    ok = int(tr["runs"]) >= MIN_RUNS  # a cluster bootstrap over fewer runs is too narrow
-    return {"experiment": "all", "figure": "Fig. 1",
-            "metric": f"Spearman({TRACE_FISHER}, {key})",
-            "claim": "among checkpoints of similar loss, the flatter probe better",
-            "paper": "strong",
-            "sign": -1, "effect": tr["r"], "ci_low": tr["ci_low"], "ci_high": tr["ci_high"],
-            "n": int(tr["runs"]), "precondition": ok,
-            "note": note + ("" if ok else f"; fewer than {MIN_RUNS} runs"),
-            "verdict": verdict(-1, (tr["ci_low"], tr["ci_high"]), ok),
-            "seeds_to_resolve": np.nan}
-
-
-def protocol_table(df: pd.DataFrame, tol: float) -> pd.DataFrame:
-    rows = claim_rows(df, tol)
-    scatter = scatter_row(df)
-    if scatter is not None:
-        rows = pd.concat([rows, pd.DataFrame([scatter])], ignore_index=True)
-    return rows
+def protocol_table(df: pd.DataFrame, rule: VerdictRule = DEFAULT_RULE,
+                   fig1: Fig1Settings = DEFAULT_FIG1) -> pd.DataFrame:
+    """The claims of one protocol's trials, then Fig. 1's rows (``analysis/fig1.py``)."""
+    rows = claim_rows(df, rule)
+    return pd.concat([rows, fig1_rows(df, rule, fig1)], ignore_index=True)
 
 
 def reference_points(df: pd.DataFrame) -> pd.DataFrame:
@@ -128,30 +122,53 @@ def claims_markdown(rows: pd.DataFrame) -> str:
     if rows.empty:
         return "_no claim has trials here_"
     shown = rows.assign(
+        tested=[f"analogue: {r.analogue}" if r.analogue else "as in the paper"
+                for r in rows.itertuples()],
+        paper_effect=[_paper_effect(r) for r in rows.itertuples()],
         ours=[_interval(r) for r in rows.itertuples()],
         to_change=[_to_change(r) for r in rows.itertuples()])
-    cols = ["figure", "claim", "metric", "paper", "ours", "verdict", "note", "to_change"]
+    cols = ["figure", "claim", "paper_setting", "tested", "metric", "paper", "paper_effect",
+            "ours", "verdict", "decided_by", "note", "to_change"]
     return to_markdown(shown[cols])
+
+
+def _fmt(value: float, unit: str) -> str:
+    """An effect in its unit: accuracy differences in points, relative ones in percent."""
+    if unit == "difference":
+        return f"{100 * value:+.2f} pts"
+    if unit == "relative":
+        return f"{100 * value:+.1f}%"
+    return f"{value:+.3f}"
+
+
+def _paper_effect(r) -> str:
+    if not np.isfinite(r.paper_effect):
+        return "a direction only"
+    return _fmt(r.paper_effect, r.effect_unit)
 
 
 def _interval(r) -> str:
     if not np.isfinite(r.effect):
         return "n/a"
-    return f"{r.effect:+.4g} [{r.ci_low:+.4g}, {r.ci_high:+.4g}] (n={r.n})"
+    if not np.isfinite(r.ci_low):
+        return f"{_fmt(r.effect, r.effect_unit)}, no interval (n={r.n})"
+    return (f"{_fmt(r.effect, r.effect_unit)} [{_fmt(r.ci_low, r.effect_unit)}, "
+            f"{_fmt(r.ci_high, r.effect_unit)}] (n={r.n})")
 
 
 def _to_change(r) -> str:
-    if not r.precondition:
-        return "meet the precondition (longer runs / larger models)"
-    if r.verdict == "inconclusive":
+    if r.verdict == NOT_SATURATED:
+        return f"train to KL <= {r.saturation:g} (longer runs / larger models)"
+    if r.verdict.startswith("inconclusive (n <") or r.verdict.startswith("inconclusive (runs <"):
+        return f"at least {r.min_seeds} {'runs' if r.experiment == 'all' else 'seeds'}"
+    if r.verdict in (UNDERPOWERED, NO_SIZE):
         s = r.seeds_to_resolve
         return f"~{int(s)} seeds at this effect" if np.isfinite(s) else "more seeds"
-    edge = min(abs(r.ci_low), abs(r.ci_high))
-    return f"an interval edge {edge:.3g} from 0"
+    return ""
 
 
-DIAGNOSIS = (("steps", acc("C")), ("steps", TRACE_FISHER), ("sizes", acc("B")),
-             ("sizes", TRACE_FISHER_GROWN))
+DIAGNOSIS = (("steps", acc("C")), ("sizes", acc("B")), ("sizes", TRACE_FISHER_GROWN),
+             ("sizes", acc(FIG5_TASK)))
 LOOKUP_GAP = "lookup - probe, task B (final steps checkpoints)"
 
 
@@ -165,34 +182,42 @@ def diagnosis_table(tables: dict[str, pd.DataFrame], df: pd.DataFrame,
         if protocol != base and not protocol.startswith(base + "+"):
             continue
         entry = {"protocol": protocol, LOOKUP_GAP: _lookup_gap(df[df["protocol"] == protocol])}
-        for experiment, metric in DIAGNOSIS:
+        for experiment, metric in dict.fromkeys(DIAGNOSIS):
             hit = rows[(rows["experiment"] == experiment) & (rows["metric"] == metric)]
-            entry[f"{experiment}: {metric}"] = (
-                f"{hit.iloc[0]['effect']:+.3g} [{hit.iloc[0]['ci_low']:+.3g}, "
-                f"{hit.iloc[0]['ci_high']:+.3g}] {hit.iloc[0]['verdict']}"
-                if len(hit) and np.isfinite(hit.iloc[0]["effect"]) else "n/a")
+            entry[f"{experiment}: {metric}"] = _diagnosis_cell(hit)
         out.append(entry)
     return pd.DataFrame(out)
 
 
-def _lookup_gap(part: pd.DataFrame) -> str:
-    from analysis.claims import algorithm_effects
+def _diagnosis_cell(hit: pd.DataFrame) -> str:
+    if not len(hit) or not np.isfinite(hit.iloc[0]["effect"]):
+        return "n/a"
+    r = hit.iloc[0]
+    ci = (f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]" if np.isfinite(r["ci_low"])
+          else "(no interval)")
+    return f"{r['effect']:+.3g} {ci} (n={r['n']}) {r['verdict']}"
 
+
+def _lookup_gap(part: pd.DataFrame) -> str:
     steps = part[part["experiment"] == "steps"]
     if steps.empty or "lookup/B/acc_mean" not in steps:
         return "n/a"
-    res = algorithm_effects(steps, "lookup:B", "lookup", "adamw", tol=float("inf"))
-    mean, low, high, n = mean_ci(res["effects"], res["ses"])
-    return f"{mean:+.3g} [{low:+.3g}, {high:+.3g}] (n={n})" if np.isfinite(mean) else "n/a"
+    res = algorithm_effects(steps, "lookup:B", "lookup", "adamw")
+    mean, low, high, n = mean_ci(res.values)
+    if not np.isfinite(mean):
+        return "n/a"
+    ci = f"[{low:+.3g}, {high:+.3g}]" if np.isfinite(low) else "(no interval)"
+    return f"{mean:+.3g} {ci} (n={n})"
 
 
-def write_report(df: pd.DataFrame, out: Path, *, tol: float = TOL, command: str | None = None,
+def write_report(df: pd.DataFrame, out: Path, *, rule: VerdictRule = DEFAULT_RULE,
+                 fig1: Fig1Settings = DEFAULT_FIG1, command: str | None = None,
                  hardware: str | None = None) -> list[Path]:
     from analysis.replication_figures import algorithm_bars, over_sizes, over_steps, scatter
 
     out.mkdir(parents=True, exist_ok=True)
     protocols = sorted(p for p in df["protocol"].dropna().unique())
-    tables = {p: protocol_table(df[df["protocol"] == p], tol) for p in protocols}
+    tables = {p: protocol_table(df[df["protocol"] == p], rule, fig1) for p in protocols}
     claims = pd.concat([t.assign(protocol=p) for p, t in tables.items()], ignore_index=True)
     paths = [out / "claims.csv"]
     claims.to_csv(paths[0], index=False)
@@ -200,28 +225,20 @@ def write_report(df: pd.DataFrame, out: Path, *, tol: float = TOL, command: str 
     paths += [over_steps(df[df["protocol"].isin(main)], out / "steps.png"),
               over_sizes(df[df["protocol"].isin(main)], out / "sizes.png"),
               algorithm_bars(df[df["protocol"].isin(main)], out / "algorithms.png"),
-              scatter(df[df["protocol"].isin(main)], out / "fig1_scatter.png", acc(FIG1_TASK))]
+              scatter(df[df["protocol"].isin(main)], out / "fig1_scatter.png", acc(fig1.task),
+                      rule.saturation)]
     md = out / "replication.md"
-    md.write_text(_markdown(df, tables, main, tol, command, hardware))
+    md.write_text(_markdown(df, tables, main, rule, fig1, command, hardware))
     return [md, *paths]
 
 
-def _markdown(df, tables, main, tol, command, hardware) -> str:
-    from flatlm.experiments.protocols import describe
-
+def _markdown(df, tables, main, rule, fig1, command, hardware) -> str:
     lines = ["# Replication of Liu et al. (ICML 2023) with flatlm", ""]
     if command:
         lines += [f"Made by: `{command}`", ""]
     lines += [f"Hardware: {hardware or platform.platform()}; "
               f"{df['run_id'].nunique()} trials, {len(df)} checkpoints.", "",
-              "## Rule", "",
-              "Each effect is computed per training seed and averaged; its interval is the 95% "
-              "Student-t interval over seeds. A claim's precondition is the paper's *same "
-              f"pre-training loss*: KL differences within {tol} nats (see `analysis/claims.py`"
-              "). Verdict: precondition unmet -> inconclusive (precondition); interval on the "
-              "paper's side of 0 -> reproduces; on the other side -> contradicts; else "
-              "inconclusive. Tr(H) in the paper is its B.1 estimator, which is Tr(F) "
-              "(`flat/trace_fisher`) here.", ""]
+              "## Rule", "", rule_text(rule, fig1), ""]
     for protocol in main:
         part = df[df["protocol"] == protocol]
         lines += [f"## Protocol `{protocol}`", "", describe(protocol) + ".", "",
@@ -235,12 +252,40 @@ def _markdown(df, tables, main, tol, command, hardware) -> str:
                   "--diagnose`): effect [95% interval] and verdict of the steps and sizes "
                   "claims, and the lookup table's accuracy minus the trained probe's. A switch "
                   "that moves an interval to the other side of 0 decides that verdict. Rows with "
-                  "n=1 have an interval from the measurement's own standard error only, not the "
-                  "seed-to-seed spread: read them as signs, not verdicts.", "",
+                  "n=1 have no interval (a measurement's own standard error is not the "
+                  "seed-to-seed spread): read them as signs, not verdicts.", "",
                   to_markdown(diag), ""]
     lines += ["## Figures", "", "![steps](steps.png)", "", "![sizes](sizes.png)", "",
               "![algorithms](algorithms.png)", "", "![fig1](fig1_scatter.png)", ""]
     return "\n".join(lines)
+
+
+def rule_text(rule: VerdictRule, fig1: Fig1Settings) -> str:
+    """The verdict rule with the values this report used (``analysis/claims.py``)."""
+    return (
+        "Each effect is computed per training seed and averaged (accuracy differences in points; "
+        "trace effects relative, treatment / control - 1, because the trace's scale depends on "
+        f"the model and data); its interval is the {rule.level:.0%} Student-t interval over "
+        "seeds. A claim is about the paper's *saturation regime*: every compared checkpoint must "
+        f"be at KL <= {rule.saturation:g} nats/token from the truth (`--saturation`) and within "
+        f"{rule.tol:g} nats of the others (`--tol`); for the steps and sgd claims the compared "
+        "checkpoints are the first and last of each run's final stretch of saturated "
+        "checkpoints. Verdict, the first that applies: a compared checkpoint unsaturated -> "
+        "inconclusive (not saturated); KLs further apart than the tolerance -> inconclusive "
+        f"(losses differ); fewer than {rule.min_seeds} seeds (`--min-seeds`) -> inconclusive "
+        f"(n < {rule.min_seeds}); interval on the paper's side of 0 -> reproduces; on the "
+        "other side -> contradicts; an interval containing 0 that excludes the paper's effect "
+        "-> inconclusive (no effect as large as the paper's); one containing both -> "
+        "inconclusive (underpowered); a claim whose paper number is a direction only -> "
+        "inconclusive (paper states no size). Each row's `decided_by` gives the values each "
+        "check saw; `claims.csv` has them as columns. Rows marked *analogue* test on the PCFG "
+        "a claim the paper made on other data. Tr(H) in the paper is its B.1 estimator, which "
+        "is Tr(F) (`flat/trace_fisher`) here.\n\n"
+        f"Fig. 1 is the partial {fig1.method} correlation of Tr(F) with task {fig1.task} "
+        f"accuracy given the KL, over the saturated checkpoints of the {fig1.algorithm or 'all'}"
+        " runs, one row per parameterisation (Tr(F) of one model shape, or Tr(F) grown into one "
+        f"shape), with a {fig1.n_boot}-resample cluster bootstrap over runs; with fewer than "
+        f"{fig1.min_runs} runs no interval is claimed.")
 
 
 def _sizes_line(part: pd.DataFrame) -> str:
@@ -255,6 +300,8 @@ def _sizes_line(part: pd.DataFrame) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.tracking_uri:  # before anything is read: a password is refused, never echoed
+        refuse_password(args.tracking_uri)
     df = load(args)
     if df.empty:
         print("no trials found", file=sys.stderr)
@@ -264,13 +311,15 @@ def main(argv=None) -> int:
         print(f"leaving out {len(unfinished)} unfinished trial(s): {', '.join(unfinished)}",
               file=sys.stderr)
         df = df[df["status"] == "FINISHED"]
-    paths = write_report(df, args.out, tol=args.tol, command=args.command,
+    rule = VerdictRule(saturation=args.saturation, tol=args.tol, min_seeds=args.min_seeds)
+    fig1 = Fig1Settings(n_boot=args.n_boot, min_runs=args.fig1_min_runs)
+    paths = write_report(df, args.out, rule=rule, fig1=fig1, command=args.command,
                          hardware=args.hardware)
     print((args.out / "replication.md").read_text())
     if args.tracking_uri and not args.no_log:
-        from analysis.store import log_report
         run_id = log_report(args.tracking_uri, "replication", paths,
-                            {"tol": args.tol, "trials": df["run_id"].nunique()})
+                            {"saturation": args.saturation, "tol": args.tol,
+                             "min_seeds": args.min_seeds, "trials": df["run_id"].nunique()})
         print(f"logged to MLflow run {run_id}")
     print(f"wrote {len(paths)} files to {args.out}")
     return 0

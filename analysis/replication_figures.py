@@ -12,7 +12,7 @@ import pandas as pd
 
 from analysis.claims import acc, final_rows, model_size
 from analysis.figures import panels, save_figure
-from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN
+from flatlm.measure import KL, TRACE_FISHER, TRACE_FISHER_GROWN
 
 STEP_KEYS = (KL, TRACE_FISHER, acc("B"), acc("C"))
 SIZE_KEYS = (KL, TRACE_FISHER_GROWN, acc("B"), acc("C"))
@@ -87,12 +87,17 @@ def algorithm_bars(df: pd.DataFrame, path: str | Path) -> Path:
                  empty=not keys)
 
 
-def scatter(df: pd.DataFrame, path: str | Path, acc_key: str) -> Path:
-    """Fig. 1: accuracy against the loss and against Tr(F), every checkpoint within 0.05 nats
-    of its protocol's smallest KL, coloured by protocol and experiment."""
-    rows = [g[g[KL] <= g[KL].min() + 0.05] for _, g in df.groupby("protocol")] if len(df) else []
-    part = pd.concat(rows) if rows else df
-    keys = [k for k in (LOSS, TRACE_FISHER) if k in part and acc_key in part]
+def scatter(df: pd.DataFrame, path: str | Path, acc_key: str, saturation: float) -> Path:
+    """Fig. 1: accuracy against the KL and against Tr(F), every saturated checkpoint (KL <=
+    ``saturation``), coloured by protocol and experiment. With none saturated, the checkpoints
+    within 0.05 nats of each protocol's smallest KL, and the title says they are not."""
+    part = df[df[KL] <= saturation] if KL in df else df.iloc[:0]
+    title = f"Fig. 1: saturated checkpoints (KL <= {saturation:g})"
+    if part.empty and len(df) and KL in df:
+        part = pd.concat([g[g[KL] <= g[KL].min() + 0.05] for _, g in df.groupby("protocol")])
+        title = ("Fig. 1: NO checkpoint is saturated; shown: within 0.05 nats of the smallest "
+                 "KL")
+    keys = [k for k in (KL, TRACE_FISHER) if k in part and acc_key in part]
     fig, axes = panels(len(keys))
     for ax, key in zip(axes, keys, strict=True):
         for (protocol, experiment), group in part.groupby(["protocol", "experiment"]):
@@ -101,5 +106,4 @@ def scatter(df: pd.DataFrame, path: str | Path, acc_key: str) -> Path:
         ax.set_ylabel(acc_key)
     if keys:
         axes[0].legend(fontsize=6)
-    return save_figure(fig, path, "Fig. 1: checkpoints within 0.05 nats of the smallest KL",
-                 empty=not keys)
+    return save_figure(fig, path, title, empty=not keys)

@@ -4,13 +4,15 @@
         [--tracking-uri URI] [--task TASK] [--n-boot N] [--seed S] [--no-log]
     python analysis/report.py --trials DIR --out DIR (--kl-threshold X | --loss-tolerance Y)
 
-Writes to DIR: ``fig1_accuracy_scatter.png``, ``fig2_over_steps.png``, ``fig3_over_size.png``,
-``correlations.md`` / ``.csv``, ``table1_by_algorithm.md`` / ``.csv``,
+Writes to DIR: ``fig1_accuracy_scatter.png``, ``fig2_over_steps.png`` (when a run has several
+checkpoints), ``fig3_over_size.png`` (when the model size varies), ``correlations.md`` / ``.csv``,
+``table1_by_algorithm.md`` / ``.csv`` (at equal loss, by what the sweep varies),
 ``table2_by_model.md`` / ``.csv``, ``selection.md`` / ``.csv`` / ``.png`` (would the flattest
 checkpoint have been a better pick than the lowest-loss one: ``analysis/selection.py``),
-``conclusion.md`` (what the runs can and cannot conclude, in
-words: ``analysis/conclusion.py``) and ``runs.csv`` (the tidy table); prints the conclusion and
-the tables; and logs every file as an artifact of the run named ``report`` in the experiment
+``conclusion.md`` (the per-run tables with their reference rows, the runs left out, and what the
+runs show and can conclude, in numbers: ``analysis/run_table.py``, ``analysis/conclusion.py``)
+and ``runs.csv`` (the tidy table); prints the conclusion and the tables; and logs every file as
+an artifact of the run named ``report`` in the experiment
 ``<experiment>.report`` (beside the sweep's, so that MLflow's charts of the sweep show only its
 trials), which replaces the previous report's run.
 Without ``--tracking-uri`` it uses ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``
@@ -27,6 +29,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from analysis.checkpoints import RUN, varying_columns  # noqa: E402
 from analysis.conclusion import conclusion  # noqa: E402
 from analysis.correlate import (  # noqa: E402
     X_KEYS,
@@ -42,14 +45,17 @@ from analysis.figures import (  # noqa: E402
     summary_markdown,
     summary_table,
 )
+from analysis.run_table import glance  # noqa: E402
 from analysis.selection import write_selection  # noqa: E402
 from analysis.store import (  # noqa: E402
     accuracy_key,
     load_table,
     log_report,
+    refuse_password,
     report_experiment,
 )
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN  # noqa: E402
+from flatlm.runs.metrics_log import N_PARAMS  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -88,19 +94,14 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
         warnings.simplefilter("ignore", UserWarning)
         table = correlation_table(df, acc_key, n_boot=n_boot, seed=seed, **rule)
     corr_md = correlation_markdown(table)
-    paths = [
-        accuracy_scatter(df, acc_key, out / "fig1_accuracy_scatter.png", regime=regime,
-                         title=f"Fig. 1: {acc_key}; regime: {saturation_rule(**rule, df=df)}"),
-        metrics_over_steps(df, out / "fig2_over_steps.png",
-                           keys=(LOSS, KL, TRACE_FISHER, acc_key)),
-        metrics_over_size(df, out / "fig3_over_size.png",
-                          keys=(acc_key, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN)),
-    ]
-    texts = {"correlations.md": corr_md + "\n",
-             "conclusion.md": conclusion(df, table, acc_key, **rule) + "\n"}
+    paths = _figures(df, out, acc_key, regime, saturation_rule(**rule, df=df))
+    words = f"{glance(df, acc_key, **rule)}\n\n{conclusion(df, table, acc_key, **rule)}"
+    texts = {"correlations.md": corr_md + "\n", "conclusion.md": words + "\n"}
     table.to_csv(out / "correlations.csv", index=False)
     paths.append(out / "correlations.csv")
-    for name, by, matched in (("table1_by_algorithm", ("algorithm",), True),
+    first = tuple(f for f in varying_columns(df, seeds=False)  # what the sweep varies
+                  if f in ("model", "algorithm", "train.algorithm")) or ("algorithm",)
+    for name, by, matched in (("table1_by_algorithm", first, True),
                               ("table2_by_model", ("model", "algorithm"), False)):
         summary = summary_table(df, acc_key, by=by, keys=("step", LOSS, KL, *X_KEYS[:2]),
                                 match_loss=matched, kl_threshold=kl_threshold)
@@ -115,6 +116,20 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
         (out / name).write_text(text)
         paths.append(out / name)
     return sorted(paths), corr_md
+
+
+def _figures(df, out: Path, acc_key: str, regime, rule: str) -> list[Path]:
+    """Fig. 1 always; Figs. 2/4 when a run has several checkpoints; Figs. 3/5 when the model
+    size varies (no figure for a dimension the sweep does not vary)."""
+    paths = [accuracy_scatter(df, acc_key, out / "fig1_accuracy_scatter.png", regime=regime,
+                              title=f"Fig. 1: {acc_key}; regime: {rule}")]
+    if df.groupby(RUN)["step"].nunique().max() > 1:
+        paths.append(metrics_over_steps(df, out / "fig2_over_steps.png", acc_key=acc_key,
+                                        keys=(KL, TRACE_FISHER, acc_key)))
+    if N_PARAMS in df and df[N_PARAMS].nunique() > 1:
+        paths.append(metrics_over_size(df, out / "fig3_over_size.png",
+                                       keys=(acc_key, KL, TRACE_FISHER, TRACE_FISHER_GROWN)))
+    return paths
 
 
 def _table_rule(summary) -> str:
@@ -133,6 +148,8 @@ def _table_rule(summary) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.tracking_uri:  # also with --trials: a password is refused, never echoed
+        refuse_password(args.tracking_uri)
     df, uri = load_table(args)
     if uri is None:
         args.no_log = True

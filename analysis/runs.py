@@ -80,7 +80,9 @@ def load_runs(tracking_uri: str, experiment: str, *, source: str = "auto") -> pd
     df["step"] = df["step"].astype("int64")
     for col in metrics:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
-    df = df.sort_values(["trial", "run_id", "step"], kind="stable").reset_index(drop=True)
+    # one block per dtype: the per-column casts above fragment the frame, and every later
+    # insertion into it (the figures' assign) would warn
+    df = df.sort_values(["trial", "run_id", "step"], kind="stable").reset_index(drop=True).copy()
     df.attrs["params"] = params
     df.attrs["metrics"] = metrics
     return df

@@ -19,9 +19,10 @@ loss (the baseline a flatness measure must beat). For each selector s, on the ca
 
 A **random choice** is the reference row: expected regret max(acc) - mean(acc), expected rank
 correlation 0. Intervals: checkpoints of one run are not independent, so each statistic's 95%
-interval (and the two-sided p of ``gain_vs_loss``) comes from a cluster bootstrap over runs, as
-in ``analysis.correlate``: a resample draws runs with replacement with all their candidates and
-recomputes every statistic on them (paired: every selector on the same resample).
+interval (and the two-sided p of ``gain_vs_loss``, none below ``MIN_RUNS`` runs) comes from a
+cluster bootstrap over runs, as in ``analysis.correlate``: a resample draws runs with
+replacement with all their candidates and recomputes every statistic on them (paired: every
+selector on the same resample).
 
 Writes ``selection.md`` / ``selection.csv`` / ``selection.png`` to DIR and logs them to MLflow as
 the run ``selection`` of the experiment ``<experiment>.report``. ``analysis/report.py`` includes
@@ -38,8 +39,14 @@ from pathlib import Path
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.correlate import RUN, saturated, saturation_rule, to_markdown  # noqa: E402
-from analysis.store import accuracy_key, load_table, log_report, report_experiment  # noqa: E402
+from analysis.correlate import MIN_RUNS, RUN, saturated, saturation_rule, to_markdown  # noqa: E402
+from analysis.store import (  # noqa: E402
+    accuracy_key,
+    load_table,
+    log_report,
+    refuse_password,
+    report_experiment,
+)
 from flatlm.measure import HESSIAN_FISHER_GAP, LOSS  # noqa: E402
 
 RANDOM = "random choice"
@@ -155,6 +162,8 @@ def selection_table(df: pd.DataFrame, acc_key: str, selectors=None, *, kl_thresh
         order if c.name == "selector" else {s: i for i, s in enumerate(STATISTICS)}),
         kind="stable").reset_index(drop=True)
     table.attrs.update(attrs)
+    if attrs["runs"] < MIN_RUNS:  # too few distinct resamples for a test
+        table["p"] = math.nan
     if attrs["runs"] < 2:
         table.attrs["note"] = (f"only {attrs['runs']} run in the regime: no interval (runs are "
                                "the resampled units)")
@@ -283,6 +292,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.tracking_uri:  # a password is refused, never echoed
+        refuse_password(args.tracking_uri)
     df, uri = load_table(args)
     if df.empty:
         print("no runs to select from", file=sys.stderr)

@@ -11,8 +11,15 @@ import tempfile
 from pathlib import Path
 
 from analysis.runs import load_runs
+from analysis.trials import load_trials
 from flatlm.measure import probe_keys
-from flatlm.tracking.tracker import TAG_REPORT, MlflowTracker, default_tracking_uri
+from flatlm.tracking.tracker import (
+    TAG_REPORT,
+    MlflowTracker,
+    check_tracking_uri,
+    default_tracking_uri,
+    ensure_experiment,
+)
 
 
 def accuracy_key(columns, task: str | None) -> str:
@@ -35,8 +42,6 @@ def log_report(tracking_uri: str, experiment: str, paths, params: dict, *,
     """The run ``run_name`` (tag ``flatlm.report=1``) of ``experiment`` holding ``paths`` as
     artifacts; an earlier run of that name there is deleted first (one report at a time)."""
     from mlflow import MlflowClient
-
-    from flatlm.tracking.tracker import ensure_experiment
 
     client = MlflowClient(tracking_uri)
     eid = ensure_experiment(tracking_uri, experiment)
@@ -71,12 +76,21 @@ def check_store(uri: str, experiment: str) -> None:
                          f"there: {', '.join(sorted(names)) or 'none'}")
 
 
+def refuse_password(uri: str) -> None:
+    """Exits, without echoing the URI, when it holds a password (``flatlm.tracking.tracker``'s
+    rule)."""
+    try:
+        check_tracking_uri(uri, "--tracking-uri (or $MLFLOW_TRACKING_URI)")
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
 def load_table(args) -> tuple:
     """(the tidy table, the tracking URI or None) from ``--trials`` or ``--experiment``."""
     if args.trials is not None:
-        from analysis.trials import load_trials
         return load_trials(args.trials), None
     uri = (args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
            or default_tracking_uri(Path.cwd()))
+    refuse_password(uri)
     check_store(uri, args.experiment)
     return load_runs(uri, args.experiment, source=getattr(args, "source", "auto")), uri

@@ -68,7 +68,9 @@ smoke)  # the same scripts and flags at toy sizes: that every part runs, not how
         --hutchinson 8x1 --paper-precision 128 4 --out "$out/flatness_smoke.json"
     $py bench/checkpoint_cost.py --device "$device" --scale tiny --steps 2 \
         --set measure.n_eval=64 measure.n_downstream=200 measure.probe.epochs=2 \
-        measure.flatness.n_inputs=64 --out "$out/checkpoint_cost_smoke.json"
+        measure.flatness.n_inputs=64 --measure-steps 2 --patience 1 \
+        --measure-set measure.n_eval=64 measure.n_downstream=200 measure.probe.epochs=2 \
+        --out "$out/checkpoint_cost_smoke.json"
     $py bench/shared_gpu.py --device "$device" --trials 2 --steps 3 --warmup 1 --repeats 1 \
         --out "$out/shared_gpu_smoke.json"
     ;;

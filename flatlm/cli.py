@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # bad input: a clear message, not a traceback
         print(f"flatlm {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a path that cannot be read or written: say which and why
+        where = f" {e.filename}" if e.filename else ""
+        print(f"flatlm {args.command}: error:{where}: {e.strerror or e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 and the adversarial objective, with the lookup table (the probe on the true conditionals,
 ``lookup/<task>/acc_mean``; a row of Table 1 in the report) measured in every trial. Table 1
 compares them at equal loss: each run's checkpoint closest to the lowest KL every run reached
-(``analysis.figures.loss_matched``), not at their last step. No arguments: 4 tiny CPU trials
-(4 min 36 s on 2 cores, measured).
+(``analysis.checkpoints.loss_matched``), not at their last step; a run that never reaches the
+saturation regime (the adversarial one, often) is named in the closing summary with its KL. The
+summary reads the task the adversary attacks (``train.adversarial.task``: B, as Table 1). No
+arguments: 4 tiny CPU trials (4 min 36 s on 2 cores, measured).
 
 SGD is not in the default grid: at the shared learning rate it stays far from the others' loss
 and would set the common loss for everyone; run it with its own rate
@@ -17,6 +19,7 @@ and would set the common loss for everyone; run it with its own rate
 import sys
 
 from flatlm.experiments.grids import ALGORITHMS as ALL
+from flatlm.train.config import ALGORITHMS
 from sweeps.cli import main
 
 
@@ -29,7 +32,6 @@ def add_arguments(p) -> None:
 def build(args):
     """The algorithms experiment (``flatlm.experiments.paper``) as a Ray sweep; imports here keep
     ``--help`` fast."""
-    from flatlm.train.config import ALGORITHMS
     from sweeps.experiment import experiment_of, sweep_of
 
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]

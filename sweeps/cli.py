@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flatlm.core.config import apply_overrides, parse_assignments
+
 if TYPE_CHECKING:
-    from sweeps.driver import Interrupted
+    from sweeps.signals import Interrupted
     from sweeps.spec import Sweep
 
 # Nothing heavy at import: ``--help`` must not wait for Ray, torch or transformers; the
@@ -32,8 +35,6 @@ if TYPE_CHECKING:
 
 def parse_overrides(pairs: list[str]) -> dict:
     """``--set`` pairs: the trial config's keys, the one key space of every command."""
-    from flatlm.core.config import parse_assignments
-
     return parse_assignments(pairs)
 
 
@@ -72,6 +73,9 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", help="MLflow tracking server (default: sqlite in workdir)")
     p.add_argument("--address", help="attach to a Ray cluster ('auto' on a cluster node)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted sweep")
+    p.add_argument("--trust-state", action="store_true",
+                   help="with --resume: accept a sweep whose state has no digest recorded on "
+                        "this machine (copied or moved here); Ray unpickles it")
     p.add_argument("--cpus-per-trial", type=float, help="CPUs Ray reserves for each trial")
     p.add_argument("--gpus-per-trial", type=float,
                    help="GPUs per trial; a fraction packs several small trials on one GPU, "
@@ -79,7 +83,8 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--max-failures", type=int,
                    help="retries of a failed trial from its last checkpoint (default 3)")
     p.add_argument("--verbose", action="store_true",
-                   help="keep Ray's per-checkpoint log lines (off by default; FLATLM_VERBOSE=1)")
+                   help="keep Ray's per-checkpoint log lines (off by default; FLATLM_VERBOSE=1) "
+                        "and end with the correlation table and the model-selection verdict")
     p.add_argument("--kl-threshold", type=float,
                    help="saturation rule of the closing summary: checkpoints with "
                         "pretrain/kl below this (default: 0.05 nats for --preset tiny, whose "
@@ -127,7 +132,6 @@ def resolve_source(args: argparse.Namespace) -> None:
 
 def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
     """The sweep with the command line's ``--set`` overrides and resource flags applied."""
-    from flatlm.core.config import apply_overrides
     from flatlm.runs.trial import validate_trial
 
     overrides = parse_overrides(getattr(args, "overrides", []))
@@ -153,7 +157,6 @@ def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
 def with_ranks_per_gpu(sweep: Sweep, overrides: dict) -> Sweep:
     """A trial given N > 1 GPUs trains data-parallel on them: ``train.world_size`` = N (one
     process per GPU, ``flatlm.train.distributed``); a fraction of one GPU shares it."""
-    from flatlm.core.config import apply_overrides
 
     gpus = sweep.gpus_per_trial
     if gpus <= 1:
@@ -185,14 +188,23 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from sweeps.driver import Interrupted, TrackingIncomplete, run_sweep
+    from sweeps.delivery import TrackingIncomplete
+    from sweeps.driver import run_sweep
+    from sweeps.signals import Interrupted
     from sweeps.spec import shown_metrics
     from sweeps.summary import TrackingUnreachable, summarise
+    from sweeps.trust import StateUnverified
 
     try:
         sweep = apply_arguments(build(args), args)
+        if args.resume:
+            check_resumable(sweep.name, workdir)
         run_sweep(sweep, workdir=workdir, tracking_uri=args.tracking_uri, address=args.address,
-                  resume=args.resume, show=shown_metrics(sweep))
+                  resume=args.resume, show=shown_metrics(sweep), trust_state=args.trust_state)
+    except StateUnverified as e:
+        print(f"error: {e}. If this sweep is yours, accept its state explicitly:\n"
+              f"    {resume_command('--trust-state')}", file=sys.stderr)
+        return 2
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -201,10 +213,28 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
     except TrackingIncomplete as e:
         return tracking_lags(f"{e}.", e.uri)
     try:
-        summarise(sweep, workdir, args.tracking_uri)
+        summarise(sweep, workdir, args.tracking_uri, verbose=args.verbose)
     except TrackingUnreachable as e:
         return tracking_lags(f"every run ended, but {e}.", None)
     return 0
+
+
+def check_resumable(name: str, workdir: Path) -> None:
+    """``--resume`` of a sweep that was never started here (a typo in --name or --workdir)
+    would silently start a new one: an error naming the sweeps there instead."""
+    if (workdir / "ray_results" / name).exists() or (workdir / "trials" / name).exists():
+        return
+    there = sorted(p.name for p in (workdir / "ray_results").glob("*") if p.is_dir())
+    raise ValueError(f"--resume: no sweep named {name!r} in {workdir} (sweeps there: "
+                     f"{', '.join(there) or 'none'}); check --name and --workdir, or drop "
+                     "--resume to start it")
+
+
+def resume_command(*extra: str) -> str:
+    """The command that continues this sweep, quoted so that it works when pasted (a value such
+    as measure.what=["loss","fisher"] keeps its quotes)."""
+    argv = [a for a in sys.argv if a not in ("--resume", *extra)]
+    return shlex.join(["python", *argv, "--resume", *extra])
 
 
 TRACKING_LAGS = 3  # exit code: the trials ran, MLflow does not have all of it yet
@@ -212,17 +242,15 @@ TRACKING_LAGS = 3  # exit code: the trials ran, MLflow does not have all of it y
 
 def tracking_lags(what: str, uri: str | None) -> int:
     """Says that MLflow lags behind the finished trials and how to catch it up."""
-    argv = [a for a in sys.argv if a != "--resume"]
     print(f"\nThe sweep's trials ran, but {what} No summary. Once MLflow is back, "
           f"this sends what is missing and prints the summary (it trains nothing):\n"
-          f"    python {' '.join(argv)} --resume", file=sys.stderr, flush=True)
+          f"    {resume_command()}", file=sys.stderr, flush=True)
     return TRACKING_LAGS
 
 
 def interrupted(e: Interrupted) -> int:
     """Says what was stopped and how to go on; no summary over partial data."""
-    argv = [a for a in sys.argv if a != "--resume"]
     print(f"\n{e}: {e.unfinished} trial(s) unfinished; their MLflow runs are marked KILLED "
           f"({', '.join(e.killed) or 'none reachable'}). Nothing is lost: continue with\n"
-          f"    python {' '.join(argv)} --resume", file=sys.stderr, flush=True)
+          f"    {resume_command()}", file=sys.stderr, flush=True)
     return e.exit_code

@@ -4,9 +4,11 @@ alone (Ray workers import nothing from ``analysis/``)."""
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
+from flatlm.core.safe_io import write_atomic
 from flatlm.measure import se_key
 
 PANEL_IN = 3.6  # inches per panel
@@ -44,7 +46,10 @@ def plot_curves(rows: dict[int, dict], keys: list[str], path: Path, title: str,
         if key.startswith(LOG_SCALE_PREFIXES) and all(v > 0 for v in values):
             ax.set_yscale("log")
     fig.suptitle(title, fontsize=9)
-    fig.savefig(path, dpi=100)
+
+    png = io.BytesIO()
+    fig.savefig(png, dpi=100, format="png")
+    write_atomic(path, png.getvalue())  # never through a link planted in the trial directory
     return path
 
 

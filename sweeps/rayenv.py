@@ -19,7 +19,15 @@ RAY_ENVIRONMENT = {
 for _key, _value in RAY_ENVIRONMENT.items():
     os.environ.setdefault(_key, _value)
 
+import atexit  # noqa: E402
+
 import ray  # noqa: E402
 from ray import tune  # noqa: E402
+from ray.autoscaler._private.cli_logger import colorama  # noqa: E402
+
+# ray.init imports cli_logger, whose colorama.init(strip=False) registers an exit handler that
+# writes ESC[0m to a terminal after the last line the sweep printed: unregistered (imported
+# here, before ray.init, so that the handler exists to be removed).
+atexit.unregister(colorama.initialise.reset_all)
 
 __all__ = ["RAY_ENVIRONMENT", "ray", "tune"]

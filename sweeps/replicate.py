@@ -14,14 +14,18 @@ configs, ``flatlm.experiments``). The report (``analysis/replication.py``) goes 
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
+from analysis import replication
 from flatlm.commands.replicate import add_selection_arguments, experiments_from_args
 from flatlm.experiments.scales import scale
+from flatlm.tracking.tracker import default_tracking_uri
 from sweeps.cli import apply_arguments, interrupted, parser
-from sweeps.driver import Interrupted, run_sweep
+from sweeps.driver import run_sweep
 from sweeps.rayenv import tune
+from sweeps.signals import Interrupted
 from sweeps.spec import Sweep, shown_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +62,8 @@ def main(argv=None) -> int:
         for sweep in sweeps:
             print(f"== {sweep.name}", flush=True)
             run_sweep(sweep, workdir=workdir, tracking_uri=args.tracking_uri,
-                      address=args.address, resume=args.resume, show=shown_metrics(sweep))
+                      address=args.address, resume=args.resume, show=shown_metrics(sweep),
+                      trust_state=args.trust_state)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -68,14 +73,13 @@ def main(argv=None) -> int:
 
 
 def write_report(sweeps: list[Sweep], workdir: Path, tracking_uri: str | None) -> int:
-    from analysis import replication
-    from flatlm.tracking.tracker import default_tracking_uri
 
     uri = tracking_uri or default_tracking_uri(workdir)
     return replication.main(["--experiments", ",".join(s.name for s in sweeps),
                              "--tracking-uri", uri,
                              "--out", str(workdir / "report" / "replication"),
-                             "--command", "python sweeps/replicate.py " + " ".join(sys.argv[1:])])
+                             "--command", shlex.join(["python", "sweeps/replicate.py",
+                                                      *sys.argv[1:]])])
 
 
 if __name__ == "__main__":

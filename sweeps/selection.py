@@ -18,6 +18,7 @@ import sys
 from dataclasses import replace
 
 from flatlm.experiments.grids import SELECTION_ALGORITHMS
+from flatlm.train.config import ALGORITHMS as KNOWN
 from sweeps.cli import main
 
 ALGORITHMS = ",".join(SELECTION_ALGORITHMS)
@@ -42,7 +43,6 @@ def _floats(text: str, flag: str) -> list[float]:
 def build(args):
     """The selection experiment (``flatlm.experiments.paper``) as a Ray sweep; imports here keep
     ``--help`` fast."""
-    from flatlm.train.config import ALGORITHMS as KNOWN
     from sweeps.experiment import experiment_of, sweep_of
 
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from flatlm.core.config import apply_overrides
 from flatlm.measure import KL, LOSS, TRACE_FISHER, probe_keys
 from flatlm.runs.trial import TrialConfig, measured_tasks, validate_trial
+from flatlm.tracking.tracker import check_tracking_uri as check
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,7 +31,8 @@ class Sweep:
     searcher: str | None = None  # None (grid / random) or "optuna"
     max_failures: int = 3  # retries of a failed trial from its last checkpoint
     analysis_task: str | None = None  # downstream task the sweep is judged on; None = the
-    #   first task the base config measures (measure.tasks, else the source's)
+    #   task the adversary attacks when the sweep trains one (Table 1: B), else the first task
+    #   the base config measures (measure.tasks, else the source's)
     kl_threshold: float = 0.1  # saturation rule of the closing correlations: checkpoints with
     #   pretrain/kl below it (nats per token); correlations need one (analysis/correlate.py)
     loss_tolerance: float | None = None  # the rule instead, when set: pretrain/loss within it
@@ -47,12 +49,19 @@ def sweep_task(sweep: Sweep) -> str:
                          "on; give the source tasks (a text source's glue=DIR) or "
                          "measure.tasks")
     if sweep.analysis_task is None:
-        return tasks[0]
+        attacked = attacked_task(sweep)
+        return attacked if attacked in tasks else tasks[0]
     if sweep.analysis_task not in tasks:
         raise ValueError(f"analysis_task {sweep.analysis_task!r} is not measured by this sweep "
                          f"(it measures {', '.join(tasks)}); pick one of those, or add it to "
                          "measure.tasks")
     return sweep.analysis_task
+
+
+def attacked_task(sweep: Sweep) -> str | None:
+    """The task the base config's adversarial objective attacks (``train.adversarial.task``,
+    which the algorithms experiment sets: B, as Table 1 reads it), else None."""
+    return sweep.base.train.adversarial.task
 
 
 def accuracy_key(sweep: Sweep) -> str:
@@ -84,7 +93,6 @@ def objectives(sweep: Sweep) -> tuple[tuple[str, str], ...]:
 
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")  # a sweep name: one directory level
-CREDENTIALS = re.compile(r"^[a-z+]+://[^/@]*:[^/@]*@")  # user:password@ in a URI
 
 
 def check_name(name: str) -> None:
@@ -95,11 +103,10 @@ def check_name(name: str) -> None:
 
 
 def check_tracking_uri(uri: str | None) -> None:
-    """Credentials in the URI would be printed and written into Ray's state files."""
-    if uri and CREDENTIALS.match(uri):
-        raise ValueError("--tracking-uri holds a password: put the credentials in "
-                         "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (MLflow reads "
-                         "them) and give the URI without them")
+    """Credentials in the URI (any scheme's case) would be printed and written into Ray's state
+    files: ``flatlm.tracking.tracker.check_tracking_uri``, the one rule every entry point
+    applies."""
+    check(uri)
 
 
 def check_sweep(sweep: Sweep) -> None:

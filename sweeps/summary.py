@@ -1,13 +1,24 @@
-"""The sweep's closing summary, printed by the driver: correlations with downstream accuracy and
-where to look next. The only sweep module that imports ``analysis/``; it never runs in a Ray
-worker."""
+"""The sweep's closing summary, printed by the driver: the per-run table (KL, each probed task's
+accuracy, Tr(F), grown Tr(F), each +- its s.e., beside the random-init, lookup-table and
+majority-class references) at the final checkpoints and at matched loss, the runs left out with
+the reason, what the runs show against the paper and what would make it conclusive, and where to
+look next. The correlation table and the model-selection verdict print with ``--verbose`` (the
+report always has them). The only sweep module that imports ``analysis/``; it never runs in a
+Ray worker."""
 
 from __future__ import annotations
 
+import shlex
 import textwrap
 import warnings
 from pathlib import Path
 
+from analysis.conclusion import conclusion
+from analysis.correlate import correlation_markdown, correlation_table
+from analysis.run_table import glance
+from analysis.runs import load_runs
+from analysis.selection import selection_markdown, selection_table, verdict
+from flatlm.tracking.tracker import default_tracking_uri
 from sweeps.spec import Sweep, accuracy_key, saturation, saturation_flag, sweep_task
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout: analysis/ is not an installed package
@@ -17,40 +28,54 @@ class TrackingUnreachable(Exception):  # noqa: N818 - the summary's store is dow
     """The summary could not read the sweep's runs from MLflow."""
 
 
-def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None) -> None:
-    """Prints the correlation table of every checkpoint and the commands to look further."""
-    from analysis.conclusion import conclusion
-    from analysis.correlate import correlation_markdown, correlation_table
-    from analysis.runs import load_runs
-    from flatlm.tracking.tracker import default_tracking_uri
-
+def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None, *,
+              verbose: bool = False) -> None:
+    """Prints the per-run tables, the conclusion and the commands to look further; with
+    ``verbose`` also the correlation table and the model-selection verdict."""
     uri = tracking_uri or default_tracking_uri(workdir)
-    try:
-        runs = load_runs(uri, sweep.name)
-    except Exception as e:  # noqa: BLE001 - whatever MLflow raises when it cannot be reached
-        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        raise TrackingUnreachable(f"MLflow at {uri} could not be read ({first})") from None
-    key, task = accuracy_key(sweep), sweep_task(sweep)
+    runs = _load(uri, sweep.name)
+    key, rule = accuracy_key(sweep), saturation(sweep)
     with warnings.catch_warnings():  # an empty or thin regime is said in the conclusion
         warnings.simplefilter("ignore", UserWarning)
-        table = correlation_table(runs, key, **saturation(sweep))
-    words = conclusion(runs, table, key, **saturation(sweep))
-    print(f"\nWhat this sweep can conclude:\n{textwrap.fill(words, 100)}")
+        table = correlation_table(runs, key, **rule)
+    print(f"\n{glance(runs, key, **rule)}")
+    words = conclusion(runs, table, key, **rule)
+    print(f"\nWhat this sweep shows ({key}):\n{_paragraphs(words)}")
     cost = measurement_cost(runs)
     if cost:
         print(f"\n{cost}")
-    if len(table):
+    if verbose and len(table):
         print(f"\nCorrelations with downstream accuracy ({key}), saturated checkpoints:")
         print(correlation_markdown(table))
+    if verbose or sweep.selection:
         _print_selection(sweep, runs, key)
-    print(f"\nMLflow UI:  cd {workdir} && mlflow ui --backend-store-uri {uri}")
-    print(f"Report:     python {REPO / 'analysis' / 'report.py'} --experiment {sweep.name} "
-          f"--tracking-uri {uri} --task {task} {saturation_flag(sweep)} "
-          f"--out {workdir / 'report' / sweep.name}")
+    _print_commands(sweep, workdir, uri, verbose)
+
+
+def _load(uri: str, name: str):
+    try:
+        return load_runs(uri, name)
+    except Exception as e:  # noqa: BLE001 - whatever MLflow raises when it cannot be reached
+        first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise TrackingUnreachable(f"MLflow at {uri} could not be read ({first})") from None
+
+
+def _paragraphs(words: str) -> str:
+    return "\n\n".join(textwrap.fill(p, 100) for p in words.split("\n\n"))
+
+
+def _print_commands(sweep: Sweep, workdir: Path, uri: str, verbose: bool) -> None:
+    report = ["--experiment", sweep.name, "--tracking-uri", uri, "--task", sweep_task(sweep),
+              *saturation_flag(sweep).split(), "--out", str(workdir / "report" / sweep.name)]
+    print(f"\nMLflow UI:  cd {shlex.quote(str(workdir))} && "
+          f"{shlex.join(['mlflow', 'ui', '--backend-store-uri', uri])}")
+    print(f"Report:     {shlex.join(['python', str(REPO / 'analysis' / 'report.py'), *report])}")
+    if not verbose:
+        print("            (figures, correlations and model selection; --verbose prints the "
+              "correlations here)")
     if sweep.selection:
-        print(f"Selection:  python {REPO / 'analysis' / 'selection.py'} --experiment "
-              f"{sweep.name} --tracking-uri {uri} --task {task} {saturation_flag(sweep)} "
-              f"--out {workdir / 'report' / sweep.name}")
+        print("Selection:  "
+              f"{shlex.join(['python', str(REPO / 'analysis' / 'selection.py'), *report])}")
 
 
 def measurement_cost(runs) -> str | None:
@@ -68,8 +93,6 @@ def measurement_cost(runs) -> str | None:
 def _print_selection(sweep: Sweep, runs, key: str) -> None:
     """Would the flattest checkpoint have been a better pick than the lowest-loss one? The
     verdict in words; the whole table for a selection sweep."""
-    from analysis.selection import selection_markdown, selection_table, verdict
-
     table = selection_table(runs, key, **saturation(sweep))
     if sweep.selection:
         print(f"\n{selection_markdown(table)}")

@@ -12,22 +12,38 @@ travelling in it keeps one MLflow run per trial. Runs in Ray workers: imports no
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
+import torch
+
 from flatlm.core.config import apply_overrides, from_dict
+from flatlm.core.safe_io import write_bytes, write_text
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, probe_keys
 from flatlm.runs.metrics_log import METRICS_FILE, read_metrics, read_train_log
 from flatlm.runs.trial import TrialConfig, tracked_params
+from flatlm.sources import load
+from flatlm.tracking.ledger import STATE_FILE
+from flatlm.tracking.tracker import (
+    TAG_ALGORITHM,
+    TAG_MODEL,
+    TAG_PRESET,
+    TAG_SWEEP,
+    MlflowTracker,
+    find_run,
+)
 from flatlm.train.loop import Diverged
 from sweeps.curves import plot_curves
 from sweeps.rayenv import tune
 from sweeps.travel import restore_tracking, save_tracking
 
 DIVERGED_FILE = "diverged.json"  # in a diverged trial's directory: {"step", "loss", "message"}
+#   (loss null when it was not finite: the file stays valid JSON)
 TAG_DIVERGED = "flatlm.diverged"  # MLflow tag of a diverged trial's run: the step
 # Artifacts of a trial's MLflow run: its config, every checkpoint's measurements, its curves.
 TRIAL_ARTIFACTS = (METRICS_FILE, "metrics.json", "trial_config.json", "*.png",
@@ -40,8 +56,6 @@ def trainable(config: dict) -> None:
     """Tune function trainable; ``config``: ``base`` (a TrialConfig as a dict), ``overrides``
     (this trial's point of the search space) and ``sweep`` (name, tracking URI, experiment id,
     trials directory)."""
-    import torch
-
     from flatlm.runs.trial import run_trial, with_downstream_resolved
 
     quiet_ray_train()
@@ -82,8 +96,6 @@ def quiet_ray_train() -> None:
     """Ray Train logs "Checkpoint successfully created at: ..." at INFO for every checkpoint of
     every trial; the driver prints its own line per result. ``--verbose`` (env
     ``FLATLM_VERBOSE=1``, inherited by local workers) keeps Ray's lines."""
-    import logging
-
     if not os.environ.get("FLATLM_VERBOSE"):
         logging.getLogger("ray.train").setLevel(logging.WARNING)
 
@@ -92,11 +104,10 @@ def end_diverged(tracker, out_dir: Path, e: Diverged) -> None:
     """Marks the trial diverged (``DIVERGED_FILE``, the run's ``TAG_DIVERGED`` tag) and ends its
     MLflow run FAILED. Nothing after the divergence was measured; the trial returns normally so
     that Tune neither retries it nor stops the sweep (the driver lists diverged trials)."""
-    import json
-
     print(f"trial {out_dir.name}: {e}", file=sys.stderr, flush=True)
-    (out_dir / DIVERGED_FILE).write_text(json.dumps(
-        {"step": e.step, "loss": e.loss, "message": str(e)}) + "\n")
+    loss = e.loss if math.isfinite(e.loss) else None  # valid JSON: NaN and inf are not
+    write_text(out_dir / DIVERGED_FILE, json.dumps(
+        {"step": e.step, "loss": loss, "message": str(e)}, allow_nan=False) + "\n")
     if not tracker.set_tag(TAG_DIVERGED, str(e.step)):
         print(f"trial {out_dir.name}: could not tag its run diverged ({DIVERGED_FILE} says so)",
               file=sys.stderr, flush=True)
@@ -106,9 +117,6 @@ def end_diverged(tracker, out_dir: Path, e: Diverged) -> None:
 def _tracker(cfg: TrialConfig, sweep: dict, name: str, out_dir: Path):
     """The trial's tracker, on the MLflow run of its restored checkpoint, of its earlier
     attempt on this node, of its name (a retry before any checkpoint), or a new one."""
-    from flatlm.tracking.ledger import STATE_FILE
-    from flatlm.tracking.tracker import MlflowTracker, find_run
-
     run_id = None
     ckpt = tune.get_checkpoint()
     if ckpt is not None:
@@ -124,8 +132,6 @@ def _tracker(cfg: TrialConfig, sweep: dict, name: str, out_dir: Path):
 def _tags(cfg: TrialConfig, sweep: dict) -> dict:
     """What the MLflow UI groups and filters by; the parameter count is a metric
     (``flatlm.runs.trial.N_PARAMS``), so that it sorts as a number."""
-    from flatlm.tracking.tracker import TAG_ALGORITHM, TAG_MODEL, TAG_PRESET, TAG_SWEEP
-
     tags = {TAG_SWEEP: sweep["name"], TAG_MODEL: str(cfg.model),
             TAG_ALGORITHM: cfg.train.algorithm, "source": str(cfg.source)}
     if sweep.get("preset"):
@@ -142,12 +148,10 @@ def _plot_trial(out_dir: Path, name: str, cfg: TrialConfig) -> None:
     """``curves.png``: the trial's training loss and measurements over training steps (a figure
     to look at in the MLflow UI), and ``trial_config.json`` (a copy of config.json under an
     unambiguous name)."""
-    from flatlm.sources import load
-
     tasks = tuple(cfg.measure.tasks) or tuple(load(cfg.source).tasks)
     plot_curves(read_metrics(out_dir), curve_keys(tasks), out_dir / "curves.png", name,
                 train_rows=read_train_log(out_dir))
-    shutil.copy2(out_dir / "config.json", out_dir / "trial_config.json")
+    write_bytes(out_dir / "trial_config.json", (out_dir / "config.json").read_bytes())
 
 
 def finish_trial(tracker, status: str, wait_s: float) -> bool:
@@ -155,7 +159,7 @@ def finish_trial(tracker, status: str, wait_s: float) -> bool:
 
     ``finish`` never raises: while the server is down it returns False, and a trial that simply
     returned then would leave its run RUNNING with its last rows unsent. The driver re-sends
-    what is still undelivered after ``fit`` (``sweeps.driver.finish_undelivered``, for the trial
+    what is still undelivered after ``fit`` (``sweeps.delivery.finish_undelivered``, for the trial
     directories it can see); on a cluster, ``MlflowTracker(uri, out_dir).finish()`` on the
     trial's node does.
     """

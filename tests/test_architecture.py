@@ -140,3 +140,73 @@ def test_no_module_imports_another_modules_private_names():
                for t, names in edges for name in names
                if name.startswith("_") and not name.startswith("__")]
     assert not private, private
+
+
+# What a function-level import may defer: these load slowly or are optional on a host (Ray is
+# too big for the GPU machine, ``datasets`` absent there; matplotlib / scikit-learn only plot
+# or score GLUE). Everything else is imported at module level, where a reader looks for it.
+DEFERRED = ("ray", "mlflow", "transformers", "datasets", "optuna", "matplotlib", "sklearn")
+# The sweep scripts answer ``--help`` without torch (tests/sweeps/test_spec.py): there, a
+# function-level import may defer torch too.
+ENTRY_POINTS = ("sweeps/cli.py", "sweeps/scaling.py", "sweeps/steps.py", "sweeps/algorithms.py",
+                "sweeps/search.py", "sweeps/selection.py")
+
+
+def _module_level_imports() -> dict[str, set[str]]:
+    """module -> every module its module-level statements import (absolute names), over flatlm,
+    sweeps and analysis."""
+    import ast
+    from pathlib import Path
+
+    repo = Path(flatlm.__file__).resolve().parents[1]
+    found = {}
+    for package in ("flatlm", "sweeps", "analysis"):
+        for path in sorted((repo / package).rglob("*.py")):
+            parts = path.relative_to(repo).with_suffix("").parts
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[module] = {name for node in ast.parse(path.read_text()).body
+                             for name in _imported(node)}
+    return found
+
+
+def _imported(node) -> list[str]:
+    import ast
+
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        return [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return []
+
+
+def _defers_heavy(name: str, modules: dict[str, set[str]], seen: set[str],
+                  heavy: tuple[str, ...] = DEFERRED) -> bool:
+    """Whether importing ``name`` loads a ``heavy`` package (itself, or through the module-level
+    imports of flatlm / sweeps / analysis modules, their parent packages included)."""
+    if name.split(".")[0] in heavy:
+        return True
+    if name in seen or name not in modules:
+        return False
+    seen.add(name)
+    parents = [name.rsplit(".", i)[0] for i in range(1, name.count(".") + 1)]
+    return any(_defers_heavy(m, modules, seen, heavy) for m in [*modules[name], *parents])
+
+
+def test_function_level_imports_only_defer_a_heavy_dependency():
+    import ast
+    from pathlib import Path
+
+    repo = Path(flatlm.__file__).resolve().parents[1]
+    modules = _module_level_imports()
+    needless = []
+    for package in ("flatlm", "sweeps", "analysis"):
+        for path in sorted((repo / package).rglob("*.py")):
+            heavy = DEFERRED + ("torch",) * (str(path.relative_to(repo)) in ENTRY_POINTS)
+            for fn in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(fn):
+                    names = _imported(node)
+                    if names and not any(_defers_heavy(n, modules, set(), heavy) for n in names):
+                        needless.append(f"{path.relative_to(repo)}:{node.lineno} {names[0]}")
+    assert not needless, f"import these at module level: {needless}"

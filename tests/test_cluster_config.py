@@ -97,6 +97,10 @@ def test_mlflow_server_on_head_loopback_and_tunnels_from_workers(name):
     assert "-L 127.0.0.1:5000:127.0.0.1:5000" in tunnel and "$RAY_HEAD_IP" in tunnel
     key = re.search(r"-i (\S+)", tunnel).group(1)
     remote = {k.replace("/home/ubuntu/", "~/") for k in cfg["file_mounts"]}
+    synced = {f.replace("/home/ubuntu/", "~/") for f in cfg["cluster_synced_files"]}
+    if name == "cluster.yaml":  # issue 27: a tunnel-only key from the head, not the cluster's
+        assert key in synced and key not in remote  # (tests/test_cluster_security.py)
+        return
     assert key in remote  # the key the tunnel uses is mounted on the workers
     source = cfg["file_mounts"][next(k for k in cfg["file_mounts"] if k.endswith(key[2:]))]
     assert source == cfg["auth"]["ssh_private_key"]

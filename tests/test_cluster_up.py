@@ -69,7 +69,7 @@ RAY = str(Path(sys.executable).parent / "ray")  # the CLI of the environment run
 SWEEP_ARGS = ["--set", "train.steps=10", "--set", "train.checkpoint_steps=[10]",
               "--set", "measure.n_eval=32", "--set", "measure.n_downstream=40",
               "--set", "measure.probe.epochs=2", "--kl-threshold", "100"]  # every checkpoint
-TABLE_HEADER = "Correlations with downstream accuracy"
+TABLE_HEADER = "Per run, final checkpoint"  # the closing table (sweeps/summary.py)
 
 RELAY = """\
 import os, socket, threading
@@ -342,7 +342,7 @@ def test_ray_up_submit_down_on_this_machine(head: Head):
                    *(shlex.quote(a) for a in args), env=env, timeout=420)  # a remote shell
         out = sub.stdout + sub.stderr
         assert sub.returncode == 0, f"ray submit failed:\n{out[-8000:]}"
-        assert TABLE_HEADER in out and "| y | x | method |" in out, out[-8000:]
+        assert TABLE_HEADER in out and "| majority class " in out, out[-8000:]
     finally:
         down = _ray("down", "-y", str(config), env=env, timeout=180)
     assert down.returncode == 0, f"ray down failed:\n{down.stdout[-4000:]}\n{down.stderr}"

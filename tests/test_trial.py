@@ -154,3 +154,23 @@ def test_metrics_log_last_row_of_a_step_wins_and_a_torn_line_is_skipped(tmp_path
     assert read_metrics(tmp_path) == {1: {"step": 1, "a": 0.5}, 2: {"step": 2, "a": 2.0, "b": 3.0},
                                       4: {"step": 4, "a": 4.0}}
     assert parse_metrics('{"a": 1}\n[1]\n\n{"step": "x"}\n') == {}
+
+
+def test_a_trial_builds_its_source_once_and_validates_once(tmp_path, monkeypatch):
+    """Issue 22: the config is validated once per trial and the source built once (building a
+    PCFG's truth or a corpus is the expensive part of setting up)."""
+    import flatlm.runs.trial as trial_module
+    import flatlm.sources as sources
+
+    loads, validations = [], []
+    monkeypatch.setattr(trial_module, "load",
+                        lambda spec: loads.append(spec) or sources.load(spec))
+    real_validate = trial_module.validate_trial
+    monkeypatch.setattr(trial_module, "validate_trial",
+                        lambda cfg: validations.append(cfg) or real_validate(cfg))
+    cfg = apply_overrides(TrialConfig(), {
+        "source": "dyck:4", "model": "d16-h1-l1-i32", "train.steps": 2, "train.batch_size": 4,
+        "train.checkpoint_steps": [2], "train.warmup_steps": 1, "measure.n_eval": 8,
+        "measure.n_downstream": 20, "measure.what": ["loss"]})
+    run_trial(cfg, tmp_path)
+    assert len(loads) == 1 and len(validations) == 1

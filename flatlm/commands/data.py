@@ -11,6 +11,10 @@ import json
 import sys
 import time
 
+from flatlm.core.devices import resolve_device
+from flatlm.core.stats import ratio_mean_se
+from flatlm.sources import load
+
 
 def register(subparsers) -> None:
     """Adds ``data make`` and ``data entropy`` to the top-level subparsers."""
@@ -55,8 +59,6 @@ def _source_args(parser: argparse.ArgumentParser) -> None:
 
 def _load_source(text: str):
     """The source SOURCE names; any failure to build it becomes a ValueError naming SOURCE."""
-    from flatlm.sources import load
-
     try:
         return load(text)
     except json.JSONDecodeError as e:
@@ -66,7 +68,6 @@ def _load_source(text: str):
 
 
 def _device(name: str | None) -> str:
-    from flatlm.core.devices import resolve_device
 
     return str(resolve_device(name))
 
@@ -103,7 +104,6 @@ def _pm(mean: float, se: float | None) -> str:
 
 
 def run_entropy(args) -> int:
-    from flatlm.core.stats import ratio_mean_se
 
     _positive("--n", args.n)
     _positive("--batch-size", args.batch_size)

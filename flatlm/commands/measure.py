@@ -4,16 +4,26 @@
     flatlm measure CKPT --source pcfg:paper --n-inputs 10000 --set measure.probe.seeds=5
 
 The source defaults to the one recorded in the checkpoint's ``flatlm.json``. The object is printed
-(``--json``: only it) and saved as ``measure.json`` next to the checkpoint (or ``--out``).
+(``--json``: only it) and saved as ``measure.json`` next to the checkpoint (or ``--out``). The
+evaluation data and the reference rows (random-init probe, lookup table) are kept in ``--cache``
+(default: ``eval_cache`` in the run directory of a checkpoint under ``RUN/checkpoints/``), so
+the next checkpoint of the run, or another run of the same shape and source, reads them back.
+A progress bar shows on a terminal (``--no-progress``: none).
 """
 
 from __future__ import annotations
 
 import json
-import os
+import sys
 from pathlib import Path
 
+from flatlm.core.config import apply_overrides, section_assignments
+from flatlm.core.devices import resolve_device
+from flatlm.core.safe_io import write_atomic
 from flatlm.measure.registry import measurement_names
+from flatlm.models.checkpoint import check_language, load_checkpoint
+from flatlm.models.presets import ModelConfig
+from flatlm.sources import SourceSpec, load
 
 
 def register(sub) -> None:
@@ -33,6 +43,10 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="where to save the JSON (default CHECKPOINT/measure.json)")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
+    p.add_argument("--cache", help="directory for the evaluation data and reference rows; "
+                                   "'none': no cache (default: RUN/eval_cache for a checkpoint "
+                                   "in RUN/checkpoints/, else none)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
 
 
@@ -40,7 +54,6 @@ def _config(args):
     """The MeasureConfig of the options: the named flags first, then ``--set`` (same path as
     ``flatlm.core.config.apply_overrides``, so ``--set measure.tasks=B,C`` and ``--tasks B,C``
     agree)."""
-    from flatlm.core.config import apply_overrides, section_assignments
     from flatlm.measure.run import MeasureConfig
 
     overrides = {"what": args.what, "seed": args.seed}
@@ -55,11 +68,7 @@ def _config(args):
 
 
 def run(args) -> int:
-    from flatlm.core.devices import resolve_device
     from flatlm.measure.run import eval_data, measure_model
-    from flatlm.models.checkpoint import load_checkpoint
-    from flatlm.models.presets import ModelConfig
-    from flatlm.sources import SourceSpec, load
 
     ckpt = Path(args.checkpoint)
     if not (ckpt / "flatlm.json").is_file():
@@ -69,10 +78,13 @@ def run(args) -> int:
     model, info = load_checkpoint(ckpt)
     source = load(SourceSpec(args.source) if args.source else info["source"])
     _check_vocabulary(ckpt, info, source)
+    check_language(ckpt, info, source, "measure")  # same words, another grammar: refused
     model = model.to(device)
-    data = eval_data(source, cfg, ModelConfig(**info["model"]))  # random-features reference
+    data = eval_data(source, cfg, ModelConfig(**info["model"]),  # random-features reference
+                     cache_dir=_cache_dir(args.cache, ckpt))
     path = Path(args.out) if args.out else ckpt / "measure.json"
-    metrics = measure_model(model, source, data, cfg, device, artifact_dir=path.parent)
+    metrics = measure_model(model, source, data, cfg, device, artifact_dir=path.parent,
+                            progress=not args.no_progress and sys.stderr.isatty())
     out = {"checkpoint": str(ckpt.absolute()), "source": source.spec, **metrics}
     _write_replacing(path, json.dumps(out, indent=2) + "\n")
     if args.json:
@@ -83,6 +95,14 @@ def run(args) -> int:
                 print(f"{key:32s} {value:.6g}")
         print(f"saved {path}")
     return 0
+
+
+def _cache_dir(given: str | None, ckpt: Path) -> Path | None:
+    """``--cache``, or the run's ``eval_cache`` for a checkpoint in ``RUN/checkpoints/``."""
+    if given is not None:
+        return None if given.lower() == "none" else Path(given)
+    run = ckpt.absolute().parent
+    return run.parent / "eval_cache" if run.name == "checkpoints" else None
 
 
 def _check_vocabulary(ckpt: Path, info: dict, source) -> None:
@@ -98,6 +118,4 @@ def _check_vocabulary(ckpt: Path, info: dict, source) -> None:
 def _write_replacing(path: Path, text: str) -> None:
     """Writes ``path`` as a new file renamed into place: a symbolic link there is replaced, not
     followed (a checkpoint from elsewhere could point its measure.json at any file)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, text, replace_link=True)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from flatlm.core.config import parse_assignments
+from flatlm.core.devices import resolve_device
 from flatlm.experiments.paper import EXPERIMENTS, build
 from flatlm.experiments.protocols import describe, diagnosis_protocols
 from flatlm.experiments.scales import SCALES
@@ -79,7 +80,6 @@ def experiments_from_args(args) -> list:
 
 
 def run(args) -> int:
-    from flatlm.core.devices import resolve_device
     from flatlm.experiments.runner import Budget, run_experiment
 
     device = str(resolve_device(args.device))

@@ -14,9 +14,11 @@ value: ``--compile false``), a tuple is comma-separated
 the trial config's keys, as the sweeps do (``--set train.sam.rho=0.1``). Checkpoints go to
 ``OUT/checkpoints/step-<N>/`` (default: only the last step).
 
-Exit status: 0 trained; 2 bad input (a message naming the field); 3 training diverged (a
-non-finite loss, or one above --divergence-factor times the first logged loss): the message on
-stderr names the step and the loss, and no checkpoint after the divergence is written.
+Exit status: 0 trained; 2 bad input (a message naming the field, or an unusable --out); 3
+training diverged (a non-finite loss, or one above --divergence-factor times the initial loss
+log V or the first logged loss): the message on stderr names the step and the loss, and no
+checkpoint after the divergence is written; 5 a checkpoint or the training log could not be
+written (a full disk): the earlier checkpoints are intact.
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ from flatlm.core.config import (
     overrides_from_args,
     section_assignments,
 )
+from flatlm.core.devices import resolve_device
+from flatlm.core.safe_io import check_output_dir
+from flatlm.models.presets import ModelSpec, describe
+from flatlm.sources import SourceSpec, load
 from flatlm.train.config import TrainConfig
+from flatlm.train.data import corpus_source_spec
 
 DIVERGED_EXIT = 3  # exit status of a run stopped by flatlm.train.loop.Diverged
 WRITE_FAILED_EXIT = 5  # a checkpoint could not be written (disk full); earlier ones intact
@@ -61,7 +68,10 @@ def register(subparsers) -> None:
 
 def config_from_args(args) -> TrainConfig:
     """The ``TrainConfig`` the options describe (raises ValueError naming a bad field)."""
-    overrides = {**section_assignments(args.overrides, "train"), **overrides_from_args(args)}
+    given = section_assignments(args.overrides, "train")
+    flags = overrides_from_args(args)
+    _check_no_conflict(given, flags)
+    overrides = {**given, **flags}
     if "checkpoint_steps" not in overrides:  # default: a checkpoint at the last step only
         steps = apply_overrides(TrainConfig(), {k: v for k, v in overrides.items()
                                                 if k == "steps"}).steps
@@ -69,10 +79,18 @@ def config_from_args(args) -> TrainConfig:
     return apply_overrides(TrainConfig(), overrides)
 
 
+def _check_no_conflict(given: dict, flags: dict) -> None:
+    """``--set train.lr=0.5 --lr 0.001`` names one field twice: an error, not a silent pick."""
+    both = sorted(k for k in set(given) & set(flags) if str(given[k]) != str(flags[k]))
+    if both:
+        key = both[0]
+        flag = "--" + key.replace(".", "-").replace("_", "-")
+        raise ValueError(f"--set train.{key}={given[key]} and {flag} {flags[key]} set the same "
+                         f"field train.{key} to different values; give one of them")
+
+
 def run(args) -> int:
     cfg = config_from_args(args)  # before anything slow: a bad field fails at once
-    from flatlm.models.presets import ModelSpec, describe
-    from flatlm.sources import SourceSpec, load
 
     model = ModelSpec(args.model)
     if args.source is None and cfg.data == "fresh":
@@ -80,15 +98,15 @@ def run(args) -> int:
     if args.source is not None:
         spec = SourceSpec(args.source)
     else:
-        from flatlm.train.data import corpus_source_spec
 
         spec = SourceSpec(corpus_source_spec(cfg.data))
 
-    from flatlm.core.devices import resolve_device
     from flatlm.train.loop import CheckpointWriteError, Diverged, train
 
     source = load(spec)
     device = resolve_device(args.device)  # no global TF32: fp32 stays fp32, as in the sweeps
+
+    args.out = check_output_dir(args.out)  # a link, a file or an unwritable place: a message
     print(f"{describe(model.config, source.V, source.max_length)}; {cfg.algorithm} for "
           f"{cfg.steps} steps on {device}")
     try:

@@ -17,6 +17,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from flatlm.core.config import apply_overrides, parse_assignments
+from flatlm.core.devices import resolve_device
+from flatlm.core.safe_io import check_output_dir
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("trial", help="run one trial: train + measure (no Ray)",
@@ -39,7 +43,6 @@ def register(subparsers) -> None:
 
 def trial_config(args):
     """The trial the options describe, checked (a ValueError names a bad field)."""
-    from flatlm.core.config import apply_overrides, parse_assignments
     from flatlm.experiments.paper import base_of
     from flatlm.runs.trial import validate_trial
 
@@ -50,11 +53,11 @@ def trial_config(args):
 
 
 def run(args) -> int:
-    from flatlm.core.devices import resolve_device
     from flatlm.runs.trial import printer, run_trial
 
     cfg = trial_config(args)
     device = resolve_device(args.device)
+    args.out = check_output_dir(args.out)  # a link, a file or an unwritable place: a message
     print(f"trial {cfg.model} on {cfg.source} ({args.scale} scale, {args.protocol}) -> "
           f"{args.out}", flush=True)
     run_trial(cfg, args.out, printer, device=device, progress=not args.no_progress)

@@ -20,7 +20,7 @@ def trial_name(point: dict) -> str:
     """The one naming rule of a trial (its directory, MLflow run and console lines): what it
     varies, joined by ``_``; a model, algorithm or source by its value, anything else by the key's
     last part and the value (``d32-h2-l1-i128_seed2_lr0.000316``). A Ray sweep appends its trial
-    id (``sweeps.driver.trial_label``)."""
+    id (``sweeps.console.trial_label``)."""
     return "_".join(_name_piece(key, value) for key, value in point.items())
 
 

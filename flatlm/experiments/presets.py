@@ -43,8 +43,8 @@ def source_overrides(sc: Scale, source: str | None) -> dict:
         return {}
     kind = source_kind(source)
     out: dict = {"source": source}
-    if kind != "pcfg":  # paper-code's inside-probability labels are a PCFG's: the source's own
-        out["measure.label_rule"] = None
+    if kind != "pcfg":  # the protocols' label rules and spans are a PCFG's: the source's own
+        out.update({"measure.label_rule": None, "measure.spans": None})
     if kind == "hmm":
         out.update({"model": sc.lstms[-1], "measure.tasks": hmm_tasks(load(source).max_length)})
     elif kind == "dyck":

@@ -4,45 +4,95 @@ A protocol name is a base (``paper`` or ``paper-code``) followed by switches joi
 ``paper+inside-labels`` is the paper's text with the released code's label rule. Each switch is
 one protocol difference the diagnosis (issue: what decides the verdicts) turns on alone.
 
+Every protocol starts from ``PAPER``, the paper's text as trial config overrides, the one place
+that says what ``paper`` is (the sweeps' ``--preset paper`` / ``--preset tiny`` and ``flatlm
+replicate --protocol paper`` all build from it); ``paper-code`` adds every released switch. A
+scale (``flatlm.experiments.scales``) sets sizes, lengths and the peak lr, not how the protocol
+labels, masks, schedules or probes.
+
 >>> protocol_overrides("paper+mask-only")["train.mask_replace"]
 [1.0, 0.0, 0.0]
+>>> protocol_overrides("paper")["measure.label_rule"], protocol_overrides("paper-code")[
+...     "measure.spans"]
+('span', 'released')
 >>> model_for("d32-h2-l1-i128", "paper-code")
 'd32-h2-l1-i128-pre'
 """
 
 from __future__ import annotations
 
+from flatlm.measure.curvature import B1_LABELS_PER_INPUT
 from flatlm.measure.probe import RELEASED
 from flatlm.models.presets import PRE_LN_SUFFIX
 
-# The switches, each the released code's choice (or the flatlm-era default it replaced) for one
-# part of the protocol. "pre-ln" changes the model (``model_for``), "deep-grammar" the source
-# (``flatlm.experiments.scales``); the others are trial config overrides.
+# The released run's warmup (its README: --lr_schedule step --warmup_proportion 0.13333
+# --max_steps 25000; schedules.py's StepScheduler warms up over max_steps * warmup_proportion,
+# and --num_warmup_steps 3333 is read only by "constant_step"), then --curve linear decay to 0.
+RELEASED_WARMUP_PROPORTION = 0.13333
+
+# The paper's text, under every protocol (a switch may replace a key):
+PAPER: dict = {
+    # Section 2 (footnote 1): one masked token per sentence; 15% only on real text (A.2, which
+    # presets.source_overrides sets for a text source)
+    "train.mask": "one",
+    # A.5: a constant rate after warmup, "to compare checkpoints at different number of steps"
+    "train.schedule": "constant",
+    # A.1: y = argmax_s Pr(s | x_1..x_{1+L}), tasks A, B, C on the symbols of span L = 32, 16, 8
+    # of a depth-6 grammar: parse depths 1, 2, 3 (flatlm.sources.pcfg, spans "depth")
+    "measure.label_rule": "span", "measure.spans": "depth",
+    # A.6: AdamW lr 1e-3 for 100 epochs, 5 seeds; the text gives no batch size: the released
+    # run_lp.py's (--per_device_train_batch_size 512)
+    "measure.probe.lr": 1e-3, "measure.probe.epochs": 100, "measure.probe.seeds": 5,
+    "measure.probe.batch_size": RELEASED["batch_size"],
+}
+
+# The switches, each the released code's choice for one part of the protocol. "pre-ln" changes
+# the model (``model_for``), "deep-grammar" the source (``flatlm.experiments.scales``); the others
+# are trial config overrides.
 SWITCHES: dict[str, tuple[str, dict]] = {
-    "released-masking": ("15% of the words masked, at most 5 per sentence (BERT's 80/10/10)",
-                         {"train.mask": 0.15, "train.max_predictions": 5}),
+    "released-masking": ("15% masking: exactly max(1, round(0.15 (L + 2))) words per sentence, at "
+                         "most 5, BERT's 80/10/10 (released create_pretraining_data.py)",
+                         {"train.mask": 0.15, "train.mask_count": "fixed",
+                          "train.max_predictions": 5}),
     "mask-only": ("every masked word written as [MASK] (no 10% random / 10% kept)",
                   {"train.mask_replace": [1.0, 0.0, 0.0]}),
-    "inside-labels": ("labels: argmax of the inside probability of the span (released code)",
-                      {"measure.label_rule": "inside"}),
+    "inside-labels": ("labels: argmax of the inside probability of the span, no prior (released "
+                      "labeling())", {"measure.label_rule": "inside"}),
+    "released-spans": ("spans: B over the first 4 words, C over the first 2 (released "
+                       "labeling())", {"measure.spans": "released"}),
     "pre-ln": ("pre-LN encoder (academic-budget-bert --encoder_ln_mode pre-ln)", {}),
-    "linear-schedule": ("lr 5e-4, warmup 20% of the steps, linear decay to 0 (released code)",
-                        {"train.lr": 5e-4, "train.schedule": "linear",
-                         "train.warmup_steps": None, "train.warmup_proportion": 0.2}),
-    "released-probe": ("probe: batch 512, 50 epochs, linear decay, raw features (released code)",
-                       {**{f"measure.probe.{k}": v for k, v in RELEASED.items()},
-                        "measure.probe.standardize": False}),
+    "linear-schedule": ("warmup over 13.3% of the steps, then linear decay to 0, at the scale's "
+                        "lr (the released run's --lr_schedule step --curve linear)",
+                        {"train.schedule": "linear", "train.warmup_steps": None,
+                         "train.warmup_proportion": RELEASED_WARMUP_PROPORTION}),
+    "released-probe": ("probe as run_lp.py runs it: batch 512, 50 epochs, linear decay, no "
+                       "clipping, raw states of positions 1..T (padding too), dropout 0.1 on "
+                       "them, the encoder in train mode, a N(0, 0.02) head",
+                       {f"measure.probe.{k}": v for k, v in RELEASED.items()}),
     "deep-grammar": ("a deeper grammar: the scale's deep source (paper-like at GPU scale)", {}),
 }
 
 # The released code's protocol = every switch but the ones that are not its choices.
 BASES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "paper": ("the paper's text (A.1, A.4, A.5): post-LN, one masked word per sentence, AdamW "
-              "at a constant lr after warmup, posterior labels, standardised probe", ()),
-    "paper-code": ("the released code: pre-LN, 15% masking (max 5), lr 5e-4 with 20% warmup "
-                   "and linear decay, inside-probability labels, batch-512 probe for 50 epochs",
-                   ("released-masking", "inside-labels", "pre-ln", "linear-schedule",
-                    "released-probe")),
+    "paper": ("the paper's text (A.1, A.5, A.6, B.1): post-LN, one masked word per sentence, "
+              "AdamW at a constant lr after warmup, span labels by parse depth, standardised "
+              "probe (100 epochs, 5 seeds), Tr(F) from 50 sampled labels per input", ()),
+    "paper-code": ("the released code: pre-LN, exactly max(1, round(0.15 (L + 2))) masked words "
+                   "(at most 5), 13.3% warmup and linear decay at the scale's lr, inside labels "
+                   "over 4 (B) / 2 (C) words, batch-512 probe for 50 epochs",
+                   ("released-masking", "inside-labels", "released-spans", "pre-ln",
+                    "linear-schedule", "released-probe")),
+}
+
+
+# What a base sets besides its switches, where the library default is not its text's choice.
+# B.1: Tr(F) from 50 labels sampled per input (the library's default is 8: the same expectation,
+# a larger variance per input, 6x fewer backward passes). The released code has no sampled-label
+# estimator (it runs Hutchinson on the one-hot loss: flat/trace_hessian_data), so paper-code
+# keeps the library's.
+BASE_SETTINGS: dict[str, dict] = {
+    "paper": {"measure.flatness.labels_per_input": B1_LABELS_PER_INPUT},
+    "paper-code": {},
 }
 
 
@@ -64,8 +114,10 @@ def switches_of(name: str) -> tuple[str, ...]:
 
 
 def protocol_overrides(name: str) -> dict:
-    """The trial config overrides of protocol ``name`` (its switches', in order)."""
-    out: dict = {}
+    """The trial config overrides of protocol ``name``: ``PAPER``'s, then its base's
+    (``BASE_SETTINGS``), then its switches', in order."""
+    base, _ = parse_protocol(name)
+    out: dict = {**PAPER, **BASE_SETTINGS[base]}
     for switch in switches_of(name):
         out.update(SWITCHES[switch][1])
     return out

@@ -21,7 +21,11 @@ Flatness (see ``measure.flatness``):
     flat/hessian_fisher_gap   flat/trace_hessian - flat/trace_fisher
     flat/<quantity>_grown     the same of the model grown into one common shape (``measure.grown``,
                         ``MeasureConfig.grow_to``), so that models of different sizes are compared
-                        in one parameterisation (paper Fig. 5, B.3-B.4)
+                        in one parameterisation (paper Fig. 5, B.3-B.4), by the construction
+                        ``measure.growth_construction`` (default "paper", B.4.2; in the trial's
+                        config.json)
+    flat/<quantity>_grown_<construction>   the same by each construction of
+                        ``measure.growth_compare`` ("-" written "_": ``_grown_head_norm``)
 Curvature beyond the trace (``measure.spectrum``, ``measure.blocks``, ``measure.sharpness``), of
 the population loss (labels = the true conditional) over the parameters flatness counts:
     flat/top_eig_hessian, flat/top_eig_fisher   lambda_max of H and of F over n masked inputs
@@ -55,7 +59,13 @@ the same held-out sentences, labelled as ``Source.sample_downstream`` labels the
                         all downstream sentences: a collapse of the representation shows here
   with <stat> one of PROBE_STATS: acc_mean, acc_std (over head seeds), acc_se (honest standard
   error: test-set sampling and the seed spread), train_acc, majority_acc (reference row: the
-  training split's most frequent class), n_train, n_test, num_classes.
+  training split's most frequent class), n_train, n_test, num_classes; with early stopping
+  (ProbeConfig.patience) also epochs, the mean over seeds of the epoch each head was kept from.
+    <stage>_ridge/<task>/<stat>   the closed-form ridge probe on the same features, split and
+                        standardisation (``measure.ridge``; ProbeConfig.ridge): probe_ridge,
+                        random_init_ridge, lookup_ridge; <stat> one of RIDGE_STATS: acc_mean (one
+                        deterministic fit), acc_se (binomial over test sentences), train_acc,
+                        alpha (the L2 penalty / n_train, by leave-one-out accuracy)
 """
 
 LOSS = "pretrain/loss"
@@ -97,15 +107,28 @@ def se_key(key: str) -> str:
     return f"{key.removesuffix('_mean')}_se"
 
 
-def grown_key(key: str) -> str:
+def grown_key(key: str, construction: str | None = None) -> str:
     """The key of a flatness metric measured in the grown shape: ``flat/trace_fisher`` ->
-    ``flat/trace_fisher_grown``."""
-    return f"{key}_grown"
+    ``flat/trace_fisher_grown``; with a ``construction`` (``measure.growth_compare``) its name
+    follows, "-" written "_".
+
+    >>> grown_key(TRACE_FISHER, "head-norm")
+    'flat/trace_fisher_grown_head_norm'
+    """
+    tail = "" if construction is None else "_" + construction.replace("-", "_")
+    return f"{key}_grown{tail}"
 
 
 PROBE_STATS = ("acc_mean", "acc_std", "acc_se", "train_acc", "majority_acc", "n_train", "n_test",
                "num_classes")
 PROBE_STAGES = ("probe", "random_init", "lookup")
+RIDGE_STATS = ("acc_mean", "acc_se", "train_acc", "alpha")
+EARLY_STOPPING_EPOCHS = "epochs"  # the probe statistic early stopping adds
+
+
+def ridge_stage(stage: str) -> str:
+    """The ridge probe's stage beside a probe's: ``probe`` -> ``probe_ridge``."""
+    return f"{stage}_ridge"
 
 
 def probe_key(task: str, stat: str = "acc_mean", stage: str = "probe") -> str:

@@ -4,13 +4,13 @@ A per-checkpoint run is ``(model, source, data, cfg, device, artifact_dir) -> me
 the trial's ``measure.run.EvalData``, ``cfg`` its ``MeasureConfig``); a run that several
 measurements share (fisher and hessian, the landscape's four) runs once and reads ``cfg.what`` for
 its parts. A once-per-trial reference is ``(source, data, cfg, device) -> metrics``, or None when
-there is nothing to measure. Each run records its own wall time (``timer``).
+there is nothing to measure. Each run records its own wall time (``measure.progress.timer``:
+``time/<name>_s``, advancing the progress bar when one is shown).
 """
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
+from dataclasses import replace
 
 from flatlm.measure import TRACE_FISHER, se_key
 from flatlm.measure.finetune import finetune_accuracy
@@ -21,13 +21,10 @@ from flatlm.measure.grown import grown_flatness
 from flatlm.measure.landscape import measure_landscape
 from flatlm.measure.lookup import lookup_features
 from flatlm.measure.loss import pretrain_loss
-from flatlm.measure.probe import (
-    downstream_classes,
-    encoder_probe_features,
-    linear_probe_accuracy,
-    participation_ratio,
-    probe_metrics,
-)
+from flatlm.measure.probe import encoder_probe_features, train_mode_features
+from flatlm.measure.probe_rows import probe_rows
+from flatlm.measure.progress import showing_progress, timer
+from flatlm.measure.reference_cache import reference_rows
 from flatlm.sources.base import Source
 
 
@@ -41,15 +38,21 @@ def run_loss(model, source, data, cfg, device, artifact_dir) -> dict[str, float]
 
 def run_flatness(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
     """fisher and hessian: one run, since Tr(H) comes with Tr(F) and their gap; with
-    ``cfg.grow_to`` the same again in the grown shape."""
+    ``cfg.grow_to`` the same again in the grown shape, by ``cfg.growth_construction`` and by
+    each of ``cfg.growth_compare`` (its name in the keys)."""
     what, out = set(cfg.what), {}
     with timer(out, "flatness"):
         out.update(_flatness(model, source, data, cfg, device, what))
-    if cfg.grow_to is not None:
-        with timer(out, "flatness_grown"):
+    if cfg.grow_to is None:
+        return out
+    hessian = "hessian" in what and source.has_truth
+    for construction in (cfg.growth_construction, *cfg.growth_compare):
+        compared = construction != cfg.growth_construction
+        timed = "flatness_grown" + ("_" + construction.replace("-", "_") if compared else "")
+        with timer(out, timed):
             out.update(grown_flatness(model, cfg.grow_to, source, data.tokens, data.lengths,
-                                      cfg.flatness, device,
-                                      hessian="hessian" in what and source.has_truth))
+                                      cfg.flatness, device, hessian=hessian,
+                                      construction=construction, key_construction=compared))
     return out
 
 
@@ -83,38 +86,47 @@ def run_probe(model, source, data, cfg, device, artifact_dir) -> dict[str, float
 
 
 def random_init_rows(source, data, cfg, device) -> dict[str, float] | None:
-    """The probe on the trial's shape randomly initialised (``EvalData.random_model``); None
-    when eval_data built no such model (it was given no model config)."""
+    """The probe on the trial's shape randomly initialised (``EvalData.random_model``), or the
+    sweep's cached rows of that shape (``measure.reference_cache``); None when eval_data built
+    no such model (it was given no model config)."""
     if data.random_model is None:
         return None
-    rows = _probes(data.random_model.to(device), source, data, cfg, "random_init", device)
+    rows = reference_rows(
+        data.cache_dir, data.key, "random_init", cfg.probe, device,
+        lambda: _probes(data.random_model.to(device), source, data, cfg, "random_init", device),
+        shape=data.shape)
     data.random_model = None  # measured: free its memory
     return rows
 
 
 def lookup_rows(source, data, cfg, device) -> dict[str, float]:
-    """The probe on the lookup table: the true conditionals of every position."""
-    features = lookup_features(source, data.downstream_tokens, data.downstream_lengths,
-                               device=device)
-    return _probe_tasks(features, source, data, cfg, "lookup")
+    """The probe on the lookup table: the true conditionals of every position (or the sweep's
+    cached rows, ``measure.reference_cache``). It has no encoder: ``probe.positions``,
+    ``zero_padding`` and ``encoder_train_mode`` do not apply (its features are the T word
+    positions, zero on padding); ``feature_dropout`` and the head's settings do."""
+    def measure() -> dict[str, float]:
+        features = lookup_features(source, data.downstream_tokens, data.downstream_lengths,
+                                   device=device)
+        no_encoder = replace(cfg.probe, encoder_train_mode=False)
+        return probe_rows(features, source, data.classes, no_encoder, "lookup",
+                          progress=showing_progress())
+
+    return reference_rows(data.cache_dir, data.key, "lookup", cfg.probe, device, measure)
 
 
 def _probes(model, source, data, cfg, stage: str, device) -> dict[str, float]:
     """Every task's probe on one forward pass over the downstream sentences, and the features'
-    effective rank (``<stage>/feature_rank``)."""
+    effective rank (``<stage>/feature_rank``); with ``probe.encoder_train_mode`` the heads train
+    on a train-mode forward pass every epoch (``probe.train_mode_features``)."""
+    probe_cfg = cfg.probe
     features = encoder_probe_features(model, data.downstream_tokens, data.downstream_lengths,
-                                      device=device, batch_size=cfg.probe.forward_batch_size)
-    return _probe_tasks(features, source, data, cfg, stage)
-
-
-def _probe_tasks(features, source, data, cfg, stage: str) -> dict[str, float]:
-    out = {f"{stage}/feature_rank": participation_ratio(features)}
-    for task, y in data.classes.items():
-        keep, classes, num_classes = downstream_classes(source, y, task)
-        result = linear_probe_accuracy(features[keep.to(features.device)], classes, num_classes,
-                                       cfg.probe)
-        out.update(probe_metrics(stage, task, result, num_classes))
-    return out
+                                      device=device, batch_size=probe_cfg.forward_batch_size,
+                                      positions=probe_cfg.positions,
+                                      zero_padding=probe_cfg.zero_padding)
+    draw = (train_mode_features(model, data.downstream_tokens, data.downstream_lengths,
+                                probe_cfg, device) if probe_cfg.encoder_train_mode else None)
+    return probe_rows(features, source, data.classes, probe_cfg, stage, draw=draw,
+                      progress=showing_progress())
 
 
 def run_finetune(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
@@ -147,10 +159,3 @@ def glue_tasks_of(source: Source, data) -> tuple[str, ...]:
     chosen = tuple(task for task in data.classes if task in source.glue_tasks)
     return chosen or source.glue_tasks
 
-
-@contextmanager
-def timer(out: dict, name: str):
-    """Records the wall time of the block as ``time/<name>_s``."""
-    start = time.perf_counter()
-    yield
-    out[f"time/{name}_s"] = time.perf_counter() - start

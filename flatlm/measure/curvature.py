@@ -27,6 +27,8 @@ from flatlm.core.tokens import encode, mask_positions, uniform_positions
 from flatlm.sources.base import as_tokens
 
 ESTIMATORS = ("probe", "sampled")
+# B.1: "we sample 10000 x_{-t} and sample 50 x_t for each x_{-t}" (labels per input)
+B1_LABELS_PER_INPUT = 50
 
 
 @dataclass(frozen=True, kw_only=True)

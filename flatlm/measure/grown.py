@@ -8,12 +8,22 @@ B.3 instead views every model as a point of one large architecture, the smallest
 them grows into (``lcm_shape``: Table 4's widths have least common multiple 1920), and compares
 the traces there.
 
+Which point of the large architecture a model becomes is the growth construction
+(``flatlm.models.constructions.CONSTRUCTIONS``; ``measure.growth_construction``, default "paper":
+B.4.2 and the released ``enlarge.py`` divide the input embeddings by m; "head-norm" divides the MLM
+head's LayerNorm instead). Both keep the function; the trace is not kept: the tiny scale's three
+models (1500 steps) grown to d64-h4-l2-i256 have Tr(F) 264 / 132 / 90 by the paper's and 44 / 48 /
+90 by "head-norm" (``bench/growth_constructions.py``): the largest is the flattest by one, the
+sharpest by the other. A Fig. 5 verdict depends on it: measure both (``measure.growth_compare``).
+
 ``grown_flatness`` grows a checkpoint's model into that shape and measures it with the estimators
 of ``measure.flatness`` on the same inputs and seeds, under the keys ``grown_key(key)``:
 ``flat/trace_fisher_grown`` and, with ``hessian=True``, ``flat/trace_hessian_grown`` and
-``flat/hessian_fisher_gap_grown`` (each with its ``_se``). The parameters the growth leaves free
-(query, key, value and MLP up-projection of added blocks) are drawn from ``seed``; they reach the
-traces through the zeroed output projections of added blocks, so fix ``seed`` across a sweep.
+``flat/hessian_fisher_gap_grown`` (each with its ``_se``); with ``key_construction`` the
+construction's name follows (``flat/trace_fisher_grown_head_norm``). Under "head-norm" the
+parameters the growth leaves free (query, key, value and MLP up-projection of added blocks) are
+drawn from ``seed``; they reach the traces through the zeroed output projections of added blocks,
+so fix ``seed`` across a sweep ("paper" sets them to zero).
 
 >>> from flatlm.models import TABLE4, shape_string
 >>> shape_string(lcm_shape(TABLE4))
@@ -32,13 +42,14 @@ from torch import nn
 from flatlm.measure import TRACE_FISHER, grown_key, se_key
 from flatlm.measure.curvature import FlatnessConfig
 from flatlm.models.architectures import architecture, can_grow, labels_where
+from flatlm.models.constructions import DEFAULT_CONSTRUCTION
 from flatlm.models.masked_lm import ln_mode_of
 from flatlm.models.presets import ModelConfig, parse_model
 from flatlm.sources.base import Source
 
 
 def lcm_shape(shapes: Iterable[str | ModelConfig]) -> ModelConfig:
-    """The smallest BERT shape every one of ``shapes`` grows into (``embed.grow``, Table 4):
+    """The smallest BERT shape every one of ``shapes`` grows into (``growth.grow``, Table 4):
     d_model and d_inter the least common multiples, n_layers the largest, and the common head
     size d_model / n_heads. A ValueError names the shape that does not fit."""
     cfgs = [parse_model(s) for s in shapes]
@@ -79,13 +90,15 @@ def _growers() -> str:
     return labels_where(can_grow)
 
 
-def grown_model(model: nn.Module, target: str | ModelConfig, *, seed: int = 0) -> nn.Module:
-    """``model`` grown into the shape ``target`` (a preset or shape string), dropout 0, with the
-    model's own LayerNorm placement (growth keeps it; a sweep may vary ``ln_mode`` with one
-    ``grow_to``). A ValueError names ``measure.grow_to`` when ``model`` cannot grow into it."""
+def grown_model(model: nn.Module, target: str | ModelConfig, *, seed: int = 0,
+                construction: str = DEFAULT_CONSTRUCTION) -> nn.Module:
+    """``model`` grown into the shape ``target`` (a preset or shape string) by ``construction``,
+    dropout 0, with the model's own LayerNorm placement (growth keeps it; a sweep may vary
+    ``ln_mode`` with one ``grow_to``). A ValueError names ``measure.grow_to`` when ``model``
+    cannot grow into it."""
     cfg = dataclasses.replace(check_grow_to(target), ln_mode=ln_mode_of(model))
     try:
-        return architecture(cfg).grow(model, cfg, seed=seed)
+        return architecture(cfg).grow(model, cfg, seed=seed, construction=construction)
     except ValueError as err:
         raise ValueError(f"measure.grow_to={target!r}: {err}. Use a shape every model of the "
                          "sweep grows into, e.g. shape_string(lcm_shape(shapes))") from err
@@ -102,21 +115,27 @@ def grown_flatness(
     *,
     hessian: bool = False,
     seed: int = 0,
+    construction: str = DEFAULT_CONSTRUCTION,
+    key_construction: bool = False,
 ) -> dict[str, float]:
-    """Tr(F) (and with ``hessian`` Tr(H) and the gap) of ``model`` grown into ``target``, on the
-    inputs and seeds ``measure_flatness`` would use, under ``grown_key`` keys."""
+    """Tr(F) (and with ``hessian`` Tr(H) and the gap) of ``model`` grown into ``target`` by
+    ``construction``, on the inputs and seeds ``measure_flatness`` would use, under ``grown_key``
+    keys (with ``key_construction``, the construction's name in them)."""
     from flatlm.measure.fisher import trace_fisher
     from flatlm.measure.flatness import measure_flatness
 
-    big = grown_model(model, target, seed=seed).eval()
+    big = grown_model(model, target, seed=seed, construction=construction).eval()
     if hessian:
         out = measure_flatness(big, source, tokens, lengths, cfg, device)
     else:
         fisher = trace_fisher(big, tokens, lengths, cfg, device=device)
         out = {TRACE_FISHER: fisher["mean"], se_key(TRACE_FISHER): fisher["se"]}
-    return {_grown(k): v for k, v in out.items()}
+    tag = construction if key_construction else None
+    return {_grown(k, tag): v for k, v in out.items()}
 
 
-def _grown(key: str) -> str:
+def _grown(key: str, construction: str | None) -> str:
     """``flat/trace_fisher_se`` -> ``flat/trace_fisher_grown_se``."""
-    return se_key(grown_key(key[:-3])) if key.endswith("_se") else grown_key(key)
+    if key.endswith("_se"):
+        return se_key(grown_key(key[:-3], construction))
+    return grown_key(key, construction)

@@ -7,17 +7,45 @@ input is not masked. Optionally a fixed Gaussian projection to ``project_dim`` (
 finds it changes nothing; the default is the plain probe, as reported there).
 
 Head: a linear layer trained with AdamW on features computed once: by default as the paper's text
-has it (lr 1e-3, 100 epochs, A.5), in minibatches of 64, weight decay 0.01, 50 warmup updates and
-gradient-norm clip 1.0 as in the released code, constant rate after warmup. ``RELEASED`` holds the
-released code's settings (batch 512, 50 epochs, linear ("polynomial", power 1) decay): they suit
-its 10^5 sentences; on a few thousand they leave a few hundred updates, most of them warmup, and
-the probe underfits (tests/measure/test_probe.py shows it on separable data). The
-features are standardised with the training split's mean and std (the released code does not; raw
-features let the lookup table's probabilities underfit and wide BERT states dominate). The heads
+has it (lr 1e-3, 100 epochs, A.5), in minibatches of 64, weight decay 0.01, 50 warmup updates,
+gradient-norm clip 1.0, constant rate after warmup. The features are standardised with the
+training split's mean and std (the released code does not; raw features let the lookup table's
+probabilities underfit and wide BERT states dominate).
+
+``RELEASED`` holds the released probe as ``budget_bert_pretraining/run_lp.py`` runs it (its
+README's command line; ``BertForSequenceClassificationL`` and ``BertPoolerC`` in
+``pretraining/modeling.py``), one setting per difference:
+
+- batch 512, 50 epochs, lr 1e-3, 50 warmup updates then "polynomial" (power 1) decay, AdamW with
+  torch's defaults (weight decay 0.01, on the bias too); they suit its 10^5 sentences: on a few
+  thousand they leave a few hundred updates, most of them warmup, and the probe underfits
+  (tests/measure/test_probe.py shows it on separable data);
+- no gradient clipping (``grad_clip=None``): its accelerate loop never clips, whatever
+  ``--max_grad_norm`` says;
+- raw features (``standardize=False``);
+- positions 1..T (``positions="1..T"``): ``BertPoolerC`` flattens ``hidden_states[:, 1:-1]`` of
+  the padded input: no [CLS], no last position; the [SEP] and padding states are included as the
+  encoder computes them (``zero_padding=False``);
+- dropout 0.1 on the features while the head trains (``feature_dropout=0.1``), off at evaluation;
+- the encoder in train mode while the head trains (``encoder_train_mode=True``): ``model.train()``
+  turns the frozen encoder's own dropout on, so every epoch sees other features (recomputed every
+  epoch, ``measure.probe_batched``); evaluation in eval mode;
+- the head initialised N(0, 0.02) with zero bias (``head_init_std=0.02``, BERT's
+  ``_init_weights``), not ``nn.Linear``'s uniform.
+
+Not modelled (each moves one update of a few thousand): transformers' polynomial schedule decays to
+1e-7, not 0, and its warmup runs one update behind (update u at u / 50 of the peak, the first at 0).
+
+The heads
 of all ``seeds`` are trained at once as one batched linear layer [S, D, C]: seed s has its own
-initialisation (``nn.Linear``'s uniform(-1/sqrt(D), 1/sqrt(D))) and its own minibatch order, the
-summed loss gives each head only its own gradient, clipping is per head, and AdamW acts
-elementwise, so each head is the one it would be if trained alone (tests/measure/test_probe.py).
+initialisation (``nn.Linear``'s uniform(-1/sqrt(D), 1/sqrt(D)), or N(0, ``head_init_std``)),
+its own minibatch order and feature-dropout masks, the summed loss gives each head only its own
+gradient, clipping is per head, and AdamW acts elementwise, so each head is the one it would be if
+trained alone (tests/measure/test_probe.py).
+``measure.probe_batched`` goes further and trains every task (and feature set) of a checkpoint as
+one problem, the same heads up to rounding; it is what ``measure.run`` uses unless
+``ProbeConfig.batched`` is off. It also offers early stopping (``ProbeConfig.patience``, off by
+default: the paper's fixed epochs).
 
 Reported with every accuracy (``linear_probe_accuracy``; keys in ``flatlm.measure``):
 
@@ -48,12 +76,17 @@ from flatlm.core.schedules import SCHEDULES, learning_rate
 from flatlm.core.seeds import derive_seed
 from flatlm.core.tokens import encode
 from flatlm.measure import probe_key
-from flatlm.models.masked_lm import sentence_features
+from flatlm.models.masked_lm import encoder_features, sentence_features
 from flatlm.sources.base import PAD, Source, as_tokens
 
+# The released code's probe as ProbeConfig overrides (module docstring; the README's run_lp.py
+# command: --per_device_train_batch_size 512 --learning_rate 1e-3 --num_train_epochs 50
+# --lr_scheduler_type polynomial --warmup_steps 50; run_lp.py and pretraining/modeling.py).
 RELEASED = {"batch_size": 512, "epochs": 50, "lr": 1e-3, "weight_decay": 0.01,
-            "schedule": "linear", "warmup_steps": 50, "grad_clip": 1.0, "standardize": False}
-# the released code's probe settings (pcfg/generate_downstream.py), as ProbeConfig overrides
+            "schedule": "linear", "warmup_steps": 50, "grad_clip": None, "standardize": False,
+            "positions": "1..T", "zero_padding": False, "feature_dropout": 0.1,
+            "encoder_train_mode": True, "head_init_std": 0.02}
+POSITIONS = ("all", "1..T")  # ProbeConfig.positions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +106,26 @@ class ProbeConfig:
     test_fraction: float = 0.2  # share of the (labelled) sentences held out for accuracy; (0, 1)
     standardize: bool = True  # z-score each feature with training-split statistics
     forward_batch_size: int = 256  # sentences per forward pass when computing model features
+    # train every task (and feature set) of a checkpoint as one batched problem
+    # (measure.probe_batched; the same heads up to rounding); False: task by task (train_heads)
+    batched: bool = True
+    # early stopping (needs batched): epochs without a better held-out accuracy before a head
+    # stops, keeping its best epoch's weights; None = the fixed epochs (paper, paper-code)
+    patience: int | None = None
+    val_fraction: float = 0.1  # share of the training split held out by early stopping; (0, 1)
+    # also the closed-form ridge probe beside each probe (measure.ridge; <stage>_ridge/* keys)
+    ridge: bool = True
+    # which final-layer states are concatenated: "all" = [CLS] x_1..x_T [SEP]/padding, (T+2) d
+    # (the paper: "all the tokens"); "1..T" = positions 1..T, T d (released: [:, 1:-1])
+    positions: str = "all"
+    zero_padding: bool = True  # padded positions' states set to 0; False: as computed (released)
+    feature_dropout: float = 0.0  # dropout on the features while training the head (released 0.1)
+    # the encoder in train mode (its dropout on) while the head trains, features recomputed every
+    # epoch (released: True); evaluation always in eval mode. Needs batched=true
+    encoder_train_mode: bool = False
+    # head initialisation: None = nn.Linear's uniform(+-1/sqrt(D)); a std = N(0, std) weights
+    # and zero bias (released: 0.02, BERT's initializer_range)
+    head_init_std: float | None = None
 
     def __post_init__(self):
         if self.epochs < 1 or self.seeds < 1 or self.forward_batch_size < 1:
@@ -89,6 +142,24 @@ class ProbeConfig:
             raise ValueError(f"probe.warmup_steps={self.warmup_steps}: use an int >= 0")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ValueError(f"probe.grad_clip={self.grad_clip}: use None or a value > 0")
+        if self.patience is not None and (self.patience < 1 or not self.batched):
+            raise ValueError(f"probe.patience={self.patience}: use None, or an int >= 1 with "
+                             "probe.batched=true")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"probe.val_fraction={self.val_fraction}: use a value in (0, 1)")
+        self._check_released_settings()
+
+    def _check_released_settings(self) -> None:
+        if self.positions not in POSITIONS:
+            raise ValueError(f"probe.positions={self.positions!r}: use one of {POSITIONS}")
+        if not 0.0 <= self.feature_dropout < 1.0:
+            raise ValueError(f"probe.feature_dropout={self.feature_dropout}: use a probability "
+                             "in [0, 1)")
+        if self.encoder_train_mode and not self.batched:
+            raise ValueError("probe.encoder_train_mode=true needs probe.batched=true (the "
+                             "per-task reference probe reads fixed features)")
+        if self.head_init_std is not None and not self.head_init_std > 0:
+            raise ValueError(f"probe.head_init_std={self.head_init_std}: use None or a value > 0")
 
 
 def split_indices(n: int, test_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,12 +192,35 @@ def downstream_classes(
     return keep, classes, num_classes
 
 
-def _heads(D: int, C: int, gens: list[torch.Generator], device, dtype):
-    """Per-seed ``nn.Linear(D, C)`` initialisations stacked: W (S, D, C), b (S, C)."""
-    bound = 1.0 / math.sqrt(D)
-    W = torch.stack([(torch.rand(D, C, generator=g) * 2 - 1) * bound for g in gens])
-    b = torch.stack([(torch.rand(C, generator=g) * 2 - 1) * bound for g in gens])
+def initial_heads(D: int, C: int, gens: list[torch.Generator], device, dtype,
+                  std: float | None = None):
+    """Per-seed head initialisations stacked: W (S, D, C), b (S, C); ``nn.Linear(D, C)``'s
+    uniform(+-1/sqrt(D)) for W and b, or with ``std`` N(0, std^2) weights and zero bias (BERT's
+    ``_init_weights``, the released probe's head)."""
+    if std is not None:
+        W = torch.stack([torch.randn(D, C, generator=g) * std for g in gens])
+        b = torch.zeros(len(gens), C)
+    else:
+        bound = 1.0 / math.sqrt(D)
+        W = torch.stack([(torch.rand(D, C, generator=g) * 2 - 1) * bound for g in gens])
+        b = torch.stack([(torch.rand(C, generator=g) * 2 - 1) * bound for g in gens])
     return (nn.Parameter(W.to(device, dtype)), nn.Parameter(b.to(device, dtype)))
+
+
+def feature_dropout(cfg: ProbeConfig, device) -> torch.Generator | None:
+    """The generator of the feature-dropout masks (``cfg.feature_dropout``), or None when off.
+    Seeded by ``cfg.seed`` alone: the per-task and the batched probe draw the same masks."""
+    if cfg.feature_dropout == 0:
+        return None
+    return torch.Generator(device=device).manual_seed(derive_seed(cfg.seed, "feature-dropout"))
+
+
+def dropout_multipliers(gen: torch.Generator, shape: tuple[int, ...], p: float, device,
+                        dtype) -> torch.Tensor:
+    """``nn.Dropout(p)``'s multipliers for one update's features (S, B, D): 0 with probability p,
+    else 1 / (1 - p); each head s its own."""
+    keep = torch.rand(shape, generator=gen, device=device) >= p
+    return keep.to(dtype) / (1.0 - p)
 
 
 def train_heads(
@@ -135,7 +229,8 @@ def train_heads(
     """Linear heads trained on ``x`` (N, D), ``y`` (N,), one per seed: W (S, D, C), b (S, C)."""
     N, D = x.shape
     gens = [torch.Generator().manual_seed(s) for s in seeds]
-    W, b = _heads(D, num_classes, gens, x.device, x.dtype)
+    W, b = initial_heads(D, num_classes, gens, x.device, x.dtype, cfg.head_init_std)
+    drop = feature_dropout(cfg, x.device)
     opt = torch.optim.AdamW([W, b], lr=cfg.lr, weight_decay=cfg.weight_decay)
     bs = N if cfg.batch_size is None else min(cfg.batch_size, N)
     total = cfg.epochs * math.ceil(N / bs)
@@ -149,12 +244,17 @@ def train_heads(
                 perms = torch.stack([torch.randperm(N, generator=g) for g in gens]).to(x.device)
                 batches = [perms[:, i : i + bs] for i in range(0, N, bs)]  # each (S, B)
             for idx in batches:
-                if idx is None:
+                if idx is None and drop is None:
                     logits = torch.einsum("nd,sdc->snc", x, W) + b[:, None]  # (S, N, C)
                     targets, size = y.repeat(len(seeds)), N
                 else:
-                    logits = torch.baddbmm(b[:, None], x[idx], W)  # (S, B, C)
-                    targets, size = y[idx].flatten(), idx.shape[1]
+                    xb = x[None].expand(len(seeds), N, D) if idx is None else x[idx]  # (S, B, D)
+                    if drop is not None:
+                        xb = xb * dropout_multipliers(drop, xb.shape, cfg.feature_dropout,
+                                                      x.device, x.dtype)
+                    logits = torch.baddbmm(b[:, None], xb, W)  # (S, B, C)
+                    targets = (y.repeat(len(seeds)) if idx is None else y[idx].flatten())
+                    size = xb.shape[1]
                 # sum over heads of each head's mean loss: head s gets only its own gradient
                 loss = loss_fn(logits.flatten(0, 1), targets) / size
                 opt.zero_grad(set_to_none=True)
@@ -194,7 +294,8 @@ def linear_probe_accuracy(
     ``n_train``, ``n_test`` and the per-seed ``accs`` (module docstring).
 
     Runs on the features' device. The split comes from ``cfg.seed``, head s from seed
-    derive_seed(cfg.seed, "head", s).
+    derive_seed(cfg.seed, "head", s). One task at a time: ``measure.probe_batched`` trains every
+    task (and feature set) of a checkpoint as one problem, the same heads up to rounding.
     """
     x = features.float() if not features.is_floating_point() else features
     y = torch.as_tensor(labels, dtype=torch.int64).to(x.device)
@@ -205,25 +306,59 @@ def linear_probe_accuracy(
         raise ValueError(f"labels must be class indices in 0..{num_classes - 1}")
     train, test = split_indices(len(y), cfg.test_fraction, cfg.seed)
     train, test = train.to(x.device), test.to(x.device)
-    if cfg.project_dim is not None:
-        x = x @ _projection(x.shape[1], cfg.project_dim, cfg.seed, x.device, x.dtype)  # (n, k)
-    if cfg.standardize:
-        mu, sd = x[train].mean(0), x[train].std(0)
-        x = (x - mu) / torch.where(sd > 0, sd, torch.ones_like(sd))
-    seeds = [derive_seed(cfg.seed, "head", s) for s in range(cfg.seeds)]
-    W, b = train_heads(x[train], y[train], num_classes, seeds, cfg)
+    x = prepared_features(x, train, cfg)
+    W, b = train_heads(x[train], y[train], num_classes, head_seeds(cfg), cfg)
     correct = {split: (torch.einsum("nd,sdc->snc", x[rows], W) + b[:, None]).argmax(-1)
                == y[rows] for split, rows in (("train", train), ("test", test))}  # (S, n)
-    accs = correct["test"].double().mean(1)  # (S,)
+    return probe_statistics(correct["train"], correct["test"], y[train], y[test], num_classes)
+
+
+def head_seeds(cfg: ProbeConfig) -> list[int]:
+    """The seed of each head: its initialisation and minibatch order."""
+    return [derive_seed(cfg.seed, "head", s) for s in range(cfg.seeds)]
+
+
+def prepared_features(x: torch.Tensor, train: torch.Tensor, cfg: ProbeConfig) -> torch.Tensor:
+    """``x`` [n, D] as the heads read it: projected (``cfg.project_dim``), then standardised
+    with the statistics of the ``train`` rows (``cfg.standardize``)."""
+    return feature_preparation(x, train, cfg)(x)
+
+
+def feature_preparation(x: torch.Tensor, train: torch.Tensor, cfg: ProbeConfig):
+    """The map ``prepared_features`` applies to ``x`` [n, D], fitted on its ``train`` rows:
+    it also prepares features drawn with the encoder in train mode (``encoder_train_mode``) as
+    the eval-mode features they stand for are prepared."""
+    P = (_projection(x.shape[1], cfg.project_dim, cfg.seed, x.device, x.dtype)
+         if cfg.project_dim is not None else None)
+    mu = sd = None
+    if cfg.standardize:
+        xt = x[train] if P is None else x[train] @ P
+        mu, sd = xt.mean(0), xt.std(0)
+        sd = torch.where(sd > 0, sd, torch.ones_like(sd))
+
+    def prepare(z: torch.Tensor) -> torch.Tensor:
+        if P is not None:
+            z = z @ P  # (n, k)
+        return z if mu is None else (z - mu) / sd
+
+    return prepare
+
+
+def probe_statistics(correct_train: torch.Tensor, correct_test: torch.Tensor,
+                     y_train: torch.Tensor, y_test: torch.Tensor, num_classes: int) -> dict:
+    """The reported statistics (module docstring) of heads whose predictions were right where
+    ``correct_train`` (S, n_train) and ``correct_test`` (S, n_test) are True."""
+    accs = correct_test.double().mean(1)  # (S,)
     std = float(accs.std()) if len(accs) > 1 else 0.0
-    per_sentence = correct["test"].double().mean(0)  # (n_test,): correct, averaged over seeds
-    se_test = float(per_sentence.std() / math.sqrt(len(test))) if len(test) > 1 else math.nan
-    majority = torch.bincount(y[train], minlength=num_classes).argmax()
+    n_test = correct_test.shape[1]
+    per_sentence = correct_test.double().mean(0)  # (n_test,): correct, averaged over seeds
+    se_test = float(per_sentence.std() / math.sqrt(n_test)) if n_test > 1 else math.nan
+    majority = torch.bincount(y_train, minlength=num_classes).argmax()
     return {"acc_mean": float(accs.mean()), "acc_std": std,
             "acc_se": math.sqrt(se_test**2 + std**2 / len(accs)),
-            "train_acc": float(correct["train"].double().mean()),
-            "majority_acc": float((y[test] == majority).double().mean()),
-            "n_train": len(train), "n_test": len(test), "accs": accs.tolist()}
+            "train_acc": float(correct_train.double().mean()),
+            "majority_acc": float((y_test == majority).double().mean()),
+            "n_train": len(y_train), "n_test": n_test, "accs": accs.tolist()}
 
 
 @torch.no_grad()
@@ -234,23 +369,74 @@ def encoder_probe_features(
     *,
     device: str | torch.device | None = None,
     batch_size: int = 256,
+    positions: str = "all",
+    zero_padding: bool = True,
+    train_mode: bool = False,
 ) -> torch.Tensor:
-    """Concatenated final-layer states of all input tokens, [n, (T+2) d] float32 on ``device``
-    (default: the model's, where it must already be): unmasked input, eval mode (put back after),
-    padded positions zero."""
+    """Concatenated final-layer states of the input tokens, float32 on ``device`` (default: the
+    model's, where it must already be), unmasked input: [n, (T+2) d] for ``positions="all"``
+    ([CLS] x_1..x_L [SEP] and padding), [n, T d] for ``"1..T"`` (the released probe's
+    ``hidden_states[:, 1:-1]``); padded positions zero unless ``zero_padding`` is off. Eval mode,
+    or with ``train_mode`` train mode (dropout on, drawn from torch's global generator); the
+    model's mode is put back after."""
     tokens, lengths = as_tokens(tokens, lengths)
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
-    model.eval()
+    model.train(train_mode)
     parts = []
     try:
         for i in range(0, len(tokens), batch_size):
             ids, mask = encode(tokens[i : i + batch_size].to(device),
                                lengths[i : i + batch_size].to(device))  # (B, T+2)
-            parts.append(sentence_features(model, ids, mask).float())  # (B, (T+2) d)
+            if positions == "all" and zero_padding:
+                parts.append(sentence_features(model, ids, mask).float())  # (B, (T+2) d)
+            else:
+                states = encoder_features(model, ids, mask)  # (B, T+2, d)
+                parts.append(probed_states(states, mask, positions, zero_padding).float())
     finally:
         model.train(was_training)
     return torch.cat(parts)
+
+
+def probed_states(states: torch.Tensor, attention_mask: torch.Tensor, positions: str,
+                  zero_padding: bool) -> torch.Tensor:
+    """The probe's features of final-layer ``states`` (n, T+2, d): (n, (T+2) d) for
+    ``positions="all"``, (n, T d) for ``"1..T"``; padded positions zero with ``zero_padding``.
+
+    >>> h = torch.arange(1.0, 5.0).view(1, 4, 1)  # [CLS] x_1 [SEP] [PAD]: T = 2
+    >>> probed_states(h, torch.tensor([[1, 1, 1, 0]]), "1..T", zero_padding=False).tolist()
+    [[2.0, 3.0]]
+    >>> probed_states(h, torch.tensor([[1, 1, 1, 0]]), "all", zero_padding=True).tolist()
+    [[1.0, 2.0, 3.0, 0.0]]
+    """
+    if positions not in POSITIONS:
+        raise ValueError(f"probe.positions={positions!r}: use one of {POSITIONS}")
+    if zero_padding:
+        states = states * attention_mask[..., None].to(states.dtype)
+    if positions == "1..T":
+        states = states[:, 1:-1]
+    return states.flatten(1)
+
+
+def train_mode_features(model: nn.Module, tokens: torch.Tensor, lengths: torch.Tensor,
+                        cfg: ProbeConfig, device: str | torch.device | None = None):
+    """``(rows, epoch) -> features``: ``encoder_probe_features`` of sentences ``rows`` with the
+    encoder in train mode (``cfg.encoder_train_mode``), its dropout drawn from a generator seeded
+    by ``cfg.seed`` and the epoch (torch's global generators are put back after)."""
+    tokens, lengths = as_tokens(tokens, lengths)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    cuda = [device.index or 0] if device.type == "cuda" else []
+
+    def draw(rows: torch.Tensor, epoch: int) -> torch.Tensor:
+        rows = rows.to(tokens.device)
+        with torch.random.fork_rng(devices=cuda):
+            torch.manual_seed(derive_seed(cfg.seed, "encoder-dropout", epoch))
+            return encoder_probe_features(
+                model, tokens[rows], lengths[rows], device=device,
+                batch_size=cfg.forward_batch_size, positions=cfg.positions,
+                zero_padding=cfg.zero_padding, train_mode=True)
+
+    return draw
 
 
 def probe(
@@ -264,12 +450,17 @@ def probe(
     device: str | torch.device | None = None,
 ) -> dict[str, float]:
     """``probe/<task>/acc_mean`` and ``probe/<task>/acc_std``: the linear probe on the model's
-    frozen features of the downstream sentences with their class ids (``sample_downstream``)."""
+    frozen features of the downstream sentences with their class ids (``sample_downstream``).
+    One task on fixed features: the encoder in train mode needs ``measure.probe_rows``."""
+    if cfg.encoder_train_mode:
+        raise ValueError("probe.encoder_train_mode=true: probe one task with "
+                         "measure.probe_rows.probe_rows(..., draw=train_mode_features(...))")
     keep, classes, num_classes = downstream_classes(source, classes, task)
     tokens, lengths = as_tokens(tokens, lengths)
     keep = keep.to(tokens.device)
     features = encoder_probe_features(model, tokens[keep], lengths[keep], device=device,
-                                      batch_size=cfg.forward_batch_size)
+                                      batch_size=cfg.forward_batch_size,
+                                      positions=cfg.positions, zero_padding=cfg.zero_padding)
     result = linear_probe_accuracy(features, classes, num_classes, cfg)
     return probe_metrics("probe", task, result, num_classes)
 

@@ -33,6 +33,7 @@ from flatlm.measure import (
     LOSS,
     LOSS_DATA,
     PROBE_STATS,
+    RIDGE_STATS,
     SLQ_NEGATIVE_TRACE,
     SLQ_TRACE_HESSIAN,
     TOP_EIG_FISHER,
@@ -42,6 +43,7 @@ from flatlm.measure import (
     finetune_keys,
     per_sentence_key,
     probe_key,
+    ridge_stage,
     se_key,
 )
 from flatlm.measure.builtin import (
@@ -167,8 +169,12 @@ def _with_se(*keys: str) -> tuple[str, ...]:
 
 
 def _probe_rows(stage: str) -> KeysOfTasks:
-    return lambda tasks: (f"{stage}/feature_rank",
-                          *(probe_key(task, stat, stage) for task in tasks for stat in PROBE_STATS))
+    """A probe stage's keys (``measure.probe_rows``): the features' rank, each task's probe and
+    its closed-form ridge twin (``<stage>_ridge/*``; given with ``probe.ridge``, the default)."""
+    return lambda tasks: (
+        f"{stage}/feature_rank",
+        *(probe_key(task, stat, stage) for task in tasks for stat in PROBE_STATS),
+        *(probe_key(task, stat, ridge_stage(stage)) for task in tasks for stat in RIDGE_STATS))
 
 
 def _landscape(name: str, sections: tuple[str, ...], keys=None) -> Measurement:

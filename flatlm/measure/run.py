@@ -5,7 +5,8 @@ downstream sentences for the probes) are drawn once per trial by ``eval_data``, 
 checkpoint of a run is measured on the same sentences and differences between checkpoints are not
 sampling noise. Every probe result comes with its reference rows (``flatlm.measure``): the majority
 class (in the probe's own result), the lookup table and the same probe on a randomly initialised
-model of the trial's shape; the last two do not change during a trial: computed once and cached.
+model of the trial's shape; the last two do not change during a trial: computed once and cached,
+and with a cache directory once for every trial of a sweep (``measure.reference_cache``).
 Which measurements there are, and what each needs and gives, is ``measure.registry``.
 """
 
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -23,13 +25,17 @@ from flatlm.core.seeds import derive_seed
 from flatlm.measure.curvature import FlatnessConfig
 from flatlm.measure.eval_cache import cache_key, cached_tensors
 from flatlm.measure.finetune import FinetuneConfig
+from flatlm.measure.grown import check_grow_to
 from flatlm.measure.loss import LossConfig
 from flatlm.measure.probe import ProbeConfig
+from flatlm.measure.progress import progress_bar, record, timer
 from flatlm.measure.registry import Measurement, measurement_names, requested
 from flatlm.measure.sharpness import SharpnessConfig
 from flatlm.measure.spectrum import SpectrumConfig
 from flatlm.models.bert import build_model
+from flatlm.models.constructions import check_construction
 from flatlm.sources.base import Source
+from flatlm.sources.pcfg import SPAN_RULES
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +59,12 @@ class MeasureConfig:
     # test sentences, s.e. of an accuracy ~1 point (bench/protocol_cpu.py); the paper 10^5
     n_downstream: int = 8000
     tasks: tuple[str, ...] = ()  # downstream tasks; () = all of the source's
-    label_rule: str | None = None  # downstream label rule; None = the source's default
+    label_rule: str | None = None  # downstream label rule; None = the source's default (a
+    #   PCFG's: posterior, span or inside, flatlm.sources.pcfg)
+    spans: str | None = None  # a PCFG's task spans (flatlm.sources.pcfg): "depth" (the paper's
+    #   text, A.1: tasks A, B, C the symbols at parse depth 1, 2, 3, over the whole sentence and
+    #   its first T/2 and T/4 words, T its longest: L = 32/16/8 on the paper's grammar),
+    #   "released" (B = 4, C = 2 words: the released labeling()); None = the source spec's own
     seed: int = 0  # draws the evaluation data; the estimators have their own seeds
     loss: LossConfig = field(default_factory=LossConfig)
     flatness: FlatnessConfig = field(default_factory=lambda: FlatnessConfig(n_inputs=None))
@@ -64,6 +75,13 @@ class MeasureConfig:
     # also measure flatness in this BERT shape (flat/*_grown; ``measure.grown``): the common shape
     # of a sweep over sizes, shape_string(lcm_shape(models)); None = native shape only
     grow_to: str | None = None
+    # how a model grows into grow_to (flatlm.models.constructions.CONSTRUCTIONS): "paper" (B.4.2 and
+    # the released enlarge.py: input embeddings / m) or "head-norm" (flatlm's earlier: the MLM
+    # head's LayerNorm / m). Same function, different Tr(F): the flat/*_grown keys are this one's
+    growth_construction: str = "paper"
+    # further constructions measured too, under flat/*_grown_<construction> ("-" as "_"), so that
+    # one trial shows Fig. 5 under each; () = none
+    growth_compare: tuple[str, ...] = ()
 
     def __post_init__(self):
         known = measurement_names()
@@ -75,10 +93,26 @@ class MeasureConfig:
             raise ValueError(f"measure.n_eval={self.n_eval}: use at least 2 sentences")
         if self.n_downstream < 10:
             raise ValueError(f"measure.n_downstream={self.n_downstream}: use at least 10")
+        if self.spans is not None and self.spans not in SPAN_RULES:
+            raise ValueError(f"measure.spans={self.spans!r}: use one of {', '.join(SPAN_RULES)}, "
+                             "or None for the source's own")
         if self.grow_to is not None:
-            from flatlm.measure.grown import check_grow_to
 
             check_grow_to(self.grow_to)
+        self._check_growth_constructions()
+
+    def _check_growth_constructions(self) -> None:
+        check_construction(self.growth_construction, "measure.growth_construction")
+        for name in self.growth_compare:
+            check_construction(name, "measure.growth_compare")
+        if self.growth_construction in self.growth_compare or \
+                len(set(self.growth_compare)) < len(self.growth_compare):
+            raise ValueError(f"measure.growth_compare={list(self.growth_compare)}: name each "
+                             "construction once, and not measure.growth_construction="
+                             f"{self.growth_construction!r} (its keys are flat/*_grown)")
+        if self.growth_compare and self.grow_to is None:
+            raise ValueError(f"measure.growth_compare={list(self.growth_compare)} needs "
+                             "measure.grow_to (the shape to grow into)")
 
 
 @dataclass
@@ -93,6 +127,9 @@ class EvalData:
     random_model: nn.Module | None = None  # the trial's shape, randomly initialised
     reference: dict = field(default_factory=dict)  # cached reference metrics (once per trial)
     seconds: float | None = None  # eval_data's wall time, reported at the first checkpoint
+    cache_dir: Path | None = None  # where the reference rows are shared (measure.reference_cache)
+    key: str = ""  # the evaluation data's cache key: part of the reference rows' keys
+    shape: dict | None = None  # the random-init model's ModelConfig, as a dict
 
 
 def downstream_of(source: Source, cfg: MeasureConfig) -> tuple[str, tuple[str, ...]]:
@@ -131,7 +168,9 @@ def eval_data(source: Source, cfg: MeasureConfig, model_cfg=None, *, device=None
                                    seed=derive_seed(cfg.seed, "random-features")).eval()
     classes = {task: t[f"class/{task}"] for task in tasks}
     return EvalData(t["tokens"], t["lengths"], t["downstream_tokens"], t["downstream_lengths"],
-                    classes, random_model, seconds=seconds)
+                    classes, random_model, seconds=seconds, key=key,
+                    cache_dir=Path(cache_dir) if cache_dir is not None else None,
+                    shape=asdict(model_cfg) if model_cfg is not None else None)
 
 
 def skipped_without_truth(source: Source, cfg: MeasureConfig) -> list[str]:
@@ -152,11 +191,28 @@ def _draw(source: Source, cfg: MeasureConfig, rule: str, tasks, device) -> dict:
 
 
 def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: MeasureConfig,
-                  device, *, artifact_dir=None) -> dict[str, float]:
-    """Every metric ``cfg.what`` asks for (keys as in ``flatlm.measure``), plus timings; files
-    (the spectral density) go to ``artifact_dir`` (the checkpoint's directory), if given. The
-    measurements run in the registry's order, a run shared by several once."""
+                  device, *, artifact_dir=None, progress: bool = False) -> dict[str, float]:
+    """Every metric ``cfg.what`` asks for (keys as in ``flatlm.measure``), plus timings
+    (``time/<measurement>_s``); files (the spectral density) go to ``artifact_dir`` (the
+    checkpoint's directory), if given. The measurements run in the registry's order, a run
+    shared by several once. ``progress``: a console bar naming the measurement under way."""
     chosen, out = requested(cfg.what, has_truth=source.has_truth), {}
+    runs = {}  # a run shared by several measurements runs once, under the first one's name
+    for m in chosen:
+        if m.run is not None:
+            runs.setdefault(m.run, m.name)
+    with progress_bar(progress):
+        model.eval()
+        for run, name in runs.items():
+            start = time.perf_counter()
+            metrics = run(model, source, data, cfg, device, artifact_dir)
+            out.update(metrics)
+            # the built-in runs time their parts (time/flatness_s, time/finetune_<task>_s);
+            # a registered one that does not is timed whole
+            if not any(key.startswith("time/") for key in metrics):
+                record(out, name, time.perf_counter() - start)
+        out.update(_references(source, data, cfg, device, chosen))
+    return out
     model.eval()
     for run in dict.fromkeys(m.run for m in chosen if m.run is not None):
         out.update(run(model, source, data, cfg, device, artifact_dir))
@@ -167,16 +223,18 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
 def _references(source, data: EvalData, cfg: MeasureConfig, device,
                 chosen: list[Measurement]) -> dict:
     """The reference rows (the lookup table's and the random model's probe results): measured
-    once per trial, on ``device``, and reported at every checkpoint; their time
-    (``time/lookup_s``, ``time/random_init_s``) at that checkpoint, and at the first one
-    ``time/eval_data_s``, drawing and labelling or reading the cache."""
+    once per trial, on ``device``, or read from the sweep's cache (``measure.reference_cache``),
+    and reported at every checkpoint; their time (``time/lookup_s``, ``time/random_init_s``) at
+    that checkpoint, and at the first one ``time/eval_data_s``, drawing and labelling or reading
+    the cache."""
     times = {} if data.seconds is None else {"time/eval_data_s": data.seconds}
     data.seconds = None
     for reference in (m.reference for m in chosen if m.reference is not None):
         if reference.name not in data.reference:
-            start = time.perf_counter()
-            rows = reference.run(source, data, cfg, device)
+            timed = {}
+            with timer(timed, reference.name):
+                rows = reference.run(source, data, cfg, device)
             if rows is not None:
                 data.reference[reference.name] = rows
-                times[f"time/{reference.name}_s"] = time.perf_counter() - start
+                times.update(timed)
     return {**{k: v for metrics in data.reference.values() for k, v in metrics.items()}, **times}

@@ -52,6 +52,8 @@ from typing import Any
 SIZES = ("d_model", "n_heads", "d_inter", "d_hidden")
 
 Hook = Callable | str  # a function, or "module:name" imported on its first call
+# The default parameter count: build the model and count (an architecture without a closed form)
+COUNT_BY_BUILDING = "flatlm.models.masked_lm:count_by_building"
 
 
 class _Lazy:
@@ -95,7 +97,7 @@ class Architecture:
     ln_modes: tuple[str, ...] = ("post",)  # the ModelConfig.ln_modes it has; the first is default
     check: Hook | None = None  # (cfg) -> None; a ValueError for what sizes alone do not rule out
     # (cfg, vocab_size, max_length) -> int without building (the default builds it and counts)
-    parameter_count: Hook = "flatlm.models.masked_lm:count_by_building"
+    parameter_count: Hook = COUNT_BY_BUILDING
     paper_parameter_count: Hook | None = None  # (cfg) -> int as the paper counts; None: it has none
     parts: Hook | None = None  # model -> (encoder(ids, mask), head(hidden)); None: .encode, .head
     layout: Hook | None = None  # model -> TokenLayout; None: model.layout
@@ -106,7 +108,9 @@ class Architecture:
     # (Tr(H), sharpness); None: word_logits itself
     second_order_logits: Hook | None = None
     fisher_method: str = "loop"  # Tr(F)'s per-example norms: a method of flatlm.measure.fisher
-    grow: Hook | None = None  # (model, target cfg, *, seed) -> same logits, larger; None: cannot
+    # (model, target cfg, *, seed, construction) -> same logits, larger (construction: one of
+    # flatlm.models.constructions.CONSTRUCTIONS); None: cannot grow
+    grow: Hook | None = None
 
     def __post_init__(self):
         for field in dataclasses.fields(self):  # field.type is the annotation's text
@@ -170,6 +174,12 @@ def all_architectures() -> tuple[Architecture, ...]:
 def can_grow(arch) -> bool:
     """Whether an architecture (or a ``ModelConfig``'s) grows (paper B.4): its ``grow`` hook."""
     return architecture(arch).grow is not None
+
+
+def counts_by_building(arch) -> bool:
+    """Whether an architecture (or a ``ModelConfig``'s) counts its parameters only by building
+    the model (no ``parameter_count`` of its own): a size check before allocation cannot ask it."""
+    return architecture(arch).parameter_count == _Lazy(COUNT_BY_BUILDING)
 
 
 def labels_where(test: Callable[[Architecture], bool]) -> str:

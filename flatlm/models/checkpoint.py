@@ -31,10 +31,14 @@ from flatlm.models.architectures import architecture
 from flatlm.models.masked_lm import build_model, count_parameters, model_layout, unwrap
 from flatlm.models.presets import ModelConfig, shape_string
 from flatlm.runs.manifest import verify_manifest
+from flatlm.sources import load
 
 INFO_NAME = "flatlm.json"
 FORMAT = "flatlm-checkpoint-1"  # bump when the meaning of a flatlm.json field changes
 WEIGHTS_NAME = "model.safetensors"  # the file name transformers uses too
+# flatlm.json's extra key holding Source.fingerprint() of the language trained on (written by
+# flatlm.train.run, compared on resume and measure by check_language)
+SOURCE_FINGERPRINT = "source_fingerprint"
 
 
 def is_model_file(name: str) -> bool:
@@ -126,6 +130,33 @@ def _load_model(model_dir: Path, cfg: ModelConfig, tokens: dict) -> nn.Module:
     load_model(model, str(model_dir / WEIGHTS_NAME))
     return model
 
+
+def check_language(ckpt: Path, info: dict, source, action: str) -> None:
+    """Refuses to ``action`` (resume, measure) the checkpoint ``ckpt`` (its ``flatlm.json`` dict
+    ``info``) on ``source`` when that is another language than the one it was trained on,
+    naming both: same vocabulary size is not enough (another grammar over the same 12 words
+    is another language). The fingerprint the checkpoint recorded is compared; an older
+    checkpoint without one has its own source rebuilt and fingerprinted (its spec compared
+    when that source can no longer be built)."""
+    saved = info.get("extra", {}).get(SOURCE_FINGERPRINT)
+    trained_on = info.get("source")
+    if saved is None:
+        saved = _fingerprint_of(trained_on)
+    same = (saved == source.fingerprint()) if saved is not None else trained_on == source.spec
+    if not same:
+        raise ValueError(f"cannot {action} {ckpt} on --source {source.spec}: it was trained on "
+                         f"another language ({trained_on}); give its own source (omit "
+                         "--source, or pass the one it was trained on), or start a new run")
+
+
+def _fingerprint_of(spec) -> str | None:
+    """The fingerprint of the source ``spec`` builds, or None if it cannot be built here."""
+    try:
+        return load(spec).fingerprint()
+    except (ValueError, OSError):
+        return None
+
+
 @contextlib.contextmanager
 def _no_shard_bar():
     """transformers draws a "Writing model shards" bar per save: one per checkpoint of every
@@ -139,3 +170,8 @@ def _no_shard_bar():
     finally:
         if was_on:
             hf_logging.enable_progress_bar()
+
+
+# The same switch for a whole run asked for no progress output (``progress=False``, `flatlm train
+# --no-progress`): transformers also draws a "Loading weights" bar on every load.
+quiet_transformers_bars = _no_shard_bar

@@ -1,14 +1,49 @@
 """Function-preserving growth of a BERT (paper B.4): a small masked LM as a point of a larger one.
 
-``grow(model, target)`` returns a BERT of shape ``target`` (post-LN ``BertForMaskedLM``, or pre-LN
-``RobertaPreLayerNormForMaskedLM`` for a pre-LN model) whose logits equal ``model``'s on every input
-(eval mode; float rounding aside); growth keeps the LayerNorm placement (``ln_mode``). With
-width factor ``m = d'/d``, intermediate factor ``k = d_inter'/d_inter`` and
-``L' = n_layers' - n_layers`` added blocks:
+``grow(model, target, construction=...)`` returns a BERT of shape ``target`` (post-LN
+``BertForMaskedLM``, or pre-LN ``RobertaPreLayerNormForMaskedLM`` for a pre-LN model) whose logits
+equal ``model``'s on every input (eval mode; float rounding and LayerNorm eps aside); growth keeps
+the LayerNorm placement (``ln_mode``). With width factor ``m = d'/d``, intermediate factor
+``k = d_inter'/d_inter`` and ``L' = n_layers' - n_layers`` added blocks.
 
-Width (B.4.2, "replication"). Every residual-stream vector ``h`` (d) becomes ``[h, .., h]`` (m d):
+Two constructions (``CONSTRUCTIONS``, in ``flatlm.models.constructions``) compute the same
+function but are different points of the large architecture, so Tr(F) and Tr(H) of the grown
+model differ between them (several-fold on the CPU sweep's models): a trace depends on the
+parameterisation. Which one a grown number used is a
+setting (``measure.growth_construction``, ``flatlm grow --construction``) and is recorded.
 
-- embeddings (word, position, token type): each row tiled m times, not rescaled;
+- ``"paper"`` (default): B.4.2 as written, ``W~_E = 1/m [W_E; ..; W_E]``, and the released
+  ``enlarge.py``. Every input embedding (word, position, token type: ``enlarge.py`` divides every
+  ``*embeddings.weight``; B.4.2's model has W_E alone, and dividing only the word embedding would
+  change the function) is tiled and divided by m, so the tied decoder is ``tile(E) / m`` and
+  ``[z, .., z] . tile(E)^T / m = z . E^T``; every LayerNorm is tiled unscaled, the MLM head's too.
+  The embedding LayerNorm sees ``x / m`` and is scale invariant up to its eps
+  (``LN(x/m) = LN(x)`` with eps replaced by ``m^2 eps``: a relative ``m^2 eps / (2 Var x)``, 1e-12
+  in transformers' BERT). Added blocks: every parameter zero ("fill in zeros to the added
+  parameters"; ``enlarge.py``: ``torch.zeros_like`` for every parameter the small model lacks).
+  Pre-LN (the released model) an all-zero block is the identity exactly. Post-LN an all-zero block
+  would emit its zero LayerNorm's beta = 0 (and B.4.2's "v_l = h_l" fails for any LayerNorm, see
+  Depth below), so there the LayerNorms of added blocks follow the depth construction below; every
+  other parameter of an added block (query, key, value, MLP up-projection, output projections,
+  all biases) is zero.
+- ``"head-norm"``: flatlm's earlier construction. The embeddings are tiled unscaled and the MLM
+  head's LayerNorm absorbs the factor (gamma' = tile(gamma) / m, beta' = tile(beta) / m), so the
+  decoder ``tile(E)`` meets ``[z, .., z] / m``; exact (no eps term). Added blocks: zero
+  attention-output and MLP-output weights and biases; query, key, value and the MLP up-projection
+  keep their fresh initialisation (``seed``), so gradients reach the zeroed projections when the
+  grown model trains (``train.grow`` uses this one: from an all-zero block only the output biases
+  would ever move).
+
+The released ``enlarge.py`` (as committed it does not run: it reads ``args.small_model_path`` and
+``state_dict_large``, neither defined, and saves over ``--large-model-path``) agrees with B.4.2
+wherever the text says something: the same ``1/m`` on the input embeddings and the tied decoder,
+LayerNorms tiled, ``W~ = tile(W) / m`` for every other weight (its one factor ``m`` for d_model and
+d_inter alike; ``"paper"`` allows ``k != m`` as Table 4 needs), biases tiled, added parameters zero.
+So there is no separate "released" construction.
+
+Width (B.4.2, "replication"), both constructions. Every residual-stream vector ``h`` (d) becomes
+``[h, .., h]`` (m d):
+
 - LayerNorms: gamma and beta tiled. Tiling a vector keeps its mean and variance, so
   ``LN'([x, .., x]) = [LN(x), .., LN(x)]`` exactly, eps included;
 - a Linear d_in -> d_out grown by (f_in, f_out): ``W' = tile(W, f_out, f_in) / f_in``,
@@ -17,13 +52,6 @@ Width (B.4.2, "replication"). Every residual-stream vector ``h`` (d) becomes ``[
   ``j + c n_heads`` is a copy of head j (query, key and value are Linears as above). Each copy has
   the same scores, softmax scale 1/sqrt(head size) and pattern; the output projection averages;
 - MLP: up-projection grown by (m, k), down-projection by (k, m); GELU acts elementwise.
-
-The tied decoder then gives ``[z, .., z] . tile(E)^T = m z . E^T``: m times the logits. The paper
-scales the tied embedding by 1/2 (``W_E' = [W_E; W_E] / 2``) and relies on the embedding
-LayerNorm being scale invariant, which holds only up to its eps (and needs the position and
-token-type embeddings scaled too). Here the embedding stays ``tile(E)`` and the MLM head's
-LayerNorm absorbs the factor: gamma' = tile(gamma) / m, beta' = tile(beta) / m. Exact, and the
-decoder stays tied.
 
 Depth (B.4.2, "adding additional layers"). BERT is post-LN: a block maps h to
 ``LN_b(v + MLP(v))`` with ``v = LN_a(h + Attn(h))``. With zero attention-output and MLP-output
@@ -35,25 +63,23 @@ already normalised with gamma = 1, beta = 0, e.g. at initialisation.) The constr
 - the last original block's output LayerNorm is set to (gamma = 1, beta = 0), so the stream it
   emits is ``x_hat``, the normalised vector;
 - each added block has zero attention-output and MLP-output weights and biases and LayerNorms
-  (1, 0), except the top block's output LayerNorm, which takes the original (gamma, beta);
-- query, key, value and the MLP up-projection of added blocks keep their fresh initialisation
-  (``seed``), so gradients reach the zeroed projections when the grown model trains.
+  (1, 0), except the top block's output LayerNorm, which takes the original (gamma, beta).
 
 The added blocks then compute ``gamma * normalize(..normalize(x_hat)) + beta``. ``normalize(x_hat)``
 differs from ``x_hat`` only through the eps inside the square root (transformers' BERT: 1e-12):
 the first re-normalisation scales ``x_hat`` by 1 - eps (1 - 1/Var(x)) / 2 (Var(x): the variance
 the original LayerNorm divided by), later ones by 1 + O(eps^2). So added blocks are exact up to a
 relative 1e-12 (tests: 1e-10 in float64; 1e-13 with eps = 0), and width growth alone (L' = 0) is
-exact in exact arithmetic. No choice of the added block's own parameters avoids moving (gamma,
-beta): with zero output projections it computes ``LN_b(LN_a(h))``, whose input mean and
-variance depend on x_hat through gamma and beta. The zeroed and fresh parameters change the Hessian
-with respect to the new blocks; B.4 compares traces over the shared parameters.
+exact in exact arithmetic under ``"head-norm"``. No choice of the added block's own parameters
+avoids moving (gamma, beta): with zero output projections it computes ``LN_b(LN_a(h))``, whose
+input mean and variance depend on x_hat through gamma and beta. The zeroed and free parameters
+change the Hessian with respect to the new blocks; B.4 compares traces over the shared parameters.
 
 Pre-LN (``ln_mode="pre"``): a block maps h to ``v + MLP(LN_b(v))`` with ``v = h + Attn(LN_a(h))``
 and a final LayerNorm follows the last block. Width growth is the same replication (each LayerNorm
-sits in front of a sublayer, or is the final one, and is tiled; the head's is scaled by 1/m). An
-added block with zero attention-output and MLP-output weights and biases returns h itself, so depth
-growth is exact with every other parameter of the added blocks (LayerNorms included) left at its
+sits in front of a sublayer, or is the final one, and is tiled). An added block with zero
+attention-output and MLP-output weights and biases returns h itself, whatever its other
+parameters: ``"paper"`` zeros them all (LayerNorms included), ``"head-norm"`` leaves them at their
 fresh initialisation; no LayerNorm is moved.
 
 >>> import torch
@@ -83,6 +109,7 @@ from flatlm.core.tokens import encode
 from flatlm.models.architectures import architecture, can_grow, labels_where
 from flatlm.models.bert import is_transformer, ln_mode, transformer_parts
 from flatlm.models.checkpoint import load_checkpoint, save_checkpoint
+from flatlm.models.constructions import DEFAULT_CONSTRUCTION, check_construction
 from flatlm.models.masked_lm import build_model, model_layout, unwrap
 from flatlm.models.presets import ModelConfig, parse_model, shape_string
 
@@ -173,17 +200,20 @@ _HEAD = {"post": ("cls.predictions.transform.dense", "cls.predictions.transform.
          "pre": ("lm_head.dense", "lm_head.layer_norm", "lm_head")}
 
 
-def grow(model: nn.Module, target: ModelConfig, *, seed: int = 0) -> nn.Module:
+def grow(model: nn.Module, target: ModelConfig, *, seed: int = 0,
+         construction: str = DEFAULT_CONSTRUCTION) -> nn.Module:
     """A BERT of shape ``target`` computing the same logits as ``model`` (a post- or pre-LN
-    BERT from ``build_model``; ``target.ln_mode`` must be the model's).
+    BERT from ``build_model``; ``target.ln_mode`` must be the model's), by ``construction``
+    (``CONSTRUCTIONS``: "paper", B.4.2 and enlarge.py, or "head-norm"; module docstring).
 
     ``target`` must be ``model``'s shape with d_model and d_inter multiplied by integers,
     n_heads by the d_model factor, and n_layers the same or more (``growth`` says why not).
     ``target.dropout`` and ``.attention`` configure the new model. ``seed`` initialises the
-    parameters the construction leaves free (query, key, value and MLP up-projection of added
-    blocks; pre-LN: also their LayerNorms). The result has ``model``'s device, dtype and
-    train/eval mode.
+    parameters "head-norm" leaves free (query, key, value and MLP up-projection of added
+    blocks; pre-LN: also their LayerNorms); "paper" zeros them. The result has ``model``'s
+    device, dtype and train/eval mode.
     """
+    check_construction(construction)
     small = unwrap(model)
     if not is_transformer(small):
         raise ValueError("model.arch: only a BertForMaskedLM or RobertaPreLayerNormForMaskedLM "
@@ -200,22 +230,34 @@ def grow(model: nn.Module, target: ModelConfig, *, seed: int = 0) -> nn.Module:
         if isinstance(module, nn.LayerNorm):
             module.eps = small.config.layer_norm_eps
 
+    paper = construction == "paper"
     with torch.no_grad():
-        _grow_encoder(small_encoder, transformer_parts(big)[0], g, mode)
+        big_encoder = transformer_parts(big)[0]
+        if paper:  # B.4.2 / enlarge.py: "fill in zeros to the added parameters"
+            for block in big_encoder.encoder.layer[len(small_encoder.encoder.layer):]:
+                for p in block.parameters():
+                    p.zero_()
+        _grow_encoder(small_encoder, big_encoder, g, mode,
+                      embedding_scale=1.0 / g.width if paper else 1.0)
         dense, norm, bias_owner = _HEAD[mode]
         _linear(big.get_submodule(dense), small.get_submodule(dense))
-        _layer_norm(big.get_submodule(norm), small.get_submodule(norm), scale=1.0 / g.width)
+        # the factor m of [z, .., z] . tile(E)^T: in the tied embedding (paper) or here
+        _layer_norm(big.get_submodule(norm), small.get_submodule(norm),
+                    scale=1.0 if paper else 1.0 / g.width)
         big.get_submodule(bias_owner).bias.copy_(small.get_submodule(bias_owner).bias)
     decoder = big.get_output_embeddings()
     assert decoder.weight is transformer_parts(big)[0].embeddings.word_embeddings.weight
     return big
 
 
-def _grow_encoder(s_enc: nn.Module, b_enc: nn.Module, g: Growth, mode: str) -> None:
-    """Embeddings and blocks of the encoder ``s_enc`` into ``b_enc`` (module docstring)."""
+def _grow_encoder(s_enc: nn.Module, b_enc: nn.Module, g: Growth, mode: str, *,
+                  embedding_scale: float) -> None:
+    """Embeddings (tiled, times ``embedding_scale``) and blocks of the encoder ``s_enc`` into
+    ``b_enc`` (module docstring)."""
     s, b = s_enc.embeddings, b_enc.embeddings
     for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
-        getattr(b, name).weight.copy_(getattr(s, name).weight.repeat(1, g.width))  # (n, m d)
+        tiled = getattr(s, name).weight.repeat(1, g.width)  # (n, m d)
+        getattr(b, name).weight.copy_(tiled * embedding_scale)
     _layer_norm(b.LayerNorm, s.LayerNorm)
     n = len(s_enc.encoder.layer)
     for s_block, b_block in zip(s_enc.encoder.layer, b_enc.encoder.layer[:n], strict=True):
@@ -238,16 +280,19 @@ def _grow_encoder(s_enc: nn.Module, b_enc: nn.Module, g: Growth, mode: str) -> N
 
 
 def grow_checkpoint(
-    ckpt_dir: str | Path, target: str | ModelConfig, out_dir: str | Path, *, seed: int = 0
+    ckpt_dir: str | Path, target: str | ModelConfig, out_dir: str | Path, *, seed: int = 0,
+    construction: str = DEFAULT_CONSTRUCTION,
 ) -> Path:
     """Grows the BERT checkpoint in ``ckpt_dir`` to ``target`` and saves it to ``out_dir``.
 
     ``target`` is a preset name, a shape string (``d128-h2-l5-i512``) or a ``ModelConfig``; a
     name or shape takes the checkpoint's dropout, attention implementation and ``ln_mode`` (a
     pre-LN checkpoint grows pre-LN without the '-pre' suffix). ``out_dir`` must be
-    new or empty. ``flatlm.json`` keeps the source spec and extras and adds ``extra["grown_from"]``
-    (the checkpoint's path and shape, the factors and ``seed``). Returns ``out_dir``.
+    new or empty. ``construction``: ``CONSTRUCTIONS``. ``flatlm.json`` keeps the source spec and
+    extras and adds ``extra["grown_from"]`` (the checkpoint's path and shape, the factors,
+    ``seed`` and ``construction``). Returns ``out_dir``.
     """
+    check_construction(construction, "--construction")
     ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ValueError(f"--out {out_dir} exists and is not an empty directory")
@@ -262,10 +307,10 @@ def grow_checkpoint(
         target_cfg = dataclasses.replace(target_cfg, dropout=source.dropout,
                                          attention=source.attention)
     g = growth(source, target_cfg)
-    big = architecture(source).grow(model, target_cfg, seed=seed)
+    big = architecture(source).grow(model, target_cfg, seed=seed, construction=construction)
     extra = dict(info.get("extra") or {})
     extra["grown_from"] = {"checkpoint": str(ckpt_dir.resolve()), "shape": shape_string(source),
-                           **dataclasses.asdict(g), "seed": seed}
+                           **dataclasses.asdict(g), "seed": seed, "construction": construction}
     json.dumps(extra)  # fail before writing anything
     return save_checkpoint(big, out_dir, source_spec=info["source"], model_cfg=target_cfg,
                            extra=extra)

@@ -5,6 +5,7 @@ Two ``flatlm train --out same`` (or two sweep drivers resuming the same trials) 
 interleave checkpoints and metrics silently. ``fcntl.flock`` is released by the kernel when the
 holder exits, even by SIGKILL, so no stale lock outlives a crash; the file keeps the holder's
 pid for the message. Re-entrant within a process (``run_trial`` holds it around ``train``).
+The lock file is opened with ``O_NOFOLLOW``: a planted link is refused, never truncated.
 
 >>> import tempfile
 >>> d = tempfile.mkdtemp()
@@ -18,6 +19,8 @@ import contextlib
 import fcntl
 import os
 from pathlib import Path
+
+from flatlm.core.safe_io import open_fd
 
 LOCK_FILE = ".flatlm.lock"
 _HELD: dict[Path, int] = {}  # lock path -> nesting depth in this process
@@ -49,7 +52,7 @@ def writer_lock(directory: str | os.PathLike):
         finally:
             _HELD[path] -= 1
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_fd(path, os.O_RDWR | os.O_CREAT)  # a link there: refused, not truncated
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

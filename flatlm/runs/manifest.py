@@ -29,6 +29,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from flatlm.core.safe_io import write_atomic
+
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 20
 
@@ -48,9 +50,7 @@ def write_manifest(directory: str | os.PathLike) -> Path:
     entries = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size,
                                                      "sha256": sha256(p)} for p in files}
     path = directory / MANIFEST
-    tmp = path.with_name(MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({"files": entries}, indent=1) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps({"files": entries}, indent=1) + "\n")  # no link followed
     return path
 
 

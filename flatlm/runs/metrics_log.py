@@ -23,6 +23,8 @@ import json
 import logging
 from pathlib import Path
 
+from flatlm.core.safe_io import append_bytes, write_atomic
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
@@ -72,10 +74,8 @@ def read_metrics(out_dir: str | Path) -> dict[int, dict]:
 
 def write_train_log(out_dir: str | Path, history: list[dict]) -> None:
     """Replaces ``out_dir/train_log.jsonl`` with ``history`` (one row per log window)."""
-    path = Path(out_dir) / TRAIN_LOG_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in history))
-    tmp.replace(path)
+    text = "".join(json.dumps(row) + "\n" for row in history)
+    write_atomic(Path(out_dir) / TRAIN_LOG_FILE, text)  # no link followed or renamed over
 
 
 def read_train_log(out_dir: str | Path) -> dict[int, dict]:
@@ -87,12 +87,5 @@ def read_train_log(out_dir: str | Path) -> dict[int, dict]:
 def append_metrics(out_dir: str | Path, step: int, metrics: dict) -> None:
     """Appends ``{"step": step, **metrics}`` to ``out_dir/metrics.jsonl``, on a line of its own
     even after a torn last line."""
-    path = Path(out_dir) / METRICS_FILE
     row = json.dumps({"step": int(step), **metrics}) + "\n"
-    with open(path, "a+b") as f:
-        f.seek(0, 2)
-        if f.tell() > 0:
-            f.seek(-1, 2)
-            if f.read(1) != b"\n":
-                row = "\n" + row
-        f.write(row.encode())
+    append_bytes(Path(out_dir) / METRICS_FILE, row.encode())  # never through a link

@@ -27,18 +27,21 @@ from pathlib import Path
 
 import torch
 
-from flatlm.core.config import to_dict
+from flatlm.core.config import to_dict, to_flat_dict
+from flatlm.core.safe_io import write_text
 from flatlm.measure.registry import unused_sections as unused_measure_sections
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
-from flatlm.models.checkpoint import INFO_NAME
+from flatlm.models.checkpoint import INFO_NAME, load_checkpoint
 from flatlm.models.presets import ModelSpec, parse_model
 from flatlm.runs.dirlock import writer_lock
 from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, N_PARAMS, append_metrics, read_metrics
 from flatlm.sources import SourceSpec, load
-from flatlm.train.config import TrainConfig
+from flatlm.train.config import TrainConfig, resolve
 from flatlm.train.loop import TRAINING_INTERVAL
 from flatlm.train.registry import check_before_training
 from flatlm.train.registry import unused_sections as unused_train_sections
+from flatlm.train.sizes import check_fits
+from flatlm.train.state import newest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -77,10 +80,34 @@ class TrialConfig:
                     raise ValueError(f"{name}={value!r}: {e}") from None
 
 
-def validate_trial(cfg: TrialConfig):
-    """Builds what the trial needs, failing on a bad config before any work: (source, model)."""
+def labelled_source(cfg: TrialConfig) -> SourceSpec:
+    """``cfg.source`` as the trial uses it: a PCFG's spec with ``measure.spans`` and
+    ``measure.label_rule`` written in where set, so that pre-training (the adversary's labelled
+    pool, ``train.adversarial``) and the measurements (probes, lookup table) read the same labels;
+    other sources as given (``measure.spans`` is then an error: only a PCFG's tasks have spans)."""
+    measure = cfg.measure
+    if cfg.source.kind != "pcfg":
+        if measure.spans is not None:
+            raise ValueError(f"measure.spans={measure.spans!r}: only a PCFG's tasks have spans; "
+                             f"leave it unset (measure.spans=null) for a {cfg.source.kind} "
+                             "source (--source does, with the PCFG's label rule)")
+        return cfg.source
+    changes = {"spans": measure.spans, "label_rule": measure.label_rule}
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if not changes:
+        return cfg.source
     try:
-        source = load(cfg.source)
+        return SourceSpec({**cfg.source.to_dict(), **changes})
+    except ValueError as e:
+        raise ValueError(f"measure.spans / measure.label_rule: {e}") from None
+
+
+def validate_trial(cfg: TrialConfig):
+    """Builds what the trial needs, failing on a bad config before any work: (source, model);
+    the source is ``labelled_source(cfg)``'s."""
+    spec = labelled_source(cfg)
+    try:
+        source = load(spec)
     except (ValueError, OSError) as e:  # the spec was valid when made; a file may have gone
         raise ValueError(f"source: {e}") from None
     model_cfg = parse_model(cfg.model)
@@ -98,11 +125,13 @@ def measured_tasks(cfg: TrialConfig) -> tuple[str, ...]:
     return tuple(cfg.measure.tasks) or tuple(source.tasks)
 
 
-def with_downstream_resolved(cfg: TrialConfig) -> TrialConfig:
+def with_downstream_resolved(cfg: TrialConfig, source=None) -> TrialConfig:
     """``cfg`` with the downstream label rule and tasks spelled out (the source's defaults where
     left None / empty), so that config.json and the MLflow params say which rule, and which
-    tasks, every accuracy was measured with."""
-    rule, tasks = downstream_of(load(cfg.source), cfg.measure)
+    tasks, every accuracy was measured with. ``source``: ``labelled_source(cfg)`` loaded, when
+    the caller has it (a source is built once per trial)."""
+    source = source if source is not None else load(labelled_source(cfg))
+    rule, tasks = downstream_of(source, cfg.measure)
     return dataclasses.replace(cfg, measure=dataclasses.replace(cfg.measure, label_rule=rule,
                                                                 tasks=tasks))
 
@@ -116,9 +145,6 @@ def tracked_params(cfg: TrialConfig) -> dict:
     defaults resolved (``train.dropout``, ``train.warmup_steps``, ...), the settings of other
     algorithms and of measurements that did not run left out, and options left unset (None)
     omitted, so that every logged value is one the trial used."""
-    from flatlm.core.config import to_flat_dict
-    from flatlm.train.config import resolve
-
     train = resolve(cfg.train)
     if train.micro_batch_size is None:  # None = one pass (sam: each half-batch in one pass)
         train = dataclasses.replace(train, micro_batch_size=train.sentences_per_pass)
@@ -141,12 +167,15 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
               eval_cache: str | Path | None = None) -> dict[int, dict]:
     """Runs (or resumes) the trial; returns step -> metrics for every checkpoint.
 
-    ``eval_cache``: a directory where the trials of a sweep share their evaluation data
-    (``flatlm.measure.eval_cache``); None draws it for this trial alone. Another process
-    writing to ``out_dir`` is an error (``flatlm.runs.dirlock.DirectoryBusyError``) before any work.
+    ``eval_cache``: a directory where the trials of a sweep share their evaluation data and
+    reference rows (``flatlm.measure.eval_cache``, ``flatlm.measure.reference_cache``); None
+    computes them for this trial alone. ``progress``: console bars for training and measuring.
+    Another process writing to ``out_dir`` is an error (``flatlm.runs.dirlock.DirectoryBusyError``)
+    before any work.
     """
     source, model_cfg = validate_trial(cfg)
-    cfg = with_downstream_resolved(cfg)
+    cfg = with_downstream_resolved(cfg, source)
+    check_fits(cfg.train, model_cfg, source, torch.device(device))  # before the eval data too
     out_dir = Path(out_dir).absolute()
     with writer_lock(out_dir):  # one writer per trial directory (flatlm.runs.dirlock)
         return _run_trial(cfg, source, model_cfg, out_dir, report, device, progress, eval_cache)
@@ -156,13 +185,14 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
                eval_cache) -> dict[int, dict]:
     from flatlm.train.loop import train
 
-    (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    write_text(out_dir / "config.json", json.dumps(to_dict(cfg), indent=2) + "\n")
     data = eval_data(source, cfg.measure, model_cfg, device=device, cache_dir=eval_cache)
     done = read_metrics(out_dir)
 
     def on_checkpoint(step: int, model, ckpt_dir: Path) -> None:
         start = time.perf_counter()
-        measured = measure_model(model, source, data, cfg.measure, device, artifact_dir=ckpt_dir)
+        measured = measure_model(model, source, data, cfg.measure, device, artifact_dir=ckpt_dir,
+                                 progress=progress)
         metrics = {N_PARAMS: float(sum(p.numel() for p in model.parameters())), **measured,
                    **measurement_cost(time.perf_counter() - start, ckpt_dir)}
         _record(out_dir, ckpt_dir, step, metrics)
@@ -193,7 +223,7 @@ def measurement_cost(seconds: float, ckpt_dir: Path) -> dict[str, float]:
 
 def _record(out_dir: Path, ckpt_dir: Path, step: int, metrics: dict) -> None:
     row = json.dumps({"step": step, **metrics})
-    (Path(ckpt_dir) / CHECKPOINT_METRICS_FILE).write_text(row + "\n")
+    write_text(Path(ckpt_dir) / CHECKPOINT_METRICS_FILE, row + "\n")  # never through a link
     append_metrics(out_dir, step, metrics)
 
 
@@ -204,9 +234,6 @@ def _catch_up(out_dir: Path, done: dict, on_checkpoint, report, device) -> None:
     between saving it and measuring it, or between measuring it and reporting it. Re-reporting
     is safe: the sinks keep one value per step (the tracker sends a step's key once).
     """
-    from flatlm.models.checkpoint import load_checkpoint
-    from flatlm.train.state import newest_checkpoint
-
     ckpt = newest_checkpoint(out_dir)
     if ckpt is None:
         return
@@ -224,6 +251,6 @@ def printer(step: int, metrics: dict, ckpt_dir: Path) -> None:
     print(f"step {step}: " + "  ".join(f"{k}={metrics[k]:.4g}" for k in keys), flush=True)
 
 
-__all__ = ["EvalData", "Report", "TrialConfig", "measured_tasks", "printer", "read_metrics",
-           "run_trial",
+__all__ = ["EvalData", "Report", "TrialConfig", "labelled_source", "measured_tasks", "printer",
+           "read_metrics", "run_trial",
            "tracked_params", "validate_trial"]

@@ -27,6 +27,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from flatlm.core.stats import ratio_mean_se
 
@@ -214,8 +215,6 @@ class Source(ABC):
     def sentence_entropies(self, tokens, lengths, *, batch_size=2048, device=None,
                            progress=False) -> np.ndarray:
         """sum_t H(x_t | x_{-t}) of each given sentence: [n] float64 (computed in float64)."""
-        from tqdm.auto import tqdm
-
         n = len(tokens)
         sums = np.zeros(n)
         with tqdm(total=n, desc="entropy", unit="sent", disable=not progress) as bar:

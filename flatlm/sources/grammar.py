@@ -269,7 +269,11 @@ def parse_grammar(path: str | Path, text: str | None = None, *, strict: bool = F
                                "itself (one rule per line)")
         if not path.is_file():
             raise GrammarError(f"grammar file {path} does not exist")
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:  # a binary file given by mistake: name it
+            raise GrammarError(f"grammar file {path} is not UTF-8 text (byte {e.start}); give "
+                               "the grammar's text file, one rule per line") from None
     root, binary, terminal, first_line, merged = _collect(path, text)
     nts = _check_symbols(path, root, binary, terminal, first_line)
     names = _order_nonterminals(root, nts)

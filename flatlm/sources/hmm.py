@@ -42,6 +42,7 @@ import os
 import numpy as np
 import torch
 
+from flatlm.core.memory import require
 from flatlm.sources.base import PAD, Source, SourceError, as_tokens, padding_mask
 
 # Defaults of the random route (the paper's sizes: V = 200, S = 100, T = 16).
@@ -111,6 +112,14 @@ def check_hmm_arrays(initial, transition, emission, where: str = "arrays") -> li
                 raise SourceError(f"{where}: array {name!r}{at} {problem}")
         out.append(a / a.sum(-1, keepdims=True))
     return out
+
+
+def _check_size(states: int, vocab: int) -> None:
+    """A vocabulary or state count too large for memory is an error naming it, before the
+    arrays are drawn (the kernel would otherwise kill the process minutes later)."""
+    require(8 * 3 * states * (states + vocab),  # A [S, S] and E [S, V] in float64, ~3 copies
+            f"hmm spec: 'vocab' ({vocab}) x 'states' ({states})",
+            "lower 'vocab' or 'states' (the emission matrix has vocab x states entries)")
 
 
 def random_hmm_arrays(seed, vocab, states, blocks, leakage, concentration) -> list[np.ndarray]:
@@ -196,6 +205,7 @@ class HMM(Source):
                 f"hmm spec: 'blocks' ({args['blocks']}) must not exceed 'states' "
                 f"({args['states']}) or 'vocab' ({args['vocab']}); lower 'blocks'"
             )
+        _check_size(args["states"], args["vocab"])
         arrays = random_hmm_arrays(**args)
         return cls(*arrays, length, spec={"kind": "hmm", **args, "length": length},
                    where="random hmm")

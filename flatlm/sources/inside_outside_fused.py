@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from flatlm.sources.inside_outside import NEG_INF, Chart, Plan
+from flatlm.sources.inside_outside import NEG_INF, Chart, Plan, word_conditionals
 
 
 def _finite_or_zero(x: torch.Tensor) -> torch.Tensor:
@@ -209,8 +209,6 @@ def _merge(cells, scales, widths, rows, row_split, terms, target, split, new_s) 
 
 def conditionals_fused(tokens, lengths, fplan: FusedPlan) -> torch.Tensor:
     """Pr(x_t = c | x_{-t}) (B, T, V), as ``word_conditionals(outside(inside(...)))``."""
-    from flatlm.sources.inside_outside import word_conditionals
-
     _, st = inside_fused(tokens, fplan)
     return word_conditionals(outside_fused(st, lengths, fplan), fplan.plan)
 

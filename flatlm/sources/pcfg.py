@@ -7,12 +7,14 @@ Spec fields (``flatlm.sources.load``):
 - ``max_length``: the paper's length filter (default 32): longer sentences are rejected when
   sampling. Sentences are padded to T = min(max_length, the grammar's longest sentence); the
   paper's grammar never yields more than 16 words, so its T is 16.
-- ``spans``: the downstream tasks other than A, task name -> span length L (default
-  ``{"B": 4, "C": 2}``, the released code's spans).
+- ``spans``: the downstream tasks other than A, task name -> span length L, or a rule naming them:
+  ``"released"`` (the default: ``{"B": 4, "C": 2}``, the released code's ``labeling()`` in
+  pcfg/generate_downstream.py) or ``"depth"`` (the paper's text, A.1; see below).
 - ``label_rule``: the default downstream label rule, ``"posterior"`` (default), ``"span"`` or
   ``"inside"``; see below.
 - ``downstream_min_length``: downstream sentences have at least this many words (the released code
-  keeps 5..31); default 5, or the grammar's longest sentence if that is shorter.
+  keeps 5..31); default 5, or the grammar's longest sentence if that is shorter; with spans
+  ``"depth"``, at least the longest span (so every sentence has every task's label).
 - ``strict``: make an unreachable symbol an error (default false: reported and kept, since the
   paper's grammar has one, A1_9).
 
@@ -33,6 +35,15 @@ sentence (root symbols only), B and C the first ``spans[task]`` words. Three rul
   of the whole sentence. Class N when no nonterminal derives the span.
 
 For task A, "posterior" and "span" coincide (the span is the sentence).
+
+Spans by parse depth (``spans="depth"``, the paper's text, A.1): "the sentence length is limited to
+32, which means the depth of the parse tree is limited to 6 ... Tasks A, B and C are defined on the
+symbols corresponding to span length L = 32, 16 and 8". Task A, B, C classifies the symbol at
+depth 1 (the root), 2, 3 of the parse tree; in a binary tree over the grammar's longest sentence
+of T words, a symbol at depth k spans T / 2^(k-1) words, so A spans the whole sentence, B the first
+T // 2 words and C the first T // 4. On the paper's depth-6 grammar (T = 32) that is L = 32 / 16 /
+8; on the released grammar (T = 16) 16 / 8 / 4; on a grammar of 8-word sentences 8 / 4 / 2. The
+released code's spans (B = 4, C = 2 on its T = 16 grammar) are depths 3 and 4.
 
 Labels are nonterminal ids (root symbols come first, so task A's labels are 0..roots-1); a
 sentence shorter than L gets -1.
@@ -72,6 +83,19 @@ from flatlm.sources.inside_outside_fused import (
 from flatlm.sources.pcfg_sampler import RuleTable, sample_sentences
 
 LABEL_RULES = ("posterior", "span", "inside")
+RELEASED_SPANS = {"B": 4, "C": 2}  # pcfg/generate_downstream.py labeling(): inside_partial 4 / 2
+SPAN_RULES = ("released", "depth")  # the spec's spans, when not a dict (module docstring)
+DEPTH_TASKS = ("B", "C")  # depths 2 and 3; task A is depth 1, the whole sentence
+
+
+def depth_spans(longest: int) -> dict[str, int]:
+    """The paper's spans (A.1) on a grammar whose longest sentence has ``longest`` words: task
+    B, C over the first words a symbol at depth 2, 3 spans in a binary tree over it.
+
+    >>> depth_spans(32), depth_spans(16), depth_spans(8)
+    ({'B': 16, 'C': 8}, {'B': 8, 'C': 4}, {'B': 4, 'C': 2})
+    """
+    return {task: max(1, longest // 2 ** (k + 1)) for k, task in enumerate(DEPTH_TASKS)}
 _FIELDS = {"kind", "grammar", "random", "seed", "max_length", "spans", "label_rule", "strict",
            "downstream_min_length"}
 DOWNSTREAM_MIN_LENGTH = 5  # the released code keeps downstream sentences of 5..31 words
@@ -179,11 +203,13 @@ class PCFG(Source):
         self.length_filter = int(max_length)
         self.max_length = int(min(max_length, grammar.max_yield_length()))
         self.acceptance = _check_acceptance(grammar, self.length_filter)
-        self.spans = dict(spans if spans is not None else {"B": 4, "C": 2})
+        self.spans = self._spans_of(spans if spans is not None else "released")
         self.label_rule = label_rule
         self.tasks = ("A", *self.spans)
         if downstream_min_length is None:
             downstream_min_length = min(DOWNSTREAM_MIN_LENGTH, self.max_length)
+            if spans == "depth":  # every sentence long enough for every task's span
+                downstream_min_length = max(downstream_min_length, *self.spans.values())
         if not 1 <= downstream_min_length <= self.max_length:
             raise SourceError(f"pcfg spec field downstream_min_length={downstream_min_length}: "
                               f"this grammar's sentences have 1..{self.max_length} words; use a "
@@ -199,6 +225,14 @@ class PCFG(Source):
                               "downstream_min_length")
         self._plans: dict = {}
 
+    def _spans_of(self, spans: dict | str) -> dict[str, int]:
+        """Task -> span length of the spec's ``spans`` (a dict, "released" or "depth")."""
+        if spans == "released":
+            return dict(RELEASED_SPANS)
+        if spans == "depth":
+            return depth_spans(self.max_length)
+        return dict(spans)
+
     @classmethod
     def from_spec(cls, spec: dict) -> PCFG:
         unknown = set(spec) - _FIELDS
@@ -208,11 +242,13 @@ class PCFG(Source):
         max_length = spec.get("max_length", 32)
         if not isinstance(max_length, int) or max_length < 1:
             raise SourceError(f"pcfg spec field max_length={max_length!r} must be an int >= 1")
-        spans = spec.get("spans", {"B": 4, "C": 2})
-        if not isinstance(spans, dict) or "A" in spans or not all(
-                isinstance(v, int) and v >= 1 for v in spans.values()):
-            raise SourceError("pcfg spec field spans must map task names (not 'A') to span "
-                              "lengths >= 1, e.g. {\"B\": 4, \"C\": 2}")
+        spans = spec.get("spans", "released")
+        if spans not in SPAN_RULES and (not isinstance(spans, dict) or "A" in spans or not all(
+                isinstance(v, int) and v >= 1 for v in spans.values())):
+            raise SourceError(f"pcfg spec field spans={spans!r}: use 'released' (B=4, C=2), "
+                              "'depth' (the paper's text: the symbols at parse depth 2 and 3) "
+                              "or a map of task names (not 'A') to span lengths >= 1, e.g. "
+                              "{\"B\": 4, \"C\": 2}")
         rule = spec.get("label_rule", LABEL_RULES[0])
         if rule not in LABEL_RULES:
             raise SourceError(f"pcfg spec field label_rule={rule!r}: use one of {LABEL_RULES}")

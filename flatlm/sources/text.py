@@ -43,6 +43,7 @@ import torch
 
 from flatlm.core.seeds import generator
 from flatlm.sources.base import PAD, Source, SourceError
+from flatlm.sources.glue_files import read_glue
 
 DEFAULTS = {"tokenizer": None, "length": 128, "validation": 0.05, "seed": 0, "glue": None,
             "max_documents": None}
@@ -155,7 +156,6 @@ class TextCorpus(Source):
         self.max_length = self.spec["length"]
         self.glue = {}
         if self.spec["glue"] is not None:
-            from flatlm.sources.glue_files import read_glue
 
             try:
                 self.glue = read_glue(self.spec["glue"])

@@ -28,6 +28,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from flatlm.core.safe_io import append_bytes, write_atomic
 from flatlm.runs.metrics_log import is_number
 
 log = logging.getLogger(__name__)
@@ -55,14 +56,7 @@ class Ledger:
         keys = [str(k) for k in keys]
         self._settled.update((int(step), k) for k in keys)
         line = json.dumps({"step": int(step), "keys": keys}) + "\n"
-        with open(self.path, "a+b") as f:
-            if f.seek(0, 2) > 0:  # after a torn last line, start a fresh one
-                f.seek(-1, 2)
-                if f.read(1) != b"\n":
-                    line = "\n" + line
-            f.write(line.encode())
-            f.flush()
-            os.fsync(f.fileno())
+        append_bytes(self.path, line.encode(), fsync=True)  # after a torn line: a fresh one
 
     def unsent(self, rows: dict[int, dict]) -> dict[int, dict[str, float]]:
         """step -> {key: value} of the numeric metrics in ``rows`` (``read_metrics``'s step ->
@@ -85,10 +79,7 @@ def read_state(trial_dir: str | os.PathLike) -> dict | None:
 
 def write_state(trial_dir: str | os.PathLike, state: dict) -> None:
     """Replaces ``tracker.json`` atomically (a crash leaves the old state or the new one)."""
-    path = Path(trial_dir) / STATE_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    os.replace(tmp, path)
+    write_atomic(Path(trial_dir) / STATE_FILE, json.dumps(state, indent=1))  # no link followed
 
 
 def set_aside(trial_dir: str | os.PathLike, run_id: str) -> None:

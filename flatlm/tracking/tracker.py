@@ -41,6 +41,7 @@ import fnmatch
 import json
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -80,6 +81,21 @@ _MAX_PARAM_CHARS = 6000  # MLflow's length limits for param and tag values
 _MAX_TAG_CHARS = 8000
 
 
+# user:password@ after any scheme, in any case (HTTP://, Https://, ...): the user part stops at
+# the host's first "/", the password may hold anything up to the last "@".
+_CREDENTIALS = re.compile(r"^[a-z][a-z0-9+.-]*://[^/@?#]*:[^@]*@", re.IGNORECASE)
+
+
+def check_tracking_uri(uri: str | None, flag: str = "--tracking-uri") -> None:
+    """A password in the tracking URI would be printed and written into files (Ray's state,
+    resume commands, logs): refused, without echoing the URI. MLflow reads credentials from
+    ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` instead."""
+    if uri and _CREDENTIALS.match(uri):
+        raise ValueError(f"{flag} holds a password: put the credentials in "
+                         "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (MLflow reads "
+                         "them) and give the URI without them")
+
+
 def default_tracking_uri(workdir: str | os.PathLike) -> str:
     """``sqlite:////ABS/workdir/mlflow.db``: `mlflow ui` started in ``workdir`` shows these runs."""
     return f"sqlite:///{Path(workdir).resolve() / 'mlflow.db'}"
@@ -114,6 +130,7 @@ def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | Non
     For a sqlite store with no ``artifact_location`` the artifacts go beside the database
     (``<db dir>/mlruns``); for a server, ``None`` lets the server choose (``mlflow-artifacts:/``).
     """
+    check_tracking_uri(tracking_uri, "tracking URI")
     if tracking_uri.startswith("sqlite:///") and artifact_location is None:
         artifact_location = default_artifact_location(Path(tracking_uri[len("sqlite:///"):]).parent)
     with store_lock(tracking_uri):
@@ -148,6 +165,8 @@ def find_run(tracking_uri: str, experiment_id: str, run_name: str) -> str | None
     """
     from mlflow import MlflowClient
 
+    check_tracking_uri(tracking_uri, "tracking URI")
+    set_http_retries()  # a trial starting in an outage: seconds, not MLflow's four minutes
     try:
         runs = MlflowClient(tracking_uri).search_runs(
             [experiment_id], filter_string=f"attributes.run_name = '{run_name}'",
@@ -156,6 +175,22 @@ def find_run(tracking_uri: str, experiment_id: str, run_name: str) -> str | None
         log.warning("could not look up run %r: %s", run_name, _first_line(e))
         return None
     return runs[0].info.run_id if runs else None
+
+
+# The tracker's HTTP retry policy: a dead server costs about a second per call. MLflow's own
+# defaults (7 retries, back-off factor 2) block a call for about four minutes.
+HTTP_MAX_RETRIES, HTTP_BACKOFF_FACTOR, HTTP_TIMEOUT_S = 2, 1, 10.0
+
+
+def set_http_retries(max_retries: int = HTTP_MAX_RETRIES,
+                     backoff_factor: int = HTTP_BACKOFF_FACTOR,
+                     timeout_s: float = HTTP_TIMEOUT_S) -> None:
+    """Sets MLflow's HTTP retry policy for this process (``MLFLOW_HTTP_REQUEST_*``, read per
+    request): called before the first MLflow call of a trial, so that no call waits out
+    MLflow's default back-off."""
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(int(max_retries))
+    os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = str(int(backoff_factor))
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(timeout_s))
 
 
 def mlflow_params(config: Any) -> dict[str, str]:
@@ -198,11 +233,11 @@ class MlflowTracker:
                  experiment_id: str | None = None, experiment_name: str | None = None,
                  run_id: str | None = None, run_name: str | None = None,
                  params: Any = None, tags: Mapping[str, Any] | None = None,
-                 http_max_retries: int = 2, http_backoff_factor: int = 1,
-                 http_timeout_s: float = 10.0):
-        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = str(int(http_max_retries))
-        os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"] = str(int(http_backoff_factor))
-        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(http_timeout_s))
+                 http_max_retries: int = HTTP_MAX_RETRIES,
+                 http_backoff_factor: int = HTTP_BACKOFF_FACTOR,
+                 http_timeout_s: float = HTTP_TIMEOUT_S):
+        check_tracking_uri(tracking_uri, "tracking URI")
+        set_http_retries(http_max_retries, http_backoff_factor, http_timeout_s)
         # MLflow prints two "View run ... at" lines per run end; a sweep prints its UI once.
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         from mlflow import MlflowClient
@@ -517,6 +552,6 @@ def _first_line(e: BaseException) -> str:
 
 
 __all__ = ["ARTIFACT_PATTERNS", "STATE_FILE", "TAG_ALGORITHM", "TAG_MODEL", "TAG_PRESET",
-           "TAG_REPORT", "TAG_SWEEP", "TERMINAL_STATUSES", "MlflowTracker",
+           "TAG_REPORT", "TAG_SWEEP", "TERMINAL_STATUSES", "MlflowTracker", "check_tracking_uri",
            "default_artifact_location", "default_tracking_uri", "ensure_experiment", "find_run",
-           "mlflow_params"]
+           "mlflow_params", "set_http_retries"]

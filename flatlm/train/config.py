@@ -34,12 +34,14 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from flatlm.core.schedules import SCHEDULES
+from flatlm.models.constructions import check_construction
 from flatlm.train.registry import ALGORITHMS, AlgorithmDefaults, algorithm_named, load_ref
 
 __all__ = ["ALGORITHMS", "AlgorithmDefaults", "AdversarialConfig", "GrowConfig", "LabelNoiseConfig",
            "SamConfig", "TrainConfig", "resolve", "switch_on"]
 
 PRECISIONS = ("auto", "fp32", "bf16")
+MASK_COUNTS = ("fixed", "bernoulli")  # train.mask_count (flatlm.train.data.mask_batch)
 _SWITCH_WORDS = {"true": True, "on": True, "false": False, "off": False, "auto": "auto"}
 
 
@@ -99,8 +101,14 @@ class GrowConfig:
     #   1..train.steps - 1
     to: tuple[str, ...] = ()  # the shape after each growth (d64-h2-l2-i256, a preset), one per
     #   step
+    # flatlm.models.constructions.CONSTRUCTIONS. Not the paper's (measure.growth_construction): the
+    # paper never trains a grown model, and its all-zero added blocks would not train (with zero
+    # query, key, value and up-projection only their output biases get a gradient);
+    # "head-norm" initialises those afresh (flatlm.train.growth)
+    construction: str = "head-norm"
 
     def __post_init__(self):
+        check_construction(self.construction, "train.grow.construction")
         _check(all(_is_int(s) for s in self.steps), "grow.steps", self.steps, "use integers")
         _check(list(self.steps) == sorted(set(self.steps)), "grow.steps", self.steps,
                "use strictly increasing steps, one growth each")
@@ -162,8 +170,13 @@ class TrainConfig:
     warmup_proportion: float | None = None  # ... or as a fraction of steps in [0, 1]; set at
     #   most one; both None = the algorithm's default (1000 steps; sgd 12%)
     mask: str | float = "one"  # "one": one masked word per sentence, uniform over its words
-    #   (the paper's synthetic setting); or a rate in (0, 1): each word masked independently
-    #   with that probability (0.15: the released code and real text)
+    #   (the paper's formulation, Section 2 and its footnote 1); or a rate in (0, 1), drawn as
+    #   mask_count says (0.15: the released code, and the paper on real text, A.2)
+    mask_count: str = "fixed"  # at a rate, how many words of a sentence are masked: "fixed":
+    #   exactly max(1, round(rate * (words + 2))) (the +2 counts [CLS] and [SEP]; Python's
+    #   round), a uniformly random subset of its words, at most max_predictions: BERT's rule, as
+    #   the released create_pretraining_data.py draws it (create_masked_lm_predictions); or
+    #   "bernoulli": each word independently with that probability (some sentences get none)
     mask_replace: tuple[float, float, float] = (0.8, 0.1, 0.1)  # what a masked word's input
     #   becomes: [MASK], a random word, itself (BERT's rule, the released code); (1, 0, 0) =
     #   always [MASK]. Each >= 0, summing to 1
@@ -193,8 +206,8 @@ class TrainConfig:
     #   per batch) the one micro-batch is cut to the batch's longest sentence; the GPU scale
     #   sets micro_batch_size=1024 of 4096
     divergence_factor: float | None = 10.0  # stop the run (``Diverged``) when a logged loss
-    #   exceeds this times the first logged loss; > 1; None = off (a non-finite loss always
-    #   stops it)
+    #   exceeds this times the initial loss log V or the first logged loss; > 1; None = off
+    #   (a non-finite loss always stops it)
     world_size: int = 1  # data-parallel processes, each taking an equal slice of every batch
     #   (one GPU each on CUDA, gloo processes on the CPU; flatlm.train.distributed); >= 1,
     #   dividing batch_size (sam: each half); adversarial runs in one process only
@@ -249,6 +262,8 @@ class TrainConfig:
         _check(mask == "one" or (isinstance(mask, float) and 0.0 < mask < 1.0),
                "mask", self.mask, "use 'one' or a masking rate in (0, 1) such as 0.15")
         object.__setattr__(self, "mask", mask)
+        _check(self.mask_count in MASK_COUNTS, "mask_count", self.mask_count,
+               f"use one of {', '.join(MASK_COUNTS)}")
         replace = tuple(self.mask_replace)
         _check(len(replace) == 3 and all(p >= 0 for p in replace)
                and abs(sum(replace) - 1.0) < 1e-9, "mask_replace", self.mask_replace,

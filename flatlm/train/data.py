@@ -8,8 +8,10 @@ run would have:
   sentences every step (the population-loss setting of the paper's theory, Section 3).
 - ``CorpusBatches``: a corpus read in a fresh permutation each epoch; update i takes the sentences
   ``i * batch_size .. (i + 1) * batch_size - 1`` of the concatenated epochs.
-- ``mask_batch``: one masked word per sentence, uniform over its words, or each word at a rate
-  (at most ``max_predictions`` per sentence), replaced by BERT's 80/10/10 rule by default.
+- ``mask_batch``: one masked word per sentence, uniform over its words, or at a rate: exactly
+  ``fixed_mask_count`` words of each sentence (BERT's and the released code's rule) or each word
+  independently ("bernoulli"), at most ``max_predictions`` per sentence; replaced by BERT's
+  80/10/10 rule by default.
 - ``DownstreamPool``: labelled sentences D for the adversarial algorithm, with disjoint D1, D2
   (``adversarial_pool``).
 - ``BatchPipeline``: update i -> ``StepInputs`` on the device, optionally prepared a few steps
@@ -188,18 +190,37 @@ class MLMBatch:
         return _to(self, device)
 
 
+def fixed_mask_count(words: int, rate: float, max_predictions: int | None = None) -> int:
+    """Words masked in a sentence of ``words`` words at ``rate`` under ``mask_count="fixed"``:
+    ``min(max_predictions, max(1, round(rate * (words + 2))))``, the +2 counting [CLS] and
+    [SEP], Python's round (half to even), as the released create_pretraining_data.py
+    (create_masked_lm_predictions: ``num_to_predict``) computes it; never more than ``words``.
+
+    >>> [fixed_mask_count(n, 0.15) for n in (1, 4, 8, 16, 28, 30)]
+    [1, 1, 2, 3, 4, 5]
+    >>> fixed_mask_count(30, 0.15, max_predictions=5), fixed_mask_count(126, 0.15, 20)
+    (5, 19)
+    """
+    count = max(1, int(round((words + 2) * rate)))
+    count = count if max_predictions is None else min(max_predictions, count)
+    return min(count, words)
+
+
 def mask_batch(tokens: torch.Tensor, lengths: torch.Tensor, mask: str | float,
                gen: torch.Generator, *, n_words: int | None = None,
                replace: tuple[float, float, float] = (1.0, 0.0, 0.0),
-               max_predictions: int | None = None) -> MLMBatch:
+               max_predictions: int | None = None, count: str = "fixed") -> MLMBatch:
     """Masks sentences (tokens [n, T], lengths [n] >= 1) with ``mask`` ("one" or a rate).
 
-    The chosen words are predicted; each chosen word's input becomes [MASK], a uniformly random
-    word of the ``n_words`` (needed unless ``replace[1] == 0``) or stays itself, with the
-    probabilities ``replace`` (BERT's rule: (0.8, 0.1, 0.1)). At a rate, ``max_predictions`` caps
-    the chosen words of a sentence (a uniformly random subset of them is kept). Random draws come
-    from ``gen`` in a fixed order (positions, cap, replacement), and a draw the settings do not
-    need is not made, so (1, 0, 0) without a cap gives the batches of plain [MASK] masking.
+    At a rate, ``count`` says how many words of a sentence are chosen: "fixed" exactly
+    ``fixed_mask_count(words, rate, max_predictions)``, a uniformly random subset of its words
+    (the released code's rule, ``train.mask_count``); "bernoulli" each word independently with
+    probability ``rate``, then ``max_predictions`` caps them (a uniformly random subset of them is
+    kept). The chosen words are predicted; each chosen word's input becomes [MASK], a uniformly
+    random word of the ``n_words`` (needed unless ``replace[1] == 0``) or stays itself, with the
+    probabilities ``replace`` (BERT's rule: (0.8, 0.1, 0.1)). Random draws come from ``gen`` in a
+    fixed order (positions, cap, replacement), and a draw the settings do not need is not made,
+    so (1, 0, 0) without a cap gives the batches of plain [MASK] masking.
     """
     input_ids, attention_mask = encode(tokens, lengths)
     n, T = tokens.shape
@@ -210,19 +231,30 @@ def mask_batch(tokens: torch.Tensor, lengths: torch.Tensor, mask: str | float,
         targets = tokens.gather(1, positions[:, None]).squeeze(1)
     else:
         real = torch.arange(T)[None, :] < lengths[:, None]  # (n, T)
-        chosen = (torch.rand(n, T, generator=gen) < mask) & real  # (n, T)
-        if max_predictions is not None:
-            chosen = _cap_per_row(chosen, max_predictions, gen)
+        if count == "fixed":
+            table = torch.tensor([fixed_mask_count(w, mask, max_predictions)
+                                  for w in range(T + 1)])  # words -> how many to mask
+            chosen = _first_k_per_row(real, table[lengths], gen)
+        elif count == "bernoulli":
+            chosen = (torch.rand(n, T, generator=gen) < mask) & real  # (n, T)
+            if max_predictions is not None:
+                chosen = _first_k_per_row(chosen, max_predictions, gen)
+        else:
+            raise ValueError(f"mask_batch: count={count!r}: use 'fixed' or 'bernoulli'")
         positions, targets = chosen, torch.where(chosen, tokens, -1)
     words = input_ids[:, 1:-1]  # (n, T) view: word position t is input position t + 1
     words[_replaced(chosen, replace, gen, n_words, words)] = MASK_ID
     return MLMBatch(input_ids, attention_mask, positions, targets)
 
 
-def _cap_per_row(chosen: torch.Tensor, k: int, gen: torch.Generator) -> torch.Tensor:
-    """``chosen`` (n, T) with at most k True per row: those of the k smallest random keys."""
+def _first_k_per_row(chosen: torch.Tensor, k: int | torch.Tensor,
+                     gen: torch.Generator) -> torch.Tensor:
+    """``chosen`` (n, T) with at most k (an int, or one per row: [n]) True per row: a uniformly
+    random subset, those of the k smallest random keys (the released code shuffles its
+    candidate positions and takes the first k)."""
     keys = torch.where(chosen, torch.rand(chosen.shape, generator=gen), 2.0)  # (n, T)
     rank = keys.argsort(1).argsort(1)  # (n, T): each position's rank in its row
+    k = k[:, None] if isinstance(k, torch.Tensor) else k
     return chosen & (rank < k)
 
 
@@ -348,7 +380,7 @@ class BatchPipeline:
         tokens, lengths = self.sentences.batch_at(i)
         mlm = mask_batch(tokens, lengths, self.cfg.mask, generator(self.cfg.seed, "mask", i),
                          n_words=self.sentences.n_words, replace=self.cfg.mask_replace,
-                         max_predictions=self.cfg.max_predictions)
+                         max_predictions=self.cfg.max_predictions, count=self.cfg.mask_count)
         if self.transform is not None:  # label_noise: its own random stream, the rest as sgd
             mlm = self.transform(mlm, self.cfg, self.sentences.n_words, i)
         if switch_on(self.cfg.unpad, self.device.type):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import sys
 import threading
 import time
@@ -76,7 +77,7 @@ def train_data_parallel(cfg: TrainConfig, source, model_cfg, out_dir, *, device=
     check_before_training(cfg, model_cfg)  # grow: every shape a growth of the one before it
     device = rank_device(torch.device(device), 0, cfg.world_size)  # checks the GPUs
     out_dir = Path(out_dir).absolute()
-    start, unreadable = start_checkpoint(cfg, model_cfg, out_dir, resume)
+    start, unreadable = start_checkpoint(cfg, model_cfg, out_dir, resume, source)
     pipeline = _sharded_pipeline(cfg, source, device, corpus, 0)  # checks train.data
     job = {"cfg": cfg, "source": source.spec, "model_cfg": model_cfg, "out_dir": out_dir,
            "device": str(device), "ckpt": start[0] if start else None, "corpus": corpus,
@@ -398,7 +399,6 @@ def _first_error(errors) -> BaseException | None:
 
 
 def _picklable(e: BaseException) -> BaseException:
-    import pickle
 
     try:
         return pickle.loads(pickle.dumps(e))

@@ -2,13 +2,17 @@
 
 After ``train.grow.steps[j]`` updates (at the top of the next update, after any checkpoint of
 that step was written) the model is replaced by its function-preserving embedding into the shape
-``train.grow.to[j]`` (``flatlm.models.growth.grow``, paper B.4): width by replication, depth by
-blocks whose attention-output and MLP-output projections are zero (and, post-LN, LayerNorms
-reset so that the stack stays exact; see embed.py). Progressive stacking by copying layers
-(Gong et al., 2019) changes the function and is not what this does: the logits, and so the loss
-on every batch, are unchanged at the growth (to float rounding; exact in exact arithmetic for
-width, to a relative 1e-12 for post-LN depth). The parameters the embedding leaves free (query,
-key, value, MLP up-projection of added blocks) are initialised from ``(seed, "grow", step)``.
+``train.grow.to[j]`` (``flatlm.models.growth.grow``, paper B.4) by ``train.grow.construction``,
+default "head-norm": width by replication, depth by blocks whose attention-output and MLP-output
+projections are zero (and, post-LN, LayerNorms reset so that the stack stays exact; see
+growth.py). Not the "paper" construction that ``measure.growth_construction`` defaults to: its
+all-zero added blocks would never train (with zero query, key, value and up-projection the
+gradients of the zero output projections stay zero, and only the output biases move).
+Progressive stacking by copying layers (Gong et al., 2019) changes the function and is not what
+this does: the logits, and so the loss on every batch, are unchanged at the growth (to float
+rounding; exact in exact arithmetic for width, to a relative 1e-12 for post-LN depth). The
+parameters "head-norm" leaves free (query, key, value, MLP up-projection of added blocks) are
+initialised from ``(seed, "grow", step)``.
 
 Optimizer state (``carry_state``): a grown parameter that equals ``c`` times its same-named
 parameter of the small model tiled along each dimension (``c = 1/k``, k a positive integer:
@@ -96,7 +100,8 @@ def growth_due(cfg: TrainConfig, current: ModelConfig, step: int) -> ModelConfig
 def grow_context(ctx: StepContext, target: ModelConfig, *, step: int) -> StepContext:
     """``ctx`` with its model grown into ``target`` and a new optimizer over the grown model
     carrying the old one's state (``carry_state``); the model's device, dtype and mode kept."""
-    big = grow(ctx.model, target, seed=derive_seed(ctx.cfg.seed, "grow", step))
+    big = grow(ctx.model, target, seed=derive_seed(ctx.cfg.seed, "grow", step),
+               construction=ctx.cfg.grow.construction)
     device = next(big.parameters()).device
     optimizer = build_optimizer(ctx.cfg, big, fused=device.type == "cuda")
     carry_state(ctx.model, big, ctx.optimizer, optimizer)

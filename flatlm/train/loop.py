@@ -15,11 +15,13 @@ module picks one process or many. ``Diverged``, ``CheckpointWriteError``, ``Trai
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 
 import torch
 
+from flatlm.models.checkpoint import quiet_transformers_bars
 from flatlm.models.presets import ModelConfig, parse_model
 from flatlm.runs.dirlock import writer_lock
 from flatlm.sources.base import Source
@@ -37,6 +39,7 @@ from flatlm.train.run import (
     build_pipeline,
     start_checkpoint,
 )
+from flatlm.train.sizes import check_fits
 from flatlm.train.state import find_checkpoints, set_aside
 
 __all__ = ["TRAINING_INTERVAL", "CheckpointHook", "CheckpointWriteError", "Diverged",
@@ -76,16 +79,18 @@ def train(
     check_before_training(cfg, model_cfg)  # grow: every shape a growth of the one before it
     device = torch.device(device)
     out_dir = Path(out_dir).absolute()
-    start, unreadable = start_checkpoint(cfg, model_cfg, out_dir, resume)  # cheap checks first
-    pipeline, n_classes = build_pipeline(cfg, source, device, corpus)
-    try:
-        with writer_lock(out_dir):  # one writer: two runs into one directory would mix them
-            for bad, _ in unreadable:  # kept for inspection, out of the way of the steps retrained
-                set_aside(bad)
-            run = _train(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start,
-                         on_checkpoint, progress)
-    finally:
-        pipeline.close()
+    check_fits(cfg, model_cfg, source, device)  # before any allocation: sizes vs memory
+    with contextlib.nullcontext() if progress else quiet_transformers_bars():
+        start, unreadable = start_checkpoint(cfg, model_cfg, out_dir, resume, source)
+        pipeline, n_classes = build_pipeline(cfg, source, device, corpus)
+        try:
+            with writer_lock(out_dir):  # one writer: two runs into one directory would mix them
+                for bad, _ in unreadable:  # kept for inspection, out of the way of those retrained
+                    set_aside(bad)
+                run = _train(cfg, source, model_cfg, out_dir, device, pipeline, n_classes,
+                             start, on_checkpoint, progress)
+        finally:
+            pipeline.close()
     return TrainResult(model=run.ctx.model, step=run.step, history=run.history,
                        checkpoints=find_checkpoints(out_dir))
 

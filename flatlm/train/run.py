@@ -20,13 +20,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
+from tqdm.auto import tqdm
 
 from flatlm.core.config import flatten_dict, to_dict
+from flatlm.core.safe_io import make_fresh_dir, refuse_link
 from flatlm.core.schedules import learning_rate
 from flatlm.core.seeds import derive_seed
 from flatlm.models.bert import build_model
-from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, save_checkpoint
+from flatlm.models.checkpoint import (
+    INFO_NAME,
+    SOURCE_FINGERPRINT,
+    check_language,
+    load_checkpoint,
+    save_checkpoint,
+)
 from flatlm.runs.manifest import write_manifest
 from flatlm.runs.metrics_log import write_train_log
 from flatlm.train.algorithms import STEPS, StepContext, build_optimizer
@@ -69,12 +78,18 @@ class CheckpointWriteError(OSError):
     from the newest of them once there is room."""
 
     @classmethod
-    def of(cls, ckpt: Path, cause: BaseException) -> CheckpointWriteError:
+    def of(cls, ckpt: Path, cause: BaseException,
+           what: str = "checkpoint") -> CheckpointWriteError:
         free = shutil.disk_usage(_existing_parent(ckpt)).free
         why = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-        return cls(f"could not write checkpoint {ckpt} ({why}); {free / 2**30:.2f} GiB free on "
+        return cls(f"could not write {what} {ckpt} ({why}); {free / 2**30:.2f} GiB free on "
                    "its disk. The earlier checkpoints are intact: free space, then resume (the "
                    "same command with --resume)")
+
+
+# What a writer raises when the disk is full: OSError (ENOSPC, EDQUOT), torch's RuntimeError
+# ("basic_ios::clear"), and safetensors' own SafetensorError (neither of those).
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
 
 def _existing_parent(path: Path) -> Path:
@@ -85,8 +100,8 @@ def _existing_parent(path: Path) -> Path:
 
 class Diverged(RuntimeError):  # noqa: N818 - the name the sweeps and CLI catch
     """Training diverged: the loss read-out was non-finite (a non-finite gradient makes it so at
-    the next update) or above ``train.divergence_factor`` times the first logged loss. Raised
-    before any later checkpoint is written or measured."""
+    the next update) or above ``train.divergence_factor`` times the initial loss log V or the
+    first logged loss. Raised before any later checkpoint is written or measured."""
 
     def __init__(self, step: int, loss: float, reason: str):
         self.step, self.loss, self.reason = step, loss, reason
@@ -122,9 +137,10 @@ def build_pipeline(cfg, source, device, corpus) -> tuple[BatchPipeline, int]:
     return pipeline, pool.n_classes if pool else 0
 
 
-def start_checkpoint(cfg, model_cfg, out_dir, resume):
+def start_checkpoint(cfg, model_cfg, out_dir, resume, source=None):
     """(the checkpoint to resume from and its state, or None to start afresh; the newer
-    checkpoints that do not load), after checking that it continues this run."""
+    checkpoints that do not load), after checking that it continues this run (on ``source``'s
+    language, when given)."""
     found = find_checkpoints(out_dir)
     if not resume:
         if found:
@@ -148,6 +164,8 @@ def start_checkpoint(cfg, model_cfg, out_dir, resume):
     if state.step > cfg.steps:
         raise ValueError(f"resume from {ckpt}: it is past train.steps={cfg.steps}")
     info = json.loads((ckpt / INFO_NAME).read_text())
+    if source is not None:
+        check_language(ckpt, info, source, "resume")
     model_cfg = shape_at(cfg, model_cfg, state.step)  # grow: the shape it had grown into
     if info["model"] != model_cfg.to_dict():
         raise ValueError(f"resume from {ckpt}: the checkpoint's model is {info['model']}, this "
@@ -195,7 +213,6 @@ class Run:
         return cls(cfg, source, model_cfg, out_dir, device, pipeline, ctx, resumed=state)
 
     def loop(self, on_checkpoint: CheckpointHook | None, progress: bool) -> None:
-        from tqdm.auto import tqdm
 
         cfg, step_fn = self.cfg, self.update_function()
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not progress, unit="step",
@@ -271,13 +288,21 @@ class Run:
             self.check_loss(float(self.window["train/loss"]) / self.window_count)
 
     def check_loss(self, loss: float) -> None:
-        """Raises ``Diverged`` if ``loss`` (at ``self.step``) is non-finite or above
-        ``cfg.divergence_factor`` times the run's first logged loss."""
+        """Raises ``Diverged`` if ``loss`` (at ``self.step``) is non-finite, or above
+        ``cfg.divergence_factor`` times the initial loss log V (a uniform guess over the V words:
+        a run that diverges before its first read-out has no sane first loss to compare with)
+        or times the run's first logged loss."""
         if not math.isfinite(loss):
             raise Diverged(self.step, loss, "is not finite")
         factor = self.cfg.divergence_factor
+        if factor is None:
+            return
+        initial = math.log(max(self.source.V, 2))
+        if loss > factor * initial:
+            raise Diverged(self.step, loss, f"exceeds train.divergence_factor={factor:g} times "
+                                            f"the initial loss log V = {initial:.6g}")
         first = self.history[0].get("train/loss") if self.history else None
-        if factor is not None and first is not None and loss > factor * first:
+        if first is not None and loss > factor * first:
             raise Diverged(self.step, loss, f"exceeds train.divergence_factor={factor:g} times "
                                             f"the first logged loss {first:.6g}")
 
@@ -287,25 +312,20 @@ class Run:
         model, step = self.ctx.model, self.step
         final = checkpoint_dir(self.out_dir, step)
         tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
         rng = self.capture_rng()
         try:
-            save_checkpoint(model, tmp, source_spec=self.source.spec, model_cfg=self.model_cfg,
-                            extra={"step": step, "train": to_dict(self.cfg),
-                                   "last_log": self.history[-1] if self.history else {},
-                                   TRAINING_INTERVAL: self.training_interval()})
-            save_state(TrainState(step=step, data=self.pipeline.state_dict(step), rng=rng,
-                                  optimizer=self.ctx.optimizer.state_dict(),
-                                  config=to_dict(self.cfg), history=self.history,
-                                  window={"count": self.window_count,
-                                          "sums": self.window_sums()}), tmp)
-            write_manifest(tmp)  # last: every file's hash, checked before a resume trusts it
-        except (OSError, RuntimeError) as e:  # a full disk: torch says "basic_ios::clear"
-            shutil.rmtree(tmp, ignore_errors=True)
+            self.write_checkpoint(tmp, rng)
+        except WRITE_ERRORS as e:  # a full disk: torch says "basic_ios::clear", safetensors
+            if not tmp.is_symlink():  # raises its own SafetensorError
+                shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointWriteError.of(final, e) from e
+        refuse_link(final)  # renamed over: a link there would be a planted one
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        write_train_log(self.out_dir, self.history)
+        try:
+            write_train_log(self.out_dir, self.history)
+        except OSError as e:  # the checkpoint is whole; only the curve's file is behind
+            raise CheckpointWriteError.of(final, e, what="the training log of") from e
         log.info("checkpoint %s", final)
         if on_checkpoint is not None:
             model.eval()
@@ -315,6 +335,29 @@ class Run:
                 model.train()
                 restore_rng(rng, self.device)
 
+    def write_checkpoint(self, tmp: Path, rng: dict) -> None:
+        """The checkpoint's files in the fresh directory ``tmp`` (a link there is refused)."""
+        refuse_link(tmp.parent)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        make_fresh_dir(tmp)
+        save_checkpoint(self.ctx.model, tmp, source_spec=self.source.spec,
+                        model_cfg=self.model_cfg,
+                        extra={"step": self.step, "train": to_dict(self.cfg),
+                               "last_log": self.history[-1] if self.history else {},
+                               TRAINING_INTERVAL: self.training_interval(),
+                               SOURCE_FINGERPRINT: self.fingerprint()})
+        save_state(TrainState(step=self.step, data=self.pipeline.state_dict(self.step), rng=rng,
+                              optimizer=self.ctx.optimizer.state_dict(),
+                              config=to_dict(self.cfg), history=self.history,
+                              window={"count": self.window_count,
+                                      "sums": self.window_sums()}), tmp)
+        write_manifest(tmp)  # last: every file's hash, checked before a resume trusts it
+
+    def fingerprint(self) -> str:
+        """The language's fingerprint, which every checkpoint records (hashed once a run)."""
+        if not hasattr(self, "_fingerprint"):
+            self._fingerprint = self.source.fingerprint()
+        return self._fingerprint
 
     def capture_rng(self) -> dict:
         """The RNG state a checkpoint stores (a data-parallel run adds every rank's)."""

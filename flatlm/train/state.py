@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from flatlm.models.checkpoint import is_model_file, load_checkpoint  # defers transformers
 from flatlm.runs.manifest import verify_manifest
 
 STATE_NAME = "training_state.pt"
@@ -88,8 +89,6 @@ def newest_checkpoint(out_dir: Path) -> Path | None:
 
 def readable_checkpoints(out_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
     """(the newest checkpoint that loads or None, [(newer unreadable checkpoint, why)])."""
-    from flatlm.models.checkpoint import is_model_file, load_checkpoint  # defers transformers
-
     bad = []
     for _, ckpt in sorted(find_checkpoints(out_dir).items(), reverse=True):
         try:

@@ -48,6 +48,21 @@ def test_bad_keys_and_names_are_messages(argv, match, capsys):
     assert match in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("make", ["link", "file"])
+def test_an_unusable_out_is_a_message(tmp_path, capsys, make):
+    """As ``flatlm train`` (issue 27): nothing is written through a link or over a file."""
+    target = tmp_path / "target"
+    target.mkdir()
+    out = tmp_path / "out"
+    if make == "link":
+        out.symlink_to(target, target_is_directory=True)
+    else:
+        out.write_text("x")
+    assert main(["trial", "--out", str(out), "--no-progress", *TINY]) == 2
+    assert f"--out {out}" in capsys.readouterr().err
+    assert list(target.iterdir()) == []
+
+
 def test_train_and_measure_take_the_sweeps_keys():
     """A ``--set`` line copied from a sweep works in ``flatlm train`` and ``flatlm measure``."""
     from argparse import Namespace

@@ -53,6 +53,7 @@ def test_a_registered_toy_measurement_runs_in_a_trial(toy, tmp_path):
         assert rows[step][toy.PARAM_NORM] == pytest.approx(norm, rel=1e-12)
     keys = [k for k in rows[2] if not k.startswith("time/")]
     assert keys.index(toy.PARAM_NORM) > keys.index("pretrain/loss")  # after the built-in ones
+    assert rows[2]["time/param_norm_s"] >= 0  # timed, though it does not time itself
 
 
 def test_the_derived_tables_name_the_toy(toy, capsys):
@@ -107,6 +108,7 @@ def test_the_built_in_measurements_give_the_keys_they_declare():
         "finetune.epochs": 1, "finetune.seeds": 1, "finetune.warmup_steps": 1})
     model = build_model(shape, src.V, src.max_length, seed=0)
     out = measure_model(model, src, eval_data(src, cfg, shape), cfg, "cpu")
-    # random_init/*: probe's reference, given only when eval_data has the model config
-    given = {k for k in out if not k.startswith(("time/", "random_init/"))}
+    # random_init/*, random_init_ridge/*: probe's reference, given only when eval_data has the
+    # model config
+    given = {k for k in out if not k.startswith(("time/", "random_init/", "random_init_ridge/"))}
     assert given == set(metric_keys(what, src.tasks))

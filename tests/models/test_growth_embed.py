@@ -1,10 +1,14 @@
-"""Growing a BERT (B.4) keeps its function: the same logits and MLM loss on random inputs.
+"""Growing a BERT (B.4) keeps its function: the same logits and MLM loss on random inputs, under
+both constructions ("paper": B.4.2 / enlarge.py, input embeddings / m; "head-norm": the MLM
+head's LayerNorm / m).
 
 Every small model has its parameters moved off their initialisation (LayerNorm gamma != 1,
 beta != 0, non-zero biases), since at initialisation the depth construction's subtlety (post-LN
-blocks are not identities) is invisible. Exactness is checked in float64: width growth alone to
-rounding (1e-13), added blocks to 1e-10 (the LayerNorm eps = 1e-12 re-normalises; with eps = 0
-they are exact too). One float32 case holds to 1e-5 relative to the largest logit.
+blocks are not identities) is invisible. Exactness is checked in float64: "head-norm" width growth
+alone to rounding (1e-13), added blocks to 1e-10 (the LayerNorm eps = 1e-12 re-normalises; with
+eps = 0 they are exact too); "paper" to 1e-9 (its embedding LayerNorm sees x / m, so eps acts as
+m^2 eps; with eps = 0 exact to rounding). One float32 case holds to 1e-5 relative to the largest
+logit.
 """
 
 import dataclasses
@@ -25,7 +29,14 @@ from flatlm.models import (
     parse_model,
     save_checkpoint,
 )
-from flatlm.models.growth import grow, grow_checkpoint, growth, max_logit_difference, random_inputs
+from flatlm.models.constructions import CONSTRUCTIONS
+from flatlm.models.growth import (
+    grow,
+    grow_checkpoint,
+    growth,
+    max_logit_difference,
+    random_inputs,
+)
 
 V, T = 11, 6
 SOURCE = {"kind": "dyck", "length": T}
@@ -52,26 +63,45 @@ def _shape(d: int, h: int, n: int, i: int) -> str:
     return f"d{d}-h{h}-l{n}-i{i}"
 
 
+def _tolerance(construction: str, added: int, width: int = 3) -> float:
+    if construction == "paper":  # the embedding LayerNorm's eps acts as m^2 eps (growth.py)
+        return 1e-10 * width**2
+    return 1e-13 if added == 0 else 1e-10
+
+
+@pytest.mark.parametrize("construction", CONSTRUCTIONS)
 @pytest.mark.parametrize("width, added", list(itertools.product((1, 2, 3), (0, 1, 2))),
                          ids=lambda v: str(v))
-def test_grown_logits_equal_small_logits_float64(width, added):
+def test_grown_logits_equal_small_logits_float64(width, added, construction):
     small = _trained_like(SMALL, seed=10 * width + added)
-    big = grow(small, parse_model(_shape(16 * width, 2 * width, 2 + added, 32 * width)))
+    big = grow(small, parse_model(_shape(16 * width, 2 * width, 2 + added, 32 * width)),
+               construction=construction)
     assert sum(p.numel() for p in big.parameters()) > sum(p.numel() for p in small.parameters()) \
         or (width, added) == (1, 0)
     expected, got = _logits(small, seed=1), _logits(big, seed=1)
     if width == 1 and added == 0:
         assert torch.equal(got, expected)  # a copy
-    tol = 1e-13 if added == 0 else 1e-10
-    torch.testing.assert_close(got, expected, rtol=0, atol=tol)
+    torch.testing.assert_close(got, expected, rtol=0,
+                               atol=_tolerance(construction, added, width))
 
 
-def test_intermediate_factor_may_differ_from_width():
+@pytest.mark.parametrize("width", [2, 3])
+def test_paper_width_growth_is_exact_without_eps(width):
+    small = _trained_like(SMALL, seed=20 + width)
+    _set_eps(small, 0.0)
+    big = grow(small, parse_model(_shape(16 * width, 2 * width, 2, 32 * width)),
+               construction="paper")
+    torch.testing.assert_close(_logits(big, seed=2), _logits(small, seed=2), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("construction", CONSTRUCTIONS)
+def test_intermediate_factor_may_differ_from_width(construction):
     # Table 4 as printed: d320-h5-l6-i1024 -> d1920-h30-l20-i5120 (width x6, d_inter x5); here
     # with head size 4 and fewer layers
     small = _trained_like("d20-h5-l2-i64", seed=3)
-    big = grow(small, parse_model("d120-h30-l3-i320"))
-    torch.testing.assert_close(_logits(big, seed=2), _logits(small, seed=2), rtol=0, atol=1e-10)
+    big = grow(small, parse_model("d120-h30-l3-i320"), construction=construction)
+    torch.testing.assert_close(_logits(big, seed=2), _logits(small, seed=2), rtol=0,
+                               atol=_tolerance(construction, 1, width=6))
 
 
 @pytest.mark.parametrize("source, target", [("bert-4.8m", "bert-25m"), ("bert-17m", "bert-79m")])
@@ -121,14 +151,16 @@ def test_same_mlm_loss():
     assert float(got) == pytest.approx(float(expected), rel=1e-12)
 
 
-def test_final_hidden_states_are_replicated():
+@pytest.mark.parametrize("construction", CONSTRUCTIONS)
+def test_final_hidden_states_are_replicated(construction):
     small = _trained_like(SMALL, seed=7)
-    big = grow(small, parse_model("d48-h6-l3-i96"))
+    big = grow(small, parse_model("d48-h6-l3-i96"), construction=construction)
     ids, mask = random_inputs(small, 4, seed=6)
     with torch.no_grad():
         h = encoder_features(small, ids, mask)  # (n, T+2, 16)
         h_big = encoder_features(big, ids, mask)  # (n, T+2, 48)
-    torch.testing.assert_close(h_big, h.repeat(1, 1, 3), rtol=0, atol=1e-10)
+    torch.testing.assert_close(h_big, h.repeat(1, 1, 3), rtol=0,
+                               atol=_tolerance(construction, 1))
 
 
 def _set_eps(model, eps: float):
@@ -164,13 +196,18 @@ def test_depth_is_exact_without_eps_and_the_literal_b42_blocks_are_not():
 def test_seed_sets_only_the_free_parameters_of_added_blocks():
     small = _trained_like(SMALL, seed=9)
     target = parse_model("d32-h4-l3-i64")
-    a = dict(grow(small, target, seed=0).named_parameters())
-    b = dict(grow(small, target, seed=1).named_parameters())
+    a = dict(grow(small, target, seed=0, construction="head-norm").named_parameters())
+    b = dict(grow(small, target, seed=1, construction="head-norm").named_parameters())
     differ = {name for name in a if not torch.equal(a[name], b[name])}
     free = {f"bert.encoder.layer.2.{m}.weight"  # fresh biases are zero whatever the seed
             for m in ("attention.self.query", "attention.self.key", "attention.self.value",
                       "intermediate.dense")}
     assert differ == free
+    # the paper's fills them with zeros: the seed changes nothing
+    c = dict(grow(small, target, seed=0, construction="paper").named_parameters())
+    d = dict(grow(small, target, seed=1, construction="paper").named_parameters())
+    assert all(torch.equal(c[name], d[name]) for name in c)
+    assert all(not c[name].any() for name in free)
 
 
 def test_keeps_tying_mode_and_dtype():
@@ -186,7 +223,8 @@ def test_grown_checkpoint_loads_with_transformers_and_flatlm(tmp_path):
     cfg = dataclasses.replace(parse_model(SMALL), dropout=0.05, attention="eager")
     save_checkpoint(small, tmp_path / "small", source_spec=SOURCE, model_cfg=cfg,
                     extra={"step": 7})
-    out = grow_checkpoint(tmp_path / "small", "d32-h4-l4-i64", tmp_path / "big", seed=3)
+    out = grow_checkpoint(tmp_path / "small", "d32-h4-l4-i64", tmp_path / "big", seed=3,
+                          construction="head-norm")
     expected = _logits(small, seed=8)
     loaded = BertForMaskedLM.from_pretrained(out, local_files_only=True).eval()
     assert loaded.cls.predictions.decoder.weight is loaded.bert.embeddings.word_embeddings.weight
@@ -199,20 +237,42 @@ def test_grown_checkpoint_loads_with_transformers_and_flatlm(tmp_path):
     assert info["extra"]["step"] == 7
     grown = info["extra"]["grown_from"]
     assert (grown["shape"], grown["width"], grown["inter"], grown["added_layers"],
-            grown["seed"]) == (SMALL, 2, 2, 2, 3)
+            grown["seed"], grown["construction"]) == (SMALL, 2, 2, 2, 3, "head-norm")
 
 
-def test_cli_grow(tmp_path, capsys):
+@pytest.mark.parametrize("construction", [None, *CONSTRUCTIONS])
+def test_cli_grow(tmp_path, capsys, construction):
     small = _trained_like(SMALL, seed=13, dtype=torch.float32)
     save_checkpoint(small, tmp_path / "small", source_spec=SOURCE, model_cfg=parse_model(SMALL))
+    chosen = [] if construction is None else ["--construction", construction]
     assert main(["grow", str(tmp_path / "small"), "--to", "d48-h6-l3-i96", "--out",
-                 str(tmp_path / "big"), "--check", "4"]) == 0
+                 str(tmp_path / "big"), "--check", "4", *chosen]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"grew {SMALL} -> d48-h6-l3-i96 (width x3, d_inter x3, +1 layers")
+    assert f"construction {construction or 'paper'})" in lines[0]  # the paper's by default
     assert float(lines[1].rsplit(": ", 1)[1]) < 1e-5
-    assert json.loads((tmp_path / "big" / "flatlm.json").read_text())["shape"] == "d48-h6-l3-i96"
+    info = json.loads((tmp_path / "big" / "flatlm.json").read_text())
+    assert info["shape"] == "d48-h6-l3-i96"
+    assert info["extra"]["grown_from"]["construction"] == (construction or "paper")
     big, _ = load_checkpoint(tmp_path / "big")
     assert max_logit_difference(small, big, n=3, seed=1) < 1e-5
+    scale = 1 / 3 if construction in (None, "paper") else 1.0  # where the factor 1/m went
+    torch.testing.assert_close(big.bert.embeddings.word_embeddings.weight,
+                               small.bert.embeddings.word_embeddings.weight.repeat(1, 3) * scale)
+
+
+def test_cli_grow_refuses_an_unknown_construction(tmp_path, capsys):
+    save_checkpoint(_trained_like(SMALL, seed=14, dtype=torch.float32), tmp_path / "small",
+                    source_spec=SOURCE, model_cfg=parse_model(SMALL))
+    with pytest.raises(SystemExit, match="2"):
+        main(["grow", str(tmp_path / "small"), "--to", "d32-h4-l2-i64", "--out",
+              str(tmp_path / "big"), "--construction", "flatlm"])
+    assert "invalid choice: 'flatlm'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--construction='flatlm': use one of 'paper'"):
+        grow_checkpoint(tmp_path / "small", "d32-h4-l2-i64", tmp_path / "big",
+                        construction="flatlm")
+    with pytest.raises(ValueError, match="^construction='x': use one of"):
+        grow(_trained_like(SMALL, seed=1), parse_model("d32-h4-l2-i64"), construction="x")
 
 
 @pytest.mark.parametrize("target, message", [

@@ -293,6 +293,24 @@ def test_downstream_sentences_have_the_minimum_length():
                                                                                        "C": 1}
 
 
+def test_spans_by_parse_depth_are_the_texts_and_released_the_codes():
+    """spans="depth" (A.1): B, C over the first T/2, T/4 words of the longest sentence T (the
+    paper grammar: 16 words -> 8, 4), every downstream sentence at least that long; the same
+    labels as the spans written out. spans="released": B = 4, C = 2, the default."""
+    depth = load("pcfg:paper,spans=depth,label_rule=span")
+    assert depth.spans == {"B": 8, "C": 4} and depth.downstream_min_length == 8
+    written = load({"kind": "pcfg", "grammar": "paper", "spans": {"B": 8, "C": 4},
+                    "downstream_min_length": 8, "label_rule": "span"})
+    _, lengths, got = depth.sample_downstream(300, seed=1)
+    _, _, want = written.sample_downstream(300, seed=1)
+    assert int(lengths.min()) >= 8 and all(torch.equal(got[t], want[t]) for t in "ABC")
+    assert all(int(got[t].min()) >= 0 for t in "ABC")  # every sentence labelled
+    assert load("pcfg:paper,spans=released").spans == load("pcfg:paper").spans == {"B": 4,
+                                                                                     "C": 2}
+    with pytest.raises(ValueError, match="spans='deep': use 'released'"):
+        load("pcfg:paper,spans=deep")
+
+
 @pytest.mark.parametrize("rule", ["posterior", "span", "inside"])
 def test_labels_grouped_by_length_equal_one_padded_batch(rule):
     """The fast path (a chart per sentence length, batches cut across groups) labels as one

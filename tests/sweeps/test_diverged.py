@@ -1,6 +1,6 @@
 """A diverged trial ends FAILED in MLflow with the ``flatlm.diverged`` tag and a marker file the
 driver lists; the trial itself returns normally (no Tune retry, the sweep goes on). Without Ray:
-``sweeps.trainable.end_diverged`` and ``sweeps.driver.report_diverged`` on a file MLflow store."""
+``sweeps.trainable.end_diverged`` and ``sweeps.delivery.report_diverged`` on a file MLflow store."""
 
 import json
 
@@ -15,7 +15,7 @@ from mlflow import MlflowClient  # noqa: E402
 from flatlm.tracking.tracker import MlflowTracker, default_tracking_uri, ensure_experiment  # noqa: E402
 from flatlm.train.loop import Diverged  # noqa: E402
 from sweeps import (
-    driver,  # noqa: E402
+    delivery,  # noqa: E402
     trainable,  # noqa: E402
 )
 
@@ -41,6 +41,6 @@ def test_diverged_trial_is_tagged_failed_and_listed(tmp_path, capsys, monkeypatc
     assert json.loads((bad / trainable.DIVERGED_FILE).read_text())["step"] == 7
 
     capsys.readouterr()
-    assert driver.report_diverged(trials) == [bad.name]
+    assert delivery.report_diverged(trials) == [bad.name]
     out = capsys.readouterr().out
     assert f"trial {bad.name} diverged" in out and "step 7" in out and "1 trial(s) diverged" in out

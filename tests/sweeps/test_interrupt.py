@@ -27,7 +27,7 @@ def test_a_signal_stops_the_sweep_with_its_exit_code_and_the_resume_command(
         kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
     assert rc == code, sweep.tail()
     assert "--resume" in sweep.stderr and "scaling.py" in sweep.stderr
-    assert "Correlations with downstream accuracy" not in sweep.stdout  # no partial summary
+    assert "Per run, final checkpoint" not in sweep.stdout  # no partial summary
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("scaling").experiment_id])
     statuses = {r.info.status for r in runs}
@@ -35,12 +35,12 @@ def test_a_signal_stops_the_sweep_with_its_exit_code_and_the_resume_command(
 
 
 def test_sigterm_takes_tunes_sigint_path_and_is_remembered():
-    from sweeps.driver import Interrupted, _sigterm_as_sigint
+    from sweeps.signals import Interrupted, sigterm_as_sigint
 
     seen = []
     old = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
     try:
-        with _sigterm_as_sigint() as received:
+        with sigterm_as_sigint() as received:
             signal.raise_signal(signal.SIGTERM)
     finally:
         signal.signal(signal.SIGINT, old)

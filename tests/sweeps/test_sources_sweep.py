@@ -92,7 +92,8 @@ def test_a_tiny_sweep_of_any_source_finishes_with_its_task_measured(tmp_path, ra
         assert {"curves.png", "metrics.jsonl", "trial_config.json"} <= names, names
     out = sweep.stdout
     assert f" {task}/acc_mean=" in out  # the result lines show the source's task
-    assert f"Correlations with downstream accuracy ({accuracy})" in out, sweep.tail()
+    assert f"What this sweep shows ({accuracy})" in out, sweep.tail()
+    assert "Per run, final checkpoint" in out and "| majority class " in out
     assert f"--task {task} " in out
     assert "Measuring took " in out  # time/measure_share reached MLflow and the summary
     assert_the_report_reads_the_sweep(tmp_path, uri, task, models)

@@ -24,7 +24,10 @@ from sweeps.spec import Sweep, check_sweep, objectives, shown_metrics, sweep_tas
 
 
 def tiny_sweep(**overrides) -> Sweep:
-    return Sweep(name="t", base=apply_overrides(base_for("tiny"), overrides))
+    """The tiny preset's sweep; a ``source`` comes with its kind's settings, as the command
+    line's ``--source`` / ``--set source=`` bring them (the paper's PCFG labels dropped)."""
+    base = base_for("tiny", source=overrides.pop("source", None))
+    return Sweep(name="t", base=apply_overrides(base, overrides))
 
 
 @pytest.mark.parametrize(("overrides", "task"), [
@@ -48,8 +51,9 @@ def test_the_sweep_task_is_the_first_task_measured(overrides, task):
 def test_the_search_scripts_default_objective_follows_the_source():
     args = Namespace(preset="tiny", objective=[], samples=None)
     sweep = search.build(args)
-    sweep = replace(sweep, base=apply_overrides(sweep.base, {"source": "dyck:6",
-                                                             "measure.tasks": []}))
+    sweep = replace(sweep, base=apply_overrides(sweep.base, {  # as --source dyck:6 sets it
+        "source": "dyck:6", "measure.tasks": [], "measure.label_rule": None,
+        "measure.spans": None}))
     assert objectives(sweep) == (("probe/g_star/acc_mean", "max"),)
     args.objective = ["flat/trace_fisher:min"]
     assert objectives(search.build(args)) == (("flat/trace_fisher", "min"),)
@@ -94,7 +98,7 @@ def test_the_trainable_module_does_not_import_analysis():
 def test_trial_names_say_what_the_trial_varies_then_rays_id():
     from types import SimpleNamespace
 
-    from sweeps.driver import trial_label
+    from sweeps.console import trial_label
 
     trial = SimpleNamespace(trial_id="1a0e7_00003", config={"overrides": {
         "model": "d32-h2-l1-i128", "train.seed": 2, "train.lr": 0.000316227,
@@ -119,8 +123,8 @@ def test_help_imports_neither_ray_nor_torch(script):
 def test_resume_with_changed_settings_is_refused_naming_them(tmp_path):
     from dataclasses import replace as dc_replace
 
-    from sweeps.driver import check_resume_settings, record_settings
     from sweeps.rayenv import tune
+    from sweeps.resume import check_resume_settings, record_settings
 
     sweep = Sweep(name="s", base=base_for("tiny"),
                   space={"model": tune.grid_search(["d16-h1-l1-i64"]),
@@ -141,7 +145,7 @@ def test_a_sweep_started_before_a_field_was_added_resumes(tmp_path):
     import json
     from dataclasses import replace as dc_replace
 
-    from sweeps.driver import SETTINGS_FILE, check_resume_settings, record_settings
+    from sweeps.resume import SETTINGS_FILE, check_resume_settings, record_settings
 
     sweep = Sweep(name="s", base=base_for("tiny"))
     record_settings(sweep, tmp_path)
@@ -171,7 +175,7 @@ def test_an_unreachable_tracking_store_is_an_error_before_ray_starts(tmp_path):
 
 
 def test_resume_refuses_a_tuner_pickle_others_could_have_written(tmp_path):
-    from sweeps.driver import check_trusted
+    from sweeps.trust import check_trusted
 
     (tmp_path / "tuner.pkl").write_bytes(b"not really a pickle")
     tmp_path.chmod(0o755)
@@ -188,7 +192,7 @@ def test_resume_refuses_a_tuner_pickle_others_could_have_written(tmp_path):
 
 def test_resume_refuses_a_tuner_pickle_flatlm_did_not_write(tmp_path, monkeypatch, capsys):
     """The digest is kept in the user's own cache, outside the sweep's (shared) storage."""
-    from sweeps.driver import _digest_file, check_digest, record_digest
+    from sweeps.trust import check_digest, digest_file, record_digest
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     sweep = tmp_path / "ray_results" / "scaling"
@@ -197,8 +201,8 @@ def test_resume_refuses_a_tuner_pickle_flatlm_did_not_write(tmp_path, monkeypatc
     check_digest(sweep)  # never recorded here: a warning, not a refusal
     assert "no digest" in capsys.readouterr().err
     record_digest(sweep)
-    assert _digest_file(sweep).is_relative_to(tmp_path / "home" / ".cache" / "flatlm")
-    assert _digest_file(sweep).stat().st_mode & 0o777 == 0o600
+    assert digest_file(sweep).is_relative_to(tmp_path / "home" / ".cache" / "flatlm")
+    assert digest_file(sweep).stat().st_mode & 0o777 == 0o600
     check_digest(sweep)  # the same file: fine
     (sweep / "tuner.pkl").write_bytes(b"import os; os.system('...')")  # replaced by another
     with pytest.raises(ValueError, match=r"tuner.pkl is not the file flatlm wrote"):
@@ -233,7 +237,8 @@ def test_the_default_sweeps_aim_at_the_regime_they_are_about():
     sizes = scaling.build(tiny)
     assert sizes.kl_threshold == 0.05 and sizes.base.train.dropout == 0.0
     assert sizes.base.source == apply_overrides(sizes.base, {"source": SWEEP_SOURCE}).source
-    assert sizes.base.train.steps == 3000 and sizes.base.train.schedule == "linear"
+    # the schedule's shape is the protocol's: the paper's constant rate (A.5)
+    assert sizes.base.train.steps == 3000 and sizes.base.train.schedule == "constant"
     assert tuple(sizes.base.measure.tasks) == ("A", "B")  # C is degenerate on this grammar
     assert scaling.build(Namespace(preset="paper")).kl_threshold == 0.1  # the paper's scale
     algs = algorithms.build(Namespace(preset="tiny", algorithms="adamw,sam,noreg,adversarial"))

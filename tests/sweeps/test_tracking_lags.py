@@ -17,7 +17,7 @@ from flatlm.runs.trial import TrialConfig  # noqa: E402
 from flatlm.tracking.tracker import MlflowTracker, default_tracking_uri, ensure_experiment  # noqa: E402
 from sweeps import (
     cli,  # noqa: E402
-    driver,  # noqa: E402
+    delivery,  # noqa: E402
     summary,  # noqa: E402
 )
 from sweeps.spec import Sweep  # noqa: E402
@@ -42,11 +42,11 @@ def test_runs_not_ended_at_the_end_are_named_then_ended_once_mlflow_is_back(tmp_
     assert not tracker.report(10, {"pretrain/loss": 2.5})
     assert not tracker.finish("FINISHED")  # the trial ended in the outage
 
-    assert driver.finish_undelivered(trials, down, eid) == [trial.name]
-    assert driver.finish_undelivered(trials, uri, eid) == []  # MLflow is back
+    assert delivery.finish_undelivered(trials, down, eid) == [trial.name]
+    assert delivery.finish_undelivered(trials, uri, eid) == []  # MLflow is back
     (run,) = MlflowClient(uri).search_runs([eid])
     assert run.info.status == "FINISHED" and run.data.metrics == {"pretrain/loss": 2.5}
-    assert driver.finish_undelivered(trials, uri, eid) == []  # nothing sent twice
+    assert delivery.finish_undelivered(trials, uri, eid) == []  # nothing sent twice
 
 
 def test_the_summary_on_an_unreachable_store_is_a_message_and_exit_code_3(tmp_path, capsys,
@@ -55,7 +55,7 @@ def test_the_summary_on_an_unreachable_store_is_a_message_and_exit_code_3(tmp_pa
     with pytest.raises(summary.TrackingUnreachable, match="could not be read"):
         summary.summarise(sweep, tmp_path, dead_uri())
     monkeypatch.setattr(sys, "argv", ["sweeps/scaling.py", "--workdir", "w"])
-    lag = driver.TrackingIncomplete("http://h:5000", ["a", "b"])
+    lag = delivery.TrackingIncomplete("http://h:5000", ["a", "b"])
     assert cli.tracking_lags(f"{lag}.", lag.uri) == 3
     err = capsys.readouterr().err
     assert "2 run(s) not ended (a, b)" in err and "No summary" in err

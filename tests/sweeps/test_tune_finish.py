@@ -3,7 +3,7 @@
 ``MlflowTracker.finish`` never raises; while the server is down it returns False and keeps the
 status in the trial's tracker state, its unsent rows in its metrics.jsonl.
 ``sweeps.trainable.finish_trial`` retries it for a bounded time inside the trial, and the driver's
-``sweeps.driver.finish_undelivered`` sends what is still pending after
+``sweeps.delivery.finish_undelivered`` sends what is still pending after
 ``fit`` (the end-to-end case is ``test_faults.py::test_mlflow_server_outage...``).
 """
 
@@ -20,7 +20,7 @@ from mlflow import MlflowClient  # noqa: E402
 
 from flatlm.tracking.tracker import MlflowTracker, default_tracking_uri, ensure_experiment  # noqa: E402
 from sweeps import (
-    driver,  # noqa: E402
+    delivery,  # noqa: E402
     trainable,  # noqa: E402
 )
 
@@ -49,12 +49,12 @@ def test_undelivered_end_is_sent_by_the_driver(tmp_path, capsys):
     finished.report(10, {"pretrain/loss": 2.0})
     assert finished.finish("FINISHED")
 
-    driver.finish_undelivered(trials, uri, eid)
+    delivery.finish_undelivered(trials, uri, eid)
     client = MlflowClient(uri)
     runs = {r.info.run_name: r for r in client.search_runs([eid])}
     assert sorted(runs) == [out.name, done.name]
     assert {r.info.status for r in runs.values()} == {"FINISHED"}
     history = client.get_metric_history(runs[out.name].info.run_id, "pretrain/loss")
     assert [(m.step, m.value) for m in history] == [(10, 1.5)]
-    driver.finish_undelivered(trials, uri, eid)  # nothing left to do: no second run
+    delivery.finish_undelivered(trials, uri, eid)  # nothing left to do: no second run
     assert len(client.search_runs([eid])) == 2

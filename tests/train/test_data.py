@@ -48,7 +48,7 @@ def test_masking_at_a_rate():
     n, T = 4000, 6
     lengths = torch.randint(1, T + 1, (n,), generator=torch.Generator().manual_seed(0))
     tokens = torch.full((n, T), 2).masked_fill(torch.arange(T) >= lengths[:, None], -1)
-    batch = mask_batch(tokens, lengths, 0.15, generator(0, "mask", 0))
+    batch = mask_batch(tokens, lengths, 0.15, generator(0, "mask", 0), count="bernoulli")
     real = tokens >= 0
     assert not (batch.positions & ~real).any()  # never padding
     assert abs(batch.positions.sum().item() / real.sum().item() - 0.15) < 0.01

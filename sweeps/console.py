@@ -1,0 +1,31 @@
+"""What the sweep prints while it runs: a trial's name and one line per reported checkpoint."""
+
+from __future__ import annotations
+
+from flatlm.experiments.grids import trial_name
+from sweeps.rayenv import tune
+
+
+class OneLinePerResult(tune.Callback):
+    """Prints one readable line per reported checkpoint (the default tables are noisy)."""
+
+    def __init__(self, keys: tuple[str, ...]):
+        self.keys = keys
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        shown = "  ".join(f"{k.split('/', 1)[-1]}={result[k]:.4g}" for k in self.keys
+                          if isinstance(result.get(k), int | float))
+        print(f"[{trial}] step {result.get('step')}: {shown}", flush=True)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        print(f"[{trial}] failed; it will retry from its last checkpoint if it can",
+              flush=True)
+
+
+def trial_label(trial) -> str:
+    """A trial's name: what it varies (``flatlm.experiments.grids.trial_name``, the rule the
+    local runner names its trials by), then Ray's id (unique, stable across retries and
+    resumes): ``d32-h2-l1-i128_seed0_1a0e7_00000``. It names the MLflow run, the console lines
+    and the trial directory."""
+    varied = trial_name(trial.config.get("overrides", {}))
+    return f"{varied}_{trial.trial_id}" if varied else trial.trial_id

@@ -1,0 +1,64 @@
+"""The replication report on a planted table: every row says what decided it, analogues are
+marked, the rule is stated with the values used, and no row below 3 seeds has a verdict."""
+
+import pandas as pd
+
+from analysis.claims import DEFAULT_RULE, VerdictRule
+from analysis.fig1 import Fig1Settings
+from analysis.replication import write_report
+from tests.analysis.test_claims import algorithms_table, sized, steps_runs
+
+DECIDED_BY = ("saturation", "tol", "n", "min_seeds", "ci_low", "ci_high", "level",
+              "paper_effect", "kl_max", "kl_spread", "analogue", "paper_setting", "decided_by")
+
+
+def planted(seeds=(0, 1, 2)):
+    saturated = [1.0, 0.015, 0.012, 0.010]
+    parts = [steps_runs(saturated, [0.5, 0.6, 0.65, 0.7], seeds=seeds),
+             steps_runs([1.2, 0.8, 0.6, 0.5], [0.5, 0.6, 0.65, 0.7], seeds=seeds,
+                        experiment="sgd"),  # monotone, far from the truth
+             sized({"d16-h1-l1-i64": 0.01, "d64-h4-l2-i256": 0.005},
+                   {"d16-h1-l1-i64": 0.4, "d64-h4-l2-i256": 0.7}, seeds=seeds),
+             algorithms_table(seeds=seeds)]
+    df = pd.concat(parts, ignore_index=True)
+    return df.assign(protocol="paper", model=df["model"].fillna("d16-h1-l1-i64"),
+                     status="FINISHED", **{"pretrain/entropy": 2.0})
+
+
+def test_the_report_states_the_rule_and_what_decided_each_row(tmp_path):
+    write_report(planted(), tmp_path, rule=DEFAULT_RULE, fig1=Fig1Settings(n_boot=20))
+    claims = pd.read_csv(tmp_path / "claims.csv")
+    assert set(DECIDED_BY) <= set(claims.columns)
+    sgd = claims[claims["experiment"] == "sgd"]
+    assert len(sgd) and (sgd["verdict"] == "inconclusive (not saturated)").all()
+    assert claims["analogue"].notna().sum() == 4
+    md = (tmp_path / "replication.md").read_text()
+    for needle in ("KL <= 0.02 nats/token", "inconclusive (underpowered)", "analogue: BookCorpus",
+                   "decided_by", "paper_setting", "235M", "Fig. 1 (1, 4)", "distinct"):
+        assert needle in md, needle
+    table = [line for line in md.splitlines() if line.startswith("| figure")]
+    columns = table[0].count("|")
+    rows = [line for line in md.splitlines() if line.startswith("| Fig") or
+            line.startswith("| Table")]
+    assert rows and all(line.count("|") == columns for line in rows)  # no "|" inside a cell
+
+
+def test_no_row_of_a_two_seed_report_has_a_verdict(tmp_path):
+    write_report(planted(seeds=(0, 1)), tmp_path, rule=VerdictRule(),
+                 fig1=Fig1Settings(n_boot=20))
+    claims = pd.read_csv(tmp_path / "claims.csv")
+    assert (claims["n"] < 3).all()
+    assert claims["verdict"].str.startswith("inconclusive (").all()
+    assert not claims["verdict"].str.contains("underpowered|as large|no size").any()
+
+
+def test_a_one_seed_diagnosis_row_shows_a_sign_without_an_interval():
+    from analysis.replication import diagnosis_table, protocol_table
+
+    df = pd.concat([planted(), planted(seeds=(0,)).assign(protocol="paper+mask-only")])
+    tables = {p: protocol_table(df[df["protocol"] == p], fig1=Fig1Settings(n_boot=10))
+              for p in ("paper", "paper+mask-only")}
+    diag = diagnosis_table(tables, df).set_index("protocol")
+    one = diag.loc["paper+mask-only", "steps: probe/C/acc_mean"]
+    assert "(no interval) (n=1) inconclusive (n < 3)" in one
+    assert "(n=3) reproduces" in diag.loc["paper", "steps: probe/C/acc_mean"]

@@ -1,0 +1,65 @@
+"""The closed-form ridge probe: the least-squares solution it says, separable features read off,
+random labels at chance, the penalty picked on held-out sentences, its keys beside the probe's."""
+
+import pytest
+import torch
+
+from flatlm.measure import RIDGE_STATS, probe_key, ridge_stage
+from flatlm.measure.probe import ProbeConfig, prepared_features, split_indices
+from flatlm.measure.probe_batched import Task
+from flatlm.measure.ridge import ALPHAS, _ridge_tasks, ridge_feature_sets, ridge_metrics
+
+CFG = ProbeConfig()
+
+
+def _task(y, C, n=None):
+    return Task("A", torch.ones(len(y) if n is None else n, dtype=torch.bool), y, C)
+
+
+def _blobs(seed, n=300, D=20, C=4, noise=0.1):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, C, (n,), generator=g)
+    x = noise * torch.randn(n, D, generator=g)
+    x[torch.arange(n), y] += 1.0
+    return x, y
+
+
+def test_separable_features_are_read_off_and_random_labels_are_at_chance():
+    x, y = _blobs(0)
+    out = ridge_feature_sets({"probe": x}, [_task(y, 4)], CFG)["probe"]["A"]
+    assert set(out) == set(RIDGE_STATS) and out["acc_mean"] == 1.0 and out["alpha"] in ALPHAS
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(1000, 30, generator=g), torch.randint(0, 2, (1000,), generator=g)
+    out = ridge_feature_sets({"probe": x}, [_task(y, 2)], CFG)["probe"]["A"]
+    assert 0.38 < out["acc_mean"] < 0.62
+    assert out["acc_se"] == pytest.approx((out["acc_mean"] * (1 - out["acc_mean"]) / 200) ** 0.5)
+
+
+def test_the_fit_is_the_penalised_least_squares_solution_in_float64():
+    x, y = _blobs(2, noise=2.0)
+    train, test = split_indices(300, 0.2, 0)
+    xs = prepared_features(x, train, CFG)
+    out = _ridge_tasks(xs, [y], [4], train, test, seed=0)[0]
+    X = xs[train].double()
+    Y = torch.nn.functional.one_hot(y[train], 4).double()
+    penalty = out["alpha"] * len(train)
+    W = torch.linalg.solve(X.T @ X + penalty * torch.eye(20, dtype=torch.float64),
+                           X.T @ (Y - Y.mean(0)))
+    pred = (xs[test].double() @ W + Y.mean(0)).argmax(1)
+    assert out["acc_mean"] == pytest.approx(float((pred == y[test]).double().mean()), abs=1e-12)
+
+
+def test_tasks_on_the_same_sentences_get_the_results_they_get_alone():
+    x, y = _blobs(3, noise=1.5)
+    y2 = (y + torch.arange(300) % 2) % 3
+    keep = torch.ones(300, dtype=torch.bool)
+    both = ridge_feature_sets({"probe": x}, [Task("A", keep, y, 4), Task("B", keep, y2, 3)],
+                              CFG)["probe"]
+    alone = ridge_feature_sets({"probe": x}, [Task("B", keep, y2, 3)], CFG)["probe"]
+    assert both["B"] == pytest.approx(alone["B"], abs=1e-6)
+
+
+def test_keys_are_the_stages_ridge_twins():
+    metrics = ridge_metrics("random_init", {"A": {"acc_mean": 0.5, "alpha": 0.1}})
+    assert metrics == {probe_key("A", "acc_mean", ridge_stage("random_init")): 0.5,
+                       "random_init_ridge/A/alpha": 0.1}

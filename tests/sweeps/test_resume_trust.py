@@ -1,0 +1,145 @@
+"""Issue 27's sweep cases, with a real local Ray and a real MLflow store (slow): one tiny sweep,
+interrupted, resumed by pasting the printed command, then its state tampered with.
+
+* 9: the interrupt message counts the unfinished trials, and the printed ``--resume`` command
+  works when pasted into a shell (a ``--set`` value with quotes survives);
+* 3: a password planted in ``MLFLOW_TRACKING_PASSWORD`` lands in none of the sweep's files nor
+  Ray's session directory;
+* 1: a pickle planted as the search algorithm's state (``basic-variant-state-*.json``, which Ray
+  unpickles on restore; not ``tuner.pkl``) is refused before it can run, world-writable or not;
+  a copied sweep is refused with the command that accepts it, and that command works.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("mlflow")
+
+from tests.sweeps.sweeptools import (  # noqa: E402
+    SCALING,
+    TINY,
+    Sweep,
+    kill_own,
+    set_args,
+    sweep_env,
+)
+
+pytestmark = pytest.mark.slow
+
+PASSWORD = "pw-issue27-planted-secret"
+MEASURED = '["loss","fisher","probe"]'  # quotes a pasted command must keep
+
+
+class Payload:
+    """A pickle whose loading runs a shell command (what a planted state file can do)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {shlex.quote(str(self.marker))}",)
+
+
+def pasted(command: str, cwd: Path, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``command`` run as a user pasting it into bash, ``python`` being this interpreter."""
+    bin_dir = cwd / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    python = bin_dir / "python"
+    if not python.exists():  # a script, not a link: a linked venv python loses its venv
+        python.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+        python.chmod(0o755)
+    return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, start_new_session=True,
+                          env={**env, "PATH": f"{bin_dir}:{env['PATH']}"})
+
+
+def printed_command(stderr: str) -> str:
+    """The indented command line the driver printed last."""
+    return [line.strip() for line in stderr.splitlines() if line.startswith("    python ")][-1]
+
+
+def files_holding(root: Path, secret: bytes) -> list[Path]:
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            try:
+                if secret in path.read_bytes():
+                    found.append(path)
+            except OSError:
+                continue
+    return found
+
+
+def test_interrupt_resume_by_paste_and_tampered_state(tmp_path, ray_tmpdir):
+    env = sweep_env(ray_tmpdir, MLFLOW_TRACKING_USERNAME="alice",
+                    MLFLOW_TRACKING_PASSWORD=PASSWORD)
+    settings = {**TINY, "train.steps": "400", "train.checkpoint_steps": "[10,400]",
+                "measure.what": MEASURED}
+    args = [*set_args(settings), "--kl-threshold", "100"]
+    work = tmp_path / "work"
+    work.mkdir()
+
+    # 9: interrupted at the first result: every trial unfinished, counted
+    first = Sweep(args, work, env)
+    try:
+        assert first.first_result.wait(timeout=400), first.tail()
+        first.proc.send_signal(signal.SIGINT)
+        rc = first.wait(timeout=300)
+    finally:
+        kill_own(first.proc.pid, f"{ray_tmpdir}/")
+    assert rc == 130, first.tail()
+    assert "3 trial(s) unfinished" in first.stderr, first.tail()
+    command = printed_command(first.stderr)
+    assert shlex.split(command) == ["python", str(SCALING), *args, "--resume"]
+
+    # the printed command, pasted, finishes the sweep
+    done = pasted(command, work, env)
+    kill_own(None, f"{ray_tmpdir}/")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "Per run, final checkpoint" in done.stdout  # the summary printed
+
+    # 3: the password in the environment reached no file of the sweep nor Ray's session
+    assert files_holding(work, PASSWORD.encode()) == []
+    assert files_holding(ray_tmpdir, PASSWORD.encode()) == []
+
+    # 1: a pickle planted as the search algorithm's newest state is refused before it runs
+    state = work / "ray_results" / "scaling"
+    assert list(state.glob("basic-variant-state-*.json"))  # Ray keeps one: it loads the newest
+    marker = tmp_path / "pwned"
+    planted = state / "basic-variant-state-9999-99-99_99-99-99.json"
+    planted.write_bytes(pickle.dumps(Payload(marker)))
+    for mode, reason in ((0o600, "was not written by flatlm"), (0o666, "not yours alone")):
+        planted.chmod(mode)
+        again = pasted(command, work, env, timeout=300)
+        kill_own(None, f"{ray_tmpdir}/")
+        assert again.returncode == 2, again.stderr[-4000:]
+        assert reason in again.stderr and planted.name in again.stderr
+        assert not marker.exists(), "the planted pickle ran"
+    planted.unlink()
+
+    # 1: a copied sweep cannot be verified: refused, with the command that accepts it
+    copy = tmp_path / "copy"
+    shutil.copytree(work, copy, symlinks=True)
+    moved = f"{command} --workdir {shlex.quote(str(copy))}"
+    refused = pasted(moved, copy, env, timeout=300)
+    kill_own(None, f"{ray_tmpdir}/")
+    assert refused.returncode == 2, refused.stderr[-4000:]
+    assert "no digest of its state" in refused.stderr
+    accept = printed_command(refused.stderr)
+    assert accept.endswith("--resume --trust-state")
+    accepted = pasted(accept, copy, env)
+    kill_own(None, f"{ray_tmpdir}/")
+    assert accepted.returncode == 0, accepted.stderr[-4000:]
+    assert "--trust-state: resuming" in accepted.stderr
+    assert not marker.exists()
