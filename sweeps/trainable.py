@@ -56,12 +56,13 @@ def trainable(config: dict) -> None:
     """Tune function trainable; ``config``: ``base`` (a TrialConfig as a dict), ``overrides``
     (this trial's point of the search space) and ``sweep`` (name, tracking URI, experiment id,
     trials directory)."""
-    from flatlm.runs.trial import run_trial, with_downstream_resolved
+    from flatlm.runs.trial import run_trial, validate_trial, with_downstream_resolved
 
     quiet_ray_train()
     sweep = config["sweep"]
-    cfg = with_downstream_resolved(apply_overrides(from_dict(TrialConfig, config["base"]),
-                                                   config["overrides"]))  # params name the rule
+    cfg = apply_overrides(from_dict(TrialConfig, config["base"]), config["overrides"])
+    source, _ = validate_trial(cfg)  # built once: run_trial takes it
+    cfg = with_downstream_resolved(cfg, source)  # the tracked params name the label rule
     name = tune.get_context().get_trial_name()
     out_dir = Path(sweep["trials_dir"]) / name
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -76,7 +77,7 @@ def trainable(config: dict) -> None:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        run_trial(cfg, out_dir, report, device=device,
+        run_trial(cfg, out_dir, report, device=device, source=source,
                   eval_cache=Path(sweep["trials_dir"]).parents[1] / "eval_cache")
     except Diverged as e:  # ends here, not retried: a retry would diverge the same way
         end_diverged(tracker, out_dir, e)

@@ -167,10 +167,37 @@ def test_a_trial_builds_its_source_once_and_validates_once(tmp_path, monkeypatch
                         lambda spec: loads.append(spec) or sources.load(spec))
     real_validate = trial_module.validate_trial
     monkeypatch.setattr(trial_module, "validate_trial",
-                        lambda cfg: validations.append(cfg) or real_validate(cfg))
+                        lambda cfg, source=None: validations.append(cfg)
+                        or real_validate(cfg, source))
     cfg = apply_overrides(TrialConfig(), {
         "source": "dyck:4", "model": "d16-h1-l1-i32", "train.steps": 2, "train.batch_size": 4,
         "train.checkpoint_steps": [2], "train.warmup_steps": 1, "measure.n_eval": 8,
         "measure.n_downstream": 20, "measure.what": ["loss"]})
     run_trial(cfg, tmp_path)
     assert len(loads) == 1 and len(validations) == 1
+
+
+def test_a_source_built_by_the_caller_is_not_built_again(tmp_path, monkeypatch):
+    """Issue 22: the Ray trainable validates the trial (building its source) to resolve the
+    tracked params, then hands that source to run_trial: one build per trial on that path too."""
+    import flatlm.runs.trial as trial_module
+    import flatlm.sources as sources
+
+    cfg = apply_overrides(TrialConfig(), {
+        "source": "dyck:4", "model": "d16-h1-l1-i32", "train.steps": 2, "train.batch_size": 4,
+        "train.checkpoint_steps": [2], "train.warmup_steps": 1, "measure.n_eval": 8,
+        "measure.n_downstream": 20, "measure.what": ["loss"]})
+    source, _ = trial_module.validate_trial(cfg)
+    loads = []
+    monkeypatch.setattr(trial_module, "load",
+                        lambda spec: loads.append(spec) or sources.load(spec))
+    done = run_trial(trial_module.with_downstream_resolved(cfg, source), tmp_path / "given",
+                     source=source)
+    assert loads == []
+    built = run_trial(cfg, tmp_path / "built")
+    assert len(loads) == 1
+
+    def measured(rows):  # the wall-clock timings differ, nothing else may
+        return {s: {k: v for k, v in r.items() if not k.startswith("time/")}
+                for s, r in rows.items()}
+    assert measured(done) == measured(built)  # the same trial, bit for bit

@@ -102,12 +102,13 @@ def labelled_source(cfg: TrialConfig) -> SourceSpec:
         raise ValueError(f"measure.spans / measure.label_rule: {e}") from None
 
 
-def validate_trial(cfg: TrialConfig):
+def validate_trial(cfg: TrialConfig, source=None):
     """Builds what the trial needs, failing on a bad config before any work: (source, model);
-    the source is ``labelled_source(cfg)``'s."""
+    the source is ``labelled_source(cfg)``'s. ``source``: that source already built (a caller
+    that needed it first, e.g. the Ray trainable; a source is built once per trial)."""
     spec = labelled_source(cfg)
     try:
-        source = load(spec)
+        source = load(spec) if source is None else source
     except (ValueError, OSError) as e:  # the spec was valid when made; a file may have gone
         raise ValueError(f"source: {e}") from None
     model_cfg = parse_model(cfg.model)
@@ -164,16 +165,17 @@ def tracked_params(cfg: TrialConfig) -> dict:
 
 def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = None, *,
               device: str | torch.device = "cpu", progress: bool = False,
-              eval_cache: str | Path | None = None) -> dict[int, dict]:
+              eval_cache: str | Path | None = None, source=None) -> dict[int, dict]:
     """Runs (or resumes) the trial; returns step -> metrics for every checkpoint.
 
     ``eval_cache``: a directory where the trials of a sweep share their evaluation data and
     reference rows (``flatlm.measure.eval_cache``, ``flatlm.measure.reference_cache``); None
     computes them for this trial alone. ``progress``: console bars for training and measuring.
     Another process writing to ``out_dir`` is an error (``flatlm.runs.dirlock.DirectoryBusyError``)
-    before any work.
+    before any work. ``source``: ``labelled_source(cfg)`` already built by the caller, which
+    then is not built again.
     """
-    source, model_cfg = validate_trial(cfg)
+    source, model_cfg = validate_trial(cfg, source)
     cfg = with_downstream_resolved(cfg, source)
     check_fits(cfg.train, model_cfg, source, torch.device(device))  # before the eval data too
     out_dir = Path(out_dir).absolute()
