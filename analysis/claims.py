@@ -440,11 +440,21 @@ def claim_row(claim: Claim, eff: Effects, summary: tuple, rule: VerdictRule) -> 
     }
 
 
+
+def _saturation_part(eff: Effects, rule: VerdictRule) -> str:
+    """The saturation check as the verdict saw it; an effect can be unsaturated with every
+    compared KL below the bound when too few groups were saturated to compare (sizes: fewer
+    than two models saturated in every seed)."""
+    if not np.isfinite(eff.kl_max):
+        return "no compared checkpoints"
+    below = eff.kl_max <= rule.saturation
+    text = f"largest compared KL {eff.kl_max:.4f} {'<=' if below else '>'} {rule.saturation:g}"
+    return text + ("; too few saturated to compare" if below and not eff.saturated else "")
+
 def decided_by(eff: Effects, n: int, ci: tuple[float, float], paper_effect: float | None,
                rule: VerdictRule) -> str:
     """What decided a verdict, in words: each check of the rule with the value it saw."""
-    parts = [f"largest compared KL {eff.kl_max:.3f} {'<=' if eff.saturated else '>'} "
-             f"{rule.saturation:g}" if np.isfinite(eff.kl_max) else "no compared checkpoints",
+    parts = [_saturation_part(eff, rule),
              f"KL spread {eff.kl_spread:.3f} {'<=' if eff.same_loss else '>'} {rule.tol:g}"
              if np.isfinite(eff.kl_spread) else "",
              f"n={n} {'>=' if n >= rule.min_seeds else '<'} {rule.min_seeds} seeds"]

@@ -163,7 +163,7 @@ def test_each_row_carries_what_decided_it():
     assert (row["saturation"], row["tol"], row["min_seeds"], row["level"]) == (0.016, 0.01, 3,
                                                                                0.9)
     assert row["n"] == 3 and np.isfinite(row["ci_low"]) and np.isnan(row["paper_effect"])
-    for needle in ("largest compared KL 0.015 <= 0.016", "n=3 >= 3", "90% CI",
+    for needle in ("largest compared KL 0.0150 <= 0.016", "n=3 >= 3", "90% CI",
                    "paper: a direction only"):
         assert needle in row["decided_by"]
 
@@ -211,6 +211,12 @@ def test_a_model_unsaturated_in_one_seed_is_not_saturated():
     assert not res.saturated and res.values == pytest.approx([0.3] * 3)  # shown: all sizes
     rows = claim_rows(sized(models, accs))
     assert (rows["verdict"] == NOT_SATURATED).all()
+
+
+def test_one_saturated_model_alone_is_too_few_to_compare_and_says_so():
+    rows = claim_rows(sized({MID: 0.015}, {MID: 0.6}))  # every KL below the bound, one size
+    assert (rows["verdict"] == NOT_SATURATED).all()
+    assert rows["decided_by"].str.contains("0.0150 <= 0.02; too few saturated to compare").all()
 
 
 def algorithms_table(kls=None, seeds=(0, 1, 2)):
