@@ -3,7 +3,8 @@ every ``flatlm <subcommand>`` a registered one; every option of a command appear
 command's ``--help`` (Ray's and MLflow's commands too, where installed); each entry point's
 ``--help`` runs, and every ``flatlm replicate`` command runs as a ``--dry-run``; the install and
 test commands are the ones ``.ci/run`` runs; every link resolves. A README that drifts from the
-code (an option removed or renamed, a script moved, a page deleted) fails here.
+code (an option removed or renamed, a script moved, a page deleted) fails here; so does a command
+in a shell block of a page under ``docs/`` (checked, not run).
 
 Commands come from the README's shell blocks (```bash) and from its inline code that starts with
 ``python`` or ``flatlm`` (the table of sweeps). ``--help`` runs in a subprocess with this
@@ -12,6 +13,7 @@ interpreter and this checkout first on the path."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shlex
@@ -93,11 +95,43 @@ def checkout_env() -> dict[str, str]:
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
 
 
+FLATLM = (sys.executable, "-m", "flatlm.cli")
+# Every `flatlm` (sub)command's --help text from one process: the parser is built once (each
+# command module imports torch), which keeps this test within a minute on a shared CPU.
+EVERY_FLATLM_HELP = """
+import argparse, json
+from flatlm.cli import build_parser
+
+def walk(parser, path, out):
+    out[" ".join(path)] = parser.format_help()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                walk(sub, [*path, name], out)
+    return out
+
+print(json.dumps(walk(build_parser(), [], {})))
+"""
+
+
 @functools.cache
 def run_help(argv: tuple[str, ...]) -> subprocess.CompletedProcess:
     """``argv --help`` with this checkout first on the path, from the repository root."""
+    if argv[:3] == FLATLM:
+        text = flatlm_helps().get(" ".join(argv[3:]))
+        return subprocess.CompletedProcess(argv, 0 if text else 2, text or "", "" if text else
+                                           f"no flatlm command {' '.join(argv[3:])!r}")
     return subprocess.run([*argv, "--help"], cwd=ROOT, env=checkout_env(), capture_output=True,
                           text=True, timeout=180)
+
+
+@functools.cache
+def flatlm_helps() -> dict[str, str]:
+    """``flatlm [subcommand ...]`` -> its --help text, for every (sub)command."""
+    done = subprocess.run([sys.executable, "-c", EVERY_FLATLM_HELP], cwd=ROOT,
+                          env=checkout_env(), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
 
 
 def subcommands(help_text: str) -> set[str]:
@@ -109,7 +143,7 @@ def subcommands(help_text: str) -> set[str]:
 
 def shown(argv: tuple[str, ...]) -> str:
     """A command as the README writes it: ``flatlm replicate``, ``python sweeps/scaling.py``."""
-    if argv[:3] == (sys.executable, "-m", "flatlm.cli"):
+    if argv[:3] == FLATLM:
         return " ".join(("flatlm", *argv[3:]))
     if argv[0] == sys.executable:
         return " ".join(("python", *argv[1:]))
@@ -118,7 +152,7 @@ def shown(argv: tuple[str, ...]) -> str:
 
 def flatlm_argv(command: Command) -> tuple[tuple[str, ...], str | None]:
     """The ``flatlm`` (sub)command a README command names, as argv; or a problem."""
-    argv = (sys.executable, "-m", "flatlm.cli")
+    argv = FLATLM
     for word in command.words[1:]:
         choices = subcommands(run_help(argv).stdout)
         if not choices:
@@ -194,6 +228,16 @@ def test_the_readme_has_the_main_commands():
         assert words in programs, words
 
 
+def test_the_flatlm_command_s_help_runs_and_lists_what_the_parser_has():
+    done = subprocess.run([*FLATLM, "replicate", "--help"], cwd=ROOT, env=checkout_env(),
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert subcommands(flatlm_helps()[""]) == {"data", "train", "trial", "measure", "grow",
+                                               "replicate"}
+    assert all(in_help(o, flatlm_helps()["replicate"]) for o in ("--scale", "--dry-run"))
+    assert in_help("--dry-run", done.stdout)
+
+
 def test_every_command_names_a_file_or_subcommand_and_only_options_it_has():
     assert readme_problems(TEXT) == []
 
@@ -205,6 +249,16 @@ def test_every_docs_page_is_linked_from_the_readme_and_every_link_in_them_resolv
     problems = []
     for page in sorted((ROOT / "docs").glob("*.md")):
         problems += link_problems(page.read_text(), page)
+    assert problems == []
+
+
+def test_the_docs_pages_shell_commands_name_real_files_subcommands_and_options():
+    """The pages' shell blocks too (their ``[--option]`` brackets allowed); not run."""
+    problems = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        for line in shell_lines(page.read_text()):
+            problems += [f"{page.name}: {p}" for command in split_commands(line)
+                         for p in command_problems(command)]
     assert problems == []
 
 
