@@ -12,7 +12,9 @@ interpreter and this checkout first on the path."""
 
 from __future__ import annotations
 
+import ast
 import functools
+import importlib
 import json
 import os
 import re
@@ -301,6 +303,57 @@ def test_the_readme_s_replicate_commands_run_as_a_dry_run(tmp_path):
         assert done.returncode == 0, (command.line, done.stderr[-2000:])
         assert re.search(r"^  \w+: \d+ trials$", done.stdout, re.M), done.stdout[-2000:]
         assert not (tmp_path / str(i)).exists()  # a dry run writes nothing
+
+
+def built_sweeps(words: tuple[str, ...]) -> list:
+    """The sweeps ``python sweeps/<script>.py ARGS`` would start, built and checked as its
+    ``main`` builds them (every grid point's config validated), without Ray or MLflow running."""
+    from flatlm.commands.replicate import add_selection_arguments
+    from sweeps import cli
+    from sweeps.spec import check_sweep
+
+    module = importlib.import_module(f"sweeps.{Path(words[1]).stem}")
+    if hasattr(module, "build_sweeps"):  # replicate.py: one sweep per protocol and experiment
+        p = cli.parser(module.__doc__, trial_options=False)
+        add_selection_arguments(p)
+        sweeps = module.build_sweeps(p.parse_args(words[2:]))
+    else:
+        p = cli.parser(module.__doc__)
+        if hasattr(module, "add_arguments"):
+            module.add_arguments(p)
+        args = p.parse_args(words[2:])
+        cli.check_preset(args)
+        cli.resolve_source(args)
+        sweeps = [cli.apply_arguments(module.build(args), args)]
+    for sweep in sweeps:
+        check_sweep(sweep)
+    return sweeps
+
+
+def sweep_commands(text: str) -> list[tuple[str, ...]]:
+    return list(dict.fromkeys(c.words for c in readme_commands(text)
+                              if c.program == "python" and c.words[1].startswith("sweeps/")))
+
+
+def test_the_readme_s_sweep_commands_build_valid_sweeps():
+    """What each sweep command would start (its settings, ``--set`` keys, source and name),
+    built and validated: a value the sweep refuses fails here, not after Ray starts."""
+    pytest.importorskip("ray")
+    commands = sweep_commands(TEXT)
+    assert ("python", "sweeps/scaling.py") in commands
+    for words in commands:
+        assert built_sweeps(words), words
+
+
+def test_the_sweep_scripts_own_examples_build_valid_sweeps():
+    """The examples each sweep script's ``--help`` shows, built the same way."""
+    pytest.importorskip("ray")
+    for script in sorted((ROOT / "sweeps").glob("*.py")):
+        doc = ast.get_docstring(ast.parse(script.read_text())) or ""
+        examples = re.findall(r"^\s*(python sweeps/\w+\.py.*)$", doc.replace("\\\n", " "),
+                              re.M)
+        for line in examples:
+            assert built_sweeps(tuple(shlex.split(line, comments=True))), line
 
 
 def dry_run_words(command: Command, out: Path) -> list[str]:
