@@ -12,7 +12,7 @@ and would set the common loss for everyone; run it with its own rate
 (``--algorithms sgd --set train.lr=0.3``), or ``sweeps/replicate.py`` (its ``sgd`` experiment).
 
     python sweeps/algorithms.py
-    python sweeps/algorithms.py --algorithms adamw,noreg --set train.seed=1
+    python sweeps/algorithms.py --algorithms adamw,noreg --set train.lr=2.5e-3 --name lr2.5e-3
     python sweeps/algorithms.py --preset paper --address auto --gpus-per-trial 1
 """
 

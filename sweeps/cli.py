@@ -5,7 +5,7 @@ A script defines ``build(args) -> Sweep`` (``sweeps.spec``) and calls
 
     python sweeps/scaling.py                       # tiny CPU sweep on a local Ray instance
     python sweeps/scaling.py --preset paper --address auto --gpus-per-trial 0.5
-    python sweeps/scaling.py --set train.steps=400 --set measure.n_eval=500
+    python sweeps/scaling.py --set train.steps=400 --set train.checkpoint_steps=200,400
     python sweeps/scaling.py --source hmm:seed=0   # any source, with its kind's defaults
     python sweeps/scaling.py --resume              # continue an interrupted sweep
 

@@ -55,9 +55,11 @@ def add_selection_arguments(p) -> None:
     p.add_argument("--diagnose", action="store_true",
                    help="instead of --protocol: paper and paper with each switch alone")
     p.add_argument("--scale", default="tiny", choices=sorted(SCALES),
-                   help="tiny: CPU minutes; gpu: the paper's sizes (default: tiny)")
+                   help="tiny: CPU minutes; testbed: a CPU scale where the models saturate"
+                        "; gpu: the paper's sizes (default: tiny)")
     p.add_argument("--seeds", type=int, default=None,
-                   help="training seeds per grid point (default: the scale's, 3)")
+                   help="training seeds per grid point (default: the scale's: "
+                        + ", ".join(f"{s.name} {len(s.seeds)}" for s in SCALES.values()) + ")")
     p.add_argument("--models", default=None,
                    help="comma-separated models of the sizes experiment, smallest first "
                         "(default: the scale's)")

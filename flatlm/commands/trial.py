@@ -29,7 +29,8 @@ def register(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="the trial directory")
     p.add_argument("--scale", default="sweep",
-                   help="sweep (default: the CPU sweeps'), tiny (the replication's) or gpu")
+                   help="sweep (default: the CPU sweeps'), tiny (the replication's), testbed "
+                        "(a CPU scale where the models saturate) or gpu")
     p.add_argument("--protocol", default="paper",
                    help="paper (default), paper-code, or paper+switch")
     p.add_argument("--source", help="the language, with its kind's settings (default: the "
