@@ -139,7 +139,8 @@ def criteria_markdown(crit: dict, running: list[str], command: str) -> str:
               "whole replication (5 seeds for steps/sizes, 3 for algorithms/sgd, both "
               "protocols).", "",
               f"## (d) the adversary within {CRITERIA['adversary_kl_tol']} nats of AdamW's KL", "",
-              "| protocol | seed | AdamW KL | adversarial KL | gap | met |", "|---|---|---|---|---|---|"]
+              "| protocol | seed | AdamW KL | adversarial KL | gap | met |",
+              "|---|---|---|---|---|---|"]
     lines += [f"| {r['protocol']} | {r['seed']} | {r['adamw']:.4f} | {r['adversarial']:.4f} | "
               f"{r['gap']:+.4f} | {yes[r['met']]} |" for r in crit["d"]]
     if running:
