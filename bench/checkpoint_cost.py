@@ -4,7 +4,7 @@ after the measurement speed-ups (issue 24), in one run.
 1. Trials. One real trial (``flatlm.runs.trial.run_trial``, the path every sweep takes) of a
    scale's base config (``flatlm.experiments.scales``: ``gpu`` is the paper's preset, bert-41m at
    batch 4096 with 10^6 loss sentences, 10^5 labelled sentences a task and Tr(F) on 10^4 inputs;
-   ``tiny`` the CPU one; there is no testbed scale yet) for ``2 x --steps`` updates with
+   ``tiny`` the CPU one; ``testbed`` the CPU scale where the models saturate) for ``2 x --steps`` updates with
    checkpoints after ``--steps`` and ``2 x --steps``, three times: ``before`` (the previous
    path, still a setting: ``measure.probe.batched=false``, ``measure.probe.ridge=false``, no
    cache), ``after`` (the defaults, a fresh sweep cache) and ``after, cache warm`` (a second
@@ -32,6 +32,8 @@ after the measurement speed-ups (issue 24), in one run.
    accuracy moves.
 
     python bench/checkpoint_cost.py --threads 1       # CPU, tiny scale: ..._cpu.json
+    python bench/checkpoint_cost.py --threads 1 --scale testbed \
+        --out bench/results/checkpoint_cost_testbed.json
     python bench/checkpoint_cost.py --device cuda --scale gpu \\
         --out bench/results/checkpoint_cost_gpu.json
 
@@ -67,7 +69,7 @@ PROBE_STAGES = ("probe/", "random_init/", "lookup/")
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--scale", default="tiny", choices=["tiny", "gpu"])
+    p.add_argument("--scale", default="tiny", choices=["tiny", "testbed", "gpu"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=20, help="updates before each checkpoint")
     p.add_argument("--spacing", type=int, default=None,
