@@ -6,8 +6,8 @@ after the measurement speed-ups (issue 24), in one run.
    batch 4096 with 10^6 loss sentences, 10^5 labelled sentences a task and Tr(F) on 10^4 inputs;
    ``tiny`` the CPU one; ``testbed`` the CPU scale where the models saturate) for ``2 x
    --steps`` updates with checkpoints after ``--steps`` and ``2 x --steps``, three times:
-   ``before`` (the previous path, still a setting: ``measure.probe.batched=false``, ``measure.probe.ridge=false``, no
-   cache), ``after`` (the defaults, a fresh sweep cache) and ``after, cache warm`` (a second
+   ``before`` (the previous path, still a setting: ``measure.probe.batched=false``,
+   ``measure.probe.ridge=false``, no cache), ``after`` (the defaults, a fresh sweep cache) and ``after, cache warm`` (a second
    trial of the same sweep: evaluation data and reference rows read back). From each trial's own
    ``time/*`` metrics:
 
