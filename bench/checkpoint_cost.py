@@ -4,12 +4,12 @@ after the measurement speed-ups (issue 24), in one run.
 1. Trials. One real trial (``flatlm.runs.trial.run_trial``, the path every sweep takes) of a
    scale's base config (``flatlm.experiments.scales``: ``gpu`` is the paper's preset, bert-41m at
    batch 4096 with 10^6 loss sentences, 10^5 labelled sentences a task and Tr(F) on 10^4 inputs;
-   ``tiny`` the CPU one; ``testbed`` the CPU scale where the models saturate) for ``2 x
-   --steps`` updates with checkpoints after ``--steps`` and ``2 x --steps``, three times:
-   ``before`` (the previous path, still a setting: ``measure.probe.batched=false``,
-   ``measure.probe.ridge=false``, no cache), ``after`` (the defaults, a fresh sweep cache) and ``after, cache warm`` (a second
-   trial of the same sweep: evaluation data and reference rows read back). From each trial's own
-   ``time/*`` metrics:
+   ``tiny`` the CPU one; ``testbed`` the CPU scale where the models saturate) for ``2 x --steps``
+   updates with checkpoints after ``--steps`` and ``2 x --steps``, three times: ``before`` (the
+   previous path, still a setting: ``measure.probe.batched=false``,
+   ``measure.probe.ridge=false``, no cache), ``after`` (the defaults, a fresh sweep cache) and
+   ``after, cache warm`` (a second trial of the same sweep: evaluation data and reference rows
+   read back). From each trial's own ``time/*`` metrics:
 
    - the step time: the second interval's training seconds over its updates (the first holds
      the compile and warm-up);
