@@ -138,6 +138,38 @@ def test_report_as_the_trials_sink_sends_its_metrics_jsonl_once(store, tmp_path)
     assert "note" not in client.get_run(tr.run_id).data.metrics
 
 
+def test_a_report_reads_the_trials_record_once(store, tmp_path, monkeypatch):
+    """Issue 22: the tracker sends what the trial reports after reading metrics.jsonl and
+    train_log.jsonl once each (it read metrics.jsonl three times); what it sends is unchanged."""
+    import flatlm.tracking.tracker as tracker_module
+    from flatlm.runs.metrics_log import append_metrics, write_train_log
+
+    uri, eid = store
+    out = tmp_path / "trial"
+    tr = MlflowTracker(uri, out, experiment_id=eid)
+    reads = {"metrics": 0, "train_log": 0}
+
+    def counted(name, real):
+        def read(trial_dir):
+            reads[name] += 1
+            return real(trial_dir)
+        return read
+    monkeypatch.setattr(tracker_module, "read_metrics",
+                        counted("metrics", tracker_module.read_metrics))
+    monkeypatch.setattr(tracker_module, "read_train_log",
+                        counted("train_log", tracker_module.read_train_log))
+    write_train_log(out, [{"step": 5, "train/loss": 3.0}])
+    append_metrics(out, 10, {"pretrain/loss": 2.5})
+    assert tr.report(10, {"pretrain/loss": 2.5, "probe/A/acc_mean": 0.7})  # one key new here
+    assert reads == {"metrics": 1, "train_log": 1}
+    client = MlflowClient(uri)
+    assert history(client, tr.run_id, "pretrain/loss") == [(10, 2.5)]
+    assert history(client, tr.run_id, "probe/A/acc_mean") == [(10, 0.7)]
+    assert history(client, tr.run_id, "train/loss") == [(5, 3.0)]
+    assert read_jsonl(out / "metrics.jsonl")[-1] == {"step": 10, "pretrain/loss": 2.5,
+                                                     "probe/A/acc_mean": 0.7}
+
+
 def test_the_training_curve_is_sent_at_its_own_steps(store, tmp_path):
     """train_log.jsonl (rewritten whole at every checkpoint) is mirrored like metrics.jsonl:
     each (step, key) once, the curve's steps between the checkpoints included."""

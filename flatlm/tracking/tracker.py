@@ -294,11 +294,13 @@ class MlflowTracker:
                 values[str(key)] = float(value)
             except (TypeError, ValueError):
                 log.warning("metric %s=%r is not a number; not logged", key, value)
-        logged = read_metrics(self.trial_dir).get(int(step), {})
+        metric_rows = read_metrics(self.trial_dir)  # the one read of metrics.jsonl per report
+        logged = metric_rows.get(int(step), {})
         if any(not _same(logged.get(k), v) for k, v in values.items()):  # the last row of a
             kept = {k: v for k, v in logged.items() if k != "step"}  # step wins: keep its keys
             append_metrics(self.trial_dir, int(step), {**kept, **values})
-        return self._flush()
+            metric_rows[int(step)] = {"step": int(step), **kept, **values}
+        return self._flush(self._rows(metric_rows))
 
     def set_tag(self, key: str, value: str) -> bool:
         """Sets a tag on the trial's run now; False (a logged warning) if MLflow is unreachable."""
@@ -364,11 +366,13 @@ class MlflowTracker:
 
     # -- sending ----------------------------------------------------------------------------
 
-    def _flush(self) -> bool:
-        """Send what is unsent, in order: run and its params/tags, metrics, artifacts, status."""
+    def _flush(self, rows: dict[int, dict] | None = None) -> bool:
+        """Send what is unsent, in order: run and its params/tags, metrics, artifacts, status.
+        ``rows``: ``_rows()`` when the caller has just read them."""
+        rows = self._rows() if rows is None else rows
         try:
             self._ensure_run()
-            self._send_metrics()
+            self._send_metrics(rows)
             self._send_artifacts()
             status = self._state.get("pending_status")
             if status is not None:
@@ -376,7 +380,7 @@ class MlflowTracker:
                 self._state.pop("pending_status")
                 self._save_state()
         except Exception as e:  # noqa: BLE001 - any tracking failure becomes a warning
-            n = sum(len(v) for v in self._unsent().values())
+            n = sum(len(v) for v in self._ledger.unsent(rows).values())
             log.warning("MLflow unreachable (%s: %s); %d metric values of %s not sent yet, "
                         "kept for re-sending", type(e).__name__, _first_line(e), n,
                         self.trial_dir / METRICS_FILE)
@@ -440,16 +444,18 @@ class MlflowTracker:
             self._client.update_run(self.run_id, status="RUNNING")
         self._meta_sent = True
 
-    def _unsent(self) -> dict[int, dict[str, float]]:
-        """step -> key -> value of every (step, key) of ``metrics.jsonl`` and of the training
-        curve (``train_log.jsonl``, keys ``train/*``) not in the ledger."""
+    def _rows(self, metric_rows: dict[int, dict] | None = None) -> dict[int, dict]:
+        """step -> row of ``metrics.jsonl`` (``metric_rows`` when already read) merged over the
+        training curve (``train_log.jsonl``, keys ``train/*``): the outage-proof record that the
+        ledger says how much of was sent."""
         rows = read_train_log(self.trial_dir)
-        for step, row in read_metrics(self.trial_dir).items():
+        metric_rows = read_metrics(self.trial_dir) if metric_rows is None else metric_rows
+        for step, row in metric_rows.items():
             rows[step] = {**rows.get(step, {}), **row}
-        return self._ledger.unsent(rows)
+        return rows
 
-    def _send_metrics(self) -> None:
-        unsent = self._unsent()
+    def _send_metrics(self, rows: dict[int, dict]) -> None:
+        unsent = self._ledger.unsent(rows)
         if not unsent:
             return
         if not self._trust_ledger:  # merge the run's history of each not-yet-checked key
@@ -459,7 +465,7 @@ class MlflowTracker:
                     if key in unsent[step]:
                         self._ledger.mark(step, [key])
                 self._checked_keys.add(key)
-            unsent = self._unsent()
+            unsent = self._ledger.unsent(rows)
         now = int(time.time() * 1000)
         for step in sorted(unsent):
             items = sorted(unsent[step].items())
