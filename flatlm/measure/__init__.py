@@ -42,6 +42,19 @@ the population loss (labels = the true conditional) over the parameters flatness
                         E_S max_{||delta / |w| ||_p <= rho} L_S(w + delta) - L_S(w), p = linf, l2,
                         over batches S of m inputs, by projected gradient ascent
     flat/sharpness_avg  adaptive average sharpness: the same with delta ~ N(0, rho^2 diag(w^2))
+    flat/precond_sharpness    lambda_max(P^{-1} H), P = diag(sqrt(v_hat) + eps) from the
+                        checkpoint's saved AdamW moments (``measure.precond``; Cohen et al. 2022);
+                        NaN without Adam moments (SGD, step 0); s.e. by the delta method
+    flat/precond_sharpness_x_lr   the same times the learning rate: Adam's stability threshold
+                        is (2 + 2 beta1) / (1 - beta1) = 38 at beta1 = 0.9
+    flat/precond_sharpness_ratio  flat/precond_sharpness over that threshold (1: at the edge)
+    flat/critical_sharpness   2 / eta_c, eta_c the largest learning rate at which the
+                        optimizer's next update does not raise the loss, from a quadratic fit of
+                        the loss along the update (``measure.critical``; Kalra et al. 2026)
+    flat/critical_step  eta_c
+    flat/critical_sharpness_x_lr  flat/critical_sharpness times the learning rate (> 2: the
+                        next update raises the loss)
+    flat/update_curvature     d^T H d / ||d||^2 along the update direction d (the same fit)
 Downstream (see ``measure.probe``, ``measure.finetune``, ``measure.lookup``), per task, each on
 the same held-out sentences, labelled as ``Source.sample_downstream`` labels them:
     probe/<task>/<stat>      linear probe on the model's frozen features
@@ -83,6 +96,13 @@ TOP_EIG_FISHER = "flat/top_eig_fisher"
 SLQ_TRACE_HESSIAN = "flat/slq_trace_hessian"
 SLQ_NEGATIVE_TRACE = "flat/slq_negative_trace"
 SHARPNESS_AVG = "flat/sharpness_avg"
+PRECOND_SHARPNESS = "flat/precond_sharpness"
+PRECOND_SHARPNESS_X_LR = "flat/precond_sharpness_x_lr"
+PRECOND_SHARPNESS_RATIO = "flat/precond_sharpness_ratio"
+CRITICAL_SHARPNESS = "flat/critical_sharpness"
+CRITICAL_STEP = "flat/critical_step"
+CRITICAL_SHARPNESS_X_LR = "flat/critical_sharpness_x_lr"
+UPDATE_CURVATURE = "flat/update_curvature"
 
 
 def block_key(block: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from flatlm.measure import TRACE_FISHER, se_key
+from flatlm.measure.critical import measure_critical
 from flatlm.measure.finetune import finetune_accuracy
 from flatlm.measure.fisher import trace_fisher
 from flatlm.measure.flatness import data_hessian, measure_flatness
@@ -21,6 +22,7 @@ from flatlm.measure.grown import grown_flatness
 from flatlm.measure.landscape import measure_landscape
 from flatlm.measure.lookup import lookup_features
 from flatlm.measure.loss import pretrain_loss
+from flatlm.measure.precond import measure_precond
 from flatlm.measure.probe import encoder_probe_features, train_mode_features
 from flatlm.measure.probe_rows import probe_rows
 from flatlm.measure.progress import showing_progress, timer
@@ -75,6 +77,24 @@ def run_landscape(model, source, data, cfg, device, artifact_dir) -> dict[str, f
             model, source, data.tokens, data.lengths, set(cfg.what), device,
             flatness=cfg.flatness, spectrum=cfg.spectrum, sharpness=cfg.sharpness,
             artifact_dir=artifact_dir))
+    return out
+
+
+def run_precond(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
+    """lambda_max(P^{-1} H) with the Adam state saved in ``artifact_dir`` (the checkpoint)."""
+    out = {}
+    with timer(out, "precond"):
+        out.update(measure_precond(model, source, data.tokens, data.lengths, cfg.precond,
+                                   cfg.flatness.exclude, device, artifact_dir))
+    return out
+
+
+def run_critical(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
+    """Critical sharpness along the next update of the optimizer saved in ``artifact_dir``."""
+    out = {}
+    with timer(out, "critical"):
+        out.update(measure_critical(model, source, data.tokens, data.lengths, cfg.critical,
+                                    cfg.flatness.exclude, device, artifact_dir))
     return out
 
 

@@ -50,13 +50,17 @@ from flatlm.measure.builtin import (
     check_glue_source,
     lookup_rows,
     random_init_rows,
+    run_critical,
     run_finetune,
     run_flatness,
     run_glue,
     run_landscape,
     run_loss,
+    run_precond,
     run_probe,
 )
+from flatlm.measure.critical import KEYS as CRITICAL_KEYS
+from flatlm.measure.precond import KEYS as PRECOND_KEYS
 
 # (model, source, data: EvalData, cfg: MeasureConfig, device, artifact_dir) -> metrics
 Run = Callable[..., dict[str, float]]
@@ -202,6 +206,14 @@ BUILT_IN = (
     _landscape("density", ("spectrum",), _with_se(SLQ_TRACE_HESSIAN, SLQ_NEGATIVE_TRACE)),
     _landscape("blocks", ()),
     _landscape("sharpness", ("sharpness",)),
+    # the optimizer's view of the curvature, from the checkpoint's saved optimizer state
+    # (artifact_dir: the checkpoint's directory); flatness.exclude picks the parameters
+    Measurement(name="precond", run=run_precond, needs_truth=True,
+                without_truth=("precond (population-loss curvature)",),
+                sections=("flatness", "precond"), keys=PRECOND_KEYS),
+    Measurement(name="critical", run=run_critical, needs_truth=True,
+                without_truth=("critical (population-loss curvature)",),
+                sections=("flatness", "critical"), keys=CRITICAL_KEYS),
     Measurement(name="probe", run=run_probe, sections=("probe",), keys=_probe_rows("probe"),
                 reference=Reference(name="random_init", run=random_init_rows,
                                     random_model=True)),

@@ -22,11 +22,13 @@ import torch
 from torch import nn
 
 from flatlm.core.seeds import derive_seed
+from flatlm.measure.critical import CriticalConfig
 from flatlm.measure.curvature import FlatnessConfig
 from flatlm.measure.eval_cache import cache_key, cached_tensors
 from flatlm.measure.finetune import FinetuneConfig
 from flatlm.measure.grown import check_grow_to
 from flatlm.measure.loss import LossConfig
+from flatlm.measure.precond import PrecondConfig
 from flatlm.measure.probe import ProbeConfig
 from flatlm.measure.progress import progress_bar, record, timer
 from flatlm.measure.registry import Measurement, measurement_names, requested
@@ -50,7 +52,9 @@ class MeasureConfig:
     # settings: the GLUE tasks among measure.tasks, else all the source's GLUE tasks,
     # measure.builtin.glue_tasks_of); beyond the trace (measure.landscape): eigen (top
     # eigenvalues of H and F), density (spectral density), blocks (Tr H per block), sharpness
-    # (adaptive sharpness); these need the source's truth
+    # (adaptive sharpness), precond (lambda_max(P^{-1} H) with the checkpoint's Adam
+    # preconditioner), critical (critical sharpness along the optimizer's next update); these
+    # need the source's truth
     what: tuple[str, ...] = ("loss", "fisher", "hessian", "probe", "lookup")
     # validation sentences for pretrain/* and the flatness inputs; >= 2. 4000: relative s.e. of
     # Tr(F) ~2.5% (8 sampled labels per input, bench/flatness_se.py)
@@ -72,6 +76,8 @@ class MeasureConfig:
     finetune: FinetuneConfig = field(default_factory=lambda: FinetuneConfig(seeds=2))
     spectrum: SpectrumConfig = field(default_factory=SpectrumConfig)  # eigen, density
     sharpness: SharpnessConfig = field(default_factory=SharpnessConfig)
+    precond: PrecondConfig = field(default_factory=PrecondConfig)  # precond (measure.precond)
+    critical: CriticalConfig = field(default_factory=CriticalConfig)  # critical (measure.critical)
     # also measure flatness in this BERT shape (flat/*_grown; ``measure.grown``): the common shape
     # of a sweep over sizes, shape_string(lcm_shape(models)); None = native shape only
     grow_to: str | None = None

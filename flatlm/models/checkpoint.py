@@ -39,6 +39,9 @@ WEIGHTS_NAME = "model.safetensors"  # the file name transformers uses too
 # flatlm.json's extra key holding Source.fingerprint() of the language trained on (written by
 # flatlm.train.run, compared on resume and measure by check_language)
 SOURCE_FINGERPRINT = "source_fingerprint"
+# the training state beside the model (flatlm.train.state.TrainState: optimizer, data position,
+# RNG): named here so that measure (which may not import train) finds the optimizer's moments
+TRAINING_STATE_NAME = "training_state.pt"
 
 
 def is_model_file(name: str) -> bool:

@@ -17,10 +17,14 @@ from pathlib import Path
 
 import torch
 
-from flatlm.models.checkpoint import is_model_file, load_checkpoint  # defers transformers
+from flatlm.models.checkpoint import (  # defers transformers
+    TRAINING_STATE_NAME,
+    is_model_file,
+    load_checkpoint,
+)
 from flatlm.runs.manifest import verify_manifest
 
-STATE_NAME = "training_state.pt"
+STATE_NAME = TRAINING_STATE_NAME
 _STEP_DIR = re.compile(r"step-(\d+)")
 
 log = logging.getLogger(__name__)
