@@ -156,8 +156,9 @@ class LineLoss:
     def gradient(self, params: list[nn.Parameter]) -> list[torch.Tensor]:
         total = [torch.zeros_like(p) for p in params]
         for a, b in self.spans:
-            for acc, g in zip(total, torch.autograd.grad(self._batch_sum(a, b), params),
-                              strict=True):
+            grads = torch.autograd.grad(self._batch_sum(a, b), params, allow_unused=True,
+                                        materialize_grads=True)  # 0 for an unused one
+            for acc, g in zip(total, grads, strict=True):
                 acc += g
         return [g / len(self.x) for g in total]
 
