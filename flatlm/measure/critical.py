@@ -1,9 +1,10 @@
 r"""Critical sharpness: the curvature along the optimizer's next update, from a few forward passes
-(Kalra, Kirchenbauer, Barkeshli, Goldstein et al., *A Scalable Measure of Loss Landscape
-Curvature for Analyzing the Training Dynamics of LLMs*, 2026, arXiv:2601.16979: the critical
-learning rate eta_c is the smallest one at which the next update raises the loss, and the
-critical sharpness lambda_c = 2 / eta_c; for gradient descent on a quadratic along -g it is the
-Rayleigh quotient g^T H g / g^T g, which is at most lambda_max(H)).
+(Kalra et al., *A Scalable Measure of Loss Landscape Curvature for Analyzing the Training
+Dynamics of LLMs*, 2026, arXiv:2601.16979: the critical learning rate eta_c is the smallest at
+which the next update raises the loss, and the critical sharpness lambda_c = 2 / eta_c; for
+gradient descent on a quadratic, along -g, it is the Rayleigh quotient g^T H g / g^T g <=
+lambda_max(H)). They find eta_c by a line search along the update; here the line search is a
+fixed set of steps and a quadratic fit, so eta_c is the fit's (exact on a quadratic loss).
 
 **Direction.** d is the optimizer's next update per unit learning rate, so that the update is
 eta d, taken from the checkpoint's saved state (``measure.optimizer_state``) with the gradient g
@@ -14,10 +15,12 @@ of the measured loss in place of the next mini-batch's, folded in exactly as tor
     d = -\Big(\frac{m' / (1 - \beta_1^{t+1})}{\sqrt{v' / (1 - \beta_2^{t+1})} + \epsilon}
             + \lambda_{wd} w\Big)
 
-(SGD: d = -(g + lambda_wd w); a checkpoint without a training state: d = -g). Folding g in, not
-the saved m alone, is what the next update does, and it is defined at step 0 (Adam's first
-update, ~ -sign(g)), where there are no moments yet. The decay term (``critical.weight_decay``)
-is part of the update the line search follows; L itself has no decay term.
+(Adam without decoupled decay: lambda_wd w added to g before the moments instead; SGD without
+momentum: d = -(g + lambda_wd w); a checkpoint without a training state: d = -g). eta is the
+last update's rate (``critical.lr`` overrides it). Folding g in, not the saved m alone, is what
+the next update does, and it is defined at step 0 (Adam's first update, ~ -sign(g)), where
+there are no moments yet. The decay term (``critical.weight_decay``) is part of the update the
+line search follows; L itself has no decay term.
 
 **Line search.** phi(t) = L(w + t d), L the population masked-LM loss (labels = the true
 conditionals) over the first ``critical.n_inputs`` validation sentences, one masked word each,
@@ -27,9 +30,9 @@ t = 0 and t_j = m_j s, s = ``critical.step_scale`` eta, m_j = ``critical.multipl
 by least squares: a ~ g.d (the slope), c ~ d^T H d (the curvature along d); both are exact for a
 quadratic loss, and the symmetric steps cancel the cubic term from c. Then:
 
-- ``flat/critical_sharpness`` lambda_c = c / (-a) = 2 / eta_c (same units as 2 / eta): with it
-  its s.e. over batches (a ratio of per-batch sums: the fit is linear in phi, so every batch
-  has its own a_b, c_b);
+- ``flat/critical_sharpness`` lambda_c = c / (-a) = 2 / eta_c (same units as 2 / eta), and its
+  s.e. over batches: the fit is linear in phi, so every batch has its own a_b, c_b, and lambda_c
+  is a ratio of their sums (delta method; given d, which the same inputs' gradient made);
 - ``flat/critical_step`` eta_c = -2 a / c, the step t > 0 at which the fitted phi returns to
   phi(0): the largest learning rate at which the next update does not raise the loss;
 - ``flat/critical_sharpness_x_lr`` lambda_c eta (the next update raises the loss above 2);
