@@ -113,6 +113,36 @@ def truth_chunk(n_batch: int, T: int, V: int) -> int:
     return max(n_batch, TRUTH_BYTES // (8 * max(1, T * V)))
 
 
+def _chunks(rows: torch.Tensor, n: int, chunk: int):
+    """Yields (start, stop, lo, hi): the sentences start..stop whose truth is computed in one
+    call, and the masked pairs lo..hi of theirs (``rows`` ascending)."""
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        lo, hi = (int(i) for i in torch.searchsorted(rows, torch.tensor([start, stop])))
+        yield start, stop, lo, hi
+
+
+@torch.no_grad()
+def pair_truth(source: Source, tokens, lengths, cfg: LossConfig, *,
+               device: str | torch.device) -> torch.Tensor:
+    """The true conditionals (P, V) of the pairs ``masked_pairs`` masks, float64 on ``device``,
+    computed as ``loss_terms`` computes them (the same chunks, so the same numbers): passed to
+    ``loss_terms`` it spares the truth's inference when one set of sentences is measured on many
+    models (``measure.noise``: the same model under many perturbations)."""
+    if not source.has_truth:
+        raise ValueError(f"{type(source).__name__} has no exact conditionals (Source.has_truth)")
+    tokens, lengths = as_tokens(tokens, lengths)
+    tokens, lengths = tokens.cpu(), lengths.cpu()
+    rows, pos = masked_pairs(lengths, cfg)
+    parts = []
+    for start, stop, lo, hi in _chunks(rows, len(lengths),
+                                       truth_chunk(cfg.batch_size, tokens.shape[1], source.V)):
+        truth = source.conditionals(tokens[start:stop], lengths[start:stop], device=device,
+                                    dtype=torch.float64)
+        parts.append(truth[(rows[lo:hi] - start).to(device), pos[lo:hi].to(device)])
+    return torch.cat(parts)
+
+
 @torch.no_grad()
 def loss_terms(
     model: nn.Module,
@@ -122,18 +152,23 @@ def loss_terms(
     cfg: LossConfig,
     *,
     device: str | torch.device | None = None,
+    truth: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-sentence values [n] (float64, CPU) of loss, entropy, kl and loss_data (loss and
     loss_data only for a source without a truth, ``Source.has_truth``), keyed by the metric keys:
     the value at the sentence's position ("one") or the mean over its positions ("all"). The model
     must already be on ``device`` (default: its own); it runs in eval mode and its train/eval mode
     is put back afterwards. The truth is computed on ``device`` too, a chunk of sentences at a
-    time (``truth_chunk``).
+    time (``truth_chunk``), unless given: ``truth`` from ``pair_truth`` on the same sentences
+    and ``cfg``.
     """
     tokens, lengths = as_tokens(tokens, lengths)
     tokens, lengths = tokens.cpu(), lengths.cpu()
     device = torch.device(device) if device is not None else next(model.parameters()).device
     rows, pos = masked_pairs(lengths, cfg)  # (P,), (P,), rows ascending
+    if truth is not None and truth.shape != (len(rows), source.V):
+        raise ValueError(f"truth has shape {tuple(truth.shape)}; pair_truth of these sentences "
+                         f"and this LossConfig gives ({len(rows)}, {source.V})")
     n = len(lengths)
     keys = (LOSS, ENTROPY, KL, LOSS_DATA) if source.has_truth else (LOSS, LOSS_DATA)
     sums = {key: torch.zeros(n, dtype=torch.float64) for key in keys}
@@ -141,31 +176,34 @@ def loss_terms(
     was_training = model.training
     model.eval()
     try:
-        for start in range(0, n, chunk):
-            stop = min(n, start + chunk)
-            truth = source.conditionals(tokens[start:stop], lengths[start:stop], device=device,
-                                        dtype=torch.float64) if source.has_truth else None
-            lo, hi = (int(i) for i in torch.searchsorted(rows, torch.tensor([start, stop])))
+        for start, stop, lo, hi in _chunks(rows, n, chunk):
+            computed = None  # the chunk's conditionals (C, T, V), when not given
+            if source.has_truth and truth is None:
+                computed = source.conditionals(tokens[start:stop], lengths[start:stop],
+                                               device=device, dtype=torch.float64)
             for i in range(lo, hi, cfg.batch_size):
-                r, t = rows[i : min(i + cfg.batch_size, hi)], pos[i : min(i + cfg.batch_size, hi)]
-                _add_batch(sums, model, truth, tokens, lengths, r, t, start, device)
+                j = slice(i, min(i + cfg.batch_size, hi))
+                r, t = rows[j], pos[j]
+                p = truth[j] if truth is not None else None
+                if computed is not None:
+                    p = computed[(r - start).to(device), t.to(device)]
+                _add_batch(sums, model, p, tokens, lengths, r, t, device)
     finally:
         model.train(was_training)
     count = torch.bincount(rows, minlength=n).double()  # (n,): 1 ("one") or L_i ("all")
     return {key: s / count for key, s in sums.items()}
 
 
-def _add_batch(sums, model, truth, tokens, lengths, r, t, start, device) -> None:
+def _add_batch(sums, model, p, tokens, lengths, r, t, device) -> None:
     """Adds one model batch of masked pairs (sentence r, position t) to the per-sentence sums;
-    ``truth`` holds the conditionals (C, T, V) of the sentences from ``start`` on (None: a
-    source without a truth, whose only term is the one-hot loss)."""
+    ``p`` holds the pairs' true conditionals (B, V) on ``device`` (None: a source without a
+    truth, whose only term is the one-hot loss)."""
     ids, mask = encode(tokens[r].to(device), lengths[r].to(device))  # (B, T+2)
     t_dev = t.to(device)
     ids = mask_positions(ids, t_dev, check=False)
     log_q = word_logits(model, ids, mask, t_dev).double().log_softmax(-1)  # (B, V)
     word = tokens[r, t].to(device)  # (B,)
-    terms = (data_terms(log_q, word) if truth is None
-             else pair_terms(truth[(r - start).to(device), t_dev], log_q, word))
+    terms = data_terms(log_q, word) if p is None else pair_terms(p, log_q, word)
     for key, value in terms.items():
         sums[key].index_add_(0, r, value.cpu())
 
@@ -191,6 +229,16 @@ def pretrain_loss(
         sentence_key = per_sentence_key(key)
         out[sentence_key], out[se_key(sentence_key)] = mean_se(values)
     return out
+
+
+def per_token_loss(model: nn.Module, source: Source, tokens, lengths, cfg: LossConfig, *,
+                   device=None, truth: torch.Tensor | None = None) -> float:
+    """``pretrain/loss`` (per token) alone, as ``pretrain_loss`` reports it, with the pairs'
+    ``truth`` from ``pair_truth`` if given (``loss_terms``): the loss of many models on one set
+    of sentences (``measure.noise``, ``measure.barrier``)."""
+    values = loss_terms(model, source, tokens, lengths, cfg, device=device, truth=truth)[LOSS]
+    L = as_tokens(tokens, lengths)[1].cpu().double().numpy()  # (n,)
+    return ratio_mean_se(values.numpy() * L, L)[0]
 
 
 def kl_to_truth(model: nn.Module, source: Source, tokens, lengths) -> float:

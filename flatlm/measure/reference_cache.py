@@ -17,13 +17,27 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from flatlm.core.config import to_dict
+from flatlm.core.seeds import derive_seed
 from flatlm.measure.eval_cache import UNREADABLE, cache_key, replace_atomically
+from flatlm.models.masked_lm import build_model
+from flatlm.models.presets import ModelConfig
 
 log = logging.getLogger(__name__)
 
 FORMAT = "flatlm.reference/1"  # bump when what a reference row holds, or how, changes
+
+
+def random_features_model(model_cfg: ModelConfig | dict, source, seed: int) -> nn.Module:
+    """The trial's shape randomly initialised, in eval mode: what the random-init reference rows
+    (``random_init/*``, ``cka/truth_random_init``) measure; one model for a trial of
+    ``measure.seed`` = ``seed``, however many references build it."""
+    if isinstance(model_cfg, dict):
+        model_cfg = ModelConfig(**model_cfg)
+    return build_model(model_cfg, source.V, source.max_length,
+                       seed=derive_seed(seed, "random-features")).eval()
 
 
 def reference_rows(cache_dir: str | Path | None, data_key: str, stage: str, probe_cfg, device,

@@ -59,7 +59,9 @@ from flatlm.measure.builtin import (
     run_precond,
     run_probe,
 )
+from flatlm.measure.cka import CKA_TRUTH, check_cka_source, random_init_cka, run_cka_truth
 from flatlm.measure.critical import KEYS as CRITICAL_KEYS
+from flatlm.measure.noise import run_noise
 from flatlm.measure.precond import KEYS as PRECOND_KEYS
 
 # (model, source, data: EvalData, cfg: MeasureConfig, device, artifact_dir) -> metrics
@@ -214,8 +216,16 @@ BUILT_IN = (
     Measurement(name="critical", run=run_critical, needs_truth=True,
                 without_truth=("critical (population-loss curvature)",),
                 sections=("flatness", "critical"), keys=CRITICAL_KEYS),
+    # the loss's rise under weight noise, noise/loss_delta_<s> (keys: the config's scales); with
+    # the trial's measure.loss settings
+    Measurement(name="noise", run=run_noise, sections=("noise", "loss")),
     Measurement(name="probe", run=run_probe, sections=("probe",), keys=_probe_rows("probe"),
                 reference=Reference(name="random_init", run=random_init_rows,
+                                    random_model=True)),
+    # linear CKA of the probe's features to the truth's (a pcfg's parse, an hmm's states)
+    Measurement(name="cka_truth", run=run_cka_truth, needs_truth=True, sections=("cka", "probe"),
+                keys=(CKA_TRUTH,), check=check_cka_source,
+                reference=Reference(name="cka_random_init", run=random_init_cka,
                                     random_model=True)),
     Measurement(name="finetune", run=run_finetune, sections=("finetune",),
                 keys=lambda tasks: tuple(k for task in tasks for k in finetune_keys(task))),

@@ -21,20 +21,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from flatlm.core.seeds import derive_seed
+from flatlm.measure.cka import CKAConfig
 from flatlm.measure.critical import CriticalConfig
 from flatlm.measure.curvature import FlatnessConfig
 from flatlm.measure.eval_cache import cache_key, cached_tensors
 from flatlm.measure.finetune import FinetuneConfig
 from flatlm.measure.grown import check_grow_to
 from flatlm.measure.loss import LossConfig
+from flatlm.measure.noise import NoiseConfig
 from flatlm.measure.precond import PrecondConfig
 from flatlm.measure.probe import ProbeConfig
 from flatlm.measure.progress import progress_bar, record, timer
+from flatlm.measure.reference_cache import random_features_model
 from flatlm.measure.registry import Measurement, measurement_names, requested
 from flatlm.measure.sharpness import SharpnessConfig
 from flatlm.measure.spectrum import SpectrumConfig
-from flatlm.models.bert import build_model
 from flatlm.models.constructions import check_construction
 from flatlm.sources.base import Source
 from flatlm.sources.pcfg import SPAN_RULES
@@ -54,7 +55,9 @@ class MeasureConfig:
     # eigenvalues of H and F), density (spectral density), blocks (Tr H per block), sharpness
     # (adaptive sharpness), precond (lambda_max(P^{-1} H) with the checkpoint's Adam
     # preconditioner), critical (critical sharpness along the optimizer's next update); these
-    # need the source's truth
+    # need the source's truth. noise (the loss's rise under relative Gaussian weight noise,
+    # measure.noise); cka_truth (linear CKA of the probe's features to the truth's parse
+    # posteriors, measure.cka; a pcfg or hmm source)
     what: tuple[str, ...] = ("loss", "fisher", "hessian", "probe", "lookup")
     # validation sentences for pretrain/* and the flatness inputs; >= 2. 4000: relative s.e. of
     # Tr(F) ~2.5% (8 sampled labels per input, bench/flatness_se.py)
@@ -78,6 +81,8 @@ class MeasureConfig:
     sharpness: SharpnessConfig = field(default_factory=SharpnessConfig)
     precond: PrecondConfig = field(default_factory=PrecondConfig)  # precond (measure.precond)
     critical: CriticalConfig = field(default_factory=CriticalConfig)  # critical (measure.critical)
+    noise: NoiseConfig = field(default_factory=NoiseConfig)  # noise (weight-noise sensitivity)
+    cka: CKAConfig = field(default_factory=CKAConfig)  # cka_truth (linear CKA to the truth)
     # also measure flatness in this BERT shape (flat/*_grown; ``measure.grown``): the common shape
     # of a sweep over sizes, shape_string(lcm_shape(models)); None = native shape only
     grow_to: str | None = None
@@ -136,6 +141,8 @@ class EvalData:
     cache_dir: Path | None = None  # where the reference rows are shared (measure.reference_cache)
     key: str = ""  # the evaluation data's cache key: part of the reference rows' keys
     shape: dict | None = None  # the random-init model's ModelConfig, as a dict
+    # what a measurement computes once per trial and keeps (cka_truth: the truth's features)
+    cache: dict = field(default_factory=dict)
 
 
 def downstream_of(source: Source, cfg: MeasureConfig) -> tuple[str, tuple[str, ...]]:
@@ -170,8 +177,7 @@ def eval_data(source: Source, cfg: MeasureConfig, model_cfg=None, *, device=None
     random_model = None
     if model_cfg is not None and any(m.reference and m.reference.random_model
                                      for m in requested(cfg.what)):
-        random_model = build_model(model_cfg, source.V, source.max_length,
-                                   seed=derive_seed(cfg.seed, "random-features")).eval()
+        random_model = random_features_model(model_cfg, source, cfg.seed)
     classes = {task: t[f"class/{task}"] for task in tasks}
     return EvalData(t["tokens"], t["lengths"], t["downstream_tokens"], t["downstream_lengths"],
                     classes, random_model, seconds=seconds, key=key,

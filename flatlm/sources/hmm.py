@@ -304,6 +304,12 @@ class HMM(Source):
         post = post / post.sum(-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
         return post * real[..., None]
 
+    def latent_posteriors(self, tokens, lengths, *, device=None) -> torch.Tensor:
+        """Pr(z_t = s | x) [n, T, S] float64 on ``device`` (default: the tokens'), padding 0:
+        the hidden structure's posterior at every word, as ``PCFG.latent_posteriors`` gives a
+        parse's (what ``measure.cka`` compares a model's features with)."""
+        return self.posteriors(*self._prepare(tokens, lengths, device))
+
     # ---- downstream -----------------------------------------------------------------------------
 
     def _position(self, task: str) -> int:

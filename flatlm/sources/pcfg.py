@@ -80,6 +80,7 @@ from flatlm.sources.inside_outside_fused import (
     inside_fused,
     outside_fused,
 )
+from flatlm.sources.pcfg_marginals import covering_posteriors
 from flatlm.sources.pcfg_sampler import RuleTable, sample_sentences
 
 LABEL_RULES = ("posterior", "span", "inside")
@@ -328,6 +329,23 @@ class PCFG(Source):
         tokens, lengths = as_tokens(tokens, lengths)
         plan = self.plan(tokens.shape[1], tokens.device, dtype)
         return sentence_logprob(inside(tokens, plan), lengths, plan)
+
+    def latent_posteriors(self, tokens, lengths, *, device=None,
+                          batch_size: int = 1024) -> torch.Tensor:
+        """The parse's posterior at every word: [n, T, N] float64 on ``device`` (default: the
+        tokens'), the expected number of constituents labelled A over each word
+        (``sources.pcfg_marginals``), 0 on padding; what ``measure.cka`` compares a model's
+        features with. Grouped by length as ``conditionals`` is."""
+        tokens, lengths = self._prepare(tokens, lengths, device)
+        out = torch.zeros(*tokens.shape, self.grammar.N, device=tokens.device,
+                          dtype=torch.float64)
+        for group, L in length_groups(lengths):
+            plan = self.plan(L, tokens.device, torch.float64)
+            for rows in group.split(batch_size):
+                chart = inside(tokens[rows, :L], plan)
+                out[rows, :L] = covering_posteriors(
+                    chart, outside(chart, lengths[rows], plan), lengths[rows], plan)
+        return out
 
     @property
     def label_rules(self) -> tuple[str, ...]:
