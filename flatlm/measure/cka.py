@@ -11,15 +11,23 @@ in [0, 1], invariant to orthogonal transforms and isotropic scaling of either si
 invertible linear maps). Computed in float64, from the p x q side or the n x n side, whichever
 costs fewer operations (the same number: <X X^T, Y Y^T> = ||Y^T X||_F^2).
 
-Features (``cka_truth``, key ``cka/truth``): the model's are the linear probe's
-(``probe.encoder_probe_features`` with ``measure.probe``'s positions, zero_padding and forward
-batch size; one vector per downstream sentence); the truth's are the source's per-position
-posterior of its hidden structure (``Source.latent_posteriors``: for a PCFG the expected number
-of constituents labelled A over each word, ``sources.pcfg_marginals``; for an HMM the state
-posterior), concatenated over positions, zero on padding. Both over the first ``cka.n_inputs``
-downstream sentences. A source without ``latent_posteriors`` (Dyck, text, an LM) cannot give it.
-``cka/truth_random_init`` is the same for the trial's shape randomly initialised (the probe's
-random-features model; once per trial).
+Features (``cka_truth``), two levels, each with its key:
+
+- ``cka/truth``, the sentence level: the model's features are the linear probe's
+  (``probe.probed_states`` with ``measure.probe``'s positions and zero_padding: the states of the
+  sentence's positions concatenated, one vector per downstream sentence); the truth's are the
+  source's per-position posterior of its hidden structure (``Source.latent_posteriors``: for a
+  PCFG the expected number of constituents labelled A over each word, ``sources.pcfg_marginals``;
+  for an HMM the state posterior), concatenated over the positions, zero on padding. Where the
+  sentences' lengths vary, both sides share the pattern of which positions are padding, and that
+  alone gives a randomly initialised model a high value (``cka/truth_random_init``).
+- ``cka/truth_token``, the token level: one row per real word of every sentence, the model's
+  final-layer state at the word (d) against the word's posterior (K); no padding in it.
+
+Both over the first ``cka.n_inputs`` downstream sentences. A source without
+``latent_posteriors`` (Dyck, text, an LM) cannot give them. ``cka/truth_random_init`` and
+``cka/truth_token_random_init`` are the same for the trial's shape randomly initialised (the
+probe's random-features model; once per trial).
 """
 
 from __future__ import annotations
@@ -29,12 +37,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from flatlm.measure.probe import ProbeConfig, encoder_probe_features
+from flatlm.core.tokens import encode
+from flatlm.measure.curvature import eval_mode
+from flatlm.measure.probe import ProbeConfig, probed_states
 from flatlm.measure.progress import timer
 from flatlm.measure.reference_cache import random_features_model
+from flatlm.models.masked_lm import encoder_features
+from flatlm.sources.base import as_tokens, padding_mask
 
-CKA_TRUTH = "cka/truth"
-CKA_TRUTH_RANDOM_INIT = "cka/truth_random_init"
+CKA_TRUTH = "cka/truth"  # the probe's features (sentence level)
+CKA_TRUTH_TOKEN = "cka/truth_token"  # every real word's final-layer state (token level)
+RANDOM_INIT = "_random_init"  # the random-init model's twin of a key
+CKA_TRUTH_RANDOM_INIT = CKA_TRUTH + RANDOM_INIT
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,33 +97,54 @@ def linear_cka(X: torch.Tensor, Y: torch.Tensor) -> float:
 
 
 def model_features(model: nn.Module, tokens, lengths, probe: ProbeConfig, device
-                   ) -> torch.Tensor:
-    """The linear probe's features of the sentences (eval mode): ``encoder_probe_features``
-    with ``probe``'s positions, zero_padding and forward batch size."""
-    return encoder_probe_features(model, tokens, lengths, device=device,
-                                  batch_size=probe.forward_batch_size,
-                                  positions=probe.positions, zero_padding=probe.zero_padding)
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sentence, token) features of the sentences from one eval-mode forward pass in batches
+    of ``probe.forward_batch_size``: the linear probe's (n, D), ``probed_states`` with
+    ``probe``'s positions and zero_padding (what ``encoder_probe_features`` gives), and the
+    final-layer state of every real word (sum of the lengths, d), sentence by sentence."""
+    tokens, lengths = as_tokens(tokens, lengths)
+    sentence, token = [], []
+    with torch.no_grad(), eval_mode(model):
+        for i in range(0, len(tokens), probe.forward_batch_size):
+            rows = slice(i, i + probe.forward_batch_size)
+            ids, mask = encode(tokens[rows].to(device), lengths[rows].to(device))  # (B, T+2)
+            states = encoder_features(model, ids, mask)  # (B, T+2, d)
+            sentence.append(probed_states(states, mask, probe.positions,
+                                          probe.zero_padding).float())
+            words = padding_mask(lengths[rows].to(device), tokens.shape[1])  # (B, T)
+            token.append(states[:, 1:-1][words].float())
+    return torch.cat(sentence), torch.cat(token)
+
+
+def feature_cka(X: tuple[torch.Tensor, torch.Tensor], Y: tuple[torch.Tensor, torch.Tensor]
+                ) -> dict[str, float]:
+    """{"sentence", "token"} linear CKA of two (sentence, token) feature pairs."""
+    return {"sentence": linear_cka(X[0], Y[0]), "token": linear_cka(X[1], Y[1])}
 
 
 def checkpoint_cka(model_a: nn.Module, model_b: nn.Module, tokens, lengths, probe: ProbeConfig,
-                   device) -> float:
-    """Linear CKA between two models' probe features on the same sentences (two checkpoints,
-    two runs; the shapes may differ)."""
-    return linear_cka(model_features(model_a, tokens, lengths, probe, device),
-                      model_features(model_b, tokens, lengths, probe, device))
+                   device) -> dict[str, float]:
+    """Linear CKA between two models' features on the same sentences (two checkpoints, two
+    runs; the shapes may differ), at the sentence level (the probe's) and the token level."""
+    return feature_cka(model_features(model_a, tokens, lengths, probe, device),
+                       model_features(model_b, tokens, lengths, probe, device))
 
 
 def has_latent_posteriors(source) -> bool:
     return callable(getattr(source, "latent_posteriors", None))
 
 
-def truth_features(source, tokens, lengths, device) -> torch.Tensor:
-    """The truth's features (n, T K): ``source.latent_posteriors`` concatenated over the
-    positions, float64 on ``device``."""
+def truth_features(source, tokens, lengths, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sentence, token) features of the truth, float64 on ``device``:
+    ``source.latent_posteriors`` (n, T, K) concatenated over the positions (zero on padding),
+    and its rows of the real words (sum of the lengths, K)."""
     if not has_latent_posteriors(source):
         raise ValueError(f"{type(source).__name__} has no posterior of a hidden structure "
                          "(Source.latent_posteriors): cka_truth needs a pcfg or hmm source")
-    return source.latent_posteriors(tokens, lengths, device=device).flatten(1)
+    tokens, lengths = as_tokens(tokens, lengths)
+    posterior = source.latent_posteriors(tokens, lengths, device=device)  # (n, T, K)
+    words = padding_mask(lengths.to(posterior.device), tokens.shape[1])
+    return posterior.flatten(1), posterior[words]
 
 
 def check_cka_source(source) -> None:
@@ -126,28 +161,33 @@ def _inputs(data, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     return data.downstream_tokens[:n], data.downstream_lengths[:n]
 
 
-def _truth(source, data, cfg, device) -> torch.Tensor:
+def _truth(source, data, cfg, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The truth's features of the trial's downstream inputs, kept for the trial in
     ``EvalData.cache`` (they do not change with the model)."""
     if "cka_truth" not in data.cache:
-        data.cache["cka_truth"] = truth_features(source, *_inputs(data, cfg), device).cpu()
+        data.cache["cka_truth"] = tuple(
+            f.cpu() for f in truth_features(source, *_inputs(data, cfg), device))
     return data.cache["cka_truth"]
 
 
+def _keys(cka: dict[str, float], tail: str = "") -> dict[str, float]:
+    return {CKA_TRUTH + tail: cka["sentence"], CKA_TRUTH_TOKEN + tail: cka["token"]}
+
+
 def run_cka_truth(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
-    """The registered measurement ``cka_truth``: ``cka/truth`` of the checkpoint."""
+    """The registered measurement ``cka_truth``: ``cka/truth``, ``cka/truth_token``."""
     out = {}
     with timer(out, "cka_truth"):
         X = model_features(model, *_inputs(data, cfg), cfg.probe, device)
-        out[CKA_TRUTH] = linear_cka(X, _truth(source, data, cfg, device))
+        out.update(_keys(feature_cka(X, _truth(source, data, cfg, device))))
     return out
 
 
 def random_init_cka(source, data, cfg, device) -> dict[str, float] | None:
-    """``cka/truth_random_init``, once per trial, of the trial's shape randomly initialised:
-    ``EvalData.random_model``, or (the probe's reference freed it already) the same model built
-    again (``reference_cache.random_features_model``). None without the model's shape, or with
-    ``cka.random_init`` off."""
+    """``cka/truth_random_init``, ``cka/truth_token_random_init``, once per trial, of the
+    trial's shape randomly initialised: ``EvalData.random_model``, or (the probe's reference
+    freed it already) the same model built again (``reference_cache.random_features_model``).
+    None without the model's shape, or with ``cka.random_init`` off."""
     if not cfg.cka.random_init or (data.random_model is None and data.shape is None):
         return None
     model = data.random_model
@@ -155,4 +195,4 @@ def random_init_cka(source, data, cfg, device) -> dict[str, float] | None:
         model = random_features_model(data.shape, source, cfg.seed)
     X = model_features(model.to(device), *_inputs(data, cfg), cfg.probe, device)
     data.random_model = None  # measured (the probe's reference, if asked for, came first)
-    return {CKA_TRUTH_RANDOM_INIT: linear_cka(X, _truth(source, data, cfg, device))}
+    return _keys(feature_cka(X, _truth(source, data, cfg, device)), RANDOM_INIT)

@@ -59,7 +59,13 @@ from flatlm.measure.builtin import (
     run_precond,
     run_probe,
 )
-from flatlm.measure.cka import CKA_TRUTH, check_cka_source, random_init_cka, run_cka_truth
+from flatlm.measure.cka import (
+    CKA_TRUTH,
+    CKA_TRUTH_TOKEN,
+    check_cka_source,
+    random_init_cka,
+    run_cka_truth,
+)
 from flatlm.measure.critical import KEYS as CRITICAL_KEYS
 from flatlm.measure.noise import run_noise
 from flatlm.measure.precond import KEYS as PRECOND_KEYS
@@ -224,7 +230,7 @@ BUILT_IN = (
                                     random_model=True)),
     # linear CKA of the probe's features to the truth's (a pcfg's parse, an hmm's states)
     Measurement(name="cka_truth", run=run_cka_truth, needs_truth=True, sections=("cka", "probe"),
-                keys=(CKA_TRUTH,), check=check_cka_source,
+                keys=(CKA_TRUTH, CKA_TRUTH_TOKEN), check=check_cka_source,
                 reference=Reference(name="cka_random_init", run=random_init_cka,
                                     random_model=True)),
     Measurement(name="finetune", run=run_finetune, sections=("finetune",),

@@ -138,7 +138,8 @@ def with_downstream_resolved(cfg: TrialConfig, source=None) -> TrialConfig:
 
 
 # Options whose None has a meaning worth a word in the logged params (other Nones: not set).
-_NONE_MEANS = {"measure.flatness.n_inputs": "all"}
+_NONE_MEANS = {"measure.flatness.n_inputs": "all", "measure.noise.n_inputs": "all",
+               "measure.cka.n_inputs": "all"}
 
 
 def tracked_params(cfg: TrialConfig) -> dict:

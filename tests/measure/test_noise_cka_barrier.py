@@ -19,6 +19,7 @@ from flatlm.measure.barrier import loss_barrier
 from flatlm.measure.cka import (
     CKA_TRUTH,
     CKA_TRUTH_RANDOM_INIT,
+    CKA_TRUTH_TOKEN,
     CKAConfig,
     check_cka_source,
     checkpoint_cka,
@@ -28,7 +29,7 @@ from flatlm.measure.cka import (
 )
 from flatlm.measure.loss import LossConfig, loss_terms, pair_truth, per_token_loss, pretrain_loss
 from flatlm.measure.noise import NoiseConfig, noise_deltas, noise_key, weight_noise
-from flatlm.measure.probe import ProbeConfig
+from flatlm.measure.probe import ProbeConfig, encoder_probe_features
 from flatlm.measure.run import MeasureConfig, eval_data, measure_model
 from flatlm.models import build_model, load_checkpoint, parse_model
 from flatlm.runs.trial import TrialConfig, run_trial
@@ -99,7 +100,7 @@ def test_parse_features_are_the_expected_constituent_counts_of_every_parse(src):
             for A, i, j in spans:
                 want[i:j, A] += p / total
         np.testing.assert_allclose(got[b].numpy(), want, rtol=0, atol=1e-13)
-    flat = truth_features(src, tokens, lengths, "cpu")
+    flat = truth_features(src, tokens, lengths, "cpu")[0]
     assert flat.shape == (8, tokens.shape[1] * g.N)
 
 
@@ -115,15 +116,32 @@ def test_cka_truth_measures_the_probe_features_against_the_parse(src):
     model = build_model(shape, src.V, src.max_length, seed=7)
     out = measure_model(model, src, data, cfg, "cpu")
     tokens, lengths = data.downstream_tokens[:24], data.downstream_lengths[:24]
-    want = linear_cka(model_features(model, tokens, lengths, cfg.probe, "cpu"),
-                      truth_features(src, tokens, lengths, "cpu"))
-    assert out[CKA_TRUTH] == want and 0 < want < 1
-    assert 0 < out[CKA_TRUTH_RANDOM_INIT] < 1 and out[CKA_TRUTH_RANDOM_INIT] != want
+    sentence, token = model_features(model, tokens, lengths, cfg.probe, "cpu")
+    # the probe's own features, and every real word's state
+    assert torch.equal(sentence, encoder_probe_features(model, tokens, lengths))
+    assert token.shape == (int(lengths.sum()), 16)
+    truth_sentence, truth_token = truth_features(src, tokens, lengths, "cpu")
+    assert torch.equal(truth_token, src.latent_posteriors(tokens, lengths)[
+        torch.arange(tokens.shape[1]) < lengths[:, None]])
+    assert out[CKA_TRUTH] == linear_cka(sentence, truth_sentence)
+    assert out[CKA_TRUTH_TOKEN] == linear_cka(token, truth_token)
+    for key in (CKA_TRUTH, CKA_TRUTH_TOKEN, CKA_TRUTH_RANDOM_INIT,
+                CKA_TRUTH_TOKEN + "_random_init"):
+        assert 0 < out[key] < 1, key
+    assert out[CKA_TRUTH_RANDOM_INIT] != out[CKA_TRUTH]  # another model
     assert "cka_truth" in data.cache  # the truth's features: once per trial
-    assert measure_model(model, src, data, cfg, "cpu")[CKA_TRUTH] == want
-    # two checkpoints: one model against itself is 1
-    assert checkpoint_cka(model, model, tokens, lengths, ProbeConfig(), "cpu") == \
-        pytest.approx(1.0, abs=1e-12)
+    assert measure_model(model, src, data, cfg, "cpu")[CKA_TRUTH] == out[CKA_TRUTH]
+    # two checkpoints: a model against itself is 1 at both levels
+    same = checkpoint_cka(model, model, tokens, lengths, ProbeConfig(), "cpu")
+    assert same == pytest.approx({"sentence": 1.0, "token": 1.0}, abs=1e-12)
+
+
+def test_hmm_states_are_the_truth_features_of_an_hmm():
+    hmm = load("hmm:seed=3,vocab=20,states=10")
+    tokens, lengths = hmm.sample(5, 0)
+    sentence, token = truth_features(hmm, tokens, lengths, "cpu")
+    assert torch.equal(sentence, hmm.posteriors(tokens, lengths).flatten(1))
+    assert token.shape == (int(lengths.sum()), 10)
 
 
 def test_cka_truth_refuses_a_source_without_a_hidden_structure():
