@@ -55,6 +55,15 @@ the population loss (labels = the true conditional) over the parameters flatness
     flat/critical_sharpness_x_lr  flat/critical_sharpness times the learning rate (> 2: the
                         next update raises the loss)
     flat/update_curvature     d^T H d / ||d||^2 along the update direction d (the same fit)
+Beyond curvature (``measure.noise``, ``measure.cka``):
+    noise/loss_delta_<s>  the rise of pretrain/loss (KL to the truth) under per-tensor relative
+                        Gaussian weight noise, W + s ||W||_F / sqrt(numel W) Z, mean over draws;
+                        one key per scale s of measure.noise.scales, written "%g" (0.03)
+    cka/truth           linear CKA (Kornblith et al. 2019) of the probe's features to the truth's
+                        per-word parse posteriors (a PCFG's; an HMM's states), per sentence
+    cka/truth_token     the same per real word: its final-layer state against its posterior
+    cka/truth_random_init, cka/truth_token_random_init   the same of the random-init model
+                        (reference rows, once per trial)
 Downstream (see ``measure.probe``, ``measure.finetune``, ``measure.lookup``), per task, each on
 the same held-out sentences, labelled as ``Source.sample_downstream`` labels them:
     probe/<task>/<stat>      linear probe on the model's frozen features
