@@ -152,15 +152,17 @@ def test_cka_truth_refuses_a_source_without_a_hidden_structure():
 
 # ---- weight noise -------------------------------------------------------------------------------
 
-def test_noise_on_a_quadratic_matches_half_trace_of_h_sigma():
+@pytest.mark.parametrize("slope", [0.0, 1.0])  # at the minimum, and off it
+def test_noise_on_a_quadratic_matches_half_trace_of_h_sigma(slope):
     """L(w) = g.v + 1/2 v^T H v, v = w - w*: E[L(w + delta)] - L(w) = s^2 / 2 tr(H Sigma), Sigma
-    = diag(RMS(W_k)^2) per tensor k, for any g (the linear term averages out)."""
+    = diag(RMS(W_k)^2) per tensor k, for any g (the linear term averages out; it only adds
+    variance)."""
     w1 = nn.Parameter(randn(3, seed=6) + 1.0)
     w2 = nn.Parameter(randn(2, 2, seed=7) * 3.0)
-    star = torch.cat([w1.detach().flatten(), w2.detach().flatten()]) - 0.3
+    star = torch.cat([w1.detach().flatten(), w2.detach().flatten()]) - 0.3 * slope
     B = randn(7, 7, seed=8)
     H = B @ B.T / 7 + torch.eye(7)
-    g = randn(7, seed=9)
+    g = slope * randn(7, seed=9)
 
     def loss():
         v = torch.cat([w1.flatten(), w2.flatten()]) - star
@@ -291,16 +293,19 @@ TINY_TRIAL = {
     "source": '{"kind":"pcfg","random":{"vocab":12,"depth":2,"nonterminals_per_level":3,'
               '"roots":2},"seed":0}',
     "model": SHAPE, "train.batch_size": 16, "train.warmup_steps": 2, "train.steps": 4,
-    "train.checkpoint_steps": [2, 4], "measure.what": ["loss"], "measure.n_eval": 32,
-    "measure.n_downstream": 20, "measure.tasks": ["B"],
+    "train.checkpoint_steps": [2, 4], "measure.what": ["loss", "noise", "cka_truth"],
+    "measure.n_eval": 32, "measure.n_downstream": 20, "measure.tasks": ["B"],
+    "measure.noise.draws": 2, "measure.noise.n_inputs": 16,
 }
 
 
 def test_barriers_between_two_tiny_trained_berts_end_to_end(tmp_path):
     root = tmp_path / "trials"
     for seed in (0, 1):
-        run_trial(apply_overrides(TrialConfig(), {**TINY_TRIAL, "train.seed": seed}),
-                  root / "paper" / "seeds" / f"seed{seed}")
+        rows = run_trial(apply_overrides(TrialConfig(), {**TINY_TRIAL, "train.seed": seed}),
+                         root / "paper" / "seeds" / f"seed{seed}")
+        for key in (noise_key(0.1), CKA_TRUTH, CKA_TRUTH_TOKEN, CKA_TRUTH_RANDOM_INIT):
+            assert all(math.isfinite(rows[step][key]) for step in (2, 4)), key
     out = tmp_path / "barriers.csv"
     assert barriers.main(["--trials", str(root), "--out", str(out), "--kl-tol", "10",
                           "--n-eval", "24", "--points", "5"]) == 0
