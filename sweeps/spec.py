@@ -1,5 +1,6 @@
 """What a sweep is (``Sweep``) and what follows from its base config: checks, the downstream task
-it is judged on, the metrics shown per result and the searcher's objectives. No Ray here.
+it is judged on, the metrics shown per result, its view in the MLflow UI and the searcher's
+objectives. No Ray here.
 """
 
 from __future__ import annotations
@@ -8,9 +9,11 @@ import re
 from dataclasses import dataclass, field
 
 from flatlm.core.config import apply_overrides
-from flatlm.measure import KL, LOSS, TRACE_FISHER, probe_keys
+from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, probe_keys
+from flatlm.runs.metrics_log import N_PARAMS
 from flatlm.runs.trial import TrialConfig, measured_tasks, validate_trial
 from flatlm.tracking.tracker import check_tracking_uri as check
+from flatlm.tracking.ui import runs_view_tag
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +88,17 @@ def saturation_flag(sweep: Sweep) -> str:
 def shown_metrics(sweep: Sweep) -> tuple[str, ...]:
     """The metrics printed for every reported checkpoint."""
     return LOSS, KL, TRACE_FISHER, accuracy_key(sweep)
+
+
+def runs_view(sweep: Sweep) -> dict[str, str]:
+    """The experiment tag of the sweep's saved view in the MLflow UI (``flatlm.tracking.ui``):
+    the runs table with what the sweep varies and its headline metrics as columns; the charts
+    led by the loss and KL, each measured task's probe accuracy, then the flatness traces."""
+    probes = [probe_keys(t)[0] for t in measured_tasks(sweep.base)]
+    key, value = runs_view_tag(
+        params=sorted(sweep.space), columns=[LOSS, KL, *probes, TRACE_FISHER, N_PARAMS],
+        charts=[LOSS, KL, *probes, TRACE_FISHER, TRACE_HESSIAN])
+    return {key: value}
 
 
 def objectives(sweep: Sweep) -> tuple[tuple[str, str], ...]:
