@@ -9,7 +9,17 @@ import re
 from dataclasses import dataclass, field
 
 from flatlm.core.config import apply_overrides
-from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, probe_keys
+from flatlm.measure import (
+    KL,
+    LOSS,
+    PROBE_STAGES,
+    TRACE_FISHER,
+    TRACE_HESSIAN,
+    probe_key,
+    probe_keys,
+    ridge_stage,
+)
+from flatlm.measure.registry import metric_keys
 from flatlm.runs.metrics_log import N_PARAMS
 from flatlm.runs.trial import TrialConfig, measured_tasks, validate_trial
 from flatlm.tracking.tracker import check_tracking_uri as check
@@ -93,11 +103,17 @@ def shown_metrics(sweep: Sweep) -> tuple[str, ...]:
 def runs_view(sweep: Sweep) -> dict[str, str]:
     """The experiment tag of the sweep's saved view in the MLflow UI (``flatlm.tracking.ui``):
     the runs table with what the sweep varies and its headline metrics as columns; the charts
-    led by the loss and KL, each measured task's probe accuracy, then the flatness traces."""
-    probes = [probe_keys(t)[0] for t in measured_tasks(sweep.base)]
+    led by the loss and KL, each measured task's probe accuracy, then the flatness traces, then
+    the other measurements' sections, the standard errors' last and folded."""
+    tasks = measured_tasks(sweep.base)
+    probes = [probe_keys(t)[0] for t in tasks]
+    # what the measurements give (registry), and the probes' references per task
+    references = [probe_key(t, stat, s) for stage in PROBE_STAGES for s in (stage,
+                  ridge_stage(stage)) for t in tasks for stat in ("acc_mean", "acc_se")]
     key, value = runs_view_tag(
         params=sorted(sweep.space), columns=[LOSS, KL, *probes, TRACE_FISHER, N_PARAMS],
-        charts=[LOSS, KL, *probes, TRACE_FISHER, TRACE_HESSIAN])
+        charts=[LOSS, KL, *probes, TRACE_FISHER, TRACE_HESSIAN],
+        metrics=[*metric_keys(sweep.base.measure.what, tasks), *references, N_PARAMS])
     return {key: value}
 
 

@@ -37,6 +37,7 @@ RUNS_VIEW_ID = "flatlm"  # the saved view flatlm writes (its tag and its share k
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."  # MLflow's experiment tags holding saved views
 WORKFLOW = {"workflowType": "machine_learning"}  # the model-training view, not GenAI
 MODEL_METRICS = "Model metrics"  # the charts view's section of a metric name without "/"
+MAX_VIEW_CHARS = 20_000  # the longest experiment tag value MLflow stores (and a view it saves)
 
 
 def mlflow_metric_name(key: str) -> str:
@@ -99,36 +100,68 @@ def chart_section(name: str) -> str:
 
 
 def runs_view_tag(*, columns: Sequence[str], params: Iterable[str] = (),
-                  charts: Sequence[str] = (), name: str = RUNS_VIEW_ID,
-                  now_ms: int | None = None) -> tuple[str, str]:
+                  charts: Sequence[str] = (), metrics: Iterable[str] = (),
+                  name: str = RUNS_VIEW_ID, now_ms: int | None = None) -> tuple[str, str]:
     """``(tag key, tag value)`` of a saved view of the runs page (set it on the experiment).
 
     Args:
         columns: the runs table's metric columns, in order (``metrics.jsonl`` keys).
         params: its param columns, before the metrics.
-        charts: the metrics charted first (line charts over steps), in order; their sections
-            lead the charts view in that order, and MLflow adds the other metrics' charts after
-            these within a section, and their sections after these. The standard errors of
-            those sections (``se/<section>``) come last, folded.
+        charts: the metrics charted first (line charts over steps), in order: their sections
+            lead the charts view, these charts first in them.
+        metrics: the other metrics the runs will have, as far as known: their sections follow,
+            sorted, then the standard errors' sections (``se/...``) in the same order, folded.
+            MLflow adds the charts of every metric not charted here after these within a
+            section, and the sections of metrics not known here at the end. When the view
+            would not fit in a tag (``MAX_VIEW_CHARS``), only the charts' sections are listed.
         now_ms: the view's creation time (default: now).
     """
     now = int(time.time() * 1000) if now_ms is None else int(now_ms)
     selected = ([f"params.`{p}`" for p in params]
                 + [f"metrics.`{mlflow_metric_name(m)}`" for m in columns])
-    names = list(dict.fromkeys(chart_section(mlflow_metric_name(m)) for m in charts))
-    names += [SE_PREFIX + s for s in names if s != MODEL_METRICS]
-    state = {
-        "selectedColumns": selected,
-        # the sections in this order (isAccordionReordered); MLflow appends the charts of the
-        # metrics not listed after a section's own (isReordered) rather than sorting them in
-        "compareRunSections": [{"uuid": _section_id(s), "name": s, "display": not
-                                s.startswith(SE_PREFIX), "isReordered": True,
-                                "deleted": False, "isGenerated": True} for s in names],
-        "compareRunCharts": [_line_chart(m) for m in charts],
-        "isAccordionReordered": True,
-    }
-    envelope = {"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
-    return VIEW_TAG_PREFIX + name, json.dumps(envelope)
+    metrics = list(metrics)
+    for known in (metrics, ()):
+        state = {
+            "selectedColumns": selected,
+            # the sections in this order (isAccordionReordered); MLflow appends the charts of
+            # the metrics not listed after a section's own (isReordered), not sorted in
+            "compareRunSections": [{"uuid": _section_id(s), "name": s, "display": not
+                                    s.startswith(SE_PREFIX), "isReordered": True,
+                                    "deleted": False, "isGenerated": True}
+                                   for s in chart_sections(charts, [*columns, *known])],
+            "compareRunCharts": [_line_chart(m) for m in charts],
+            "isAccordionReordered": True,
+        }
+        envelope = _compact({"name": name, "createdAt": now, "updatedAt": now,
+                             "state": _compact(state)})
+        if len(envelope) <= MAX_VIEW_CHARS:
+            break
+    return VIEW_TAG_PREFIX + name, envelope
+
+
+def _compact(value) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def chart_sections(charts: Iterable[str], metrics: Iterable[str]) -> list[str]:
+    """The charts view's sections in reading order: those of ``charts`` as they come, those of
+    the other ``metrics`` sorted, then the standard errors' in the same order (``metrics.jsonl``
+    keys in, MLflow's section names out).
+
+    >>> chart_sections(["pretrain/kl", "flat/trace_fisher"],
+    ...                ["probe/A/acc_mean", "probe/A/acc_se", "pretrain/kl_se", "n_params"])
+    ['pretrain', 'flat', 'probe/A', 'Model metrics', 'se/pretrain', 'se/probe/A']
+    """
+    names = [mlflow_metric_name(m) for m in charts]
+    known = {mlflow_metric_name(m) for m in metrics} | set(names)
+    lead = list(dict.fromkeys(chart_section(m) for m in names))
+    sections = {chart_section(m) for m in known}
+    rest = sorted((s for s in sections if s not in lead and not s.startswith(SE_PREFIX)),
+                  key=lambda s: (s == MODEL_METRICS, s))  # MLflow's own place for it: last
+    order = lead + rest
+    errors = [SE_PREFIX + s for s in order if SE_PREFIX + s in sections]
+    errors += sorted(s for s in sections if s.startswith(SE_PREFIX) and s not in errors)
+    return order + errors
 
 
 def _section_id(section: str) -> str:

@@ -16,6 +16,7 @@ from mlflow import MlflowClient  # noqa: E402
 from flatlm.core.config import apply_overrides  # noqa: E402
 from flatlm.experiments.paper import base_for  # noqa: E402
 from flatlm.tracking.tracker import default_tracking_uri, ensure_experiment  # noqa: E402
+from flatlm.tracking.ui import MAX_VIEW_CHARS, runs_view_tag  # noqa: E402
 from sweeps.spec import Sweep, runs_view  # noqa: E402
 from sweeps.summary import ui_lines  # noqa: E402
 
@@ -73,11 +74,17 @@ def test_the_saved_view_shows_the_sweeps_metrics_and_folds_the_standard_errors(e
         "metrics.`probe/A/acc_mean`", "metrics.`probe/B/acc_mean`",
         "metrics.`flat/trace_fisher`", "metrics.`n_params`"]
     # sections as MLflow names them (the metric name before its last "/"), in reading order,
-    # each kept where it is; the standard errors' sections last and folded
-    sections = [(s["name"], s["display"]) for s in state["compareRunSections"]]
-    assert sections == [("pretrain", True), ("probe/A", True), ("probe/B", True),
-                        ("flat", True), ("se/pretrain", False), ("se/probe/A", False),
-                        ("se/probe/B", False), ("se/flat", False)]
+    # each kept where it is: the headline ones, the other measurements' (the probes' references
+    # among them), the parameter count's; the standard errors' last and folded
+    sections = [s["name"] for s in state["compareRunSections"]]
+    lead = ["pretrain", "probe/A", "probe/B", "flat"]
+    rest = ["lookup", "lookup/A", "lookup/B", "lookup_ridge/A", "lookup_ridge/B", "probe",
+            "probe_ridge/A", "probe_ridge/B", "random_init/A", "random_init/B",
+            "random_init_ridge/A", "random_init_ridge/B", "Model metrics"]
+    errors = ["se/" + s for s in lead + rest if s not in ("lookup", "probe", "Model metrics")]
+    assert sections == lead + rest + errors
+    assert [s["display"] for s in state["compareRunSections"]] == [
+        not name.startswith("se/") for name in sections]
     assert state["isAccordionReordered"] is True
     assert all(s["isReordered"] for s in state["compareRunSections"])
     ids = {s["uuid"]: s["name"] for s in state["compareRunSections"]}
@@ -100,3 +107,16 @@ def test_the_view_follows_the_sweep():
     assert state["selectedColumns"][:3] == ["params.`train.algorithm`", "params.`train.seed`",
                                             "metrics.`pretrain/loss`"]
     assert [s["name"] for s in state["compareRunSections"]][:3] == ["pretrain", "probe/B", "flat"]
+
+
+def test_a_view_too_long_for_a_tag_lists_only_the_charts_sections():
+    """MLflow stores experiment tag values up to 20000 characters: with many tasks the view
+    keeps its columns and charts, and lists the charts' sections alone."""
+    many = [f"probe/t{i}/acc_mean" for i in range(200)] + [f"probe/t{i}/acc_se" for i in range(200)]
+    key, value = runs_view_tag(columns=["pretrain/kl"], charts=["pretrain/kl", "flat/trace_fisher"],
+                               metrics=many, now_ms=0)
+    assert len(value) <= MAX_VIEW_CHARS
+    state = json.loads(json.loads(value)["state"])
+    assert [s["name"] for s in state["compareRunSections"]] == ["pretrain", "flat"]
+    assert [c["metricKey"] for c in state["compareRunCharts"]] == ["pretrain/kl",
+                                                                  "flat/trace_fisher"]
