@@ -111,10 +111,17 @@ def runs_view(sweep: Sweep) -> dict[str, str]:
     references = [probe_key(t, stat, s) for stage in PROBE_STAGES for s in (stage,
                   ridge_stage(stage)) for t in tasks for stat in ("acc_mean", "acc_se")]
     key, value = runs_view_tag(
-        params=sorted(sweep.space), columns=[LOSS, KL, *probes, TRACE_FISHER, N_PARAMS],
+        params=varied(sweep), columns=[LOSS, KL, *probes, TRACE_FISHER, N_PARAMS],
         charts=[LOSS, KL, *probes, TRACE_FISHER, TRACE_HESSIAN],
         metrics=[*metric_keys(sweep.base.measure.what, tasks), *references, N_PARAMS])
     return {key: value}
+
+
+def varied(sweep: Sweep) -> list[str]:
+    """The keys of the search space that take more than one value (a grid of one, such as the
+    sizes experiment's single seed, is not shown as varying)."""
+    return sorted(key for key, values in sweep.space.items()
+                  if not (isinstance(values, dict) and len(values.get("grid_search", ())) == 1))
 
 
 def objectives(sweep: Sweep) -> tuple[tuple[str, str], ...]:

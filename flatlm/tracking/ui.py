@@ -37,6 +37,8 @@ RUNS_VIEW_ID = "flatlm"  # the saved view flatlm writes (its tag and its share k
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."  # MLflow's experiment tags holding saved views
 WORKFLOW = {"workflowType": "machine_learning"}  # the model-training view, not GenAI
 MODEL_METRICS = "Model metrics"  # the charts view's section of a metric name without "/"
+RUN_NAME_COLUMN = "attributes.`Run Name`"  # the runs table's column ids: "<kind>.`<name>`"
+RUN_NAME_WIDTH, COLUMN_WIDTH = 260, 120  # pixels: a trial's whole name; a number and its name
 MAX_VIEW_CHARS = 20_000  # the longest experiment tag value MLflow stores (and a view it saves)
 
 
@@ -123,6 +125,9 @@ def runs_view_tag(*, columns: Sequence[str], params: Iterable[str] = (),
     for known in (metrics, ()):
         state = {
             "selectedColumns": selected,
+            "columnOrder": [RUN_NAME_COLUMN, *selected],
+            "columnWidths": {RUN_NAME_COLUMN: RUN_NAME_WIDTH,
+                             **dict.fromkeys(selected, COLUMN_WIDTH)},
             # the sections in this order (isAccordionReordered); MLflow appends the charts of
             # the metrics not listed after a section's own (isReordered), not sorted in
             "compareRunSections": [{"uuid": _section_id(s), "name": s, "display": not

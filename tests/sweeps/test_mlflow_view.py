@@ -86,6 +86,9 @@ def test_the_saved_view_shows_the_sweeps_metrics_and_folds_the_standard_errors(e
     assert [s["display"] for s in state["compareRunSections"]] == [
         not name.startswith("se/") for name in sections]
     assert state["isAccordionReordered"] is True
+    # the columns in that order, the run name wide enough for a trial's name
+    assert state["columnOrder"] == ["attributes.`Run Name`", *state["selectedColumns"]]
+    assert state["columnWidths"]["attributes.`Run Name`"] >= 250
     assert all(s["isReordered"] for s in state["compareRunSections"])
     ids = {s["uuid"]: s["name"] for s in state["compareRunSections"]}
     charts = [(c["metricKey"], ids[c["metricSectionId"]], c["type"])
@@ -97,9 +100,11 @@ def test_the_saved_view_shows_the_sweeps_metrics_and_folds_the_standard_errors(e
 
 
 def test_the_view_follows_the_sweep():
-    """What varies and which tasks are measured come from the sweep."""
+    """What varies and which tasks are measured come from the sweep; a grid of one value
+    does not vary."""
     sweep = Sweep(name="algorithms",
-                  space={"train.algorithm": ["adamw", "sam"], "train.seed": [0, 1]},
+                  space={"train.algorithm": {"grid_search": ["adamw", "sam"]},
+                         "train.seed": [0, 1], "train.lr": {"grid_search": [1e-3]}},
                   base=apply_overrides(base_for("tiny"), {"measure.tasks": ["B"]}))
     ((key, value),) = runs_view(sweep).items()
     state = json.loads(json.loads(value)["state"])
