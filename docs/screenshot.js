@@ -13,15 +13,21 @@ const { chromium } = require('playwright-core');
   await page.goto(url, { waitUntil: 'load', timeout: 120000 });  // the UI polls: no network idle
   await page.waitForTimeout(15000);
   // the assistant's side panel opens on a first visit
-  const close = page.locator('button[data-component-id="mlflow.assistant.chat_panel.close"]');
-  if (await close.count()) { await close.first().click(); }
+  await page.evaluate(() => document.querySelector(
+    'button[data-component-id="mlflow.assistant.chat_panel.close"]')?.click());
   if (mode && mode.startsWith('chart:')) {
     await page.getByPlaceholder('Search metric charts').fill(mode.slice('chart:'.length));
   }
   await page.waitForTimeout(6000);
   console.log('address:', page.url());
-  const headers = await page.locator('[role="columnheader"]').allInnerTexts();
+  // the grid positions its header cells: their order on screen is their x, not the DOM's
+  const headers = await page.evaluate(() => {
+    const cells = Array.from(document.querySelectorAll('.ag-header-row-column [col-id]'));
+    const seen = new Map();
+    for (const c of cells) seen.set(c.getAttribute('col-id'), c.getBoundingClientRect().x);
+    return [...seen].sort((a, b) => a[1] - b[1]).map(([id]) => id);
+  });
   console.log('columns:', JSON.stringify(headers));
-  await page.screenshot({ path: out });
+  await page.screenshot({ path: out, timeout: 180000 });
   await browser.close();
 })();

@@ -112,7 +112,7 @@ def runs_view(sweep: Sweep) -> dict[str, str]:
                   ridge_stage(stage)) for t in tasks for stat in ("acc_mean", "acc_se")]
     key, value = runs_view_tag(
         params=varied(sweep), columns=[LOSS, KL, *probes, TRACE_FISHER, N_PARAMS],
-        charts=[LOSS, KL, *probes, TRACE_FISHER, TRACE_HESSIAN],
+        charts=[LOSS, KL, *probes, TRACE_FISHER, TRACE_HESSIAN], log_scale=[KL],
         metrics=[*metric_keys(sweep.base.measure.what, tasks), *references, N_PARAMS])
     return {key: value}
 

@@ -102,8 +102,9 @@ def chart_section(name: str) -> str:
 
 
 def runs_view_tag(*, columns: Sequence[str], params: Iterable[str] = (),
-                  charts: Sequence[str] = (), metrics: Iterable[str] = (),
-                  name: str = RUNS_VIEW_ID, now_ms: int | None = None) -> tuple[str, str]:
+                  charts: Sequence[str] = (), log_scale: Iterable[str] = (),
+                  metrics: Iterable[str] = (), name: str = RUNS_VIEW_ID,
+                  now_ms: int | None = None) -> tuple[str, str]:
     """``(tag key, tag value)`` of a saved view of the runs page (set it on the experiment).
 
     Args:
@@ -111,6 +112,9 @@ def runs_view_tag(*, columns: Sequence[str], params: Iterable[str] = (),
         params: its param columns, before the metrics.
         charts: the metrics charted first (line charts over steps), in order: their sections
             lead the charts view, these charts first in them.
+        log_scale: those of ``charts`` drawn on a logarithmic y axis (a quantity that falls by
+            orders of magnitude from the initial model, such as the KL: the runs' differences at
+            the end stay visible).
         metrics: the other metrics the runs will have, as far as known: their sections follow,
             sorted, then the standard errors' sections (``se/...``) in the same order, folded.
             MLflow adds the charts of every metric not charted here after these within a
@@ -121,7 +125,7 @@ def runs_view_tag(*, columns: Sequence[str], params: Iterable[str] = (),
     now = int(time.time() * 1000) if now_ms is None else int(now_ms)
     selected = ([f"params.`{p}`" for p in params]
                 + [f"metrics.`{mlflow_metric_name(m)}`" for m in columns])
-    metrics = list(metrics)
+    metrics, logs = list(metrics), set(log_scale)
     for known in (metrics, ()):
         state = {
             "selectedColumns": selected,
@@ -134,7 +138,7 @@ def runs_view_tag(*, columns: Sequence[str], params: Iterable[str] = (),
                                     s.startswith(SE_PREFIX), "isReordered": True,
                                     "deleted": False, "isGenerated": True}
                                    for s in chart_sections(charts, [*columns, *known])],
-            "compareRunCharts": [_line_chart(m) for m in charts],
+            "compareRunCharts": [_line_chart(m, m in logs) for m in charts],
             "isAccordionReordered": True,
         }
         envelope = _compact({"name": name, "createdAt": now, "updatedAt": now,
@@ -173,14 +177,15 @@ def _section_id(section: str) -> str:
     return "flatlm-section-" + section.replace("/", "-").replace(" ", "-")
 
 
-def _line_chart(metric: str) -> dict:
+def _line_chart(metric: str, log: bool = False) -> dict:
     """A line chart of ``metric`` over training steps: MLflow 3.17's LINE card with its
-    defaults (``RunsChartsLineCardConfig``)."""
+    defaults (``RunsChartsLineCardConfig``), the y axis logarithmic with ``log``."""
     name = mlflow_metric_name(metric)
     return {"uuid": "flatlm-chart-" + name.replace("/", "-"), "type": "LINE",
             "runsCountToCompare": 10, "metricSectionId": _section_id(chart_section(name)),
             "deleted": False, "isGenerated": True, "displayName": name, "metricKey": name,
-            "lineSmoothness": 0, "xAxisScaleType": "linear", "scaleType": "linear",
+            "lineSmoothness": 0, "xAxisScaleType": "linear",
+            "scaleType": "log" if log else "linear",
             "range": {}, "xAxisKey": "step", "selectedXAxisMetricKey": "", "yAxisKey": "metric",
             "yAxisExpressions": [], "ignoreOutliers": False, "useGlobalXaxisKey": True,
             "useGlobalLineSmoothing": True}
