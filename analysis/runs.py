@@ -20,6 +20,7 @@ import pandas as pd
 
 from flatlm.runs.metrics_log import METRICS_FILE, N_PARAMS, is_number, parse_metrics
 from flatlm.tracking.tracker import TAG_ALGORITHM, TAG_PRESET, TAG_REPORT, TAG_SWEEP
+from flatlm.tracking.ui import metrics_key
 
 METRICS_ARTIFACT = METRICS_FILE
 ID_COLUMNS = ("run_id", "trial", "status")
@@ -33,8 +34,10 @@ def load_runs(tracking_uri: str, experiment: str, *, source: str = "auto") -> pd
     Columns: ``run_id, trial, status, sweep, preset, algorithm``, every param (dotted name,
     cast to numbers where numeric; ``model`` among them), ``step``, and every metric key at
     that step (``pretrain/loss``, ``n_params``, ...; the training curve ``train/*`` is not a
-    checkpoint's and is left out). ``df.attrs["params"]`` and ``df.attrs["metrics"]`` list the param
-    and metric columns.
+    checkpoint's and is left out; standard errors under their ``metrics.jsonl`` names,
+    ``pretrain/kl_se``, not MLflow's ``se/pretrain/kl``). ``df.attrs["params"]`` and
+    ``df.attrs["metrics"]`` list the param and metric columns, ``df.attrs["experiment_id"]`` is
+    the experiment's id.
 
     Args:
         source: ``"auto"`` (``metrics.jsonl`` when a run has it, else histories), ``"artifact"``
@@ -85,6 +88,7 @@ def load_runs(tracking_uri: str, experiment: str, *, source: str = "auto") -> pd
     df = df.sort_values(["trial", "run_id", "step"], kind="stable").reset_index(drop=True).copy()
     df.attrs["params"] = params
     df.attrs["metrics"] = metrics
+    df.attrs["experiment_id"] = exp.experiment_id
     return df
 
 
@@ -138,8 +142,9 @@ def _history_steps(client, run_id: str, latest: dict) -> dict[int, dict[str, flo
     """step -> {key: value} from each key's metric history (the earliest value per step); the
     training curve (``train/*``, logged between checkpoints) is not a checkpoint's."""
     steps: dict[int, dict[str, float]] = {}
-    for key in (k for k in latest if not k.startswith("train/")):
-        for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp):
+    for name in (k for k in latest if not k.startswith("train/")):
+        key = metrics_key(name)  # se/pretrain/kl in MLflow is pretrain/kl_se in the table
+        for m in sorted(client.get_metric_history(run_id, name), key=lambda m: m.timestamp):
             steps.setdefault(int(m.step), {}).setdefault(key, float(m.value))
     return steps
 

@@ -26,7 +26,7 @@ from sweeps.delivery import (
 from sweeps.rayenv import ray, tune
 from sweeps.resume import check_resume_settings, one_driver, record_settings
 from sweeps.signals import Interrupted, count_unfinished, sigterm_as_sigint
-from sweeps.spec import Sweep, check_sweep, check_tracking_uri
+from sweeps.spec import Sweep, check_sweep, check_tracking_uri, runs_view
 from sweeps.trust import check_digest, check_trusted, record_digest
 from sweeps.tuner import build_tuner, check_resources
 
@@ -75,7 +75,8 @@ def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str |
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
     try:
         check_resources(sweep)  # before the experiment: a refused sweep leaves no experiment
-        experiment_id = ensure_experiment(uri, sweep.name, default_artifact_location(workdir))
+        experiment_id = ensure_experiment(uri, sweep.name, default_artifact_location(workdir),
+                                          tags=runs_view(sweep))
         sweep_info = {"name": sweep.name, "preset": sweep.preset, "tracking_uri": uri,
                       "experiment_id": experiment_id, "trials_dir": str(trials_dir)}
         check_resume_settings(sweep, workdir / "ray_results" / sweep.name, resume)

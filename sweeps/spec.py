@@ -1,5 +1,6 @@
 """What a sweep is (``Sweep``) and what follows from its base config: checks, the downstream task
-it is judged on, the metrics shown per result and the searcher's objectives. No Ray here.
+it is judged on, the metrics shown per result, its view in the MLflow UI and the searcher's
+objectives. No Ray here.
 """
 
 from __future__ import annotations
@@ -8,9 +9,21 @@ import re
 from dataclasses import dataclass, field
 
 from flatlm.core.config import apply_overrides
-from flatlm.measure import KL, LOSS, TRACE_FISHER, probe_keys
+from flatlm.measure import (
+    KL,
+    LOSS,
+    PROBE_STAGES,
+    TRACE_FISHER,
+    TRACE_HESSIAN,
+    probe_key,
+    probe_keys,
+    ridge_stage,
+)
+from flatlm.measure.registry import metric_keys
+from flatlm.runs.metrics_log import N_PARAMS
 from flatlm.runs.trial import TrialConfig, measured_tasks, validate_trial
 from flatlm.tracking.tracker import check_tracking_uri as check
+from flatlm.tracking.ui import runs_view_tag
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +98,30 @@ def saturation_flag(sweep: Sweep) -> str:
 def shown_metrics(sweep: Sweep) -> tuple[str, ...]:
     """The metrics printed for every reported checkpoint."""
     return LOSS, KL, TRACE_FISHER, accuracy_key(sweep)
+
+
+def runs_view(sweep: Sweep) -> dict[str, str]:
+    """The experiment tag of the sweep's saved view in the MLflow UI (``flatlm.tracking.ui``):
+    the runs table with what the sweep varies and its headline metrics as columns; the charts
+    led by the loss and KL, each measured task's probe accuracy, then the flatness traces, then
+    the other measurements' sections, the standard errors' last and folded."""
+    tasks = measured_tasks(sweep.base)
+    probes = [probe_keys(t)[0] for t in tasks]
+    # what the measurements give (registry), and the probes' references per task
+    references = [probe_key(t, stat, s) for stage in PROBE_STAGES for s in (stage,
+                  ridge_stage(stage)) for t in tasks for stat in ("acc_mean", "acc_se")]
+    key, value = runs_view_tag(
+        params=varied(sweep), columns=[LOSS, KL, *probes, TRACE_FISHER, N_PARAMS],
+        charts=[LOSS, KL, *probes, TRACE_FISHER, TRACE_HESSIAN], log_scale=[KL],
+        metrics=[*metric_keys(sweep.base.measure.what, tasks), *references, N_PARAMS])
+    return {key: value}
+
+
+def varied(sweep: Sweep) -> list[str]:
+    """The keys of the search space that take more than one value (a grid of one, such as the
+    sizes experiment's single seed, is not shown as varying)."""
+    return sorted(key for key, values in sweep.space.items()
+                  if not (isinstance(values, dict) and len(values.get("grid_search", ())) == 1))
 
 
 def objectives(sweep: Sweep) -> tuple[tuple[str, str], ...]:

@@ -19,6 +19,7 @@ from analysis.run_table import glance
 from analysis.runs import load_runs
 from analysis.selection import selection_markdown, selection_table, verdict
 from flatlm.tracking.tracker import default_tracking_uri
+from flatlm.tracking.ui import experiment_url, ui_address
 from sweeps.spec import Sweep, accuracy_key, saturation, saturation_flag, sweep_task
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout: analysis/ is not an installed package
@@ -49,7 +50,7 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None, *,
         print(correlation_markdown(table))
     if verbose or sweep.selection:
         _print_selection(sweep, runs, key)
-    _print_commands(sweep, workdir, uri, verbose)
+    _print_commands(sweep, workdir, uri, verbose, runs.attrs.get("experiment_id"))
 
 
 def _load(uri: str, name: str):
@@ -64,11 +65,12 @@ def _paragraphs(words: str) -> str:
     return "\n\n".join(textwrap.fill(p, 100) for p in words.split("\n\n"))
 
 
-def _print_commands(sweep: Sweep, workdir: Path, uri: str, verbose: bool) -> None:
+def _print_commands(sweep: Sweep, workdir: Path, uri: str, verbose: bool,
+                    experiment_id: str | None) -> None:
     report = ["--experiment", sweep.name, "--tracking-uri", uri, "--task", sweep_task(sweep),
               *saturation_flag(sweep).split(), "--out", str(workdir / "report" / sweep.name)]
-    print(f"\nMLflow UI:  cd {shlex.quote(str(workdir))} && "
-          f"{shlex.join(['mlflow', 'ui', '--backend-store-uri', uri])}")
+    print()
+    print(ui_lines(uri, workdir, experiment_id))
     print(f"Report:     {shlex.join(['python', str(REPO / 'analysis' / 'report.py'), *report])}")
     if not verbose:
         print("            (figures, correlations and model selection; --verbose prints the "
@@ -76,6 +78,22 @@ def _print_commands(sweep: Sweep, workdir: Path, uri: str, verbose: bool) -> Non
     if sweep.selection:
         print("Selection:  "
               f"{shlex.join(['python', str(REPO / 'analysis' / 'selection.py'), *report])}")
+
+
+def ui_lines(uri: str, workdir: Path, experiment_id: str | None) -> str:
+    """Where to look at the sweep in the MLflow UI: the command that serves a local store, and
+    the address of the experiment's runs table (``flatlm.tracking.ui.experiment_url``: the
+    model-training view, the sweep's saved view); a server's address alone.
+
+    >>> print(ui_lines("sqlite:////w/mlflow.db", Path("/w"), "1"))
+    MLflow UI:  cd /w && mlflow ui --backend-store-uri sqlite:////w/mlflow.db
+                then open http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning&viewStateShareKey=flatlm
+    """
+    url = experiment_url(ui_address(uri), experiment_id) if experiment_id else ui_address(uri)
+    if uri.startswith(("http://", "https://")):
+        return f"MLflow UI:  {url}"
+    serve = shlex.join(["mlflow", "ui", "--backend-store-uri", uri])
+    return f"MLflow UI:  cd {shlex.quote(str(workdir))} && {serve}\n            then open {url}"
 
 
 def measurement_cost(runs) -> str | None:

@@ -48,6 +48,9 @@ TAG_DIVERGED = "flatlm.diverged"  # MLflow tag of a diverged trial's run: the st
 # Artifacts of a trial's MLflow run: its config, every checkpoint's measurements, its curves.
 TRIAL_ARTIFACTS = (METRICS_FILE, "metrics.json", "trial_config.json", "*.png",
                    "spectral_density.json")  # measure.what "density", per checkpoint
+# The checkpoints' files among them (metrics.json, the spectral density) sit in the run's
+# artifacts under measurements/step-<N>/: the model weights stay on disk, not in MLflow.
+ARTIFACT_FOLDERS = {"checkpoints": "measurements"}
 FINISH_WAIT_S = 300.0  # how long a trial ending in a tracking outage waits for MLflow
 #   (env FLATLM_FINISH_WAIT_S overrides it)
 
@@ -70,7 +73,8 @@ def trainable(config: dict) -> None:
 
     def report(step: int, metrics: dict, ckpt_dir: Path) -> None:
         tracker.report(step, metrics, ckpt_dir)  # before Tune's report: a kill after it loses
-        tracker.sync_artifacts(out_dir, patterns=TRIAL_ARTIFACTS)  # nothing
+        tracker.sync_artifacts(out_dir, patterns=TRIAL_ARTIFACTS,  # nothing
+                               folders=ARTIFACT_FOLDERS)
         save_tracking(ckpt_dir, out_dir, tracker.run_id, step)
         tune.report({**metrics, "step": step},
                     checkpoint=tune.Checkpoint.from_directory(str(ckpt_dir)))
@@ -89,7 +93,7 @@ def trainable(config: dict) -> None:
         _plot_trial(out_dir, name, cfg)
     except Exception as e:  # noqa: BLE001 - a figure is not worth failing a finished trial
         print(f"trial {name}: could not plot its curves: {e}", file=sys.stderr, flush=True)
-    tracker.sync_artifacts(out_dir, patterns=TRIAL_ARTIFACTS)
+    tracker.sync_artifacts(out_dir, patterns=TRIAL_ARTIFACTS, folders=ARTIFACT_FOLDERS)
     finish_trial(tracker, "FINISHED", float(os.environ.get("FLATLM_FINISH_WAIT_S", FINISH_WAIT_S)))
 
 

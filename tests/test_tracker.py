@@ -90,9 +90,24 @@ def test_mlflow_params_flat_dict_and_dataclass():
 def test_ensure_experiment_is_idempotent(store):
     uri, eid = store
     assert ensure_experiment(uri, "exp") == eid
-    # MLflow's UI opens it as model training (runs, metrics, charts), not as GenAI traces
+    # the kind MLflow 3's own selector writes for model training (runs, metrics, charts)
     tags = MlflowClient(uri).get_experiment(eid).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_ensure_experiment_sets_its_tags_also_on_an_existing_experiment(store):
+    """A new experiment gets the kind and the tags; an existing one (a resumed sweep) the tags
+    anew (a refreshed saved view), its kind left as it is."""
+    uri, eid = store
+    client = MlflowClient(uri)
+    new = ensure_experiment(uri, "other", tags={"mlflow.sharedViewState.flatlm": "v1"})
+    assert {k: v for k, v in client.get_experiment(new).tags.items()} == {
+        "mlflow.experimentKind": "custom_model_development",
+        "mlflow.sharedViewState.flatlm": "v1"}
+    client.set_experiment_tag(new, "mlflow.experimentKind", "finetuning")  # the user's choice
+    assert ensure_experiment(uri, "other", tags={"mlflow.sharedViewState.flatlm": "v2"}) == new
+    assert client.get_experiment(new).tags == {"mlflow.experimentKind": "finetuning",
+                                               "mlflow.sharedViewState.flatlm": "v2"}
 
 
 # -- one run per trial ------------------------------------------------------------------------
@@ -188,6 +203,71 @@ def test_the_training_curve_is_sent_at_its_own_steps(store, tmp_path):
     client = MlflowClient(uri)
     assert history(client, tr.run_id, "train/loss") == [(s, 3.0 - s / 10) for s in (5, 10, 15, 20)]
     assert history(client, tr.run_id, "pretrain/loss") == [(10, 2.5), (20, 2.2)]
+
+
+def test_standard_errors_are_sent_under_se_and_read_back_under_their_own_names(store, tmp_path):
+    """``<key>_se`` goes to MLflow as ``se/<key>`` (its own chart sections, after the
+    estimates'); a tracker re-attached without its ledger finds them there and sends nothing
+    twice; the analysis reading histories gets ``metrics.jsonl``'s names back."""
+    from analysis.runs import load_runs
+
+    uri, eid = store
+    rows = {10: {"pretrain/kl": 0.5, "pretrain/kl_se": 0.01, "probe/A/acc_mean": 0.7,
+                 "probe/A/acc_se": 0.02},
+            20: {"pretrain/kl": 0.2, "pretrain/kl_se": 0.005, "probe/A/acc_mean": 0.8,
+                 "probe/A/acc_se": 0.01}}
+    tr = MlflowTracker(uri, tmp_path / "t", experiment_id=eid, run_name="t")
+    for step, row in rows.items():
+        assert tr.report(step, row)
+    client = MlflowClient(uri)
+    assert set(client.get_run(tr.run_id).data.metrics) == {
+        "pretrain/kl", "se/pretrain/kl", "probe/A/acc_mean", "se/probe/A/acc"}
+    assert history(client, tr.run_id, "se/pretrain/kl") == [(10, 0.01), (20, 0.005)]
+    assert history(client, tr.run_id, "se/probe/A/acc") == [(10, 0.02), (20, 0.01)]
+
+    (tmp_path / "t" / "sent.jsonl").unlink()  # a ledger lost: the run's histories say what is in
+    again = MlflowTracker(uri, tmp_path / "t", run_id=tr.run_id)
+    assert again.finish("FINISHED")
+    assert history(client, tr.run_id, "se/pretrain/kl") == [(10, 0.01), (20, 0.005)]
+
+    table = load_runs(uri, "exp", source="history")
+    assert table.attrs["experiment_id"] == eid
+    got = {int(r["step"]): {k: r[k] for k in rows[10]} for _, r in table.iterrows()}
+    assert got == rows
+
+
+def test_the_trackers_own_tags_are_hidden_in_the_ui(store, tmp_path):
+    """MLflow 3.17's UI shows no run tag whose name starts with ``mlflow.`` or ``_mlflow_``
+    (its ``isUserFacingTag``): every tag of a run that the caller did not give is one."""
+    uri, eid = store
+    given = {"sweep": "scaling", "model": "d16"}
+    tr = MlflowTracker(uri, tmp_path / "t", experiment_id=eid, run_name="t", tags=given)
+    assert tr.report(1, {"a": 1.0}) and tr.finish()
+    tags = MlflowClient(uri).get_run(tr.run_id).data.tags
+    own = {k for k in tags if k not in given}
+    assert "mlflow.flatlm.outbox" in own
+    assert all(k.startswith(("mlflow.", "_mlflow_")) for k in own), own
+
+
+def test_folders_renamed_in_the_runs_artifacts(store, tmp_path):
+    """``folders`` names a folder in the run's artifacts for what it holds there: the
+    checkpoints' measurement files under ``measurements/``, the weights on disk only."""
+    uri, eid = store
+    out = tmp_path / "trial"
+    ckpt = out / "checkpoints" / "step-0"
+    ckpt.mkdir(parents=True)
+    (ckpt / "metrics.json").write_text('{"step": 0}')
+    (ckpt / "model.safetensors").write_bytes(b"weights")
+    (out / "trial_config.json").write_text("{}")
+    tr = MlflowTracker(uri, out, experiment_id=eid)
+    assert tr.sync_artifacts(out, patterns=("metrics.json", "trial_config.json"),
+                             folders={"checkpoints": "measurements"})
+    client = MlflowClient(uri)
+    assert {f.path for f in client.list_artifacts(tr.run_id)} == {"measurements",
+                                                                   "trial_config.json"}
+    assert [f.path for f in client.list_artifacts(tr.run_id, "measurements/step-0")] == [
+        "measurements/step-0/metrics.json"]
+    tr.finish()
 
 
 def test_failed_status_and_context_manager(store, tmp_path):

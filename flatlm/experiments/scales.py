@@ -101,6 +101,7 @@ class Scale:
     overrides: dict  # the rest of the base config
     lstms: tuple[str, ...] = TINY_LSTMS  # the sizes grid on an HMM source (BiLSTMs, A.4)
     run_checkpoints: int = 1  # checkpoints of a run of ``steps``, evenly spaced, the last at it
+    run_from_zero: bool = False  # a run of ``steps`` also checkpoints step 0 (the initial model)
     long_from_zero: bool = True  # a long run also checkpoints step 0
     sizes_overrides: dict = field(default_factory=dict)  # the sizes experiment's own settings
     long_overrides: dict = field(default_factory=dict)  # the long runs' own settings (steps,
@@ -111,8 +112,12 @@ class Scale:
         every = self.steps // self.run_checkpoints
         return apply_overrides(TrialConfig(), {
             "source": self.source, "model": self.model, "train.steps": self.steps,
-            "train.checkpoint_steps": list(range(every, self.steps + 1, every)),
+            "train.checkpoint_steps": self.run_steps(range(every, self.steps + 1, every)),
             **self.overrides})
+
+    def run_steps(self, steps) -> list[int]:
+        """A run's checkpoint ``steps``, with step 0 first when the scale checkpoints it."""
+        return sorted({*steps, *((0,) if self.run_from_zero else ())})
 
 
 TINY = Scale(
@@ -154,15 +159,16 @@ GPU = Scale(
 # 0.044 +- 0.002 instead of 0.032, no dropout, `flatlm trial --scale sweep --protocol paper --set
 # model=d16-h1-l1-i64 --set train.dropout=0`, step 3000); the sizes experiment without dropout,
 # so that the smallest model also gets below 0.05 (0.032 at step 3000 instead of 0.043 with
-# dropout 0.1, linear decay). Long runs: 4500 steps, a checkpoint every 500. The schedule's shape
-# is the protocol's.
+# dropout 0.1, linear decay). Long runs: 4500 steps, a checkpoint every 500; every run also
+# checkpoints step 0. The schedule's shape is the protocol's.
 SWEEP = Scale(
     name="sweep", source=SWEEP_SOURCE, deep_source=TINY_DEEP_SOURCE, models=TINY_MODELS,
     model=TINY_MODELS[1], steps=3000, long_steps=4500, checkpoints=9, seeds=(0,), gpus=0.0,
     sgd_lr=0.3, adversarial={"train.adversarial.d1": 32, "train.adversarial.d2": 32,
                              "train.adversarial.pool": 256},
-    run_checkpoints=3, long_from_zero=False, sizes_overrides={"train.dropout": 0.0},
-    kl_threshold=0.05,
+    # every curve starts at the initial model (step 0): one more checkpoint to measure per run
+    run_checkpoints=3, run_from_zero=True, long_from_zero=True,
+    sizes_overrides={"train.dropout": 0.0}, kl_threshold=0.05,
     overrides={
         "train.batch_size": 128, "train.lr": 5e-3, "train.warmup_steps": 50,
         "train.log_every": 50,

@@ -1,8 +1,10 @@
 """MLflow tracking for one trial: the package's only MLflow import (lazily, inside functions).
 
 One MLflow run per trial, kept across retries and resumes; every config field a param (dotted
-names, ``train.lr``); the metrics of each checkpoint with the training step as MLflow step; tags
-for the sweep, preset, model and algorithm; figures and measurement files as artifacts.
+names, ``train.lr``); the metrics of each checkpoint with the training step as MLflow step (a
+standard error ``<key>_se`` as ``se/<key>``, charted apart: ``flatlm.tracking.ui``); tags for
+the sweep, preset, model and algorithm (the tracker's own under ``mlflow.flatlm.``, which the UI
+hides); figures and measurement files as artifacts.
 
 The tracker mirrors the trial directory's ``metrics.jsonl`` and its training curve
 ``train_log.jsonl`` (``flatlm.runs.metrics_log``) into the run; it keeps no copy of the metrics.
@@ -58,6 +60,7 @@ from flatlm.tracking.ledger import (
     set_aside,
     write_state,
 )
+from flatlm.tracking.ui import HIDDEN_TAG_PREFIX, mlflow_metric_name
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +70,12 @@ TAG_PRESET = "preset"  # the sweep's preset: tiny, paper or paper-code
 TAG_MODEL = "model"  # the trial's model (a preset such as bert-41m, or a shape)
 TAG_ALGORITHM = "algorithm"
 TAG_REPORT = "flatlm.report"  # "1" on the analysis report's run; load_runs skips those
-TAG_OUTBOX = "flatlm.outbox"  # this tracker's key: finds a run whose creation reply was lost
+TAG_OUTBOX = HIDDEN_TAG_PREFIX + "outbox"  # this tracker's key: finds a run whose creation
+#   reply was lost (internal: the UI hides it)
 
-# MLflow 3's UI opens an experiment in its GenAI (traces) view unless the experiment says it
-# is model training: then its runs table, metrics and charts.
+# The experiment is model training (runs, metrics, charts), not GenAI (traces): the kind MLflow
+# 3's own selector writes. MLflow 3.17's UI picks the view from the address instead
+# (``flatlm.tracking.ui.experiment_url``); the tag says it for the versions and tools that read it.
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 
 TERMINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
@@ -124,8 +129,11 @@ def store_lock(tracking_uri: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None = None) -> str:
-    """The id of experiment ``name``, created (or restored) if needed. Call it in the driver.
+def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None = None, *,
+                      tags: Mapping[str, str] | None = None) -> str:
+    """The id of experiment ``name``, created (or restored) if needed, a model-training
+    experiment (``EXPERIMENT_KIND``) with ``tags`` set (also on an existing one: a resumed
+    sweep refreshes its saved view, ``flatlm.tracking.ui.runs_view_tag``). Call it in the driver.
 
     For a sqlite store with no ``artifact_location`` the artifacts go beside the database
     (``<db dir>/mlruns``); for a server, ``None`` lets the server choose (``mlflow-artifacts:/``).
@@ -134,10 +142,11 @@ def ensure_experiment(tracking_uri: str, name: str, artifact_location: str | Non
     if tracking_uri.startswith("sqlite:///") and artifact_location is None:
         artifact_location = default_artifact_location(Path(tracking_uri[len("sqlite:///"):]).parent)
     with store_lock(tracking_uri):
-        return _ensure_experiment(tracking_uri, name, artifact_location)
+        return _ensure_experiment(tracking_uri, name, artifact_location, dict(tags or {}))
 
 
-def _ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None) -> str:
+def _ensure_experiment(tracking_uri: str, name: str, artifact_location: str | None,
+                       tags: dict[str, str]) -> str:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
@@ -146,13 +155,15 @@ def _ensure_experiment(tracking_uri: str, name: str, artifact_location: str | No
     if exp is None:
         try:
             return client.create_experiment(name, artifact_location=artifact_location,
-                                            tags={EXPERIMENT_KIND: MODEL_TRAINING})
+                                            tags={EXPERIMENT_KIND: MODEL_TRAINING, **tags})
         except MlflowException:  # created concurrently by someone else
             exp = client.get_experiment_by_name(name)
             if exp is None:
                 raise
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
+    for key, value in tags.items():
+        client.set_experiment_tag(exp.experiment_id, key, value)
     return exp.experiment_id
 
 
@@ -320,11 +331,15 @@ class MlflowTracker:
         return self._flush()
 
     def sync_artifacts(self, directory: str | os.PathLike, artifact_path: str | None = None,
-                       patterns: Iterable[str] = ARTIFACT_PATTERNS) -> bool:
+                       patterns: Iterable[str] = ARTIFACT_PATTERNS,
+                       folders: Mapping[str, str] | None = None) -> bool:
         """Upload the files under ``directory`` matching ``patterns`` that are new or changed
         since the last sync. The tracker's own files are skipped, and so is the trial's
-        ``metrics.jsonl`` (already sent as metric histories) unless ``patterns`` names it."""
+        ``metrics.jsonl`` (already sent as metric histories) unless ``patterns`` names it.
+        ``folders`` renames top-level folders in the run's artifacts (``{"checkpoints":
+        "measurements"}``: a folder named for what it holds there)."""
         directory = Path(directory).resolve()
+        folders = dict(folders or {})
         synced = self._state.setdefault("synced", {})
         patterns = tuple(patterns)
         skipped = TRACKER_FILES if METRICS_FILE in patterns else (*TRACKER_FILES, METRICS_FILE)
@@ -339,6 +354,8 @@ class MlflowTracker:
                 continue
             synced[str(path)] = stamp
             rel = path.relative_to(directory).parent.as_posix()
+            top, _, rest = rel.partition("/")
+            rel = "/".join(p for p in (folders.get(top, top), rest) if p)
             parts = [p for p in (artifact_path, rel) if p and p != "."]
             self._queue_artifact(path, "/".join(parts) or None)
         self._save_state()
@@ -484,7 +501,8 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         for i in range(0, len(items), _MAX_METRICS_PER_BATCH):
-            batch = [Metric(k, v, now, step) for k, v in items[i:i + _MAX_METRICS_PER_BATCH]]
+            batch = [Metric(mlflow_metric_name(k), v, now, step)
+                     for k, v in items[i:i + _MAX_METRICS_PER_BATCH]]
             self._client.log_batch(self.run_id, metrics=batch, synchronous=True)
 
     def _log_keys_one_by_one(self, step: int, items, now: int) -> None:
@@ -500,7 +518,8 @@ class MlflowTracker:
 
     def _logged_steps(self, key: str) -> set[int]:
         try:
-            return {m.step for m in self._client.get_metric_history(self.run_id, key)}
+            history = self._client.get_metric_history(self.run_id, mlflow_metric_name(key))
+            return {m.step for m in history}
         except Exception as e:
             if not _permanent(e):
                 raise

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from flatlm.tracking.ui import mlflow_metric_name
+
 REPO = Path(__file__).resolve().parents[2]
 SCALING = REPO / "sweeps" / "scaling.py"
 
@@ -31,7 +33,8 @@ SCALING = REPO / "sweeps" / "scaling.py"
 TINY = {"train.steps": "20", "train.checkpoint_steps": "[10,20]", "train.log_every": "5",
         "measure.tasks": '["B"]', "measure.n_eval": "64",
         "measure.n_downstream": "60", "measure.probe.epochs": "5"}
-# What every trial's MLflow run must hold once per checkpoint step.
+# What every trial's MLflow run must hold once per checkpoint step (metrics.jsonl names; MLflow
+# has a standard error <key>_se as se/<key>: flatlm.tracking.ui.mlflow_metric_name).
 KEYS = ("pretrain/loss", "pretrain/kl", "pretrain/entropy", "flat/trace_fisher",
         "flat/trace_fisher_se", "probe/B/acc_mean")
 # Tiny trials stay far from saturation (KL ~1 nat): a loose rule keeps every checkpoint in the
@@ -240,7 +243,7 @@ def assert_exactly_once(uri: str, experiment: str, trials_dir: Path, steps: list
         assert [r["step"] for r in rows] == steps, f"{name}: metrics.jsonl steps"
         measured = {r["step"]: r for r in rows}
         for key in KEYS:
-            history = client.get_metric_history(run.info.run_id, key)
+            history = client.get_metric_history(run.info.run_id, mlflow_metric_name(key))
             got = sorted((m.step, m.value) for m in history)
             assert [s for s, _ in got] == steps, f"{name} {key}: steps {[s for s, _ in got]}"
             for step, value in got:

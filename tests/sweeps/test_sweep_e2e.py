@@ -59,6 +59,14 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
     for r in runs:  # the trial's curves and its measurements are artifacts of its run
         names = {a.path for a in client.list_artifacts(r.info.run_id)}
         assert {"curves.png", "metrics.jsonl", "trial_config.json"} <= names, names
+        # each checkpoint's measurements in a folder named for them; no weights in MLflow
+        assert "checkpoints" not in names
+        assert [a.path for a in client.list_artifacts(r.info.run_id, "measurements")] == [
+            f"measurements/step-{s}" for s in STEPS]
+        # a standard error charted apart from its estimate; the tracker's own tag hidden
+        assert "se/flat/trace_fisher" in r.data.metrics
+        assert not [k for k in r.data.metrics if k.endswith("_se")]
+        assert "mlflow.flatlm.outbox" in r.data.tags and "flatlm.outbox" not in r.data.tags
     out = sweep.stdout
     # the per-run table with its reference rows, the runs left out, the conclusion; the
     # correlations and the model-selection verdict only with --verbose (and in the report)
@@ -70,6 +78,11 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
     for chatter in ("Checkpoint successfully created", "Writing model shards"):  # quiet
         assert chatter not in out + sweep.stderr, chatter
     assert f"cd {tmp_path} && mlflow ui --backend-store-uri {uri}" in out
+    # the address of the sweep's runs table in the model-training view, through its saved view
+    eid = client.get_experiment_by_name("scaling").experiment_id
+    assert (f"then open http://127.0.0.1:5000/#/experiments/{eid}/runs?"
+            "workflowType=machine_learning&viewStateShareKey=flatlm") in out
+    assert "mlflow.sharedViewState.flatlm" in client.get_experiment(eid).tags
 
 
 @pytest.mark.parametrize(("args", "expected"), [
