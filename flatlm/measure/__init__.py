@@ -64,6 +64,18 @@ Beyond curvature (``measure.noise``, ``measure.cka``):
     cka/truth_token     the same per real word: its final-layer state against its posterior
     cka/truth_random_init, cka/truth_token_random_init   the same of the random-init model
                         (reference rows, once per trial)
+Local learning coefficient (``measure.llc``; Lau et al. 2023/2024), of the same population loss
+L_n over n masked inputs, by SGLD chains from the checkpoint w* on the localised tempered posterior
+exp(-n beta L_n(w) - gamma/2 ||w - w*||^2) (its calibration, measure.llc.*, in the trial's params):
+    llc/mean            n beta (E_w[L_n(w)] - L_n(w*)), the mean over chains (NaN when a chain
+                        diverged); llc/mean_se its s.e., llc/chain_mean_std / sqrt(chains)
+    llc/chain_mean_std  the spread (sd) of the chains' estimates
+    llc/loss_below_init_frac   the share of draws whose batch loss is below w*'s on that batch
+                        (large: w* is not a local minimum, or the step is too large)
+    llc/distance        ||w - w*|| at the chains' last step, the mean over chains
+    llc/diverged        the chains that diverged (a non-finite loss or gradient, or an estimate
+                        beyond measure.llc.divergence_ratio d/2)
+    llc/init_loss       L_n(w*);  llc/n_beta  the n beta used (n / log n by default)
 Downstream (see ``measure.probe``, ``measure.finetune``, ``measure.lookup``), per task, each on
 the same held-out sentences, labelled as ``Source.sample_downstream`` labels them:
     probe/<task>/<stat>      linear probe on the model's frozen features
@@ -112,6 +124,15 @@ CRITICAL_SHARPNESS = "flat/critical_sharpness"
 CRITICAL_STEP = "flat/critical_step"
 CRITICAL_SHARPNESS_X_LR = "flat/critical_sharpness_x_lr"
 UPDATE_CURVATURE = "flat/update_curvature"
+LLC = "llc/mean"
+LLC_CHAIN_MEAN_STD = "llc/chain_mean_std"
+LLC_LOSS_BELOW_INIT_FRAC = "llc/loss_below_init_frac"
+LLC_DISTANCE = "llc/distance"
+LLC_DIVERGED = "llc/diverged"
+LLC_INIT_LOSS = "llc/init_loss"
+LLC_N_BETA = "llc/n_beta"
+LLC_KEYS = (LLC, "llc/mean_se", LLC_CHAIN_MEAN_STD, LLC_LOSS_BELOW_INIT_FRAC, LLC_DISTANCE, LLC_DIVERGED,
+            LLC_INIT_LOSS, LLC_N_BETA)
 
 
 def block_key(block: str) -> str:

@@ -20,6 +20,7 @@ from flatlm.measure.flatness import data_hessian, measure_flatness
 from flatlm.measure.glue import glue_finetune
 from flatlm.measure.grown import grown_flatness
 from flatlm.measure.landscape import measure_landscape
+from flatlm.measure.llc import measure_llc
 from flatlm.measure.lookup import lookup_features
 from flatlm.measure.loss import pretrain_loss
 from flatlm.measure.precond import measure_precond
@@ -95,6 +96,16 @@ def run_critical(model, source, data, cfg, device, artifact_dir) -> dict[str, fl
     with timer(out, "critical"):
         out.update(measure_critical(model, source, data.tokens, data.lengths, cfg.critical,
                                     cfg.flatness.exclude, device, artifact_dir))
+    return out
+
+
+def run_llc(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
+    """The local learning coefficient by SGLD (``measure.llc``), over the parameters flatness
+    counts (``flatness.exclude``)."""
+    out = {}
+    with timer(out, "llc"):
+        out.update(measure_llc(model, source, data.tokens, data.lengths, cfg.llc,
+                               cfg.flatness.exclude, device))
     return out
 
 

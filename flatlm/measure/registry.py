@@ -30,6 +30,7 @@ from flatlm.measure import (
     ENTROPY,
     HESSIAN_FISHER_GAP,
     KL,
+    LLC_KEYS,
     LOSS,
     LOSS_DATA,
     PROBE_STATS,
@@ -55,6 +56,7 @@ from flatlm.measure.builtin import (
     run_flatness,
     run_glue,
     run_landscape,
+    run_llc,
     run_loss,
     run_precond,
     run_probe,
@@ -225,6 +227,11 @@ BUILT_IN = (
     # the loss's rise under weight noise, noise/loss_delta_<s> (keys: the config's scales); with
     # the trial's measure.loss settings
     Measurement(name="noise", run=run_noise, sections=("noise", "loss")),
+    # the local learning coefficient by SGLD, of the population loss over the parameters
+    # flatness counts (flatness.exclude)
+    Measurement(name="llc", run=run_llc, needs_truth=True,
+                without_truth=("llc (population-loss learning coefficient)",),
+                sections=("flatness", "llc"), keys=LLC_KEYS),
     Measurement(name="probe", run=run_probe, sections=("probe",), keys=_probe_rows("probe"),
                 reference=Reference(name="random_init", run=random_init_rows,
                                     random_model=True)),

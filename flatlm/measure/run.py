@@ -27,6 +27,7 @@ from flatlm.measure.curvature import FlatnessConfig
 from flatlm.measure.eval_cache import cache_key, cached_tensors
 from flatlm.measure.finetune import FinetuneConfig
 from flatlm.measure.grown import check_grow_to
+from flatlm.measure.llc import LLCConfig
 from flatlm.measure.loss import LossConfig
 from flatlm.measure.noise import NoiseConfig
 from flatlm.measure.precond import PrecondConfig
@@ -57,7 +58,8 @@ class MeasureConfig:
     # preconditioner), critical (critical sharpness along the optimizer's next update); these
     # need the source's truth. noise (the loss's rise under relative Gaussian weight noise,
     # measure.noise); cka_truth (linear CKA of the probe's features to the truth's parse
-    # posteriors, measure.cka; a pcfg or hmm source)
+    # posteriors, measure.cka; a pcfg or hmm source); llc (the local learning coefficient by
+    # SGLD, measure.llc; needs the source's truth)
     what: tuple[str, ...] = ("loss", "fisher", "hessian", "probe", "lookup")
     # validation sentences for pretrain/* and the flatness inputs; >= 2. 4000: relative s.e. of
     # Tr(F) ~2.5% (8 sampled labels per input, bench/flatness_se.py)
@@ -83,6 +85,7 @@ class MeasureConfig:
     critical: CriticalConfig = field(default_factory=CriticalConfig)  # critical (measure.critical)
     noise: NoiseConfig = field(default_factory=NoiseConfig)  # noise (weight-noise sensitivity)
     cka: CKAConfig = field(default_factory=CKAConfig)  # cka_truth (linear CKA to the truth)
+    llc: LLCConfig = field(default_factory=LLCConfig)
     # also measure flatness in this BERT shape (flat/*_grown; ``measure.grown``): the common shape
     # of a sweep over sizes, shape_string(lcm_shape(models)); None = native shape only
     grow_to: str | None = None

@@ -1,0 +1,161 @@
+"""The local learning coefficient by SGLD (``measure.llc``) against closed forms.
+
+Quadratic L(w) = 1/2 w^T A w around w* = 0: the localised tempered posterior is Gaussian with
+precision P = n beta A + gamma I, so E[n beta L] = sum_i n beta a_i / (2 (n beta a_i + gamma)) over
+the eigenvalues a_i of A, -> rank(A) / 2 as gamma -> 0 (d/2 when A is positive definite, the
+regular model's learning coefficient). The SGLD chain w <- w - eps/2 P w + N(0, eps) is itself a
+Gaussian AR(1) whose stationary variance along a_i is 1 / (p_i (1 - eps p_i / 4)), p_i = n beta a_i
++ gamma: the chain's exact expectation, which the estimate must match within its Monte Carlo s.e.
+
+(w1 w2)^2: lambda = 1/2 (multiplicity 2) while d/2 = 1; given w2, w1 is Gaussian, so the finite
+(n beta, gamma) posterior expectation is a 1-D integral (quadrature): the estimate must match it
+and sit below 1/2 < d/2.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import integrate
+
+from flatlm.core.config import apply_overrides
+from flatlm.measure import LLC, LLC_KEYS, se_key
+from flatlm.measure.llc import LLCConfig, estimate_llc
+from flatlm.measure.run import MeasureConfig, eval_data, measure_model
+from flatlm.models import build_model, parse_model
+from flatlm.runs.trial import TrialConfig
+from flatlm.sources import load
+
+
+def quadratic(eigenvalues, seed=0):
+    """L(w) = 1/2 w^T A w, A = Q diag(eigenvalues) Q^T with a random rotation Q."""
+    a = torch.tensor(eigenvalues, dtype=torch.float64)
+    q, _ = torch.linalg.qr(torch.randn(len(a), len(a), dtype=torch.float64,
+                                       generator=torch.Generator().manual_seed(seed)))
+    A = q @ torch.diag(a) @ q.T
+    return (lambda w, b: 0.5 * w @ A @ w), a
+
+
+def gaussian_expectation(a, n_beta, gamma, eps=0.0):
+    """E[n beta L] under the chain's stationary law (eps = 0: the posterior itself)."""
+    p = n_beta * a + gamma
+    return float((n_beta * a / (2 * p * (1 - eps * p / 4))).sum())
+
+
+REGULAR = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0)  # d = 8: d/2 = 4
+
+
+@pytest.mark.parametrize(("eigenvalues", "gamma"), [
+    (REGULAR, 50.0),  # regular, gamma shrinks the estimate below d/2
+    (REGULAR, 0.01),  # regular, gamma -> 0: d/2
+    ((1.0, 1.5, 2.0, 3.0, 0, 0, 0, 0), 0.01),  # minimally singular: rank 4, lambda = 2 < d/2
+])
+def test_quadratic_matches_the_chains_exact_expectation(eigenvalues, gamma):
+    loss, a = quadratic(eigenvalues)
+    n_beta, eps = 100.0, 5e-4
+    cfg = LLCConfig(chains=16, draws=1000, burn_in=200, step_size=eps, gamma=gamma, seed=1)
+    out = estimate_llc(loss, torch.zeros(len(a), dtype=torch.float64), n_beta, cfg)
+    exact = gaussian_expectation(a, n_beta, gamma, eps)
+    posterior = gaussian_expectation(a, n_beta, gamma)
+    rank_half = int((a > 0).sum()) / 2
+    se = out[se_key(LLC)]
+    print(f"d={len(a)} rank/2={rank_half} gamma={gamma}: estimate {out[LLC]:.4f} +- {se:.4f}, "
+          f"chain exact {exact:.4f}, posterior {posterior:.4f}")
+    assert abs(out[LLC] - exact) < 4 * se, (out, exact)
+    assert se < 0.04 * exact  # the s.e. is small enough for the check to mean something
+    # eps p / 4 <= 0.04: the chain's law is near the posterior's
+    assert 1 < exact / posterior < 1.04
+    if gamma < 1:  # gamma -> 0: the learning coefficient, rank / 2
+        assert abs(posterior - rank_half) < 1e-3
+        assert abs(out[LLC] - rank_half) < 4 * se + (exact - posterior)
+    else:  # finite gamma: the estimate separates from d/2
+        assert out[LLC] + 4 * se < len(a) / 2
+    assert out["llc/diverged"] == 0 and 0 <= out["llc/loss_below_init_frac"] <= 1
+
+
+def product_expectation(tau):
+    """E[tau u1^2 u2^2] under exp(-tau u1^2 u2^2 - |u|^2 / 2): the posterior of (w1 w2)^2 with
+    n beta = tau gamma^2 in u = sqrt(gamma) w. Given u2, u1 ~ N(0, 1 / (2 tau u2^2 + 1))."""
+    def marginal(u, k):
+        s = 2 * tau * u * u + 1
+        return (tau * u * u / s) ** k * np.exp(-u * u / 2) / np.sqrt(s)
+    num = integrate.quad(marginal, -np.inf, np.inf, args=(1,), limit=500)[0]
+    return num / integrate.quad(marginal, -np.inf, np.inf, args=(0,), limit=500)[0]
+
+
+def test_a_singular_model_separates_from_d_over_2():
+    n_beta, gamma, eps = 100.0, 1.0, 2e-3  # tau = n beta / gamma^2 = 100
+    cfg = LLCConfig(chains=8, draws=3000, burn_in=500, step_size=eps, gamma=gamma, seed=2)
+    out = estimate_llc(lambda w, b: (w[0] * w[1]) ** 2, torch.zeros(2, dtype=torch.float64),
+                       n_beta, cfg)
+    exact = product_expectation(n_beta / gamma**2)
+    se = out[se_key(LLC)]
+    print(f"(w1 w2)^2: estimate {out[LLC]:.4f} +- {se:.4f}, posterior {exact:.4f}, "
+          "lambda 1/2, d/2 1")
+    # the discretisation's bias, O(eps n beta w2^2), is within the s.e. at this eps (measured)
+    assert abs(out[LLC] - exact) < 4 * se, (out, exact)
+    assert out[LLC] + 4 * se < 0.5 < 1.0  # lambda = 1/2 (approached from below) < d/2
+
+
+def test_mini_batches_are_unbiased():
+    """L = sum_b |b|/n L_b with unequal batches: the estimate is the full loss's."""
+    loss, a = quadratic((1.0, 2.0, 3.0))
+    shift = torch.tensor([0.3, -0.2, 0.1], dtype=torch.float64)
+    # L_0 = L(w) + shift.w (weight 2/3), L_1 = L(w) - 2 shift.w (weight 1/3): mean L(w)
+    batches = [lambda w: loss(w, 0) + shift @ w, lambda w: loss(w, 0) - 2 * shift @ w]
+    cfg = LLCConfig(chains=8, draws=1000, burn_in=200, step_size=5e-4, gamma=10.0, seed=3)
+    out = estimate_llc(lambda w, b: batches[b](w), torch.zeros(3, dtype=torch.float64), 100.0,
+                       cfg, weights=(2 / 3, 1 / 3))
+    exact = gaussian_expectation(a, 100.0, 10.0, 5e-4)
+    # the batch gradient's noise heats the chain a little: within 4 s.e. plus 5%
+    assert abs(out[LLC] - exact) < 4 * out[se_key(LLC)] + 0.05 * exact, (out, exact)
+
+
+def test_a_diverging_chain_gives_nan_with_a_warning(caplog):
+    loss, a = quadratic((1.0, 2.0))
+    cfg = LLCConfig(chains=2, draws=50, burn_in=0, step_size=1.0, gamma=1.0)  # eps p >> 4
+    out = estimate_llc(loss, torch.zeros(2, dtype=torch.float64), 100.0, cfg)
+    assert math.isnan(out[LLC]) and math.isnan(out[se_key(LLC)])
+    assert out["llc/diverged"] == 2
+    assert "diverged" in caplog.text
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("step_size", -1, r"measure\.llc\.step_size=-1: use a value > 0"),
+    ("gamma", 0.0, r"measure\.llc\.gamma=0\.0: use a value > 0"),
+    ("n_beta", float("nan"), r"measure\.llc\.n_beta=nan: use a value > 0"),
+    ("chains", 0, r"measure\.llc\.chains=0: use an integer >= 1"),
+    ("burn_in", -1, r"measure\.llc\.burn_in=-1: use an integer >= 0"),
+    ("draws", 2.5, r"measure\.llc\.draws=2\.5: use an integer >= 1"),
+])
+def test_a_bad_config_names_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        LLCConfig(**{field: value})
+
+
+def test_a_bad_override_names_the_field():
+    with pytest.raises(ValueError, match=r"measure\.llc\.step_size=-1\.0: use a value > 0"):
+        apply_overrides(TrialConfig(), {"measure.llc.step_size": -1})
+
+
+TINY = {"what": ["llc"], "n_eval": 64, "n_downstream": 20, "llc.chains": 2, "llc.draws": 20,
+        "llc.burn_in": 5, "llc.batch_size": 16}
+
+
+def test_llc_on_a_tiny_bert_is_finite_and_deterministic():
+    src = load("dyck:4")
+    shape = parse_model("d16-h1-l1-i32")
+    cfg = apply_overrides(MeasureConfig(), TINY)
+    model = build_model(shape, src.V, src.max_length, seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    data = eval_data(src, cfg, shape)
+    out = measure_model(model, src, data, cfg, "cpu")
+    assert set(LLC_KEYS) <= set(out) and out["time/llc_s"] > 0
+    assert all(math.isfinite(out[k]) for k in LLC_KEYS), out
+    assert out["llc/diverged"] == 0 and out["llc/n_beta"] == pytest.approx(64 / math.log(64))
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    again = measure_model(model, src, data, cfg, "cpu")
+    assert all(again[k] == out[k] for k in LLC_KEYS)  # seeded: the same numbers
+    other = measure_model(model, src, data, apply_overrides(cfg, {"llc.seed": 1}), "cpu")
+    assert other[LLC] != out[LLC]
