@@ -139,7 +139,7 @@ def with_downstream_resolved(cfg: TrialConfig, source=None) -> TrialConfig:
 
 # Options whose None has a meaning worth a word in the logged params (other Nones: not set).
 _NONE_MEANS = {"measure.flatness.n_inputs": "all", "measure.noise.n_inputs": "all",
-               "measure.cka.n_inputs": "all"}
+               "measure.cka.n_inputs": "all", "measure.llc.n_beta": "n/log(n)"}
 
 
 def tracked_params(cfg: TrialConfig) -> dict:

@@ -22,9 +22,10 @@ from scipy import integrate
 from flatlm.core.config import apply_overrides
 from flatlm.measure import LLC, LLC_KEYS, se_key
 from flatlm.measure.llc import LLCConfig, estimate_llc
+from flatlm.measure.registry import metric_keys
 from flatlm.measure.run import MeasureConfig, eval_data, measure_model
 from flatlm.models import build_model, parse_model
-from flatlm.runs.trial import TrialConfig
+from flatlm.runs.trial import TrialConfig, tracked_params
 from flatlm.sources import load
 
 
@@ -151,6 +152,7 @@ def test_llc_on_a_tiny_bert_is_finite_and_deterministic():
     before = [p.detach().clone() for p in model.parameters()]
     data = eval_data(src, cfg, shape)
     out = measure_model(model, src, data, cfg, "cpu")
+    assert {k for k in out if not k.startswith("time/")} == set(metric_keys(["llc"], ()))
     assert set(LLC_KEYS) <= set(out) and out["time/llc_s"] > 0
     assert all(math.isfinite(out[k]) for k in LLC_KEYS), out
     assert out["llc/diverged"] == 0 and out["llc/n_beta"] == pytest.approx(64 / math.log(64))
@@ -159,3 +161,10 @@ def test_llc_on_a_tiny_bert_is_finite_and_deterministic():
     assert all(again[k] == out[k] for k in LLC_KEYS)  # seeded: the same numbers
     other = measure_model(model, src, data, apply_overrides(cfg, {"llc.seed": 1}), "cpu")
     assert other[LLC] != out[LLC]
+
+
+def test_the_calibration_is_logged_with_the_trial():
+    logged = tracked_params(TrialConfig(measure=MeasureConfig(what=("llc",))))
+    assert {"measure.llc.step_size", "measure.llc.gamma", "measure.llc.n_beta",
+            "measure.llc.draws", "measure.flatness.exclude"} <= set(logged)
+    assert "measure.llc.step_size" not in tracked_params(TrialConfig())
