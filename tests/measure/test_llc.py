@@ -21,9 +21,12 @@ from scipy import integrate
 
 from flatlm.core.config import apply_overrides
 from flatlm.measure import LLC, LLC_KEYS, se_key
-from flatlm.measure.llc import LLCConfig, estimate_llc
+from flatlm.measure.curvature import FlatnessConfig, masked_inputs, selected_parameters
+from flatlm.measure.flatness import soft_labels
+from flatlm.measure.llc import LLCConfig, estimate_llc, model_loss
 from flatlm.measure.registry import metric_keys
 from flatlm.measure.run import MeasureConfig, eval_data, measure_model
+from flatlm.measure.sharpness import batch_losses
 from flatlm.models import build_model, parse_model
 from flatlm.runs.trial import TrialConfig, tracked_params
 from flatlm.sources import load
@@ -138,6 +141,38 @@ def test_a_bad_config_names_the_field(field, value, message):
 def test_a_bad_override_names_the_field():
     with pytest.raises(ValueError, match=r"measure\.llc\.step_size=-1\.0: use a value > 0"):
         apply_overrides(TrialConfig(), {"measure.llc.step_size": -1})
+
+
+@pytest.mark.parametrize("shape", ["d16-h1-l1-i32", "lstm-h16-l1"])
+def test_the_model_closure_is_the_population_loss_over_the_counted_parameters(shape):
+    """loss(w*, b) and its gradient are those of the model's own parameters (tied and
+    excluded ones as flatness counts them), so SGLD moves the model, BiLSTM included."""
+    src = load("dyck:4")
+    model = build_model(parse_model(shape), src.V, src.max_length, seed=0).double().eval()
+    tokens, lengths = src.sample(24, seed=0)
+    x = masked_inputs(tokens, lengths, seed=0)
+    q = soft_labels(src, tokens, lengths, x.positions)
+    params = selected_parameters(model, FlatnessConfig().exclude)
+    loss, w_star, weights = model_loss(model, params, x, q, 10, "cpu")
+    assert weights == [10 / 24, 10 / 24, 4 / 24]
+    for b, reference in enumerate(batch_losses(model, x, q, 10, "cpu")):
+        w = w_star.clone().requires_grad_(True)
+        value = loss(w, b)
+        (grad,) = torch.autograd.grad(value, w)
+        expected = reference()
+        grads = torch.autograd.grad(expected, list(params.values()))
+        assert float(value.detach()) == pytest.approx(float(expected.detach()), rel=1e-12)
+        assert torch.allclose(grad, torch.cat([g.reshape(-1) for g in grads]), rtol=1e-10,
+                              atol=1e-14)
+    # a moved w moves the loss the model would have with those weights
+    w = w_star + 0.01 * torch.randn(w_star.shape, dtype=w_star.dtype,
+                                    generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for p, v in zip(params.values(), w.split([p.numel() for p in params.values()]),
+                        strict=True):
+            p.copy_(v.view(p.shape))
+        assert float(loss(w, 0)) == pytest.approx(float(batch_losses(model, x, q, 10, "cpu")[0]()),
+                                                  rel=1e-12)
 
 
 TINY = {"what": ["llc"], "n_eval": 64, "n_downstream": 20, "llc.chains": 2, "llc.draws": 20,
