@@ -75,13 +75,16 @@ class LLCConfig:
     w*'s loss, no divergence).
 
     The defaults are cheap on the CPU scales: 4 chains x (20 + 100) steps, devinterp's usual
-    budget. devinterp's usual gamma = 100 does not settle in 120 steps: the chain's spread in the
-    weakly curved directions grows for ~1 / (eps gamma) steps, and on the tiny scale's model
-    (d16-h1-l1-i32, 2.8k parameters, after 1000 steps on a 6-word PCFG, KL 0.019 nats, n = 512)
-    eps = 1e-4, gamma = 100 gave 5.5 +- 0.7 at 100 draws and 6.8 +- 0.5 at 400. With gamma = 1000
-    (eps gamma = 0.1) the same model gives 1.95 +- 0.13 at 100 draws, 1.94 +- 0.10 at 400, and
-    1.82 +- 0.15 at eps = 5e-5; eps = 2e-4 and 4e-4 drift up (2.15 +- 0.10, 2.60 +- 0.07: the
-    discretisation's bias), hence eps = 1e-4, gamma = 1000."""
+    budget; n = 512 inputs in batches of 64 take 0.8 s (2.8k parameters) and 1.5 s (14.8k) per
+    checkpoint on one CPU thread. devinterp's usual gamma = 100 does not settle in 120 steps: the
+    chain's spread in the weakly curved directions grows for ~1 / (eps gamma) steps. Measured
+    (n = 512, the estimate +- its s.e.) on a d16-h1-l1-i32 after 1000 steps on a 6-word PCFG (KL
+    0.019 nats): eps = 1e-4, gamma = 100 gave 5.5 +- 0.7 at 100 draws and 6.8 +- 0.5 at 400; with
+    gamma = 1000 (eps gamma = 0.1) 1.95 +- 0.13 at 100 draws, 1.94 +- 0.10 at 400, 1.82 +- 0.15
+    at eps = 5e-5, while eps = 2e-4 and 4e-4 drift up (2.15 +- 0.10, 2.60 +- 0.07: the
+    discretisation's bias). On the sweep scale's d32-h2-l1-i128 after 1500 steps (KL 0.032) at
+    gamma = 1000: 0.91 +- 0.20 (eps = 1e-4), 0.87 +- 0.25 (5e-5), 0.95 +- 0.14 (2e-4), 1.00 +-
+    0.09 (1e-4, 400 draws); at gamma = 100, 4.8 +- 0.7. Hence eps = 1e-4, gamma = 1000."""
 
     chains: int = 4  # independent chains from w*; llc/se is their spread / sqrt(chains)
     draws: int = 100  # draws per chain after the burn-in, one per SGLD step
@@ -140,10 +143,10 @@ class Chains:
     init_loss: float  # L_n(w*)
 
 
-def batch_losses_at(loss: LossClosure, w_star: torch.Tensor, weights: torch.Tensor) -> list[float]:
+def batch_losses_at(loss: LossClosure, w_star: torch.Tensor, n_batches: int) -> list[float]:
     """Every batch's loss at w*."""
     with torch.no_grad():
-        return [float(loss(w_star, b)) for b in range(len(weights))]
+        return [float(loss(w_star, b)) for b in range(n_batches)]
 
 
 def sgld_chains(loss: LossClosure, w_star: torch.Tensor, n_beta: float, cfg: LLCConfig,
@@ -153,7 +156,7 @@ def sgld_chains(loss: LossClosure, w_star: torch.Tensor, n_beta: float, cfg: LLC
     gradient (diverged)."""
     weights = torch.as_tensor(weights, dtype=torch.float64)
     w_star = w_star.detach()
-    base = batch_losses_at(loss, w_star, weights)
+    base = batch_losses_at(loss, w_star, len(weights))
     increases = torch.full((cfg.chains, cfg.draws), math.nan, dtype=torch.float64)
     distance = torch.full((cfg.chains,), math.nan, dtype=torch.float64)
     diverged = torch.zeros(cfg.chains, dtype=torch.bool)
