@@ -14,6 +14,9 @@ the expectation over SGLD draws from the localised tempered posterior p:
 
 where L_b is the mean loss of one batch b of the n inputs, drawn with probability |b| / n at
 every step (so E_b[L_b] = L_n and E_b[grad L_b] = grad L_n exactly, whatever the batch sizes).
+As in any SGLD, the batch gradients' noise and the finite step make the chain's law differ from
+p by O(eps): a step small enough that halving it leaves the estimate within its s.e. is part of
+the calibration.
 
 L_n is the population loss on the masked inputs x_{-t} of the first ``n_inputs`` validation
 sentences (one uniformly random word masked each, ``curvature.masked_inputs``): the mean over

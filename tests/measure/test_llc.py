@@ -7,6 +7,9 @@ regular model's learning coefficient). The SGLD chain w <- w - eps/2 P w + N(0, 
 Gaussian AR(1) whose stationary variance along a_i is 1 / (p_i (1 - eps p_i / 4)), p_i = n beta a_i
 + gamma: the chain's exact expectation, which the estimate must match within its Monte Carlo s.e.
 
+Mini-batches: with batch gradients A w + s_b the chain's stationary covariance solves a discrete
+Lyapunov equation, so its expectation (heated by the batch noise) is exact too.
+
 (w1 w2)^2: lambda = 1/2 (multiplicity 2) while d/2 = 1; given w2, w1 is Gaussian, so the finite
 (n beta, gamma) posterior expectation is a 1-D integral (quadrature): the estimate must match it
 and sit below 1/2 < d/2.
@@ -38,7 +41,7 @@ def quadratic(eigenvalues, seed=0):
     q, _ = torch.linalg.qr(torch.randn(len(a), len(a), dtype=torch.float64,
                                        generator=torch.Generator().manual_seed(seed)))
     A = q @ torch.diag(a) @ q.T
-    return (lambda w, b: 0.5 * w @ A @ w), a
+    return (lambda w, b: 0.5 * w @ A @ w), a, A
 
 
 def gaussian_expectation(a, n_beta, gamma, eps=0.0):
@@ -56,7 +59,7 @@ REGULAR = (1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0)  # d = 8: d/2 = 4
     ((1.0, 1.5, 2.0, 3.0, 0, 0, 0, 0), 0.01),  # minimally singular: rank 4, lambda = 2 < d/2
 ])
 def test_quadratic_matches_the_chains_exact_expectation(eigenvalues, gamma):
-    loss, a = quadratic(eigenvalues)
+    loss, a, _ = quadratic(eigenvalues)
     n_beta, eps = 100.0, 5e-4
     cfg = LLCConfig(chains=16, draws=1000, burn_in=200, step_size=eps, gamma=gamma, seed=1)
     out = estimate_llc(loss, torch.zeros(len(a), dtype=torch.float64), n_beta, cfg)
@@ -102,22 +105,44 @@ def test_a_singular_model_separates_from_d_over_2():
     assert out[LLC] + 4 * se < 0.5 < 1.0  # lambda = 1/2 (approached from below) < d/2
 
 
-def test_mini_batches_are_unbiased():
-    """L = sum_b |b|/n L_b with unequal batches: the estimate is the full loss's."""
-    loss, a = quadratic((1.0, 2.0, 3.0))
+def stochastic_gradient_expectation(A, shifts, weights, n_beta, gamma, eps):
+    """E[n beta L] of the chain whose batch b (probability weights[b]) has the gradient
+    A w + shifts[b], sum_b weights[b] shifts[b] = 0: w' = M w - eps/2 n beta s_b + N(0, eps),
+    M = I - eps/2 (n beta A + gamma I), so the stationary covariance S solves the discrete
+    Lyapunov equation S = M S M + eps I + (eps n beta / 2)^2 E[s s^T]."""
+    d = len(A)
+    eye = torch.eye(d, dtype=torch.float64)
+    M = eye - eps / 2 * (n_beta * A + gamma * eye)
+    noise = sum(p * torch.outer(s, s) for p, s in zip(weights, shifts, strict=True))
+    Q = eps * eye + (eps * n_beta / 2) ** 2 * noise
+    S = torch.linalg.solve(torch.eye(d * d, dtype=torch.float64) - torch.kron(M, M),
+                           Q.reshape(-1)).reshape(d, d)
+    return float(n_beta / 2 * torch.trace(A @ S))
+
+
+def test_mini_batches_are_unbiased_and_their_noise_is_the_chains():
+    """L = sum_b |b|/n L_b with unequal batches: the draws' increases L_b(w) - L_b(w*) average
+    to L(w) - L(w*); the batch gradients' noise heats the chain, exactly as its Lyapunov
+    equation says."""
+    loss, a, A = quadratic((1.0, 2.0, 3.0))
     shift = torch.tensor([0.3, -0.2, 0.1], dtype=torch.float64)
     # L_0 = L(w) + shift.w (weight 2/3), L_1 = L(w) - 2 shift.w (weight 1/3): mean L(w)
-    batches = [lambda w: loss(w, 0) + shift @ w, lambda w: loss(w, 0) - 2 * shift @ w]
-    cfg = LLCConfig(chains=8, draws=1000, burn_in=200, step_size=5e-4, gamma=10.0, seed=3)
-    out = estimate_llc(lambda w, b: batches[b](w), torch.zeros(3, dtype=torch.float64), 100.0,
-                       cfg, weights=(2 / 3, 1 / 3))
-    exact = gaussian_expectation(a, 100.0, 10.0, 5e-4)
-    # the batch gradient's noise heats the chain a little: within 4 s.e. plus 5%
-    assert abs(out[LLC] - exact) < 4 * out[se_key(LLC)] + 0.05 * exact, (out, exact)
+    shifts, weights = (shift, -2 * shift), (2 / 3, 1 / 3)
+    n_beta, gamma, eps = 100.0, 10.0, 5e-4
+    cfg = LLCConfig(chains=8, draws=1000, burn_in=200, step_size=eps, gamma=gamma, seed=3)
+    out = estimate_llc(lambda w, b: loss(w, b) + shifts[b] @ w,
+                       torch.zeros(3, dtype=torch.float64), n_beta, cfg, weights=weights)
+    exact = stochastic_gradient_expectation(A, shifts, weights, n_beta, gamma, eps)
+    full_batch = gaussian_expectation(a, n_beta, gamma, eps)
+    assert full_batch == pytest.approx(stochastic_gradient_expectation(
+        A, [0 * shift], [1.0], n_beta, gamma, eps), rel=1e-10)
+    print(f"mini-batches: estimate {out[LLC]:.4f} +- {out[se_key(LLC)]:.4f}, chain exact "
+          f"{exact:.4f}, full-batch chain {full_batch:.4f}")
+    assert abs(out[LLC] - exact) < 4 * out[se_key(LLC)], (out, exact)
 
 
 def test_a_diverging_chain_gives_nan_with_a_warning(caplog):
-    loss, a = quadratic((1.0, 2.0))
+    loss, a, _ = quadratic((1.0, 2.0))
     cfg = LLCConfig(chains=2, draws=50, burn_in=0, step_size=1.0, gamma=1.0)  # eps p >> 4
     out = estimate_llc(loss, torch.zeros(2, dtype=torch.float64), 100.0, cfg)
     assert math.isnan(out[LLC]) and math.isnan(out[se_key(LLC)])
