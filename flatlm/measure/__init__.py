@@ -131,8 +131,8 @@ LLC_DISTANCE = "llc/distance"
 LLC_DIVERGED = "llc/diverged"
 LLC_INIT_LOSS = "llc/init_loss"
 LLC_N_BETA = "llc/n_beta"
-LLC_KEYS = (LLC, "llc/mean_se", LLC_CHAIN_MEAN_STD, LLC_LOSS_BELOW_INIT_FRAC, LLC_DISTANCE, LLC_DIVERGED,
-            LLC_INIT_LOSS, LLC_N_BETA)
+LLC_KEYS = (LLC, "llc/mean_se", LLC_CHAIN_MEAN_STD, LLC_LOSS_BELOW_INIT_FRAC, LLC_DISTANCE,
+            LLC_DIVERGED, LLC_INIT_LOSS, LLC_N_BETA)  # "llc/mean_se": se_key(LLC)
 
 
 def block_key(block: str) -> str:

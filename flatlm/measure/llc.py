@@ -89,7 +89,7 @@ class LLCConfig:
     gamma = 1000: 0.91 +- 0.20 (eps = 1e-4), 0.87 +- 0.25 (5e-5), 0.95 +- 0.14 (2e-4), 1.00 +-
     0.09 (1e-4, 400 draws); at gamma = 100, 4.8 +- 0.7. Hence eps = 1e-4, gamma = 1000."""
 
-    chains: int = 4  # independent chains from w*; llc/se is their spread / sqrt(chains)
+    chains: int = 4  # independent chains from w*; llc/mean_se is their spread / sqrt(chains)
     draws: int = 100  # draws per chain after the burn-in, one per SGLD step
     burn_in: int = 20  # steps per chain before the draws, discarded
     step_size: float = 1e-4  # epsilon: the drift is eps / 2 times the force, the noise N(0, eps)
@@ -197,8 +197,8 @@ def _chain(loss: LossClosure, w_star: torch.Tensor, n_beta: float, cfg: LLCConfi
 
 
 def llc_metrics(chains: Chains, n_beta: float, d: int, cfg: LLCConfig) -> dict[str, float]:
-    """The ``llc/*`` metrics of the chains (``flatlm.measure``); llc/mean and llc/se NaN, with a
-    warning, when a chain diverged (``cfg.divergence_ratio``)."""
+    """The ``llc/*`` metrics of the chains (``flatlm.measure``); llc/mean and its s.e. NaN, with
+    a warning, when a chain diverged (``cfg.divergence_ratio``)."""
     per_chain = n_beta * chains.increases.mean(1)  # NaN for a chain that stopped early
     diverged = chains.diverged | ~torch.isfinite(per_chain) | \
         (per_chain > cfg.divergence_ratio * d / 2)

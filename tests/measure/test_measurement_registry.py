@@ -100,12 +100,13 @@ def test_a_measurement_is_checked_when_declared_and_registered(toy):
 def test_the_built_in_measurements_give_the_keys_they_declare():
     src = load("dyck:4")
     shape = parse_model("d16-h1-l1-i32")
-    what = ("loss", "hessian", "lookup", "eigen", "density", "precond", "critical", "probe",
-            "finetune")
+    what = ("loss", "hessian", "lookup", "eigen", "density", "precond", "critical", "llc",
+            "probe", "finetune")
     cfg = apply_overrides(MeasureConfig(), {
         "what": what, "n_eval": 16, "n_downstream": 30, "flatness.hutchinson_batch_size": 8,
         "spectrum.n_inputs": 8, "spectrum.batch_size": 4, "spectrum.lanczos_steps": 2,
         "precond.n_inputs": 8, "critical.n_inputs": 8,  # no checkpoint: precond NaN, critical -g
+        "llc.chains": 2, "llc.draws": 2, "llc.burn_in": 0, "llc.batch_size": 8,
         "spectrum.slq_probes": 2, "spectrum.slq_steps": 2, "probe.epochs": 1, "probe.seeds": 1,
         "finetune.epochs": 1, "finetune.seeds": 1, "finetune.warmup_steps": 1})
     model = build_model(shape, src.V, src.max_length, seed=0)
