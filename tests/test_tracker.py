@@ -498,3 +498,13 @@ def test_first_use_of_a_fresh_store_is_serialised_between_processes(tmp_path):
     assert [p.returncode for p in procs] == [0] * 4, [err[-2000:] for _, err in outs]
     names = {e.name for e in MlflowClient(uri).search_experiments()}
     assert {f"sweep{i}" for i in range(4)} <= names
+
+
+def test_a_fresh_store_prints_no_mlflow_info_lines(tmp_path):
+    """Issue 26: a sweep's console starts with its own banner, not MLflow's table creation."""
+    code = ("from flatlm.tracking.tracker import ensure_experiment, default_tracking_uri\n"
+            f"ensure_experiment(default_tracking_uri({str(tmp_path)!r}), 'x')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "INFO" not in done.stderr and "Creating initial MLflow database" not in done.stderr

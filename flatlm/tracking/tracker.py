@@ -150,6 +150,9 @@ def _ensure_experiment(tracking_uri: str, name: str, artifact_location: str | No
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
+    # a fresh sqlite store logs its table creation at INFO ("Creating initial MLflow database
+    # tables..."): MLflow's bookkeeping, not the sweep's; warnings still show
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     client = MlflowClient(tracking_uri)
     exp = client.get_experiment_by_name(name)
     if exp is None:
