@@ -296,7 +296,9 @@ def _matched_section(df, final, excluded, acc_key: str, kl_threshold) -> list[st
     rows, target = matched_rows(df, excluded["run_id"], kl_threshold)
     if not math.isfinite(target):
         means = seed_means(final, acc_key)
-        return ["At matched loss: no KL was measured (a source without a truth), no table.",
+        why = ("no run reached the regime (left out below)" if _has(df, KL) else
+               "no KL was measured (a source without a truth)")
+        return [f"At matched loss: {why}, no table.",
                 *(["Over seeds, final checkpoints (mean ± s.e. over the runs of each):",
                    render(means)] if means is not None else [])]
     head = (f"At matched loss: each run's checkpoint whose KL is nearest {target:.3g} nats, "

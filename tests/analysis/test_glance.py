@@ -100,6 +100,13 @@ def test_a_sweep_with_an_excluded_run_names_it_and_the_reason():
     assert "algorithm=adversarial never reached the regime" in words
 
 
+def test_a_sweep_with_no_run_in_the_regime_says_so_and_not_that_kl_is_missing():
+    df = scaling_runs()
+    text = glance(df, A, kl_threshold=1e-6)  # every run's KL is above it
+    assert "At matched loss: no run reached the regime (left out below), no table." in text
+    assert "no KL was measured" not in text
+
+
 # -- no p-value the runs cannot support -------------------------------------------------------
 
 def test_no_p_value_for_fewer_than_five_runs():
