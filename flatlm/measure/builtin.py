@@ -81,32 +81,25 @@ def run_landscape(model, source, data, cfg, device, artifact_dir) -> dict[str, f
     return out
 
 
+# timed whole by measure.run (time/precond_s, time/critical_s, time/llc_s), as every run that
+# does not time its own parts
 def run_precond(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
     """lambda_max(P^{-1} H) with the Adam state saved in ``artifact_dir`` (the checkpoint)."""
-    out = {}
-    with timer(out, "precond"):
-        out.update(measure_precond(model, source, data.tokens, data.lengths, cfg.precond,
-                                   cfg.flatness.exclude, device, artifact_dir))
-    return out
+    return measure_precond(model, source, data.tokens, data.lengths, cfg.precond,
+                           cfg.flatness.exclude, device, artifact_dir)
 
 
 def run_critical(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
     """Critical sharpness along the next update of the optimizer saved in ``artifact_dir``."""
-    out = {}
-    with timer(out, "critical"):
-        out.update(measure_critical(model, source, data.tokens, data.lengths, cfg.critical,
-                                    cfg.flatness.exclude, device, artifact_dir))
-    return out
+    return measure_critical(model, source, data.tokens, data.lengths, cfg.critical,
+                            cfg.flatness.exclude, device, artifact_dir)
 
 
 def run_llc(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
     """The local learning coefficient by SGLD (``measure.llc``), over the parameters flatness
     counts (``flatness.exclude``)."""
-    out = {}
-    with timer(out, "llc"):
-        out.update(measure_llc(model, source, data.tokens, data.lengths, cfg.llc,
-                               cfg.flatness.exclude, device))
-    return out
+    return measure_llc(model, source, data.tokens, data.lengths, cfg.llc,
+                       cfg.flatness.exclude, device)
 
 
 def run_probe(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
