@@ -45,20 +45,19 @@ TINY_DEEP_SOURCE = json.dumps({"kind": "pcfg", "seed": 0, "random": {
 # A probe on random features must learn 128 words one by one from 3200 sentences; one on
 # features that group a class's words need not: the paper's premise, and why its tasks are not
 # nearly free (random-init d64 features 0.68 / 0.70 / 0.73 on A / B / C, the lookup table 0.97).
-TESTBED_SOURCE = json.dumps({
-    "kind": "pcfg", "seed": 52, "max_length": 8, "spans": {"B": 4, "C": 2},
-    "downstream_min_length": 5, "label_rule": "span", "random": {
-        "vocab": 128, "roots": 6, "nonterminals_per_level": 4, "depth": 3,
-        "binary_per_nonterminal": 2, "words_per_nonterminal": 2, "terminal_share": 0.0,
-        "concentration": 4.0}})
+def _testbed_grammar(depth: int, length: int, spans: dict, downstream_min_length: int) -> str:
+    return json.dumps({
+        "kind": "pcfg", "seed": 52, "max_length": length, "spans": spans,
+        "downstream_min_length": downstream_min_length, "label_rule": "span", "random": {
+            "vocab": 128, "roots": 6, "nonterminals_per_level": 4, "depth": depth,
+            "binary_per_nonterminal": 2, "words_per_nonterminal": 2, "terminal_share": 0.0,
+            "concentration": 4.0}})
+
+
+TESTBED_SOURCE = _testbed_grammar(3, 8, {"B": 4, "C": 2}, 5)
 # The same grammar family one level deeper (sentences of exactly 16 words, spans 8 / 4): the
 # diagnosis' grammar switch at the testbed scale (not searched: its KL is not measured).
-TESTBED_DEEP_SOURCE = json.dumps({
-    "kind": "pcfg", "seed": 52, "max_length": 16, "spans": {"B": 8, "C": 4},
-    "downstream_min_length": 8, "label_rule": "span", "random": {
-        "vocab": 128, "roots": 6, "nonterminals_per_level": 4, "depth": 4,
-        "binary_per_nonterminal": 2, "words_per_nonterminal": 2, "terminal_share": 0.0,
-        "concentration": 4.0}})
+TESTBED_DEEP_SOURCE = _testbed_grammar(4, 16, {"B": 8, "C": 4}, 8)
 # Closer to the paper's description (A.1) than the shipped grammar: 200 words, 9 roots and 5
 # levels of 8 nonterminals (49 symbols), sentences up to 32 words.
 PAPER_LIKE_SOURCE = json.dumps({"kind": "pcfg", "seed": 0, "max_length": 32, "random": {
