@@ -17,8 +17,9 @@ import pytest
 
 import flatlm
 
+# flatlm.__main__ is the command itself (importing it runs it)
 CORE = sorted(m.name for m in pkgutil.walk_packages(flatlm.__path__, "flatlm.")
-              if m.name != "flatlm.tracking.tracker")
+              if m.name not in ("flatlm.tracking.tracker", "flatlm.__main__"))
 
 
 def _run(code: str) -> subprocess.CompletedProcess:

@@ -18,6 +18,8 @@ Exit status: 0 all done; 2 bad input; 4 the time budget ran out first.
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +31,7 @@ from flatlm.experiments.protocols import describe, diagnosis_protocols
 from flatlm.experiments.scales import SCALES
 
 OUT_OF_TIME_EXIT = 4
+BUSY_EXIT = 5  # a worker left trials that another process holds
 
 
 def register(subparsers) -> None:
@@ -41,6 +44,9 @@ def register(subparsers) -> None:
     p.add_argument("--minutes", type=float, default=None,
                    help="time budget; stops after the checkpoint that exceeds it (exit 4)")
     p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:i (default: cpu)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="worker processes sharing the trials, one torch thread each on a "
+                        "CPU (default: 1)")
     p.add_argument("--dry-run", action="store_true", help="list the trials and stop")
     p.set_defaults(run=run)
 
@@ -59,7 +65,8 @@ def add_selection_arguments(p) -> None:
                         "; gpu: the paper's sizes (default: tiny)")
     p.add_argument("--seeds", type=int, default=None,
                    help="training seeds per grid point (default: the scale's: "
-                        + ", ".join(f"{s.name} {len(s.seeds)}" for s in SCALES.values()) + ")")
+                        + ", ".join(f"{s.name} {_default_seeds(s)}" for s in SCALES.values())
+                        + ")")
     p.add_argument("--models", default=None,
                    help="comma-separated models of the sizes experiment, smallest first "
                         "(default: the scale's)")
@@ -67,23 +74,32 @@ def add_selection_arguments(p) -> None:
                    help="any trial config key for every trial, e.g. train.steps=600")
 
 
+def _default_seeds(sc) -> str:
+    per = ", ".join(f"{n} for {e}" for e, n in sc.replication_seeds.items())
+    return f"({per})" if per else str(len(sc.seeds))
+
+
 def experiments_from_args(args) -> list:
     """Every (protocol, experiment) the options name, built and checked before any work."""
     names = list(EXPERIMENTS) if args.experiment == "all" else args.experiment.split(",")
     protocols = diagnosis_protocols() if args.diagnose else args.protocol.split(",")
-    seeds = None if args.seeds is None else tuple(range(args.seeds))
-    if seeds == ():
+    if args.seeds is not None and args.seeds < 1:
         raise ValueError("--seeds must be >= 1")
     overrides = parse_assignments(args.overrides)
     models = None if args.models is None else tuple(args.models.split(","))
-    return [build(name, scale=args.scale, protocol=protocol, seeds=seeds, models=models,
-                  overrides=overrides)
+    return [build(name, scale=args.scale, protocol=protocol, seeds=_seeds(args, name),
+                  models=models, overrides=overrides)
             for protocol in protocols for name in names]
 
 
-def run(args) -> int:
-    from flatlm.experiments.runner import Budget, run_experiment
+def _seeds(args, experiment: str) -> tuple[int, ...] | None:
+    """--seeds, else the scale's replication seeds of ``experiment``, else None (its seeds)."""
+    n = args.seeds if args.seeds is not None else SCALES[args.scale].replication_seeds.get(
+        experiment)
+    return None if n is None else tuple(range(n))
 
+
+def run(args) -> int:
     device = str(resolve_device(args.device))
     experiments = experiments_from_args(args)
     for protocol in dict.fromkeys(exp.protocol for exp in experiments):
@@ -95,16 +111,55 @@ def run(args) -> int:
             for name, _ in exp.trials():
                 print(f"  {exp.protocol}/{exp.name}/{name}")
         return 0
+    if args.jobs < 1:
+        raise ValueError("--jobs must be >= 1")
+    code = run_workers(args) if args.jobs > 1 else _run_here(args, experiments, device)
+    if code == 0:
+        print(f"all trials done under {args.out}; the report: python analysis/replication.py "
+              f"--trials {args.out} --out {args.out / 'report'}")
+    return code
+
+
+def _run_here(args, experiments, device: str) -> int:
+    from flatlm.experiments.runner import Budget, run_experiment
+
     budget = Budget(None if args.minutes is None else 60 * args.minutes)
     start = time.monotonic()
+    done = True
     for exp in experiments:
         def tell(name, state, exp=exp):
             print(f"[{(time.monotonic() - start) / 60:5.1f} min] {exp.protocol}/{exp.name}/"
                   f"{name}: {state}", flush=True)
-        if not run_experiment(exp, args.out, device=device, budget=budget, on_trial=tell):
+        done = run_experiment(exp, args.out, device=device, budget=budget,
+                              on_trial=tell) and done
+        if budget.spent():
             print(f"time budget of {args.minutes} min spent; run the same command again to "
                   "continue", file=sys.stderr)
             return OUT_OF_TIME_EXIT
-    print(f"all trials done under {args.out}; the report: python analysis/replication.py "
-          f"--trials {args.out} --out {args.out / 'report'}")
-    return 0
+    return 0 if done else BUSY_EXIT
+
+
+def run_workers(args) -> int:
+    """``args.jobs`` copies of this command, each with ``--jobs 1`` and one torch thread: a
+    worker skips a trial another one holds (its directory lock), so each trial runs once.
+    The worst exit status wins; a worker that saw only busy trials left is done."""
+    argv = [sys.executable, "-m", "flatlm", "replicate", *worker_arguments(args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    workers = [subprocess.Popen(argv, env=env) for _ in range(args.jobs)]
+    codes = [w.wait() for w in workers]
+    codes = [0 if c == BUSY_EXIT else c for c in codes]
+    return max(codes, key=lambda c: (c != 0, c))
+
+
+def worker_arguments(args) -> list[str]:
+    """The options of ``args`` again, with ``--jobs 1``."""
+    out = ["--out", str(args.out), "--experiment", args.experiment, "--scale", args.scale,
+           "--device", args.device, "--jobs", "1"]
+    out += ["--diagnose"] if args.diagnose else ["--protocol", args.protocol]
+    for flag, value in (("--seeds", args.seeds), ("--models", args.models),
+                        ("--minutes", args.minutes)):
+        if value is not None:
+            out += [flag, str(value)]
+    for assignment in args.overrides:
+        out += ["--set", assignment]
+    return out

@@ -130,7 +130,14 @@ def _long_run(sc: Scale, base: TrialConfig, **extra) -> TrialConfig:
                                   list(range(first, sc.long_steps + 1, every)), **extra})
 
 
+def _with_selection_measures(sc: Scale, base: TrialConfig) -> TrialConfig:
+    """``base`` also measuring the scale's ``selection_what`` (none at most scales)."""
+    extra = [w for w in sc.selection_what if w not in base.measure.what]
+    return apply_overrides(base, {"measure.what": [*base.measure.what, *extra]}) if extra else base
+
+
 def _steps(sc, protocol, base, algorithms):
+    base = _with_selection_measures(sc, base)
     # A.5: a constant rate after warmup "to compare checkpoints at different number of steps",
     # under every protocol (a decay to 0 would make the late checkpoints flatter by the schedule
     # alone); the released code ships it too (schedules.py: ConstCurve, "constant_step")
@@ -154,7 +161,7 @@ def _sizes(sc, protocol, base, algorithms):
     # traces differ between them, so the Fig. 5 verdict is shown under both; only BERTs grow,
     # so a grid of BiLSTMs is measured in its own shapes
     lstm = models[0].startswith("lstm-")
-    base = apply_overrides(base, {"measure.grow_to": None if lstm else
+    base = apply_overrides(_with_selection_measures(sc, base), {"measure.grow_to": None if lstm else
                                   shape_string(lcm_shape(models)),
                                   "measure.growth_compare": [] if lstm else ["head-norm"],
                                   "train.checkpoint_steps": thirds, **sc.sizes_overrides})
@@ -162,7 +169,8 @@ def _sizes(sc, protocol, base, algorithms):
 
 
 def _algorithms(sc, protocol, base, algorithms):
-    return _with_adversary(sc, base), {"train.algorithm": list(algorithms or ALGORITHMS)}, {}
+    return (_with_adversary(sc, _with_selection_measures(sc, base)),
+            {"train.algorithm": list(algorithms or ALGORITHMS)}, {})
 
 
 def _with_adversary(sc: Scale, base: TrialConfig) -> TrialConfig:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from flatlm.core.config import from_dict, to_dict
 from flatlm.experiments.paper import Experiment
+from flatlm.runs.dirlock import DirectoryBusyError
 from flatlm.runs.metrics_log import read_metrics
 from flatlm.runs.trial import run_trial, with_downstream_resolved
 
@@ -72,10 +73,12 @@ def run_experiment(experiment: Experiment, root: str | Path, *, device: str = "c
                    budget: Budget | None = None, progress: bool = False,
                    on_trial: Callable[[str, str], None] | None = None) -> bool:
     """Runs (or resumes) every trial of ``experiment`` under ``root``; True when all are done,
-    False when the budget ran out first. ``on_trial(name, state)`` hears "skip", "start",
-    "done" and "paused" per trial."""
+    False when the budget ran out first or another process holds a trial (then skipped: its
+    holder runs it). ``on_trial(name, state)`` hears "skip", "start", "done", "paused" and
+    "busy ..." per trial."""
     budget = budget or Budget()
     root = Path(root).absolute()
+    busy = False
     trials = experiment.trials()
     for name, cfg in trials:  # every config checked before any work
         check_same_config(trial_dir(root, experiment, name), cfg)
@@ -94,8 +97,12 @@ def run_experiment(experiment: Experiment, root: str | Path, *, device: str = "c
         except OutOfTime:
             _tell(on_trial, name, "paused")
             return False
+        except DirectoryBusyError:  # another worker runs it (flatlm replicate --jobs)
+            _tell(on_trial, name, "busy (another process runs it)")
+            busy = True
+            continue
         _tell(on_trial, name, "done")
-    return True
+    return not busy
 
 
 def _stop_when(budget: Budget):

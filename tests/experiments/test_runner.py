@@ -68,3 +68,33 @@ def test_a_trial_started_before_a_field_was_added_is_skipped_as_finished(tmp_pat
     states = []
     assert run_experiment(exp, tmp_path, on_trial=lambda name, state: states.append(state))
     assert states == ["skip"]
+
+
+def _hold_lock(directory):
+    """Another process holding ``directory``'s writer lock until its stdin closes."""
+    import subprocess
+    import sys
+    code = ("import sys; from flatlm.runs.dirlock import writer_lock\n"
+            f"with writer_lock({str(directory)!r}):\n"
+            "    print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_trial_another_process_holds_is_left_to_it_and_the_others_run(tmp_path):
+    # two ``flatlm replicate --jobs`` workers share a grid: each skips what the other holds
+    exp = build("steps", protocol="paper", seeds=(0, 1), overrides=FAST)
+    holder = _hold_lock(trial_dir(tmp_path, exp, "seed0"))
+    try:
+        states = []
+        done = run_experiment(exp, tmp_path, on_trial=lambda n, s: states.append((n, s)))
+    finally:
+        holder.stdin.close()
+        holder.wait()
+    assert not done  # seed0 is not finished: its holder runs it
+    assert states == [("seed0", "start"), ("seed0", "busy (another process runs it)"),
+                      ("seed1", "start"), ("seed1", "done")]
+    assert not read_metrics(trial_dir(tmp_path, exp, "seed0"))
+    assert run_experiment(exp, tmp_path)  # the lock released: seed0 runs, seed1 is skipped

@@ -1,0 +1,53 @@
+"""``flatlm replicate --jobs N``: N worker processes share one grid, each trial runs once, and
+the result equals a one-process run's; the testbed's default seeds per experiment."""
+
+import json
+
+from flatlm.cli import build_parser, main
+from flatlm.commands.replicate import experiments_from_args, worker_arguments
+from flatlm.runs.metrics_log import read_metrics
+from tests.experiments.fastcfg import fast_set_flags
+
+
+def _measured(out):
+    return {step: {k: v for k, v in row.items() if not k.startswith("time/")}
+            for step, row in read_metrics(out).items()}
+
+
+def test_two_workers_run_every_trial_once_and_equal_one_process(tmp_path, capfd):
+    common = ["replicate", "--experiment", "steps", "--protocol", "paper", "--seeds", "2",
+              *fast_set_flags()]
+    assert main([*common, "--out", str(tmp_path / "two"), "--jobs", "2"]) == 0
+    log = capfd.readouterr().out
+    for seed in range(2):  # started by exactly one worker
+        assert log.count(f"paper/steps/seed{seed}: start") - log.count(
+            f"paper/steps/seed{seed}: busy") == 1
+        assert log.count(f"paper/steps/seed{seed}: done") == 1
+    assert main([*common, "--out", str(tmp_path / "one")]) == 0
+    for seed in range(2):
+        two = tmp_path / "two" / "paper" / "steps" / f"seed{seed}"
+        one = tmp_path / "one" / "paper" / "steps" / f"seed{seed}"
+        assert _measured(two) == _measured(one)  # bit for bit: one torch thread each on a CPU
+        assert json.loads((two / "config.json").read_text()) == json.loads(
+            (one / "config.json").read_text())
+
+
+def test_a_worker_gets_every_option_back():
+    argv = ["replicate", "--out", "o", "--experiment", "sizes", "--protocol", "paper",
+            "--scale", "testbed", "--seeds", "2", "--models", "a,b", "--minutes", "3",
+            "--set", "train.lr=0.1", "--jobs", "4"]
+    args = build_parser().parse_args(argv)
+    again = build_parser().parse_args(["replicate", *worker_arguments(args)])
+    assert {**vars(again), "jobs": 4} == vars(args)
+    assert again.jobs == 1
+
+
+def test_the_testbed_replicates_five_seeds_of_steps_and_sizes_and_three_of_the_others():
+    args = build_parser().parse_args(["replicate", "--out", "o", "--scale", "testbed",
+                                      "--protocol", "paper"])
+    seeds = {exp.name: sorted({cfg.train.seed for _, cfg in exp.trials()})
+             for exp in experiments_from_args(args)}
+    assert seeds == {"steps": [0, 1, 2, 3, 4], "sizes": [0, 1, 2, 3, 4],
+                     "algorithms": [0, 1, 2], "sgd": [0, 1, 2]}
+    args.seeds = 2  # --seeds wins
+    assert {len({c.train.seed for _, c in e.trials()}) for e in experiments_from_args(args)} == {2}
