@@ -230,7 +230,7 @@ def main(argv=None) -> None:
             rows += measure_rows(args, Path(tmp))
     context = {"device": device_name(args.device), "torch": torch.__version__,
                "command": "python " + " ".join(sys.argv),
-               "scales": "tiny and gpu (flatlm.experiments.scales); no testbed scale exists yet"}
+               "scales": "flatlm.experiments.scales (tiny, testbed, gpu)"}
     rows = [{**row, **context} for row in rows]
     out = args.out or Path(__file__).parent / "results" / \
         f"checkpoint_cost_{torch.device(args.device).type}.json"

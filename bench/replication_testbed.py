@@ -1,8 +1,8 @@
 """The testbed replication's committed report (issue 23, item 4): the finished trials' records, the
 replication report on them, and the testbed criteria measured on those same runs.
 
-    flatlm replicate --scale testbed --protocol paper --seeds 3 --out repl/   # the runs
-    python bench/replication_testbed.py --trials repl/ --wall-min 118         # this report
+    flatlm replicate --scale testbed --protocol paper --jobs 2 --out repl/   # the runs
+    python bench/replication_testbed.py --trials repl/ --wall-min 118        # this report
 
 Writes under ``--out`` (default ``bench/results/replication_testbed``):
 - ``trials/<protocol>/<experiment>/<trial>/{config.json,metrics.jsonl}``: each *finished* trial's
@@ -156,7 +156,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--wall-min", type=float, default=None,
                    help="the replication's wall time in minutes, as measured by its runner")
     p.add_argument("--command", default="flatlm replicate --scale testbed --protocol paper "
-                   "--seeds 3 --out repl/", help="the command that ran the trials")
+                   "--jobs 2 --out repl/", help="the command that ran the trials")
     return p.parse_args(argv)
 
 
