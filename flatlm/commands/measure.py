@@ -41,7 +41,8 @@ def register(sub) -> None:
                         "measure.probe.seeds=5")
     p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:i (default: cpu)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", help="where to save the JSON (default CHECKPOINT/measure.json)")
+    p.add_argument("--out", help="where to save the JSON (default CHECKPOINT/measure.json; "
+                                 "files a measurement writes stay in CHECKPOINT)")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
     p.add_argument("--cache", help="directory for the evaluation data and reference rows; "
                                    "'none': no cache (default: RUN/eval_cache for a checkpoint "
@@ -83,9 +84,12 @@ def run(args) -> int:
     data = eval_data(source, cfg, ModelConfig(**info["model"]),  # random-features reference
                      cache_dir=_cache_dir(args.cache, ckpt))
     path = Path(args.out) if args.out else ckpt / "measure.json"
-    metrics = measure_model(model, source, data, cfg, device, artifact_dir=path.parent,
+    # the checkpoint's directory, as in a trial: precond and critical read its optimizer state
+    # there, and the spectral density is written beside it whatever --out says
+    metrics = measure_model(model, source, data, cfg, device, artifact_dir=ckpt,
                             progress=not args.no_progress and sys.stderr.isatty())
     out = {"checkpoint": str(ckpt.absolute()), "source": source.spec, **metrics}
+    path.parent.mkdir(parents=True, exist_ok=True)
     _write_replacing(path, json.dumps(out, indent=2) + "\n")
     if args.json:
         print(json.dumps(out))

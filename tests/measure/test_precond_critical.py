@@ -9,6 +9,7 @@ AdamW and SGD, stepped on that loss and saved as a training checkpoint saves the
 """
 
 import dataclasses
+import json
 import math
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from flatlm.cli import main as flatlm_main
 from flatlm.core.config import apply_overrides
 from flatlm.measure import (
     CRITICAL_SHARPNESS,
@@ -277,6 +279,23 @@ def test_an_adamw_trial_measures_both_at_every_checkpoint(tmp_path, caplog):
     assert "no Adam moments yet" in caplog.text
     assert all(math.isfinite(first[key]) for key in CRITICAL_KEYS)
     assert last["time/precond_s"] >= 0 and last["time/critical_s"] >= 0
+
+
+def test_flatlm_measure_with_out_elsewhere_reads_the_checkpoint_s_optimizer_state(tmp_path):
+    """``--out`` moves the JSON only: precond and critical still read the Adam state saved in
+    the checkpoint's directory, and give what the trial measured there."""
+    rows = run_trial(apply_overrides(TrialConfig(), {**TRIAL, "train.checkpoint_steps": [2]}),
+                     tmp_path / "run")
+    out = tmp_path / "elsewhere" / "m.json"
+    sets = [a for k in ("n_eval", "n_downstream", "precond.n_inputs", "precond.batch_size",
+                        "precond.lanczos_steps", "critical.n_inputs", "critical.batch_size")
+            for a in ("--set", f"measure.{k}={TRIAL['measure.' + k]}")]
+    assert flatlm_main(["measure", str(tmp_path / "run" / "checkpoints" / "step-2"), "--what",
+                        "precond,critical", "--out", str(out), "--json", "--no-progress",
+                        *sets]) == 0
+    measured = json.loads(out.read_text())
+    for key in (PRECOND_SHARPNESS, CRITICAL_SHARPNESS):
+        assert measured[key] == pytest.approx(rows[2][key], rel=1e-9), key
 
 
 def test_an_sgd_checkpoint_gives_nan_precond_and_a_critical_sharpness(tmp_path, caplog):
