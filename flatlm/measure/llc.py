@@ -87,7 +87,12 @@ class LLCConfig:
     at eps = 5e-5, while eps = 2e-4 and 4e-4 drift up (2.15 +- 0.10, 2.60 +- 0.07: the
     discretisation's bias). On the sweep scale's d32-h2-l1-i128 after 1500 steps (KL 0.032) at
     gamma = 1000: 0.91 +- 0.20 (eps = 1e-4), 0.87 +- 0.25 (5e-5), 0.95 +- 0.14 (2e-4), 1.00 +-
-    0.09 (1e-4, 400 draws); at gamma = 100, 4.8 +- 0.7. Hence eps = 1e-4, gamma = 1000."""
+    0.09 (1e-4, 400 draws); at gamma = 100, 4.8 +- 0.7. Hence eps = 1e-4, gamma = 1000. On the
+    testbed's d64-h4-l2-i256 (113k parameters) after 10000 steps (KL 0.014; ``flatlm measure
+    CKPT --what llc --set measure.llc.step_size=.. --set measure.llc.gamma=..``, n = 512):
+    5.63 +- 0.13 (eps = 5e-5), 6.02 +- 0.08 (1e-4), 6.28 +- 0.06 (2e-4) at gamma = 1000, and
+    32.4 +- 1.2 at gamma = 100 (chains 28 units from w* against 11): there the discretisation
+    still adds ~0.3 per doubling of eps, so compare estimates made at one setting only."""
 
     chains: int = 4  # independent chains from w*; llc/mean_se is their spread / sqrt(chains)
     draws: int = 100  # draws per chain after the burn-in, one per SGLD step
