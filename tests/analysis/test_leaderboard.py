@@ -1,12 +1,6 @@
-"""analysis/leaderboard.py: the head-to-head of measures at equal loss, on planted data.
+"""analysis/leaderboard.py: the head-to-head of measures at equal loss, on planted data
+(``tests/analysis/leaderboard_data.py`` says what is planted)."""
 
-Planted: 12 runs x 3 checkpoints in the window (KL 0.01) plus one early checkpoint per run outside
-it (KL 0.5). In the window the accuracy is a function of the loss plus a term in the Fisher trace
-M (flatter = better) plus a little noise; ``flat/sharpness_avg`` is pure noise; ``cka/truth`` is
--M (higher = better, so it must rank exactly as M does).
-"""
-
-import json
 import math
 
 import numpy as np
@@ -38,27 +32,7 @@ from flatlm.measure import (
     TRACE_FISHER,
     TRACE_FISHER_GROWN,
 )
-
-ACC = "probe/A/acc_mean"
-CKA = "cka/truth"
-SHAPE, SMALL = "d64-h4-l2-i256", "d32-h2-l2-i128"
-
-
-def planted(n_runs: int = 12, seed: int = 0, small_runs: int = 0) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    rows = []
-    for run in range(n_runs):
-        model = SMALL if run < small_runs else SHAPE
-        rows.append({"run_id": f"r{run}", "step": 50, "model": model, KL: 0.5, LOSS: 3.0,
-                     TRACE_FISHER: 0.0, SHARPNESS_AVG: 0.0, CKA: 0.0, LLC: 0.0,
-                     TRACE_FISHER_GROWN: 0.0, ACC: 0.1})  # would win every pick if counted
-        for step in (100, 200, 300):
-            loss, m = 2 + rng.uniform(0, 0.01), rng.normal()
-            rows.append({"run_id": f"r{run}", "step": step, "model": model, KL: 0.01,
-                         LOSS: loss, TRACE_FISHER: m, SHARPNESS_AVG: rng.normal(), CKA: -m,
-                         LLC: rng.normal(), TRACE_FISHER_GROWN: m,
-                         ACC: 0.9 - 3 * (loss - 2) - 0.01 * m + 0.001 * rng.normal()})
-    return pd.DataFrame(rows)
+from tests.analysis.leaderboard_data import ACC, CKA, SHAPE, planted, write_trials
 
 
 def stat(board, measure, statistic, group=ONE_SHAPE, task="A"):
@@ -229,17 +203,11 @@ def test_outputs_and_the_few_runs_message(board, tmp_path):
     assert not any("fewer than" in n for n in many.notes)
 
 
-def test_main_on_trial_directories(tmp_path, capsys):
-    for run, frame in planted(n_runs=4).groupby("run_id"):
-        trial = tmp_path / "trials" / "paper" / "steps" / run
-        trial.mkdir(parents=True)
-        (trial / "config.json").write_text(json.dumps({"model": SHAPE,
-                                                       "train": {"algorithm": "adamw"}}))
-        records = frame.drop(columns=["run_id", "model"]).to_dict("records")
-        (trial / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+def test_main_on_trial_directories(tmp_path):
+    trials = write_trials(tmp_path / "trials", planted(n_runs=4))
     out = tmp_path / "out"
-    assert main(["--trials", str(tmp_path / "trials"), "--out", str(out), "--tasks", "A",
+    assert main(["--trials", str(trials), "--out", str(out), "--tasks", "A",
                  "--n-boot", "10"]) == 0
     assert "Task A, one shape" in (out / "leaderboard.md").read_text()
     with pytest.raises(SystemExit, match="probe/Z/acc_mean"):
-        main(["--trials", str(tmp_path / "trials"), "--out", str(out), "--tasks", "Z"])
+        main(["--trials", str(trials), "--out", str(out), "--tasks", "Z"])
