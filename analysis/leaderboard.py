@@ -53,6 +53,7 @@ from analysis.selection import (
 from analysis.trials import load_trials
 from flatlm.measure import (
     CRITICAL_SHARPNESS,
+    KL,
     LLC,
     LOSS,
     PRECOND_SHARPNESS,
@@ -210,6 +211,57 @@ class Board:
     notes: list[str] = field(default_factory=list)
 
 
+# when checkpoints are taken and logged changes the records, not the model trained
+NOT_TRAINING = ("train.checkpoint_steps", "train.log_every")
+
+
+def same_training(df: pd.DataFrame) -> dict[str, str]:
+    """{run_id: the label of its training}. Trials with the same model, source and training
+    settings (but when checkpoints are taken), or sharing a checkpoint (the same step, loss and
+    KL to the last digit), train one model: one run, labelled ``a = b``. The replication's
+    sizes trial of the base shape repeats the steps trial of its seed, for example."""
+    runs = list(dict.fromkeys(df[RUN]))
+    parent = {r: r for r in runs}
+
+    def root(r: str) -> str:
+        while parent[r] != r:
+            r = parent[r]
+        return r
+
+    for key in _identities(df):
+        for members in df.groupby(key)[RUN].unique():
+            for other in members[1:]:
+                parent[root(other)] = root(members[0])
+    groups: dict[str, list[str]] = {}
+    for r in runs:
+        groups.setdefault(root(r), []).append(r)
+    return {r: " = ".join(sorted(groups[root(r)])) for r in runs}
+
+
+def _identities(df: pd.DataFrame) -> list:
+    """The keys two trials of one training share: their settings, or a measured checkpoint."""
+    cols = [c for c in df.columns if (c == MODEL or c.startswith(("train.", "source.")))
+            and c not in NOT_TRAINING]
+    keys = []
+    if "train.seed" in cols:  # without the seed, the settings cannot tell replicates apart
+        keys.append(df[cols].astype(str).agg("|".join, axis=1))
+    if {LOSS, KL}.issubset(df.columns):
+        keys.append(["step", LOSS, KL])
+    return keys
+
+
+def merge_same_training(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
+    """``df`` with the trials of one training as one run (``same_training``) and their
+    checkpoints at one step as one row (each value from the first trial that has it), and the
+    map of trial to run."""
+    label = same_training(df)
+    if all(k == v for k, v in label.items()):
+        return df, label
+    merged = (df.assign(**{RUN: df[RUN].map(label)})
+              .groupby([RUN, "step"], sort=False, as_index=False).first())
+    return merged, label
+
+
 def split_groups(window: pd.DataFrame, acc_keys, measures) -> list[Group]:
     """``one shape`` (the shape most runs with an accuracy in the window have; every measure)
     and ``all sizes`` (every run; only the measures comparable across shapes)."""
@@ -287,7 +339,8 @@ def leaderboard(df: pd.DataFrame, *, tasks=TASKS, kl_threshold: float = KL_THRES
     if missing:
         raise ValueError(f"no column {missing} in the trials: --tasks names probe/<task>/"
                          f"acc_mean, --measures metric keys; present: {measure_keys(df.columns)}")
-    window = df[saturated(df, kl_threshold=kl_threshold)]
+    merged, label = merge_same_training(df)
+    window = merged[saturated(merged, kl_threshold=kl_threshold)]
     groups = split_groups(window, acc_keys.values(), measures)
     rows = []
     for group in groups:
@@ -297,10 +350,22 @@ def leaderboard(df: pd.DataFrame, *, tasks=TASKS, kl_threshold: float = KL_THRES
         for task, acc_key in acc_keys.items():
             rows += group_table(part, group, acc_key, task, weights, level)
     table = pd.DataFrame(rows, columns=list(COLUMNS))
-    cost = pd.concat([cost_table(df[df[RUN].isin(g.runs)], g) for g in groups] or
+    # the cost per trial as it ran: its own checkpoint spacing and training time
+    trial_run = df[RUN].map(label)
+    cost = pd.concat([cost_table(df[trial_run.isin(g.runs)], g) for g in groups] or
                      [pd.DataFrame()], ignore_index=True)
+    notes = _notes(df, window, groups, kl_threshold) + _merge_notes(label)
     return Board(table, cost, groups, saturation_rule(kl_threshold=kl_threshold),
-                 list(tasks), level, _notes(df, window, groups, kl_threshold))
+                 list(tasks), level, notes)
+
+
+def _merge_notes(label: dict[str, str]) -> list[str]:
+    merged = sorted({v for k, v in label.items() if k != v})
+    if not merged:
+        return []
+    return [f"{len(merged)} training(s) ran as more than one trial (the same settings but the "
+            "checkpoint steps, or an identical checkpoint), each counted as one run, its "
+            "checkpoints at one step as one: " + "; ".join(merged) + "."]
 
 
 def _notes(df, window, groups, kl_threshold) -> list[str]:

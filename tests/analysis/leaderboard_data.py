@@ -24,7 +24,8 @@ def planted(n_runs: int = 12, seed: int = 0, small_runs: int = 0) -> pd.DataFram
     rows = []
     for run in range(n_runs):
         model = SMALL if run < small_runs else SHAPE
-        rows.append({"run_id": f"r{run}", "step": 50, "model": model, KL: 0.5, LOSS: 3.0,
+        rows.append({"run_id": f"r{run}", "step": 50, "model": model, KL: 0.5 + run / 100,
+                     LOSS: 3.0 + run / 100,
                      TRACE_FISHER: 0.0, SHARPNESS_AVG: 0.0, CKA: 0.0, LLC: 0.0,
                      TRACE_FISHER_GROWN: 0.0, ACC: 0.1})  # would win every pick if counted
         for step in (100, 200, 300):
@@ -41,7 +42,8 @@ def write_trials(root: Path, df: pd.DataFrame) -> Path:
     for run, frame in df.groupby("run_id"):
         trial = root / "paper" / "steps" / run
         trial.mkdir(parents=True)
-        config = {"model": frame["model"].iloc[0], "train": {"algorithm": "adamw"}}
+        config = {"model": frame["model"].iloc[0],
+                  "train": {"algorithm": "adamw", "seed": int(run.removeprefix("r"))}}
         (trial / "config.json").write_text(json.dumps(config))
         records = frame.drop(columns=["run_id", "model"]).to_dict("records")
         (trial / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))

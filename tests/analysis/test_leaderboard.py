@@ -18,6 +18,7 @@ from analysis.leaderboard import (
     leaderboard,
     main,
     measure_keys,
+    merge_same_training,
     partial_spearman,
     standing,
     timing_key,
@@ -151,6 +152,26 @@ def test_groups_keep_only_comparable_measures_across_sizes():
     assert TRACE_FISHER not in measures and TRACE_FISHER_GROWN in measures
     assert stat(b, TRACE_FISHER_GROWN, "n_runs", group=ALL_SIZES).value == 12
     assert stat(b, TRACE_FISHER, "n_runs").value == 8
+
+
+def test_trials_of_one_training_count_as_one_run():
+    """A trial with the settings of another but its checkpoint steps, or sharing an identical
+    checkpoint with it, is the same training: one cluster, its checkpoints at one step one row."""
+    df = planted(n_runs=4).assign(**{"train.seed": lambda d: d.run_id.str[1:].astype(int)})
+    again = df[df.run_id == "r0"].assign(run_id="r0_again", step=lambda d: d.step * 2)
+    again.loc[again.step == 600, TRACE_FISHER_GROWN] = 7.0  # only this trial measured it there
+    copy = df[df.run_id == "r1"].assign(run_id="r1_copy", **{"train.seed": 99})  # same values
+    merged, label = merge_same_training(pd.concat([df, again, copy], ignore_index=True))
+    assert label["r0_again"] == label["r0"] == "r0 = r0_again"
+    assert label["r1_copy"] == "r1 = r1_copy" and label["r2"] == "r2"
+    r0 = merged[merged.run_id == "r0 = r0_again"].set_index("step")
+    assert sorted(r0.index) == [50, 100, 200, 300, 400, 600]  # 100, 200 of r0 and of r0_again
+    assert r0.loc[600, TRACE_FISHER_GROWN] == 7.0
+    assert len(merged[merged.run_id == "r1 = r1_copy"]) == 4
+    b = leaderboard(pd.concat([df, copy], ignore_index=True), tasks=("A",), n_boot=5)
+    assert stat(b, TRACE_FISHER, "n_runs").value == 4
+    assert stat(b, TRACE_FISHER, "n_candidates").value == 12
+    assert any("r1 = r1_copy" in note for note in b.notes)
 
 
 def test_cost_ratio_to_one_training_step():
