@@ -244,7 +244,9 @@ def _identities(df: pd.DataFrame) -> list:
             and c not in NOT_TRAINING]
     keys = []
     if "train.seed" in cols:  # without the seed, the settings cannot tell replicates apart
-        keys.append(df[cols].astype(str).agg("|".join, axis=1))
+        # repr: the settings include lists and NaN, which neither hash nor compare equal
+        keys.append(pd.Series([repr(r) for r in df[cols].itertuples(index=False)],
+                              index=df.index))
     if {LOSS, KL}.issubset(df.columns):
         keys.append(["step", LOSS, KL])
     return keys
@@ -466,12 +468,22 @@ def task_verdict(table: pd.DataFrame, group: Group, task: str) -> str:
         return " ".join([*words, "No other measure has candidates here."])
     best = min(others, key=lambda k: (others[k]["regret"][0], -others[k]["partial_spearman"][0]))
     b = others[best]
-    words.append(f"Best pick: {best}, regret {_ci(b['regret'])}; gain vs the loss's pick "
-                 f"{_ci(b['gain_vs_loss'])}, vs a random pick {_ci(b['gain_vs_random'])}.")
+    tied = sum(v["regret"][0] == b["regret"][0] for v in others.values()) - 1
+    words.append(f"Best pick: {best}" + (f" (tied in regret with {tied} other(s); the "
+                                         "higher partial Spearman breaks the tie)" if tied else "")
+                 + f", regret {_ci(b['regret'])}; gain vs the loss's pick "
+                 f"{_ci(b['gain_vs_loss'])}, vs a random pick {_ci(b['gain_vs_random'])}"
+                 + _on_fewer(b, loss) + ".")
     top = min(others, key=lambda k: others[k]["rank"][0])
     words.append(f"Highest partial Spearman: {top}, {_ci(others[top]['partial_spearman'])} "
                  f"({standing(others[top])}).")
     return " ".join([*words, _tally(others)])
+
+
+def _on_fewer(stats: dict, loss: dict) -> str:
+    """Regrets on fewer candidates than the loss's are not comparable with its regret: say so."""
+    n, n_loss = int(stats["n_candidates"][0]), int(loss["n_candidates"][0])
+    return f" (on the {n} candidates that have it, of {n_loss})" if n < n_loss else ""
 
 
 def _tally(others: dict[str, dict]) -> str:
@@ -595,7 +607,7 @@ def leaderboard_figure(board: Board, path: Path) -> Path:
             _panel(axes[i, 2 * j], stats, "partial_spearman", f"{group.name}, task {task}")
             _panel(axes[i, 2 * j + 1], stats, "regret", f"{group.name}, task {task}")
     fig.suptitle(f"Measures against the loss at equal loss; {board.rule}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))  # room for the suptitle
     fig.savefig(path, dpi=100)
     return path
 
@@ -614,6 +626,7 @@ def _panel(ax, stats: dict, statistic: str, title: str) -> None:
     err = np.clip(np.nan_to_num(np.vstack([v - lo, hi - v])), 0, None)
     ax.errorbar(v, y, xerr=err, fmt="o", capsize=3)
     ax.set_yticks(y, names, fontsize=7)
+    ax.locator_params(axis="x", nbins=4)  # regrets of 1e-3 crowd the axis otherwise
     ax.axvline(0, color="grey", lw=0.8)
     ax.invert_yaxis()
     ax.set_xlabel(statistic.replace("_", " ") + (" (higher: predicts more)"
