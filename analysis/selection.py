@@ -85,12 +85,12 @@ def selection_stats(acc: np.ndarray, scores: dict[str, np.ndarray],
     best = np.where(present, acc, -np.inf).max(axis=1)
     out = {(RANDOM, "regret"): best - (w @ acc) / w.sum(axis=1),
            (RANDOM, "spearman"): np.zeros(len(w)), (RANDOM, "kendall"): np.zeros(len(w))}
-    acc_ranks, acc_signs = _ranks(acc, w), np.sign(acc[:, None] - acc[None, :])
+    acc_ranks, acc_signs = weighted_ranks(acc, w), np.sign(acc[:, None] - acc[None, :])
     for name, s in scores.items():
         low = np.where(present, s, np.inf)
         tie = w * (low == low.min(axis=1, keepdims=True))
         out[name, "regret"] = best - (tie @ acc) / tie.sum(axis=1)
-        out[name, "spearman"] = _weighted_pearson(_ranks(-s, w), acc_ranks, w)
+        out[name, "spearman"] = weighted_pearson(weighted_ranks(-s, w), acc_ranks, w)
         out[name, "kendall"] = _tau_b(np.sign(s[None, :] - s[:, None]), acc_signs, w)
     if LOSS in scores:
         for name in (*scores, RANDOM):
@@ -99,14 +99,16 @@ def selection_stats(acc: np.ndarray, scores: dict[str, np.ndarray],
     return out
 
 
-def _ranks(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+def weighted_ranks(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """(B, n) average ranks (1-based) of each candidate in each weighted sample."""
     below = (x[:, None] < x[None, :]).astype(float)  # [j, i]: x_j < x_i
     equal = (x[:, None] == x[None, :]).astype(float)
     return w @ below + (w @ equal + 1) / 2
 
 
-def _weighted_pearson(a: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
+def weighted_pearson(a: np.ndarray, b: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(B,) Pearson r of the rows of a and b (B, n), row i counted w[:, i] times; NaN where
+    either is constant."""
     total = w.sum(axis=1, keepdims=True)
     ac = a - (w * a).sum(axis=1, keepdims=True) / total
     bc = b - (w * b).sum(axis=1, keepdims=True) / total
@@ -174,14 +176,28 @@ def _bootstrap(acc, scores, runs, n_boot: int, rng) -> dict[tuple, np.ndarray]:
     """{(selector, statistic): finite resampled values} over ``n_boot`` cluster resamples, as
     weights: a resample draws runs with replacement, and each candidate counts as often as its
     run was drawn."""
-    codes, _ = pd.factorize(pd.Series(runs).to_numpy())
-    n_runs = codes.max() + 1
-    if n_runs < 2 or n_boot <= 0:
+    weights = cluster_weights(runs, n_boot, rng)
+    if weights is None:
         return {}
+    stats_ = selection_stats(acc, scores, weights)
+    return {k: v[np.isfinite(v)] for k, v in stats_.items()}
+
+
+def cluster_weights(runs, n_boot: int, rng) -> np.ndarray | None:
+    """(n_boot, rows) cluster-bootstrap weights: each resample draws as many runs as there are,
+    with replacement, and each row counts as often as its run was drawn (None below 2 runs).
+
+    >>> w = cluster_weights(["a", "a", "b"], 3, np.random.default_rng(0))
+    >>> bool((w[:, 0] == w[:, 1]).all() and (w[:, :2].sum(axis=1) / 2 + w[:, 2] == 2).all())
+    True
+    """
+    codes, _ = pd.factorize(pd.Series(runs).to_numpy())
+    n_runs = codes.max() + 1 if len(codes) else 0
+    if n_runs < 2 or n_boot <= 0:
+        return None
     drawn = rng.integers(0, n_runs, size=(n_boot, n_runs))
     counts = np.stack([np.bincount(d, minlength=n_runs) for d in drawn])  # (B, runs)
-    stats_ = selection_stats(acc, scores, counts[:, codes])
-    return {k: v[np.isfinite(v)] for k, v in stats_.items()}
+    return counts[:, codes]
 
 
 def _row(key: tuple, value: float, boot: np.ndarray | None, level: float) -> tuple:

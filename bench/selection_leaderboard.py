@@ -1,0 +1,97 @@
+"""The head-to-head of measures (issue 25): which measure predicts probe accuracy at equal loss,
+on the testbed replication's trials (``analysis/leaderboard.py``).
+
+    flatlm replicate --scale testbed --protocol paper --out repl/          # the runs
+    python bench/selection_leaderboard.py --trials repl/ --out bench/results/selection \\
+        [--wall-min M] [--hardware TEXT] [--n-boot 2000] [--seed 0] [--kl-threshold 0.02]
+
+Writes under ``--out``: ``leaderboard.md`` / ``.csv`` / ``.png`` and ``leaderboard.json``: the
+command, the analysis's wall time, the trials by status, the checkpoints, each group's runs,
+shapes, measures and candidates per task, and the settings. Trials still running count with the
+checkpoints they have measured; the JSON says how many there were.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from analysis.correlate import RUN
+from analysis.leaderboard import KL_THRESHOLD, TASKS, Board, leaderboard, write_leaderboard
+from analysis.trials import load_trials
+from flatlm.measure import LOSS
+
+
+def counts(df, board: Board) -> dict:
+    """What the leaderboard rests on: trials by status, checkpoints, and per group its runs,
+    shapes, measures and (per task) the loss's candidates and runs."""
+    t = board.table
+    groups = {}
+    for g in board.groups:
+        loss = t[(t.group == g.name) & (t.measure == LOSS)]
+        per_task = {task: {s: int(v) for s, v in zip(part.statistic, part.value, strict=True)
+                           if s in ("n_candidates", "n_runs")}
+                    for task, part in loss.groupby("task")}
+        groups[g.name] = {"runs": len(g.runs), "shapes": g.shapes, "measures": g.measures,
+                          "tasks": per_task}
+    status = df.groupby(RUN)["status"].first().value_counts()
+    return {"trials": int(df[RUN].nunique()), "trials_by_status": status.to_dict(),
+            "checkpoints": len(df), "rule": board.rule, "groups": groups}
+
+
+def code_commit() -> str | None:
+    """The repository's commit, for the record (None outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip()
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trials", required=True, type=Path, help="the replication's root")
+    p.add_argument("--out", type=Path, default=Path("bench/results/selection"))
+    p.add_argument("--kl-threshold", type=float, default=KL_THRESHOLD)
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--n-boot", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--wall-min", type=float, default=None,
+                   help="the replication's wall time in minutes, as its runner measured it")
+    p.add_argument("--hardware", default=None, help="the hardware the trials ran on")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    command = shlex.join(["python", "bench/selection_leaderboard.py", *argv])
+    start = time.perf_counter()
+    df = load_trials(args.trials)
+    if df.empty:
+        raise SystemExit(f"error: --trials {args.trials}: no trial directories under it")
+    try:
+        board = leaderboard(df, tasks=args.tasks.split(","), kl_threshold=args.kl_threshold,
+                            n_boot=args.n_boot, seed=args.seed)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    paths = write_leaderboard(board, args.out, command=command, wall_min=args.wall_min,
+                              hardware=args.hardware)
+    record = {"command": command, "analysis_wall_s": round(time.perf_counter() - start, 1),
+              "code_commit": code_commit(), "n_boot": args.n_boot, "seed": args.seed,
+              "kl_threshold": args.kl_threshold, "data_wall_min": args.wall_min,
+              "data_hardware": args.hardware, **counts(df, board),
+              "files": [p.name for p in paths]}
+    (args.out / "leaderboard.json").write_text(json.dumps(record, indent=1) + "\n")
+    print((args.out / "leaderboard.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
