@@ -35,6 +35,16 @@ def pytest_cmdline_main(config):
         config.option.dist = "no"
 
 
+def pytest_collection_modifyitems(config, items):
+    """On xdist workers, the modules holding slow tests first (each module's tests in order, so
+    that its fixtures are built once): the workers take tests in this order, and the long ones
+    started first end before the short ones run out, instead of one worker finishing alone."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_modules)  # stable
+
+
 @pytest.fixture(autouse=True)
 def one_thread():
     """Tiny models gain nothing from a second thread, and OpenMP threads competing with other
