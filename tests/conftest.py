@@ -36,9 +36,9 @@ def pytest_cmdline_main(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """On xdist workers, the modules holding slow tests first (each module's tests in order, so
-    that its fixtures are built once): the workers take tests in this order, and the long ones
-    started first end before the short ones run out, instead of one worker finishing alone."""
+    """On xdist workers, the modules holding slow tests first (each module's tests in order):
+    the workers take modules in this order (``--dist loadscope``), and the long ones started
+    first end before the short ones run out, instead of one worker finishing alone."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     slow_modules = {item.path for item in items if item.get_closest_marker("slow")}

@@ -19,8 +19,6 @@ pytest.importorskip("mlflow")
 pytest.importorskip("scipy")
 
 REPO = Path(__file__).resolve().parents[2]
-# One worker runs the module's tests: the synthetic store (seconds) is built once.
-pytestmark = pytest.mark.xdist_group("analysis_store")
 
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.entities import Metric, Param  # noqa: E402

@@ -15,9 +15,6 @@ from analysis.claims import CLAIMS  # noqa: E402
 from flatlm.cli import main as flatlm  # noqa: E402
 from tests.experiments.fastcfg import FAST_MODELS, fast_set_flags  # noqa: E402
 
-# One worker runs the module's tests: the trials fixture (a minute or two) is built once.
-pytestmark = pytest.mark.xdist_group("cpu_replication")
-
 VERDICTS = {"reproduces", "contradicts", "inconclusive (not saturated)",
             "inconclusive (losses differ)", "inconclusive (n < 3)", "inconclusive (runs < 5)",
             "inconclusive (no effect as large as the paper's)", "inconclusive (underpowered)",
