@@ -1,7 +1,48 @@
 """Settings shared by the whole suite."""
 
+import os
+
 import pytest
 import torch
+
+# Under pytest-xdist (pyproject's addopts: two workers on a 2-core machine) the processes a test
+# starts (the CLI, bench scripts, Ray's driver) use one OpenMP thread too, as the test processes
+# themselves do (``one_thread``): two workers each with two threads would oversubscribe the cores.
+# A variable the caller set wins.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_name, "1")
+
+
+_WORKER_OPTIONS = ("-n", "--numprocesses", "--maxprocesses", "--dist", "-d", "--tx")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """A run naming test files or tests (no folder), or with ``--pdb``, runs in one process
+    unless the command line asks for workers (``-n``): starting two workers, each importing
+    torch, costs more than the few tests gain. The whole suite keeps pyproject's two workers."""
+    if not hasattr(config.option, "numprocesses"):  # pytest-xdist not installed or disabled
+        return
+    asked = [a for a in config.invocation_params.args
+             if isinstance(a, str) and a.startswith(_WORKER_OPTIONS)]
+    if asked:
+        return
+    named = config.args_source == pytest.Config.ArgsSource.ARGS and not any(
+        (config.invocation_params.dir / arg.split("::")[0]).is_dir() for arg in config.args)
+    if named or config.getoption("usepdb", False):
+        config.option.numprocesses = 0
+        config.option.dist = "no"
+
+
+def pytest_collection_modifyitems(config, items):
+    """On xdist workers, the modules holding slow tests first (each module's tests in order):
+    the workers take modules in this order (``--dist loadscope``), and the long ones started
+    first end before the short ones run out, instead of one worker finishing alone."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_modules)  # stable
 
 
 @pytest.fixture(autouse=True)
