@@ -34,6 +34,7 @@ from analysis.claims import (
     interval_verdict,
 )
 from analysis.correlate import partial_correlation_ci
+from analysis.same_training import merge_same_training
 from flatlm.measure import KL, TRACE_FISHER, TRACE_FISHER_GROWN
 
 MIN_RUNS = 5  # fewer runs: no interval is claimed (a bootstrap over few clusters is too narrow)
@@ -97,9 +98,11 @@ def fig1_rows(df: pd.DataFrame, rule: VerdictRule = DEFAULT_RULE,
     key = acc(settings.task)
     if key not in df or KL not in df:
         return pd.DataFrame()
-    part = df
-    if settings.algorithm is not None and "train.algorithm" in df:
-        part = df[df["train.algorithm"] == settings.algorithm]
+    # a training repeated by two experiments (the steps and sizes trials of one seed) is one
+    # run of the bootstrap, with the union of its checkpoints
+    part, _ = merge_same_training(df)
+    if settings.algorithm is not None and "train.algorithm" in part:
+        part = part[part["train.algorithm"] == settings.algorithm]
     rows = [_row(measure, label, group, key, rule, settings)
             for measure, label, group in parameterisations(part)]
     return pd.DataFrame(rows)

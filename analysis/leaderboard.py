@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.correlate import RUN, saturated, saturation_rule
+from analysis.same_training import MODEL, merge_same_training
 from analysis.selection import (
     RANDOM,
     cluster_weights,
@@ -53,7 +54,6 @@ from analysis.selection import (
 from analysis.trials import load_trials
 from flatlm.measure import (
     CRITICAL_SHARPNESS,
-    KL,
     LLC,
     LOSS,
     PRECOND_SHARPNESS,
@@ -72,7 +72,6 @@ TASKS = ("A", "B", "C")
 LEVEL = 0.95
 FEW_RUNS = 30  # fewer runs in a group's window: the md says the intervals rest on few clusters
 ONE_SHAPE, ALL_SIZES = "one shape", "all sizes"
-MODEL = "model"
 # flatlm.measure.cka's keys, by prefix (importing that module loads torch); the random-init
 # twins are reference rows, one value per trial, not a property of the checkpoint
 CKA_PREFIX, RANDOM_INIT_SUFFIX = "cka/truth", "_random_init"
@@ -209,59 +208,6 @@ class Board:
     tasks: list[str]
     level: float = LEVEL
     notes: list[str] = field(default_factory=list)
-
-
-# when checkpoints are taken and logged changes the records, not the model trained
-NOT_TRAINING = ("train.checkpoint_steps", "train.log_every")
-
-
-def same_training(df: pd.DataFrame) -> dict[str, str]:
-    """{run_id: the label of its training}. Trials with the same model, source and training
-    settings (but when checkpoints are taken), or sharing a checkpoint (the same step, loss and
-    KL to the last digit), train one model: one run, labelled ``a = b``. The replication's
-    sizes trial of the base shape repeats the steps trial of its seed, for example."""
-    runs = list(dict.fromkeys(df[RUN]))
-    parent = {r: r for r in runs}
-
-    def root(r: str) -> str:
-        while parent[r] != r:
-            r = parent[r]
-        return r
-
-    for key in _identities(df):
-        for members in df.groupby(key)[RUN].unique():
-            for other in members[1:]:
-                parent[root(other)] = root(members[0])
-    groups: dict[str, list[str]] = {}
-    for r in runs:
-        groups.setdefault(root(r), []).append(r)
-    return {r: " = ".join(sorted(groups[root(r)])) for r in runs}
-
-
-def _identities(df: pd.DataFrame) -> list:
-    """The keys two trials of one training share: their settings, or a measured checkpoint."""
-    cols = [c for c in df.columns if (c == MODEL or c.startswith(("train.", "source.")))
-            and c not in NOT_TRAINING]
-    keys = []
-    if "train.seed" in cols:  # without the seed, the settings cannot tell replicates apart
-        # repr: the settings include lists and NaN, which neither hash nor compare equal
-        keys.append(pd.Series([repr(r) for r in df[cols].itertuples(index=False)],
-                              index=df.index))
-    if {LOSS, KL}.issubset(df.columns):
-        keys.append(["step", LOSS, KL])
-    return keys
-
-
-def merge_same_training(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, str]]:
-    """``df`` with the trials of one training as one run (``same_training``) and their
-    checkpoints at one step as one row (each value from the first trial that has it), and the
-    map of trial to run."""
-    label = same_training(df)
-    if all(k == v for k, v in label.items()):
-        return df, label
-    merged = (df.assign(**{RUN: df[RUN].map(label)})
-              .groupby([RUN, "step"], sort=False, as_index=False).first())
-    return merged, label
 
 
 def split_groups(window: pd.DataFrame, acc_keys, measures) -> list[Group]:

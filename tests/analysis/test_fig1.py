@@ -160,3 +160,19 @@ def test_list_valued_growth_settings_group_and_growth_compare_is_no_parameterisa
     labels = [m for m in rows["metric"] if "grown" in m]
     assert len(labels) == 1 and "growth_compare" not in labels[0]
     assert "measure.growth_construction=paper" in labels[0]
+
+
+def test_a_training_repeated_by_two_experiments_is_one_run():
+    """The sizes trial of the base shape repeats the steps trial of its seed (other
+    checkpoints of one training): the bootstrap counts it once, over the union of its
+    checkpoints, and r is the one of the distinct checkpoints."""
+    df = table(runs=5).assign(**{"pretrain/loss": lambda d: 3.2 + d[KL]})
+    twin = df[df["run_id"] == "d16-h1-l1-i64/r0"].assign(run_id="sizes/r0", experiment="sizes")
+    extra = twin.iloc[[0]].assign(step=250, **{KL: 0.004, TR: 90.0, ACC_B: 0.7,
+                                               "pretrain/loss": 3.204})
+    (alone,) = fig1_rows(pd.concat([df, extra.assign(run_id="d16-h1-l1-i64/r0")]),
+                         settings=Fig1Settings(n_boot=200)).to_dict("records")
+    (both,) = fig1_rows(pd.concat([df, twin, extra]), settings=Fig1Settings(n_boot=200)
+                        ).to_dict("records")
+    assert both["n"] == alone["n"] == 5 and both["checkpoints"] == alone["checkpoints"] == 16
+    assert both["effect"] == pytest.approx(alone["effect"], abs=1e-12)

@@ -18,12 +18,12 @@ from analysis.leaderboard import (
     leaderboard,
     main,
     measure_keys,
-    merge_same_training,
     partial_spearman,
     standing,
     timing_key,
     write_leaderboard,
 )
+from analysis.same_training import merge_same_training
 from analysis.selection import cluster_weights
 from flatlm.measure import (
     KL,
