@@ -26,6 +26,7 @@ from pathlib import Path
 
 from flatlm.core.config import parse_assignments
 from flatlm.core.devices import resolve_device
+from flatlm.experiments.grids import ALGORITHMS
 from flatlm.experiments.paper import EXPERIMENTS, build
 from flatlm.experiments.protocols import describe, diagnosis_protocols
 from flatlm.experiments.scales import SCALES
@@ -51,10 +52,15 @@ def register(subparsers) -> None:
     p.set_defaults(run=run)
 
 
+# the extra experiments a host runs as they are (a search's trials are drawn by a searcher)
+RUNNABLE_EXTRA = ("selection",)
+
+
 def add_selection_arguments(p) -> None:
     """The options that choose the experiments (shared with ``sweeps/replicate.py``)."""
     p.add_argument("--experiment", default="all",
-                   help=f"comma-separated, of {', '.join(EXPERIMENTS)} (default: all)")
+                   help=f"comma-separated, of {', '.join(EXPERIMENTS)} (default: all of "
+                        f"these), or {', '.join(RUNNABLE_EXTRA)}")
     p.add_argument("--protocol", default="paper,paper-code",
                    help="comma-separated protocols: paper, paper-code, or a base with +switches "
                         "(paper+inside-labels); default: paper,paper-code")
@@ -70,6 +76,9 @@ def add_selection_arguments(p) -> None:
     p.add_argument("--models", default=None,
                    help="comma-separated models of the sizes experiment, smallest first "
                         "(default: the scale's)")
+    p.add_argument("--algorithms", default=None,
+                   help="comma-separated algorithms of the algorithms and selection grids "
+                        f"(default: theirs), of {', '.join(ALGORITHMS)}")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any trial config key for every trial, e.g. train.steps=600")
 
@@ -82,13 +91,22 @@ def _default_seeds(sc) -> str:
 def experiments_from_args(args) -> list:
     """Every (protocol, experiment) the options name, built and checked before any work."""
     names = list(EXPERIMENTS) if args.experiment == "all" else args.experiment.split(",")
+    for name in names:
+        if name not in (*EXPERIMENTS, *RUNNABLE_EXTRA):
+            raise ValueError(f"--experiment {name!r}: use {', '.join(EXPERIMENTS)} or "
+                             f"{', '.join(RUNNABLE_EXTRA)} (a search needs a searcher: "
+                             "python sweeps/search.py)")
+    algorithms = None if args.algorithms is None else tuple(args.algorithms.split(","))
+    for algorithm in algorithms or ():
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"--algorithms {algorithm!r}: use one of {', '.join(ALGORITHMS)}")
     protocols = diagnosis_protocols() if args.diagnose else args.protocol.split(",")
     if args.seeds is not None and args.seeds < 1:
         raise ValueError("--seeds must be >= 1")
     overrides = parse_assignments(args.overrides)
     models = None if args.models is None else tuple(args.models.split(","))
     return [build(name, scale=args.scale, protocol=protocol, seeds=_seeds(args, name),
-                  models=models, overrides=overrides)
+                  models=models, algorithms=algorithms, overrides=overrides)
             for protocol in protocols for name in names]
 
 
@@ -157,7 +175,7 @@ def worker_arguments(args) -> list[str]:
            "--device", args.device, "--jobs", "1"]
     out += ["--diagnose"] if args.diagnose else ["--protocol", args.protocol]
     for flag, value in (("--seeds", args.seeds), ("--models", args.models),
-                        ("--minutes", args.minutes)):
+                        ("--algorithms", args.algorithms), ("--minutes", args.minutes)):
         if value is not None:
             out += [flag, str(value)]
     for assignment in args.overrides:

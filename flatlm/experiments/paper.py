@@ -10,7 +10,8 @@ steps         one model trained long under AdamW, checkpointed densely, a     Fi
 sizes         the scale's models, each also measured grown into one shape     Fig. 3 / 5
 algorithms    adamw, adversarial, noreg, sam (+ the lookup table, measured)   Tables 1 / 2
 sgd           ``steps`` under SGD (warmup 12%, then a constant rate)          Fig. 4 / 10, B.2
-selection     algorithms x seeds, with the top eigenvalues and sharpness     App. D
+selection     algorithms (x the scale's lrs) x seeds, with the top            App. D
+              eigenvalues and sharpness
 search        lr, beta2, weight decay, dropout drawn by a searcher (Optuna)   -
 ============  ============================================================  ================
 
@@ -185,9 +186,13 @@ def _with_adversary(sc: Scale, base: TrialConfig) -> TrialConfig:
 
 def _selection(sc, protocol, base, algorithms):
     # several notions of flatness compete: the traces, the top eigenvalues, adaptive sharpness
+    # (and the scale's selection measures); the rates vary too where the scale names them
+    base = _with_selection_measures(sc, base)
     what = [*base.measure.what, *(w for w in SELECTION_WHAT if w not in base.measure.what)]
-    return (apply_overrides(base, {"measure.what": what}),
-            {"train.algorithm": list(algorithms or SELECTION_ALGORITHMS)}, {})
+    grid = {"train.algorithm": list(algorithms or SELECTION_ALGORITHMS)}
+    if sc.selection_lrs:
+        grid["train.lr"] = list(sc.selection_lrs)
+    return apply_overrides(base, {"measure.what": what}), grid, {}
 
 
 def _search(sc, protocol, base, algorithms):

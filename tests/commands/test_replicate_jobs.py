@@ -3,6 +3,8 @@ the result equals a one-process run's; the testbed's default seeds per experimen
 
 import json
 
+import pytest
+
 from flatlm.cli import build_parser, main
 from flatlm.commands.replicate import experiments_from_args, worker_arguments
 from flatlm.runs.metrics_log import read_metrics
@@ -35,6 +37,7 @@ def test_two_workers_run_every_trial_once_and_equal_one_process(tmp_path, capfd)
 def test_a_worker_gets_every_option_back():
     argv = ["replicate", "--out", "o", "--experiment", "sizes", "--protocol", "paper",
             "--scale", "testbed", "--seeds", "2", "--models", "a,b", "--minutes", "3",
+            "--algorithms", "adamw,sam",
             "--set", "train.lr=0.1", "--jobs", "4"]
     args = build_parser().parse_args(argv)
     again = build_parser().parse_args(["replicate", *worker_arguments(args)])
@@ -51,3 +54,21 @@ def test_the_testbed_replicates_five_seeds_of_steps_and_sizes_and_three_of_the_o
                      "algorithms": [0, 1, 2], "sgd": [0, 1, 2]}
     args.seeds = 2  # --seeds wins
     assert {len({c.train.seed for _, c in e.trials()}) for e in experiments_from_args(args)} == {2}
+
+
+def test_the_testbed_selection_varies_the_rate_and_takes_its_algorithms():
+    """Issue 25's grid: algorithms x the scale's lrs x seeds, with every selection measure;
+    --algorithms narrows it; a search cannot be run without a searcher."""
+    args = build_parser().parse_args(["replicate", "--out", "o", "--scale", "testbed",
+                                      "--protocol", "paper", "--experiment", "selection",
+                                      "--algorithms", "adamw"])
+    (exp,) = experiments_from_args(args)
+    names = [name for name, _ in exp.trials()]
+    assert names == [f"adamw_lr{lr}_seed{s}" for lr in ("0.0005", "0.002") for s in range(3)]
+    assert {cfg.train.lr for _, cfg in exp.trials()} == {5e-4, 2e-3}
+    assert {"llc", "precond", "critical", "eigen", "sharpness"} <= set(exp.base.measure.what)
+    for bad, field in ((["--experiment", "search"], "--experiment"),
+                       (["--experiment", "selection", "--algorithms", "adam"], "--algorithms")):
+        args = build_parser().parse_args(["replicate", "--out", "o", *bad])
+        with pytest.raises(ValueError, match=field):
+            experiments_from_args(args)
