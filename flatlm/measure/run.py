@@ -228,11 +228,6 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
                 record(out, name, time.perf_counter() - start)
         out.update(_references(source, data, cfg, device, chosen))
     return out
-    model.eval()
-    for run in dict.fromkeys(m.run for m in chosen if m.run is not None):
-        out.update(run(model, source, data, cfg, device, artifact_dir))
-    out.update(_references(source, data, cfg, device, chosen))
-    return out
 
 
 def _references(source, data: EvalData, cfg: MeasureConfig, device,
