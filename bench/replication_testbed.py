@@ -29,6 +29,7 @@ import pandas as pd
 
 from analysis.replication import main as replication_report
 from analysis.trials import load_trials
+from flatlm.experiments.grids import EXPERIMENTS
 from flatlm.runs.metrics_log import METRICS_FILE, read_metrics
 
 # the criteria as the search fixed them before any run (bench/testbed_search.py's CRITERIA, saved
@@ -41,13 +42,16 @@ TASKS = ("A", "B", "C")
 ADAMW_LIKE = ("adamw",)  # criterion (a): AdamW runs (sizes, steps, algorithms' adamw)
 
 
-def finished_trials(root: Path) -> tuple[list[Path], list[Path]]:
-    """(finished, unfinished) trial directories: finished = the last configured checkpoint is in
-    ``metrics.jsonl``."""
+def finished_trials(root: Path, experiments=EXPERIMENTS) -> tuple[list[Path], list[Path]]:
+    """(finished, unfinished) trial directories of ``experiments`` (``<protocol>/<experiment>/
+    <trial>`` under ``root``): finished = the last configured checkpoint is in ``metrics.jsonl``.
+    Other experiments under ``root`` (the selection's lr axis) are not the paper's: left out."""
     done, running = [], []
     for config_file in sorted(root.rglob("config.json")):
         trial = config_file.parent
-        if "eval_cache" in trial.parts or not (trial / METRICS_FILE).exists():
+        parts = trial.relative_to(root).parts
+        if ("eval_cache" in parts or len(parts) != 3 or parts[1] not in experiments
+                or not (trial / METRICS_FILE).exists()):
             continue
         last = max(json.loads(config_file.read_text())["train"]["checkpoint_steps"])
         (done if last in read_metrics(trial) else running).append(trial)

@@ -34,8 +34,12 @@ def trial(root, path, algorithm, seed, kls, steps=(10, 20)):
 def test_only_trials_with_their_last_checkpoint_are_finished(bench, tmp_path):
     trial(tmp_path, "paper/steps/seed0", "adamw", 0, [0.05, 0.01])
     trial(tmp_path, "paper/steps/seed1", "adamw", 1, [0.05])  # still running
+    trial(tmp_path, "paper/selection/adamw_lr0.002_seed0", "adamw", 0, [0.05, 0.01])  # not the
+    trial(tmp_path, "eval_cache/paper/x/y", "adamw", 0, [0.05, 0.01])  # paper's; a cache
     done, running = bench.finished_trials(tmp_path)
     assert [d.name for d in done] == ["seed0"] and [r.name for r in running] == ["seed1"]
+    done, _ = bench.finished_trials(tmp_path, experiments=("steps", "selection"))
+    assert [d.name for d in done] == ["adamw_lr0.002_seed0", "seed0"]
 
 
 def test_criteria_a_and_d_on_planted_runs(bench, tmp_path):
