@@ -34,6 +34,8 @@ after the measurement speed-ups (issue 24), in one run.
     python bench/checkpoint_cost.py --threads 1       # CPU, tiny scale: ..._cpu.json
     python bench/checkpoint_cost.py --threads 1 --scale testbed \
         --out bench/results/checkpoint_cost_testbed.json
+    python bench/checkpoint_cost.py --threads 1 --scale testbed --protocol paper --skip measure \
+        --out bench/results/checkpoint_cost_testbed_paper.json   # as the replication measures
     python bench/checkpoint_cost.py --device cuda --scale gpu \\
         --out bench/results/checkpoint_cost_gpu.json
 
@@ -56,6 +58,7 @@ from flatness import device_name  # bench/flatness.py
 
 from flatlm.cli import main as flatlm
 from flatlm.core.config import apply_overrides, parse_assignments
+from flatlm.experiments.paper import base_of
 from flatlm.experiments.scales import scale
 from flatlm.runs.trial import run_trial
 
@@ -70,6 +73,10 @@ PROBE_STAGES = ("probe/", "random_init/", "lookup/")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", default="tiny", choices=["tiny", "testbed", "gpu"])
+    p.add_argument("--protocol", default=None,
+                   help="the trials' base under this protocol (paper: Tr(F) from 50 labels, "
+                        "the probe's 100 epochs x 5 seeds), as the replication runs it; "
+                        "default: the scale's own base config")
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=20, help="updates before each checkpoint")
     p.add_argument("--spacing", type=int, default=None,
@@ -97,8 +104,9 @@ def parse_args(argv=None):
 
 
 def trial_config(args, overrides=None):
-    s = scale(args.scale)
-    cfg = apply_overrides(s.base(), {**parse_assignments(args.set), **(overrides or {})})
+    base = scale(args.scale).base() if args.protocol is None else base_of(args.scale,
+                                                                            args.protocol)
+    cfg = apply_overrides(base, {**parse_assignments(args.set), **(overrides or {})})
     return apply_overrides(cfg, {"train.steps": 2 * args.steps,
                                  "train.checkpoint_steps": [args.steps, 2 * args.steps]})
 
@@ -137,7 +145,8 @@ def trial_rows(args, tmp: Path) -> list[dict]:
                          device=args.device, eval_cache=cache)
         first, second = done[args.steps], done[2 * args.steps]
         rows.append({"metric": "checkpoint_measurement_share", "path": path,
-                     "scale": args.scale, "model": str(cfg.model),
+                     "scale": args.scale, "protocol": args.protocol or "the scale's own",
+                     "model": str(cfg.model),
                      "batch_size": cfg.train.batch_size,
                      "measure_what": list(cfg.measure.what), "n_eval": cfg.measure.n_eval,
                      "n_downstream": cfg.measure.n_downstream,
