@@ -79,6 +79,10 @@ def add_selection_arguments(p) -> None:
     p.add_argument("--algorithms", default=None,
                    help="comma-separated algorithms of the algorithms and selection grids "
                         f"(default: theirs), of {', '.join(ALGORITHMS)}")
+    p.add_argument("--without-selection-measures", action="store_true",
+                   help="only the protocol's measurements: not the scale's selection measures "
+                        "(testbed: eigen, sharpness, precond, critical, noise, llc, cka_truth, "
+                        "for the leaderboard), about a quarter of a testbed trial's time")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any trial config key for every trial, e.g. train.steps=600")
 
@@ -106,7 +110,8 @@ def experiments_from_args(args) -> list:
     overrides = parse_assignments(args.overrides)
     models = None if args.models is None else tuple(args.models.split(","))
     return [build(name, scale=args.scale, protocol=protocol, seeds=_seeds(args, name),
-                  models=models, algorithms=algorithms, overrides=overrides)
+                  models=models, algorithms=algorithms, overrides=overrides,
+                  selection_measures=not getattr(args, "without_selection_measures", False))
             for protocol in protocols for name in names]
 
 
@@ -174,6 +179,8 @@ def worker_arguments(args) -> list[str]:
     out = ["--out", str(args.out), "--experiment", args.experiment, "--scale", args.scale,
            "--device", args.device, "--jobs", "1"]
     out += ["--diagnose"] if args.diagnose else ["--protocol", args.protocol]
+    if args.without_selection_measures:
+        out.append("--without-selection-measures")
     for flag, value in (("--seeds", args.seeds), ("--models", args.models),
                         ("--algorithms", args.algorithms), ("--minutes", args.minutes)):
         if value is not None:

@@ -75,9 +75,10 @@ class Experiment:
 def build(name: str, *, scale: str = "tiny", protocol: str = "paper",
           seeds: tuple[int, ...] | None = None, models: tuple[str, ...] | None = None,
           source: str | None = None, algorithms: tuple[str, ...] | None = None,
-          overrides: dict | None = None) -> Experiment:
+          overrides: dict | None = None, selection_measures: bool = True) -> Experiment:
     """Experiment ``name`` at ``scale`` under ``protocol``; ``seeds``, ``models`` (the sizes grid)
-    and ``algorithms`` (the algorithms and selection grids) replace the defaults; ``source``
+    and ``algorithms`` (the algorithms and selection grids) replace the defaults;
+    ``selection_measures=False`` leaves out the scale's ``selection_what``; ``source``
     (``--source``) brings its kind's settings (``presets.source_overrides``); ``overrides``
     (``--set``) come last. Every trial's name has its seed, one seed or several."""
     if name not in (*EXPERIMENTS, *EXTRA_EXPERIMENTS):
@@ -89,6 +90,8 @@ def build(name: str, *, scale: str = "tiny", protocol: str = "paper",
         sc = dataclasses.replace(sc, models=sc.lstms)
     if models:
         sc = dataclasses.replace(sc, models=tuple(models))
+    if not selection_measures:
+        sc = dataclasses.replace(sc, selection_what=())
     base = apply_overrides(_protocol_base(sc, protocol), source_overrides(sc, source))
     base, grid, space = _BUILDERS[name](sc, protocol, base, algorithms)
     seeds = tuple(sc.seeds if seeds is None else seeds)

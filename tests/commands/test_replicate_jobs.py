@@ -37,7 +37,7 @@ def test_two_workers_run_every_trial_once_and_equal_one_process(tmp_path, capfd)
 def test_a_worker_gets_every_option_back():
     argv = ["replicate", "--out", "o", "--experiment", "sizes", "--protocol", "paper",
             "--scale", "testbed", "--seeds", "2", "--models", "a,b", "--minutes", "3",
-            "--algorithms", "adamw,sam",
+            "--algorithms", "adamw,sam", "--without-selection-measures",
             "--set", "train.lr=0.1", "--jobs", "4"]
     args = build_parser().parse_args(argv)
     again = build_parser().parse_args(["replicate", *worker_arguments(args)])
@@ -67,6 +67,10 @@ def test_the_testbed_selection_varies_the_rate_and_takes_its_algorithms():
     assert names == [f"adamw_lr{lr}_seed{s}" for lr in ("0.0005", "0.002") for s in range(3)]
     assert {cfg.train.lr for _, cfg in exp.trials()} == {5e-4, 2e-3}
     assert {"llc", "precond", "critical", "eigen", "sharpness"} <= set(exp.base.measure.what)
+    args.without_selection_measures = True  # the protocol's measurements alone
+    (lean,) = experiments_from_args(args)
+    assert not {"llc", "precond", "critical"} & set(lean.base.measure.what)
+    assert {"eigen", "sharpness"} <= set(lean.base.measure.what)  # the selection's own
     for bad, field in ((["--experiment", "search"], "--experiment"),
                        (["--experiment", "selection", "--algorithms", "adam"], "--algorithms")):
         args = build_parser().parse_args(["replicate", "--out", "o", *bad])
