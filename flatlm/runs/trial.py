@@ -137,6 +137,28 @@ def with_downstream_resolved(cfg: TrialConfig, source=None) -> TrialConfig:
                                                                 tasks=tasks))
 
 
+# The train keys that say when a run's checkpoints are taken and its curve is logged: they do
+# not change the model trained (a resume may change them too, ``flatlm.train.run``).
+_SCHEDULING_KEYS = ("checkpoint_steps", "log_every")
+
+
+def training_identity(cfg: TrialConfig, source=None) -> dict:
+    """What the trained model of ``cfg`` is a function of, JSON-able: the labelled source it
+    trains on (``labelled_source``, with the downstream label rule resolved), the model's shape
+    (with the run's dropout) and the resolved ``train`` section, less the keys that only say
+    when checkpoints are taken or logged and less the sections of other algorithms. Two trials
+    with equal identities train the same model, checkpoint for checkpoint, whatever else they
+    differ in (their measurements): ``flatlm.experiments.runner`` measures one from the other's
+    checkpoints. ``source``: ``labelled_source(cfg)`` built, if the caller has it."""
+    if cfg.measure.label_rule is None and cfg.source.kind == "pcfg":  # the source's default rule
+        cfg = with_downstream_resolved(cfg, source)
+    train = resolve(cfg.train)
+    left_out = {*_SCHEDULING_KEYS, *unused_train_sections(train.algorithm)}
+    model = dataclasses.replace(parse_model(cfg.model), dropout=train.dropout)
+    return {"source": labelled_source(cfg).to_dict(), "model": model.to_dict(),
+            "train": {k: v for k, v in to_dict(train).items() if k not in left_out}}
+
+
 # Options whose None has a meaning worth a word in the logged params (other Nones: not set).
 _NONE_MEANS = {"measure.flatness.n_inputs": "all", "measure.noise.n_inputs": "all",
                "measure.cka.n_inputs": "all", "measure.llc.n_beta": "n/log(n)"}
@@ -256,4 +278,4 @@ def printer(step: int, metrics: dict, ckpt_dir: Path) -> None:
 
 __all__ = ["EvalData", "Report", "TrialConfig", "labelled_source", "measured_tasks", "printer",
            "read_metrics", "run_trial",
-           "tracked_params", "validate_trial"]
+           "tracked_params", "training_identity", "validate_trial"]
