@@ -4,21 +4,33 @@ Layout: ``<root>/<protocol>/<experiment>/<trial>/`` (``flatlm.runs.trial.run_tri
 ``analysis/trials.py`` reads back. Running again resumes: finished trials are skipped, an
 interrupted one continues from its newest checkpoint. A time budget stops the work after the
 checkpoint during which it ran out (a checkpoint is never cut short); the next call goes on.
+
+A trial whose training a finished trial of the same protocol already did (an equal
+``flatlm.runs.trial.training_identity``: the sizes grid's base model and the algorithms' AdamW
+run, say) is not trained again: that trial's checkpoints are hard-linked into its directory
+(``trained_by.json`` says whose) and measured there, by its own measurement settings.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from flatlm.core.config import from_dict, to_dict
+from flatlm.core.safe_io import make_fresh_dir, refuse_link, write_atomic
 from flatlm.experiments.paper import Experiment
-from flatlm.runs.dirlock import DirectoryBusyError
-from flatlm.runs.metrics_log import read_metrics
-from flatlm.runs.trial import run_trial, with_downstream_resolved
+from flatlm.runs.dirlock import DirectoryBusyError, writer_lock
+from flatlm.runs.manifest import MANIFEST, listed_files
+from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, TRAIN_LOG_FILE, read_metrics
+from flatlm.runs.trial import run_trial, training_identity, with_downstream_resolved
+from flatlm.train.state import checkpoint_dir, find_checkpoints
+
+TRAINED_BY = "trained_by.json"  # in a trial measured from another's checkpoints: whose, which
 
 
 class OutOfTime(Exception):  # noqa: N818 - a budget reached, not an error
@@ -90,8 +102,12 @@ def run_experiment(experiment: Experiment, root: str | Path, *, device: str = "c
         if budget.spent():
             _tell(on_trial, name, "paused")
             return False
-        _tell(on_trial, name, "start")
+        twin = None if find_checkpoints(out) else find_twin(root, experiment.protocol, out, cfg)
+        _tell(on_trial, name, "start" if twin is None else
+              f"start (its training is {twin.name(root)}'s: measuring those checkpoints)")
         try:
+            if twin is not None:
+                carry_training(twin, out, root)
             run_trial(cfg, out, _stop_when(budget), device=device, progress=progress,
                       eval_cache=root / "eval_cache")
         except OutOfTime:
@@ -103,6 +119,93 @@ def run_experiment(experiment: Experiment, root: str | Path, *, device: str = "c
             continue
         _tell(on_trial, name, "done")
     return not busy
+
+
+@dataclass(frozen=True)
+class Twin:
+    """A finished trial that trained what another trial would: its directory, and its
+    checkpoints at the other's checkpoint steps."""
+
+    path: Path
+    checkpoints: dict[int, Path]
+
+    def name(self, root: Path) -> str:
+        return self.path.relative_to(root).as_posix()
+
+
+def find_twin(root: Path, protocol: str, out: Path, cfg) -> Twin | None:
+    """A finished trial under ``root/protocol`` (any experiment) with ``cfg``'s training identity
+    and a complete checkpoint (with its manifest) at every one of ``cfg.train.checkpoint_steps``;
+    None if there is none. Unreadable trial directories are passed over."""
+    needed = sorted(set(cfg.train.checkpoint_steps))
+    identity = None  # worked out once a candidate has the checkpoints
+    for config in sorted(Path(root, protocol).glob("*/*/config.json")):
+        candidate = config.parent
+        other = _saved_config(config, type(cfg))
+        if candidate == out or other is None or not finished(candidate, other):
+            continue
+        found = find_checkpoints(candidate)
+        if not all(s in found and listed_files(found[s]) is not None for s in needed):
+            continue
+        identity = identity or training_identity(cfg)
+        if _identity_or_none(other) == identity:
+            return Twin(candidate, {s: found[s] for s in needed})
+    return None
+
+
+def _saved_config(path: Path, cls):
+    """A trial's config.json as this version's config, or None if it does not parse."""
+    try:
+        return from_dict(cls, json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _identity_or_none(cfg) -> dict | None:
+    try:
+        return training_identity(cfg)
+    except (OSError, ValueError):  # a config this version no longer builds: no twin
+        return None
+
+
+def carry_training(twin: Twin, out: Path, root: Path) -> None:
+    """Gives ``out`` the twin's checkpoints, under ``out``'s writer lock and only while it has
+    none: each one's files as written with it (those its manifest lists, and the manifest)
+    hard-linked, or copied where linking fails, but not what was measured there (its
+    metrics.json, a spectral density), which this trial measures by its own settings. Nothing
+    writes into a checkpoint's files after the checkpoint is written, so the links are never
+    changed, the twin's files with them. The twin's training curve is copied;
+    ``trained_by.json`` names the twin and the steps."""
+    with writer_lock(out):
+        if find_checkpoints(out):  # another worker started it meanwhile: it resumes
+            return
+        for step, ckpt in twin.checkpoints.items():
+            _carry_checkpoint(ckpt, checkpoint_dir(out, step))
+        curve = twin.path / TRAIN_LOG_FILE
+        if curve.is_file():
+            write_atomic(out / TRAIN_LOG_FILE, curve.read_bytes())
+        write_atomic(out / TRAINED_BY, json.dumps(
+            {"trial": twin.name(root), "steps": sorted(twin.checkpoints)}, indent=1) + "\n")
+
+
+def _carry_checkpoint(ckpt: Path, final: Path) -> None:
+    """``ckpt``'s training files linked into a fresh directory renamed to ``final`` (so that a
+    crash leaves no half checkpoint that looks complete)."""
+    tmp = final.with_name(final.name + ".carry")
+    refuse_link(tmp.parent)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    make_fresh_dir(tmp)
+    for name in [*listed_files(ckpt), MANIFEST]:
+        if name == CHECKPOINT_METRICS_FILE:
+            continue
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(ckpt / name, tmp / name)
+        except OSError:  # another file system, or one without hard links
+            shutil.copyfile(ckpt / name, tmp / name)
+    refuse_link(final)
+    shutil.rmtree(final, ignore_errors=True)  # a torn one (no training state) left by a crash
+    tmp.rename(final)
 
 
 def _stop_when(budget: Budget):

@@ -14,6 +14,8 @@ manifest (written before flatlm had one) is accepted as it is.
 >>> _ = (d / "model.bin").write_bytes(b"weights")
 >>> _ = write_manifest(d)
 >>> verify_manifest(d)
+>>> listed_files(d)
+['model.bin']
 >>> _ = (d / "model.bin").write_bytes(b"weightz")
 >>> verify_manifest(d)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
@@ -80,3 +82,13 @@ def verify_manifest(directory: str | os.PathLike,
         if sha256(file) != entry["sha256"]:
             raise ValueError(f"{file}: its SHA-256 differs from the manifest's (damaged after "
                              "it was written)")
+
+
+def listed_files(directory: str | os.PathLike) -> list[str] | None:
+    """The files ``directory``'s manifest lists (paths relative to it, ``/``-separated): those
+    written with the checkpoint, not those added later (its measurements); None without a
+    readable manifest."""
+    try:
+        return sorted(json.loads((Path(directory) / MANIFEST).read_text())["files"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return None

@@ -12,7 +12,9 @@ glue a fan-out to Ray Tune and the MLflow tracker. Under ``out_dir`` (absolute: 
 
 Re-running with the same ``out_dir`` resumes from the newest checkpoint; that checkpoint is
 measured first if a crash lost its measurements, and reported again either way (a crash may have
-fallen between measuring and reporting; the sinks keep one value per step).
+fallen between measuring and reporting; the sinks keep one value per step). Older checkpoints
+at checkpoint steps without measurements (those of another trial with the same training,
+``training_identity``, given to this one by ``flatlm.experiments.runner``) are measured before it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from flatlm.train.loop import TRAINING_INTERVAL
 from flatlm.train.registry import check_before_training
 from flatlm.train.registry import unused_sections as unused_train_sections
 from flatlm.train.sizes import check_fits
-from flatlm.train.state import newest_checkpoint
+from flatlm.train.state import find_checkpoints, newest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +227,7 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
         if report is not None:
             report(step, metrics, Path(ckpt_dir))
 
-    _catch_up(out_dir, done, on_checkpoint, report, device)
+    _catch_up(out_dir, done, on_checkpoint, report, device, cfg.train.checkpoint_steps)
     train(cfg.train, source, model_cfg, out_dir, device=device, on_checkpoint=on_checkpoint,
           progress=progress, resume=True)
     return done
@@ -252,21 +254,27 @@ def _record(out_dir: Path, ckpt_dir: Path, step: int, metrics: dict) -> None:
     append_metrics(out_dir, step, metrics)
 
 
-def _catch_up(out_dir: Path, done: dict, on_checkpoint, report, device) -> None:
-    """Measures and reports the newest checkpoint again if a crash may have cut that short.
+def _catch_up(out_dir: Path, done: dict, on_checkpoint, report, device, steps) -> None:
+    """Measures the checkpoints at ``steps`` older than the newest that have no metrics, oldest
+    first, then measures the newest if it has none, or reports it again.
 
     ``train`` does not call the hook for the checkpoint it resumes from, yet a crash can fall
     between saving it and measuring it, or between measuring it and reporting it. Re-reporting
-    is safe: the sinks keep one value per step (the tracker sends a step's key once).
+    is safe: the sinks keep one value per step (the tracker sends a step's key once). In a resume
+    only the newest can lack metrics; a trial given another trial's checkpoints
+    (``flatlm.experiments.runner.carry_training``) lacks them all.
     """
     ckpt = newest_checkpoint(out_dir)
     if ckpt is None:
         return
-    step = int(Path(ckpt).name.split("-")[-1])
-    if step not in done:
-        on_checkpoint(step, load_checkpoint(ckpt)[0].to(device), Path(ckpt))
+    newest = int(Path(ckpt).name.split("-")[-1])
+    for step, older in find_checkpoints(out_dir).items():  # ascending
+        if step < newest and step in steps and step not in done:
+            on_checkpoint(step, load_checkpoint(older)[0].to(device), Path(older))
+    if newest not in done:
+        on_checkpoint(newest, load_checkpoint(ckpt)[0].to(device), Path(ckpt))
     elif report is not None:
-        report(step, {k: v for k, v in done[step].items() if k != "step"}, Path(ckpt))
+        report(newest, {k: v for k, v in done[newest].items() if k != "step"}, Path(ckpt))
 
 
 def printer(step: int, metrics: dict, ckpt_dir: Path) -> None:

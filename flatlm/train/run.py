@@ -49,7 +49,7 @@ from flatlm.train.data import (
     read_corpus,
 )
 from flatlm.train.growth import grow_context, growth_due, shape_at
-from flatlm.train.registry import algorithm_named, load_ref
+from flatlm.train.registry import algorithm_named, load_ref, unused_sections
 from flatlm.train.state import (
     TrainState,
     capture_rng,
@@ -155,12 +155,14 @@ def start_checkpoint(cfg, model_cfg, out_dir, resume, source=None):
     saved = {**flatten_dict(to_dict(TrainConfig())),  # a key added since: its default
              **{renamed.get(k, k): v for k, v in flatten_dict(state.config).items()}}
     now = flatten_dict(to_dict(cfg))
-    changed = [k for k in now
-               if k.split(".")[0] not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
+    # what the run does not read may differ too: the sections of the other algorithms
+    unread = {*RESUMABLE_CHANGES, *unused_sections(cfg.algorithm)}
+    changed = [k for k in now if k.split(".")[0] not in unread and saved.get(k) != now[k]]
     if changed:
         diffs = ", ".join(f"train.{k}={saved.get(k)!r} -> {now[k]!r}" for k in changed)
         raise ValueError(f"resume from {ckpt}: the run changed ({diffs}); only "
-                         f"{', '.join(RESUMABLE_CHANGES)} may change when resuming")
+                         f"{', '.join(RESUMABLE_CHANGES)} (and the sections of other "
+                         "algorithms) may change when resuming")
     if state.step > cfg.steps:
         raise ValueError(f"resume from {ckpt}: it is past train.steps={cfg.steps}")
     info = json.loads((ckpt / INFO_NAME).read_text())
