@@ -19,6 +19,7 @@ at checkpoint steps without measurements (those of another trial with the same t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -33,7 +34,7 @@ from flatlm.core.config import to_dict, to_flat_dict
 from flatlm.core.safe_io import write_text
 from flatlm.measure.registry import unused_sections as unused_measure_sections
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
-from flatlm.models.checkpoint import INFO_NAME, load_checkpoint
+from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, quiet_transformers_bars
 from flatlm.models.presets import ModelSpec, parse_model
 from flatlm.runs.dirlock import writer_lock
 from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, N_PARAMS, append_metrics, read_metrics
@@ -227,7 +228,8 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
         if report is not None:
             report(step, metrics, Path(ckpt_dir))
 
-    _catch_up(out_dir, done, on_checkpoint, report, device, cfg.train.checkpoint_steps)
+    with contextlib.nullcontext() if progress else quiet_transformers_bars():  # its loads
+        _catch_up(out_dir, done, on_checkpoint, report, device, cfg.train.checkpoint_steps)
     train(cfg.train, source, model_cfg, out_dir, device=device, on_checkpoint=on_checkpoint,
           progress=progress, resume=True)
     return done
