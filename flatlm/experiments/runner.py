@@ -27,10 +27,13 @@ from flatlm.experiments.paper import Experiment
 from flatlm.runs.dirlock import DirectoryBusyError, writer_lock
 from flatlm.runs.manifest import MANIFEST, listed_files
 from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, TRAIN_LOG_FILE, read_metrics
-from flatlm.runs.trial import run_trial, training_identity, with_downstream_resolved
+from flatlm.runs.trial import (
+    TRAINED_BY,
+    run_trial,
+    training_identity,
+    with_downstream_resolved,
+)
 from flatlm.train.state import checkpoint_dir, find_checkpoints
-
-TRAINED_BY = "trained_by.json"  # in a trial measured from another's checkpoints: whose, which
 
 
 class OutOfTime(Exception):  # noqa: N818 - a budget reached, not an error

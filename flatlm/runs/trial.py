@@ -140,6 +140,9 @@ def with_downstream_resolved(cfg: TrialConfig, source=None) -> TrialConfig:
                                                                 tasks=tasks))
 
 
+# In a trial measured from another trial's checkpoints (``flatlm.experiments.runner``): whose.
+TRAINED_BY = "trained_by.json"
+
 # The train keys that say when a run's checkpoints are taken and its curve is logged: they do
 # not change the model trained (a resume may change them too, ``flatlm.train.run``).
 _SCHEDULING_KEYS = ("checkpoint_steps", "log_every")
@@ -217,12 +220,14 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
     data = eval_data(source, cfg.measure, model_cfg, device=device, cache_dir=eval_cache)
     done = read_metrics(out_dir)
 
+    trained_here = not (out_dir / TRAINED_BY).exists()  # else: another trial trained it
+
     def on_checkpoint(step: int, model, ckpt_dir: Path) -> None:
         start = time.perf_counter()
         measured = measure_model(model, source, data, cfg.measure, device, artifact_dir=ckpt_dir,
                                  progress=progress)
         metrics = {N_PARAMS: float(sum(p.numel() for p in model.parameters())), **measured,
-                   **measurement_cost(time.perf_counter() - start, ckpt_dir)}
+                   **measurement_cost(time.perf_counter() - start, ckpt_dir, trained_here)}
         _record(out_dir, ckpt_dir, step, metrics)
         done[step] = {"step": step, **metrics}
         if report is not None:
@@ -235,13 +240,18 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
     return done
 
 
-def measurement_cost(seconds: float, ckpt_dir: Path) -> dict[str, float]:
+def measurement_cost(seconds: float, ckpt_dir: Path,
+                     trained_here: bool = True) -> dict[str, float]:
     """``time/measure_s``: the checkpoint's measurement wall time (at the first checkpoint also
     the evaluation data, the lookup table's and the random model's probes, done once a trial);
     ``time/train_s``: the training before it, since the previous checkpoint (or since this process
-    resumed), as the checkpoint recorded it; ``time/measure_share``: the first over the second,
-    what measuring adds to the run's time (the paper-scale goal is <= 0.1)."""
+    resumed), as the checkpoint recorded it, and 0 when another trial trained it
+    (``trained_here=False``: a sum over trials counts each training once); ``time/measure_share``:
+    the first over the second, what measuring adds to the run's time (the paper-scale goal is
+    <= 0.1)."""
     out = {"time/measure_s": seconds}
+    if not trained_here:
+        return {**out, "time/train_s": 0.0}
     info = json.loads((Path(ckpt_dir) / INFO_NAME).read_text())
     interval = info.get("extra", {}).get(TRAINING_INTERVAL)  # absent before it was recorded
     if interval and interval["updates"] > 0:

@@ -80,6 +80,11 @@ def test_a_trial_measured_from_its_twin_equals_the_trial_trained_alone(runs):
     assert set(reused) == {3, 6} and reused == straight  # bit for bit on the CPU
     assert read_train_log(out) == read_train_log(trial_dir(alone, SIZES, SIZES_TRIAL))
     assert not (trial_dir(alone, SIZES, SIZES_TRIAL) / TRAINED_BY).exists()
+    # the training is the twin's: a sum of time/train_s over trials counts it once
+    rows = read_metrics(out)
+    assert all(r["time/train_s"] == 0.0 and "time/measure_share" not in r for r in rows.values())
+    assert all(r["time/train_s"] > 0 for r in read_metrics(trial_dir(alone, SIZES,
+                                                                     SIZES_TRIAL)).values())
 
 
 def test_the_twins_checkpoints_are_linked_not_retrained_and_left_unchanged(runs):
