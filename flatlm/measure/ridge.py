@@ -16,6 +16,7 @@ on the same sentences. Reported (keys ``<stage>_ridge/<task>/<stat>``, ``flatlm.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 
@@ -25,6 +26,8 @@ from flatlm.core.seeds import derive_seed
 from flatlm.measure import probe_key, ridge_stage
 from flatlm.measure.probe import ProbeConfig, prepared_features, split_indices
 from flatlm.measure.probe_batched import Task, tasks_by_sentences
+
+log = logging.getLogger(__name__)
 
 ALPHAS = tuple(10.0**k for k in range(-3, 3))  # the penalty's grid, times n_train
 VAL_FRACTION = 0.1  # of the training split, held out to pick alpha
@@ -49,7 +52,13 @@ def ridge_feature_sets(features: dict[str, torch.Tensor], tasks: Sequence[Task],
 
 
 def _ridge_tasks(x, ys, num_classes, train, test, seed: int) -> list[dict]:
-    """The ridge statistics of every task (classes ``ys[k]`` [n]) on standardised ``x``."""
+    """The ridge statistics of every task (classes ``ys[k]`` [n]) on standardised ``x``; NaN
+    (with a warning) where a feature is not finite: no least squares exists then."""
+    if not bool(torch.isfinite(x).all()):
+        log.warning("the ridge probe is not fitted: %d feature values are not finite",
+                    int((~torch.isfinite(x)).sum()))
+        return [{"acc_mean": math.nan, "acc_se": math.nan, "train_acc": math.nan,
+                 "alpha": math.nan} for _ in ys]
     fit, val = _val_split(train, seed)
     gram_fit, gram_val = _gram(x[fit]), _gram(x[val])
     alphas = _best_alphas(gram_fit, x[fit], [y[fit] for y in ys], x[val],
@@ -102,8 +111,15 @@ def _targets(x, ys, num_classes):
 
 
 def _cholesky_solve(gram, rhs, penalty: float) -> torch.Tensor:
+    """(gram + penalty I)^{-1} rhs by a Cholesky factor; where that fails (the Gram, summed in
+    float32, slightly indefinite: features of very different scales, as an SGD run's can be), on
+    the Gram's positive semi-definite part (eigenvalues clamped at 0), the matrix it rounds."""
     eye = torch.eye(len(gram), dtype=gram.dtype, device=gram.device)
-    return torch.cholesky_solve(rhs, torch.linalg.cholesky(gram + penalty * eye))
+    factor, info = torch.linalg.cholesky_ex(gram + penalty * eye)
+    if int(info) == 0:
+        return torch.cholesky_solve(rhs, factor)
+    values, vectors = torch.linalg.eigh(gram)
+    return vectors @ ((vectors.T @ rhs) / (values.clamp(min=0) + penalty)[:, None])
 
 
 def ridge_metrics(stage: str, results: dict[str, dict]) -> dict[str, float]:

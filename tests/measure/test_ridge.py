@@ -7,7 +7,13 @@ import torch
 from flatlm.measure import RIDGE_STATS, probe_key, ridge_stage
 from flatlm.measure.probe import ProbeConfig, prepared_features, split_indices
 from flatlm.measure.probe_batched import Task
-from flatlm.measure.ridge import ALPHAS, _ridge_tasks, ridge_feature_sets, ridge_metrics
+from flatlm.measure.ridge import (
+    ALPHAS,
+    _cholesky_solve,
+    _ridge_tasks,
+    ridge_feature_sets,
+    ridge_metrics,
+)
 
 CFG = ProbeConfig()
 
@@ -63,3 +69,29 @@ def test_keys_are_the_stages_ridge_twins():
     metrics = ridge_metrics("random_init", {"A": {"acc_mean": 0.5, "alpha": 0.1}})
     assert metrics == {probe_key("A", "acc_mean", ridge_stage("random_init")): 0.5,
                        "random_init_ridge/A/alpha": 0.1}
+
+
+def test_an_indefinite_gram_is_solved_on_its_positive_part_and_a_definite_one_exactly():
+    """A Gram summed in float32 can come out slightly indefinite (an SGD run's features made
+    the replication's trial crash in Cholesky): the solve then uses the Gram's PSD part."""
+    g = torch.Generator().manual_seed(3)
+    vectors = torch.linalg.qr(torch.randn(6, 6, generator=g, dtype=torch.float64))[0]
+    rhs = torch.randn(6, 2, generator=g, dtype=torch.float64)
+    penalty = 0.5
+    definite = vectors @ torch.diag(torch.arange(1.0, 7.0, dtype=torch.float64)) @ vectors.T
+    expected = torch.linalg.solve(definite + penalty * torch.eye(6, dtype=torch.float64), rhs)
+    assert torch.allclose(_cholesky_solve(definite, rhs, penalty), expected, atol=1e-12)
+    values = torch.tensor([-2.0, 0.0, 1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    indefinite = vectors @ torch.diag(values) @ vectors.T  # + penalty I is indefinite too
+    assert torch.linalg.cholesky_ex(indefinite + penalty * torch.eye(6, dtype=torch.float64)
+                                    )[1] > 0
+    by_hand = vectors @ torch.diag(1 / (values.clamp(min=0) + penalty)) @ vectors.T @ rhs
+    assert torch.allclose(_cholesky_solve(indefinite, rhs, penalty), by_hand, atol=1e-12)
+
+
+def test_non_finite_features_give_nan_rows_not_an_exception():
+    x, y = _blobs(4)
+    x[5, 3] = float("inf")
+    train, test = split_indices(300, 0.2, 0)
+    (out,) = _ridge_tasks(x, [y], [4], train, test, seed=0)
+    assert set(out) == set(RIDGE_STATS) and all(v != v for v in out.values())  # NaN
