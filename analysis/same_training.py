@@ -12,10 +12,11 @@ import pandas as pd
 
 from analysis.correlate import RUN
 from flatlm.measure import KL, LOSS
+from flatlm.train.config import SCHEDULING_KEYS
 
 MODEL = "model"  # config.json's model, a column of analysis.trials.load_trials
 # when checkpoints are taken and logged changes the records, not the model trained
-NOT_TRAINING = ("train.checkpoint_steps", "train.log_every")
+NOT_TRAINING = tuple(f"train.{key}" for key in SCHEDULING_KEYS)
 
 
 def same_training(df: pd.DataFrame) -> dict[str, str]:

@@ -26,10 +26,10 @@ from pathlib import Path
 
 from flatlm.core.config import parse_assignments
 from flatlm.core.devices import resolve_device
-from flatlm.experiments.grids import ALGORITHMS
 from flatlm.experiments.paper import EXPERIMENTS, build
 from flatlm.experiments.protocols import describe, diagnosis_protocols
 from flatlm.experiments.scales import SCALES
+from flatlm.train.config import ALGORITHMS  # every registered algorithm
 
 OUT_OF_TIME_EXIT = 4
 BUSY_EXIT = 5  # a worker left trials that another process holds
@@ -111,7 +111,7 @@ def experiments_from_args(args) -> list:
     models = None if args.models is None else tuple(args.models.split(","))
     return [build(name, scale=args.scale, protocol=protocol, seeds=_seeds(args, name),
                   models=models, algorithms=algorithms, overrides=overrides,
-                  selection_measures=not getattr(args, "without_selection_measures", False))
+                  selection_measures=not args.without_selection_measures)
             for protocol in protocols for name in names]
 
 

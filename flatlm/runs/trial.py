@@ -39,7 +39,7 @@ from flatlm.models.presets import ModelSpec, parse_model
 from flatlm.runs.dirlock import writer_lock
 from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, N_PARAMS, append_metrics, read_metrics
 from flatlm.sources import SourceSpec, load
-from flatlm.train.config import TrainConfig, resolve
+from flatlm.train.config import SCHEDULING_KEYS, TrainConfig, resolve
 from flatlm.train.loop import TRAINING_INTERVAL
 from flatlm.train.registry import check_before_training
 from flatlm.train.registry import unused_sections as unused_train_sections
@@ -143,11 +143,6 @@ def with_downstream_resolved(cfg: TrialConfig, source=None) -> TrialConfig:
 # In a trial measured from another trial's checkpoints (``flatlm.experiments.runner``): whose.
 TRAINED_BY = "trained_by.json"
 
-# The train keys that say when a run's checkpoints are taken and its curve is logged: they do
-# not change the model trained (a resume may change them too, ``flatlm.train.run``).
-_SCHEDULING_KEYS = ("checkpoint_steps", "log_every")
-
-
 def training_identity(cfg: TrialConfig, source=None) -> dict:
     """What the trained model of ``cfg`` is a function of, JSON-able: the labelled source it
     trains on (``labelled_source``, with the downstream label rule resolved), the model's shape
@@ -159,7 +154,7 @@ def training_identity(cfg: TrialConfig, source=None) -> dict:
     if cfg.measure.label_rule is None and cfg.source.kind == "pcfg":  # the source's default rule
         cfg = with_downstream_resolved(cfg, source)
     train = resolve(cfg.train)
-    left_out = {*_SCHEDULING_KEYS, *unused_train_sections(train.algorithm)}
+    left_out = {*SCHEDULING_KEYS, *unused_train_sections(train.algorithm)}
     model = dataclasses.replace(parse_model(cfg.model), dropout=train.dropout)
     return {"source": labelled_source(cfg).to_dict(), "model": model.to_dict(),
             "train": {k: v for k, v in to_dict(train).items() if k not in left_out}}

@@ -147,6 +147,11 @@ _RENAMED = {"sam_rho": "sam.rho",
                for k in ("lambda", "task", "d1", "d2", "pool", "ridge")}}
 
 
+# The TrainConfig keys that say when a run's checkpoints are taken and its curve is logged: they
+# do not change the model trained (runs.trial.training_identity, analysis/same_training.py)
+SCHEDULING_KEYS = ("checkpoint_steps", "log_every")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """One pre-training run. Validated on construction: a bad field raises ``ValueError``."""

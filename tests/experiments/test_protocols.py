@@ -128,7 +128,8 @@ def test_the_sweeps_paper_and_the_replications_paper_are_one():
     replication = [exp.base for scale in ("tiny", "gpu", "sweep")
                    for exp in experiments_from_args(argparse.Namespace(
                        experiment="steps", protocol="paper", diagnose=False, scale=scale,
-                       seeds=None, overrides=[], models=None, algorithms=None))]
+                       seeds=None, overrides=[], models=None, algorithms=None,
+                       without_selection_measures=False))]
     parts = {protocol_part(cfg) for cfg in sweeps + replication}
     assert len(parts) == 1
     probe = sweeps[0].measure.probe
