@@ -5,6 +5,13 @@ on the testbed replication's trials (``analysis/leaderboard.py``).
     python bench/selection_leaderboard.py --trials repl/ --out bench/results/selection \\
         [--wall-min M] [--hardware TEXT] [--n-boot 2000] [--seed 0] [--kl-threshold 0.02]
 
+``--trials`` takes several roots. The records of every trial that is not one of the paper's
+experiments (the selection experiment's lr axis) are copied to ``--out/trials``, so that the
+committed board is rebuilt from the repository alone, beside the replication's own records:
+
+    python bench/selection_leaderboard.py --trials bench/results/replication_testbed/trials \\
+        bench/results/selection/trials
+
 Writes under ``--out``: ``leaderboard.md`` / ``.csv`` / ``.png`` and ``leaderboard.json``: the
 command, the analysis's wall time, the trials by status, the checkpoints, each group's runs,
 shapes, measures and candidates per task, and the settings. Trials still running count with the
@@ -16,15 +23,23 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+
+import pandas as pd
 
 from analysis.correlate import RUN
 from analysis.leaderboard import KL_THRESHOLD, TASKS, Board, leaderboard, write_leaderboard
-from analysis.trials import load_trials
+from analysis.trials import load_trials, trial_dirs
+from flatlm.experiments.grids import EXPERIMENTS
 from flatlm.measure import LOSS
+from flatlm.runs.metrics_log import METRICS_FILE
+
+RECORDS = ("config.json", METRICS_FILE)  # what a trial's record is (no checkpoints)
 
 
 def counts(df, board: Board) -> dict:
@@ -44,6 +59,38 @@ def counts(df, board: Board) -> dict:
             "checkpoints": len(df), "rule": board.rule, "groups": groups}
 
 
+def load_roots(roots: list[Path]) -> pd.DataFrame:
+    """The trials under every root, as one frame; a trial found under two roots is an error
+    (its run id, the path under its root, would count it twice)."""
+    frames = [load_trials(root) for root in roots]
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    roots_of = Counter(run for f in frames for run in set(f["run_id"]))
+    twice = sorted(run for run, n in roots_of.items() if n > 1)
+    if twice:
+        raise ValueError(f"--trials: {twice[0]} is under more than one root; name each once")
+    df.attrs["params"] = sorted({p for f in frames for p in f.attrs.get("params", [])})
+    df.attrs["metrics"] = sorted({m for f in frames for m in f.attrs.get("metrics", [])})
+    return df
+
+
+def copy_extra_records(roots: list[Path], records: Path) -> list[str]:
+    """Copy the records of the trials outside the paper's experiments (``<protocol>/
+    <experiment>/<trial>`` with another experiment) to ``records``; their relative paths."""
+    copied = []
+    for root in roots:
+        for trial in trial_dirs(root):
+            rel = trial.relative_to(root)
+            if len(rel.parts) != 3 or rel.parts[1] in EXPERIMENTS:
+                continue
+            target = records / rel
+            if target.resolve() != trial.resolve():
+                target.mkdir(parents=True, exist_ok=True)
+                for name in RECORDS:
+                    shutil.copyfile(trial / name, target / name)
+            copied.append(str(rel))
+    return copied
+
+
 def code_commit() -> str | None:
     """The repository's commit, for the record (None outside a git checkout)."""
     try:
@@ -56,7 +103,8 @@ def code_commit() -> str | None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trials", required=True, type=Path, help="the replication's root")
+    p.add_argument("--trials", required=True, type=Path, nargs="+",
+                   help="the replication's root (or several)")
     p.add_argument("--out", type=Path, default=Path("bench/results/selection"))
     p.add_argument("--kl-threshold", type=float, default=KL_THRESHOLD)
     p.add_argument("--tasks", default=",".join(TASKS))
@@ -73,9 +121,14 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     command = shlex.join(["python", "bench/selection_leaderboard.py", *argv])
     start = time.perf_counter()
-    df = load_trials(args.trials)
+    try:
+        df = load_roots(args.trials)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     if df.empty:
-        raise SystemExit(f"error: --trials {args.trials}: no trial directories under it")
+        raise SystemExit(f"error: --trials {' '.join(map(str, args.trials))}: no trial "
+                         "directories under it")
+    copied = copy_extra_records(args.trials, args.out / "trials")
     try:
         board = leaderboard(df, tasks=args.tasks.split(","), kl_threshold=args.kl_threshold,
                             n_boot=args.n_boot, seed=args.seed)
@@ -87,7 +140,7 @@ def main(argv=None) -> int:
               "code_commit": code_commit(), "n_boot": args.n_boot, "seed": args.seed,
               "kl_threshold": args.kl_threshold, "data_wall_min": args.wall_min,
               "data_hardware": args.hardware, **counts(df, board),
-              "files": [p.name for p in paths]}
+              "files": [p.name for p in paths], "records_copied": copied}
     (args.out / "leaderboard.json").write_text(json.dumps(record, indent=1) + "\n")
     print((args.out / "leaderboard.md").read_text())
     return 0

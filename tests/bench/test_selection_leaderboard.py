@@ -5,15 +5,22 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.analysis.leaderboard_data import planted, write_trials
 
 SCRIPT = Path(__file__).parents[2] / "bench" / "selection_leaderboard.py"
 
 
-def test_the_benchmark_writes_the_leaderboard_and_its_counts(tmp_path):
+def _bench():
     spec = importlib.util.spec_from_file_location("selection_leaderboard", SCRIPT)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_benchmark_writes_the_leaderboard_and_its_counts(tmp_path):
+    bench = _bench()
     trials = write_trials(tmp_path / "trials", planted(n_runs=5, small_runs=2))
     out = tmp_path / "out"
     assert bench.main(["--trials", str(trials), "--out", str(out), "--tasks", "A",
@@ -27,3 +34,44 @@ def test_the_benchmark_writes_the_leaderboard_and_its_counts(tmp_path):
     assert (one["runs"], every["runs"]) == (3, 5)
     assert one["tasks"]["A"] == {"n_candidates": 9, "n_runs": 3}
     assert every["tasks"]["A"] == {"n_candidates": 15, "n_runs": 5}
+
+
+def _move_to_selection(trials: Path, runs) -> Path:
+    """The runs ``runs`` moved from ``trials/paper/steps`` to a second root's selection
+    experiment (the lr axis the leaderboard reads beside the paper's experiments)."""
+    other = trials.parent / "selection_root"
+    for run in runs:
+        target = other / "paper" / "selection" / run
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (trials / "paper" / "steps" / run).rename(target)
+    return other
+
+
+def test_two_roots_count_as_one_and_the_selection_records_are_kept(tmp_path):
+    bench = _bench()
+    trials = write_trials(tmp_path / "trials", planted(n_runs=5, small_runs=2))
+    other = _move_to_selection(trials, ["r3", "r4"])
+    out = tmp_path / "out"
+    assert bench.main(["--trials", str(trials), str(other), "--out", str(out), "--tasks", "A",
+                       "--n-boot", "10"]) == 0
+    record = json.loads((out / "leaderboard.json").read_text())
+    assert record["trials"] == 5 and record["checkpoints"] == 20
+    assert record["records_copied"] == ["paper/selection/r3", "paper/selection/r4"]
+    for run in ("r3", "r4"):  # the records, byte for byte; never the paper's experiments
+        for name in ("config.json", "metrics.jsonl"):
+            copied = out / "trials" / "paper" / "selection" / run / name
+            assert copied.read_bytes() == (other / "paper" / "selection" / run / name).read_bytes()
+    assert not (out / "trials" / "paper" / "steps").exists()
+    # the committed records rebuild the same board from the repository alone
+    again = tmp_path / "again"
+    assert bench.main(["--trials", str(trials), str(out / "trials"), "--out", str(again),
+                       "--tasks", "A", "--n-boot", "10"]) == 0
+    assert (again / "leaderboard.csv").read_text() == (out / "leaderboard.csv").read_text()
+
+
+def test_a_trial_under_two_roots_is_refused(tmp_path):
+    bench = _bench()
+    trials = write_trials(tmp_path / "trials", planted(n_runs=3))
+    with pytest.raises(SystemExit, match="paper/steps/r0 is under more than one root"):
+        bench.main(["--trials", str(trials), str(trials), "--out", str(tmp_path / "out"),
+                    "--tasks", "A", "--n-boot", "10"])
