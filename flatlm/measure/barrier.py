@@ -53,10 +53,19 @@ def _endpoint_states(model_a: nn.Module, model_b: nn.Module) -> tuple[dict, dict
 
 
 def interpolated_state(a: dict, b: dict, t: float) -> dict:
-    """(1 - t) a + t b for floating-point entries (exactly a at t = 0 and b at t = 1), a's
-    entry for the others."""
-    return {k: (1 - t) * v + t * b[k].to(v.device) if v.is_floating_point() else v
+    """(1 - t) a + t b for floating-point entries, a's entry for the others. ``torch.lerp``
+    (a + t (b - a) below t = 1/2, b - (1 - t) (b - a) above) is exactly a at t = 0, b at t = 1
+    and a everywhere when b == a, which (1 - t) a + t b is not: its roundings put identical
+    endpoints a few ulps apart along the path."""
+    return {k: torch.lerp(v, b[k].to(v.device), t) if v.is_floating_point() else v
             for k, v in a.items()}
+
+
+def chord(loss_a: float, loss_b: float, ts: np.ndarray) -> np.ndarray:
+    """(1 - t) L(a) + t L(b), rounded as ``torch.lerp`` is: exact at the ends and constant
+    when L(a) == L(b), so that equal endpoints rise by exactly 0."""
+    step = loss_b - loss_a
+    return np.where(ts < 0.5, loss_a + ts * step, loss_b - (1 - ts) * step)
 
 
 def loss_barrier(model_a: nn.Module, model_b: nn.Module, loss_fn: Callable[[nn.Module], float],
@@ -73,8 +82,7 @@ def loss_barrier(model_a: nn.Module, model_b: nn.Module, loss_fn: Callable[[nn.M
     for t in ts:
         path.load_state_dict(interpolated_state(a, b, float(t)))
         losses.append(float(loss_fn(path)))
-    chord = (1 - ts) * losses[0] + ts * losses[-1]
-    rise = np.asarray(losses) - chord
+    rise = np.asarray(losses) - chord(losses[0], losses[-1], ts)
     i = int(np.argmax(rise))
     return Barrier(float(rise[i]), float(ts[i]), tuple(ts.tolist()), tuple(losses),
                    tuple(rise.tolist()))

@@ -15,7 +15,7 @@ from torch import nn
 from analysis import barriers
 from flatlm.core.config import apply_overrides
 from flatlm.measure import LOSS
-from flatlm.measure.barrier import loss_barrier
+from flatlm.measure.barrier import chord, interpolated_state, loss_barrier
 from flatlm.measure.cka import (
     CKA_TRUTH,
     CKA_TRUTH_RANDOM_INIT,
@@ -265,6 +265,27 @@ def test_barrier_is_zero_between_identical_endpoints():
     A = randn(4, 4, seed=11)
     result = loss_barrier(a, Point(a.w.detach()), quadratic(A + A.T), points=7)
     assert result.barrier == 0.0 and set(result.rise) == {0.0} and len(result.t) == 7
+
+
+def test_the_path_and_the_chord_are_exact_at_the_ends_and_between_equal_endpoints():
+    """Bit for bit: the path is a at t = 0, b at t = 1 and a everywhere when b == a; the chord
+    is L(a), L(b) at the ends and constant between equal losses ((1 - t) a + t b is not: it
+    puts identical endpoints a few ulps apart, and an exact-zero barrier then depends on the
+    CPU's rounding)."""
+    a, b = {"w": randn(64, seed=20), "n": torch.tensor(3)}, {"w": randn(64, seed=21),
+                                                             "n": torch.tensor(3)}
+    assert torch.equal(interpolated_state(a, b, 0.0)["w"], a["w"])
+    assert torch.equal(interpolated_state(a, b, 1.0)["w"], b["w"])
+    same = {"w": a["w"].clone(), "n": a["n"]}
+    ts = np.linspace(0.0, 1.0, 13)
+    for t in ts:
+        assert torch.equal(interpolated_state(a, same, float(t))["w"], a["w"])
+    assert torch.allclose(interpolated_state(a, b, 0.3)["w"], 0.7 * a["w"] + 0.3 * b["w"],
+                          rtol=0, atol=1e-15)
+    assert set(chord(-1.946347784237273, -1.946347784237273, ts)) == {-1.946347784237273}
+    ends = chord(0.1, 0.7, ts)
+    assert (ends[0], ends[-1]) == (0.1, 0.7)
+    assert ends == pytest.approx(0.1 + 0.6 * ts, abs=1e-15)
 
 
 def test_barrier_of_a_quadratic_is_its_closed_form_along_the_segment():
