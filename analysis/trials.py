@@ -21,6 +21,7 @@ replicate`` writes); ``sweep`` is the experiment, as the sweeps' MLflow tag is.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -39,6 +40,16 @@ def trial_dirs(root: str | Path) -> list[Path]:
     root = Path(root)
     found = [p.parent for p in root.rglob(CONFIG_FILE) if (p.parent / METRICS_FILE).exists()]
     return sorted(found)
+
+
+def copy_records(trials: list[Path], root: Path, out: Path) -> None:
+    """Each trial's record (its config and metrics log; never a checkpoint) from under
+    ``root`` to the same relative place under ``out``."""
+    for trial in trials:
+        target = out / trial.relative_to(root)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in (CONFIG_FILE, METRICS_FILE):
+            shutil.copyfile(trial / name, target / name)
 
 
 def load_trials(root: str | Path) -> pd.DataFrame:

@@ -7,7 +7,7 @@
 # checkpoint). Trials train in fp32 without torch.compile so that their numbers compare with the
 # CPU runs of the other protocol (bf16 autocast and compile are CUDA's defaults otherwise).
 #
-#   bash bench/gpu_replication.sh paper-code      # the paper-code column (35 trials)
+#   bash bench/gpu_replication.sh paper-code      # the paper-code column (35 trials, JOBS=12)
 #   bash bench/gpu_replication.sh lambda          # the adversary's lambda at the testbed budget
 #   bash bench/gpu_replication.sh all             # both at once (JOBS + 2 processes)
 #
@@ -46,16 +46,20 @@ lambdas() {  # criterion (d): the next lambdas down the search's grid, under pap
 case "$part" in
 paper-code) paper_code ;;
 lambda) lambdas ;;
-all) paper_code & lambdas & wait ;;
+all)
+    paper_code &
+    paper_code_pid=$!
+    lambdas
+    wait "$paper_code_pid"
+    ;;
 *)
     echo "bench/gpu_replication.sh: unknown part '$part'; use paper-code, lambda or all" >&2
     exit 2
     ;;
 esac
-code=$?
-echo "replicate exit status: $code"
+echo "exit status of the paper-code (or last lambda) replicate: $? (4: its time budget ran out)"
 (cd "$work" && find . -not -path '*/checkpoints/*' -type f \
     \( -name config.json -o -name metrics.jsonl -o -name trained_by.json -o -name train_log.jsonl \) -print0 |
     tar czf "$out/trials-$part.tgz" --null -T -)
 grep -h "done\|error\|Error\|Traceback" "$out"/*.log | tail -60
-echo "finished trials: $(cd "$work" && find . -name metrics.jsonl | wc -l)"
+echo "trials with a measured checkpoint: $(cd "$work" && find . -name metrics.jsonl | wc -l)"

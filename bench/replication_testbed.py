@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.replication import main as replication_report
-from analysis.trials import load_trials
+from analysis.trials import copy_records, load_trials
 from flatlm.experiments.grids import EXPERIMENTS
 from flatlm.runs.metrics_log import METRICS_FILE, read_metrics
 
@@ -56,14 +56,6 @@ def finished_trials(root: Path, experiments=EXPERIMENTS) -> tuple[list[Path], li
         last = max(json.loads(config_file.read_text())["train"]["checkpoint_steps"])
         (done if last in read_metrics(trial) else running).append(trial)
     return done, running
-
-
-def copy_records(trials: list[Path], root: Path, out: Path) -> None:
-    for trial in trials:
-        target = out / trial.relative_to(root)
-        target.mkdir(parents=True, exist_ok=True)
-        for name in ("config.json", METRICS_FILE):
-            shutil.copyfile(trial / name, target / name)
 
 
 def final_rows(df: pd.DataFrame) -> pd.DataFrame:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -34,12 +33,9 @@ import pandas as pd
 
 from analysis.correlate import RUN
 from analysis.leaderboard import KL_THRESHOLD, TASKS, Board, leaderboard, write_leaderboard
-from analysis.trials import load_trials, trial_dirs
+from analysis.trials import copy_records, load_trials, trial_dirs
 from flatlm.experiments.grids import EXPERIMENTS
 from flatlm.measure import LOSS
-from flatlm.runs.metrics_log import METRICS_FILE
-
-RECORDS = ("config.json", METRICS_FILE)  # what a trial's record is (no checkpoints)
 
 
 def counts(df, board: Board) -> dict:
@@ -63,32 +59,31 @@ def load_roots(roots: list[Path]) -> pd.DataFrame:
     """The trials under every root, as one frame; a trial found under two roots is an error
     (its run id, the path under its root, would count it twice)."""
     frames = [load_trials(root) for root in roots]
-    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     roots_of = Counter(run for f in frames for run in set(f["run_id"]))
     twice = sorted(run for run, n in roots_of.items() if n > 1)
     if twice:
         raise ValueError(f"--trials: {twice[0]} is under more than one root; name each once")
-    df.attrs["params"] = sorted({p for f in frames for p in f.attrs.get("params", [])})
-    df.attrs["metrics"] = sorted({m for f in frames for m in f.attrs.get("metrics", [])})
+    df = pd.concat(frames, ignore_index=True)
+    df.attrs["params"] = sorted({p for f in frames for p in f.attrs["params"]})
+    df.attrs["metrics"] = sorted({m for f in frames for m in f.attrs["metrics"]})
     return df
 
 
 def copy_extra_records(roots: list[Path], records: Path) -> list[str]:
     """Copy the records of the trials outside the paper's experiments (``<protocol>/
-    <experiment>/<trial>`` with another experiment) to ``records``; their relative paths."""
+    <experiment>/<trial>`` with another experiment) to ``records`` (those already there
+    stay); their relative paths."""
     copied = []
     for root in roots:
-        for trial in trial_dirs(root):
-            rel = trial.relative_to(root)
-            if len(rel.parts) != 3 or rel.parts[1] in EXPERIMENTS:
-                continue
-            target = records / rel
-            if target.resolve() != trial.resolve():
-                target.mkdir(parents=True, exist_ok=True)
-                for name in RECORDS:
-                    shutil.copyfile(trial / name, target / name)
-            copied.append(str(rel))
+        extra = [t for t in trial_dirs(root) if _outside_the_paper(t.relative_to(root))]
+        elsewhere = [t for t in extra if (records / t.relative_to(root)).resolve() != t.resolve()]
+        copy_records(elsewhere, root, records)
+        copied += [str(t.relative_to(root)) for t in extra]
     return copied
+
+
+def _outside_the_paper(rel: Path) -> bool:
+    return len(rel.parts) == 3 and rel.parts[1] not in EXPERIMENTS
 
 
 def code_commit() -> str | None:

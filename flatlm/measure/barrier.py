@@ -62,10 +62,10 @@ def interpolated_state(a: dict, b: dict, t: float) -> dict:
 
 
 def chord(loss_a: float, loss_b: float, ts: np.ndarray) -> np.ndarray:
-    """(1 - t) L(a) + t L(b), rounded as ``torch.lerp`` is: exact at the ends and constant
-    when L(a) == L(b), so that equal endpoints rise by exactly 0."""
-    step = loss_b - loss_a
-    return np.where(ts < 0.5, loss_a + ts * step, loss_b - (1 - ts) * step)
+    """(1 - t) L(a) + t L(b) by ``torch.lerp`` too: exact at the ends and constant when
+    L(a) == L(b), so that equal endpoints rise by exactly 0."""
+    t = torch.as_tensor(ts, dtype=torch.float64)
+    return torch.lerp(torch.full_like(t, loss_a), torch.full_like(t, loss_b), t).numpy()
 
 
 def loss_barrier(model_a: nn.Module, model_b: nn.Module, loss_fn: Callable[[nn.Module], float],
