@@ -3,7 +3,9 @@ paper's setting; an analogue when the paper tested it on other data), its effect
 interval, what decided the verdict, and the verdict (``analysis/claims.py`` states the rule);
 Fig. 1 as a partial correlation given the loss (``analysis/fig1.py``); reference points; and,
 when the trials include single-switch protocols (``flatlm replicate --diagnose``), which switch
-changes the sign of the steps and sizes effects.
+changes the sign of the steps and sizes effects; when they include a robustness protocol (a base
+with ``+second-grammar``: the same experiments on another grammar of the family), each of its
+claims beside the base protocol's (the robustness column).
 
     python analysis/replication.py --trials repl/ --out repl/report/          # trial directories
     python analysis/replication.py --experiments replicate.paper.steps,... \\
@@ -46,7 +48,7 @@ from analysis.fig1 import DEFAULT_FIG1, MIN_RUNS, Fig1Settings, fig1_rows  # noq
 from analysis.runs import load_runs
 from analysis.store import log_report, refuse_password
 from analysis.trials import load_trials
-from flatlm.experiments.protocols import describe
+from flatlm.experiments.protocols import describe, is_robustness, parse_protocol
 from flatlm.measure import KL, TRACE_FISHER_GROWN  # noqa: E402
 
 
@@ -179,7 +181,7 @@ def diagnosis_table(tables: dict[str, pd.DataFrame], df: pd.DataFrame,
     (Table 1's lookup row: the paper finds the lookup table worse)."""
     out = []
     for protocol, rows in tables.items():
-        if protocol != base and not protocol.startswith(base + "+"):
+        if (protocol != base and not protocol.startswith(base + "+")) or is_robustness(protocol):
             continue
         entry = {"protocol": protocol, LOOKUP_GAP: _lookup_gap(df[df["protocol"] == protocol])}
         for experiment, metric in dict.fromkeys(DIAGNOSIS):
@@ -196,6 +198,26 @@ def _diagnosis_cell(hit: pd.DataFrame) -> str:
     ci = (f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]" if np.isfinite(r["ci_low"])
           else "(no interval)")
     return f"{r['effect']:+.3g} {ci} (n={r['n']}) {r['verdict']}"
+
+
+def robustness_table(tables: dict[str, pd.DataFrame], protocol: str) -> pd.DataFrame:
+    """Each claim the robustness protocol ``protocol`` has trials for: its effect [interval] and
+    verdict there, beside the same claim's under its base protocol (the same row of the same
+    experiment; "no trials" where the base has none)."""
+    base = parse_protocol(protocol)[0]
+    ref = {(r.figure, r.claim, r.metric): r
+           for r in tables.get(base, pd.DataFrame()).itertuples()}
+    out = []
+    for r in tables[protocol].itertuples():
+        b = ref.get((r.figure, r.claim, r.metric))
+        out.append({"figure": r.figure, "claim": r.claim, "metric": r.metric,
+                    "paper": _paper_effect(r), base: "no trials" if b is None else _cell(b),
+                    protocol: _cell(r)})
+    return pd.DataFrame(out)
+
+
+def _cell(r) -> str:
+    return f"{_interval(r)}: {r.verdict}"
 
 
 def _lookup_gap(part: pd.DataFrame) -> str:
@@ -222,17 +244,18 @@ def write_report(df: pd.DataFrame, out: Path, *, rule: VerdictRule = DEFAULT_RUL
     paths = [out / "claims.csv"]
     claims.to_csv(paths[0], index=False)
     main = [p for p in protocols if "+" not in p]
+    robust = [p for p in protocols if is_robustness(p)]
     paths += [over_steps(df[df["protocol"].isin(main)], out / "steps.png"),
               over_sizes(df[df["protocol"].isin(main)], out / "sizes.png"),
               algorithm_bars(df[df["protocol"].isin(main)], out / "algorithms.png"),
               scatter(df[df["protocol"].isin(main)], out / "fig1_scatter.png", acc(fig1.task),
                       rule.saturation)]
     md = out / "replication.md"
-    md.write_text(_markdown(df, tables, main, rule, fig1, command, hardware))
+    md.write_text(_markdown(df, tables, main, robust, rule, fig1, command, hardware))
     return [md, *paths]
 
 
-def _markdown(df, tables, main, rule, fig1, command, hardware) -> str:
+def _markdown(df, tables, main, robust, rule, fig1, command, hardware) -> str:
     lines = ["# Replication of Liu et al. (ICML 2023) with flatlm", ""]
     if command:
         lines += [f"Made by: `{command}`", ""]
@@ -243,6 +266,15 @@ def _markdown(df, tables, main, rule, fig1, command, hardware) -> str:
         part = df[df["protocol"] == protocol]
         lines += [f"## Protocol `{protocol}`", "", describe(protocol) + ".", "",
                   _sizes_line(part), "", claims_markdown(tables[protocol]), "",
+                  "Reference points (final AdamW checkpoints, mean over runs):", "",
+                  to_markdown(reference_points(part)), ""]
+    for protocol in robust:
+        part = df[df["protocol"] == protocol]
+        lines += [f"## Robustness: protocol `{protocol}`", "", describe(protocol) + ".", "",
+                  "The claims its trials cover, beside the same claims under "
+                  f"`{parse_protocol(protocol)[0]}` (effect [95% interval] (seeds): verdict). A "
+                  "verdict that differs between the columns depends on the grammar.", "",
+                  _sizes_line(part), "", to_markdown(robustness_table(tables, protocol)), "",
                   "Reference points (final AdamW checkpoints, mean over runs):", "",
                   to_markdown(reference_points(part)), ""]
     diag = diagnosis_table(tables, df)

@@ -121,8 +121,17 @@ def base_for(preset: str, source: str | None = None) -> TrialConfig:
 def _protocol_base(sc: Scale, protocol: str) -> TrialConfig:
     base = apply_overrides(sc.base(), protocol_overrides(protocol))
     changes = {"model": model_for(sc.model, protocol)}
-    if "deep-grammar" in parse_protocol(protocol)[1]:
+    switches = parse_protocol(protocol)[1]
+    if {"deep-grammar", "second-grammar"} <= set(switches):
+        raise ValueError(f"protocol {protocol!r}: deep-grammar and second-grammar both choose "
+                         "the language; keep one")
+    if "deep-grammar" in switches:
         changes["source"] = sc.deep_source
+    if "second-grammar" in switches:
+        if sc.second_source is None:
+            raise ValueError(f"protocol {protocol!r}: the {sc.name} scale has no second grammar "
+                             "(only --scale testbed has one); drop +second-grammar")
+        changes["source"] = sc.second_source
     return apply_overrides(base, changes)
 
 

@@ -47,8 +47,8 @@ PAPER: dict = {
 }
 
 # The switches, each the released code's choice for one part of the protocol. "pre-ln" changes
-# the model (``model_for``), "deep-grammar" the source (``flatlm.experiments.scales``); the others
-# are trial config overrides.
+# the model (``model_for``), "deep-grammar" and "second-grammar" the source
+# (``flatlm.experiments.scales``); the others are trial config overrides.
 SWITCHES: dict[str, tuple[str, dict]] = {
     "released-masking": ("15% masking: exactly max(1, round(0.15 (L + 2))) words per sentence, at "
                          "most 5, BERT's 80/10/10 (released create_pretraining_data.py)",
@@ -70,7 +70,12 @@ SWITCHES: dict[str, tuple[str, dict]] = {
                        "them, the encoder in train mode, a N(0, 0.02) head",
                        {f"measure.probe.{k}": v for k, v in RELEASED.items()}),
     "deep-grammar": ("a deeper grammar: the scale's deep source (paper-like at GPU scale)", {}),
+    "second-grammar": ("a second grammar of the scale's family (testbed: the search's runner-up, "
+                       "q0-7): the robustness column", {}),
 }
+# Switches that change the language, not how a claim is run or measured: the report shows their
+# protocols as robustness columns, and the diagnosis leaves them out.
+ROBUSTNESS_SWITCHES = ("second-grammar",)
 
 # The released code's protocol = every switch but the ones that are not its choices.
 BASES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -138,6 +143,15 @@ def describe(name: str) -> str:
 
 
 def diagnosis_protocols(base: str = "paper") -> list[str]:
-    """``base`` with each switch alone (the diagnosis grid), the base itself first."""
+    """``base`` with each switch alone (the diagnosis grid), the base itself first; not the
+    robustness switches (another language is not a protocol difference)."""
     parse_protocol(base)
-    return [base, *(f"{base}+{s}" for s in SWITCHES if s not in switches_of(base))]
+    return [base, *(f"{base}+{s}" for s in SWITCHES
+                    if s not in switches_of(base) and s not in ROBUSTNESS_SWITCHES)]
+
+
+def is_robustness(name: str) -> bool:
+    """``name`` is a base with robustness switches only (``paper+second-grammar``)."""
+    base, switches = parse_protocol(name)
+    added = [s for s in switches if s not in BASES[base][1]]
+    return bool(added) and all(s in ROBUSTNESS_SWITCHES for s in added)

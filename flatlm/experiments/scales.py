@@ -58,6 +58,18 @@ TESTBED_SOURCE = _testbed_grammar(3, 8, {"B": 4, "C": 2}, 5)
 # The same grammar family one level deeper (sentences of exactly 16 words, spans 8 / 4): the
 # diagnosis' grammar switch at the testbed scale (not searched: its KL is not measured).
 TESTBED_DEEP_SOURCE = _testbed_grammar(4, 16, {"B": 8, "C": 4}, 8)
+# The robustness column's grammar (issue 23, item 4; the switch "second-grammar"): the testbed
+# search's runner-up in the same "classes4" family, q0-7 (kept by its stage 0, then the lowest
+# stage-1 KL after q0-23's: 0.0444 against 0.0192 for d64-h4-l1-i256, testbed_search.md), chosen
+# by the search's own ranking, not by any claim: 96 words in 4 classes of one word per emitting
+# nonterminal, 5 roots, sentences of exactly 8 words, entropy 3.43 nats/token; majority 30% /
+# 45% / 43% on A / B / C, random-init d64 features 0.65 / 0.60 / 0.71, the lookup table 0.97-0.99
+TESTBED_SECOND_SOURCE = json.dumps({
+    "kind": "pcfg", "seed": 422, "max_length": 8, "spans": {"B": 4, "C": 2},
+    "downstream_min_length": 5, "label_rule": "span", "random": {
+        "vocab": 96, "roots": 5, "nonterminals_per_level": 4, "depth": 3,
+        "binary_per_nonterminal": 2, "words_per_nonterminal": 1, "terminal_share": 0.0,
+        "concentration": 4.0}})
 # Closer to the paper's description (A.1) than the shipped grammar: 200 words, 9 roots and 5
 # levels of 8 nonterminals (49 symbols), sentences up to 32 words.
 PAPER_LIKE_SOURCE = json.dumps({"kind": "pcfg", "seed": 0, "max_length": 32, "random": {
@@ -113,6 +125,9 @@ class Scale:
     replication_seeds: dict = field(default_factory=dict)
     # the selection experiment's rates (an axis of its grid; none: the scale's own rate)
     selection_lrs: tuple[float, ...] = ()
+    # the robustness column's grammar, of the source's family (switch "second-grammar"); None:
+    # the scale has none
+    second_source: str | None = None
 
     def base(self) -> TrialConfig:
         n = self.run_checkpoints  # evenly spaced, the last at ``steps`` even when n divides not
@@ -220,6 +235,7 @@ TESTBED = Scale(
     # experiments'; the leaderboard pools every experiment and merges repeated trainings): the
     # KL is set by the sentences seen, not the rate (bench/results/testbed_search.md)
     selection_lrs=(5e-4, 2e-3),
+    second_source=TESTBED_SECOND_SOURCE,
     overrides={
         # the paper's rate (A.5: AdamW at a constant 1e-3 after warmup; at batch 128 a constant
         # 2e-3 or 5e-3 plateaus above KL 0.02); the paper's batch is 4096, this one's 256: the

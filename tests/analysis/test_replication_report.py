@@ -62,3 +62,31 @@ def test_a_one_seed_diagnosis_row_shows_a_sign_without_an_interval():
     one = diag.loc["paper+mask-only", "steps: probe/C/acc_mean"]
     assert "(no interval) (n=1) inconclusive (n < 3)" in one
     assert "(n=3) reproduces" in diag.loc["paper", "steps: probe/C/acc_mean"]
+
+
+def test_a_second_grammar_is_a_robustness_column_beside_its_base(tmp_path):
+    """Sizes trials under ``paper+second-grammar`` where the larger model probes *worse*: the
+    report's robustness section shows each of its claims beside ``paper``'s, with both
+    verdicts; claims it has no trials for are not rows; the diagnosis leaves it out."""
+    from analysis.replication import diagnosis_table, protocol_table, robustness_table
+
+    second = sized({"d16-h1-l1-i64": 0.01, "d64-h4-l2-i256": 0.005},
+                   {"d16-h1-l1-i64": 0.7, "d64-h4-l2-i256": 0.4}, seeds=(0, 1, 2))
+    second = second.assign(protocol="paper+second-grammar", status="FINISHED",
+                           **{"pretrain/entropy": 2.0})
+    df = pd.concat([planted(), second], ignore_index=True)
+    tables = {p: protocol_table(df[df["protocol"] == p], fig1=Fig1Settings(n_boot=10))
+              for p in ("paper", "paper+second-grammar")}
+    table = robustness_table(tables, "paper+second-grammar").set_index("metric")
+    assert set(table.index) == set(tables["paper+second-grammar"]["metric"])
+    assert "steps" not in set(tables["paper+second-grammar"]["experiment"])
+    row = table.loc["probe/B/acc_mean"]
+    row = row.iloc[0] if isinstance(row, pd.DataFrame) else row
+    assert row["paper"].startswith("+") and ": reproduces" in row["paper"]
+    assert row["paper+second-grammar"].startswith("-30.00 pts")
+    assert row["paper+second-grammar"].endswith(": contradicts")
+    assert list(diagnosis_table(tables, df)["protocol"]) == ["paper"]
+    write_report(df, tmp_path, fig1=Fig1Settings(n_boot=10))
+    md = (tmp_path / "replication.md").read_text()
+    assert "## Robustness: protocol `paper+second-grammar`" in md
+    assert "## Diagnosis" not in md

@@ -2,6 +2,8 @@
 
 import argparse
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
@@ -12,13 +14,20 @@ from flatlm.experiments.paper import EXPERIMENTS, build
 from flatlm.experiments.protocols import (
     PAPER,
     RELEASED_WARMUP_PROPORTION,
+    ROBUSTNESS_SWITCHES,
     SWITCHES,
     diagnosis_protocols,
+    is_robustness,
     model_for,
     parse_protocol,
     protocol_overrides,
 )
-from flatlm.experiments.scales import PAPER_LIKE_SOURCE, TINY, TINY_DEEP_SOURCE
+from flatlm.experiments.scales import (
+    PAPER_LIKE_SOURCE,
+    TESTBED_SECOND_SOURCE,
+    TINY,
+    TINY_DEEP_SOURCE,
+)
 from flatlm.experiments.scales import scale as get_scale
 from flatlm.measure.probe import RELEASED
 from flatlm.runs.trial import TrialConfig, labelled_source, validate_trial
@@ -158,9 +167,36 @@ def test_bad_protocols_name_what_is_wrong(name, needle):
 
 def test_diagnosis_turns_on_each_switch_alone():
     names = diagnosis_protocols()
-    assert names[0] == "paper" and len(names) == 1 + len(SWITCHES)
+    assert names[0] == "paper" and len(names) == 1 + len(SWITCHES) - len(ROBUSTNESS_SWITCHES)
     for name in names[1:]:
         assert len(parse_protocol(name)[1]) == 1
+    assert not any(is_robustness(name) for name in names)
+
+
+def test_the_second_grammar_changes_the_language_and_nothing_else():
+    """``+second-grammar`` (the robustness column) trains and measures as its base, on the
+    testbed search's runner-up grammar (its saved q0-7 candidate, bit for bit)."""
+    search = json.loads((Path(__file__).parents[2] / "bench" / "results" /
+                         "testbed_search.json").read_text())
+    runner_up = next(c for c in search["stage0"]["candidates"] if c["id"] == "q0-7")
+    assert json.loads(TESTBED_SECOND_SOURCE) == runner_up["spec"] and runner_up["kept"]
+    for base in ("paper", "paper-code"):
+        plain = dict(build("sizes", scale="testbed", protocol=base).trials())
+        second = dict(build("sizes", scale="testbed", protocol=f"{base}+second-grammar").trials())
+        assert list(plain) == list(second)
+        for name, cfg in second.items():
+            assert cfg.source == SourceSpec(TESTBED_SECOND_SOURCE) != plain[name].source
+            assert dataclasses.replace(cfg, source=plain[name].source) == plain[name]
+    assert is_robustness("paper+second-grammar") and is_robustness("paper-code+second-grammar")
+    assert not is_robustness("paper") and not is_robustness("paper+second-grammar+mask-only")
+
+
+@pytest.mark.parametrize("scale, protocol, needle", [
+    ("tiny", "paper+second-grammar", "the tiny scale has no second grammar"),
+    ("testbed", "paper+deep-grammar+second-grammar", "both choose the language")])
+def test_a_second_grammar_where_there_is_none_is_refused(scale, protocol, needle):
+    with pytest.raises(ValueError, match=needle):
+        build("sizes", scale=scale, protocol=protocol)
 
 
 @pytest.mark.parametrize("protocol", diagnosis_protocols() + ["paper-code"])
