@@ -275,6 +275,20 @@ def _rank_rows(rows: list[tuple]) -> list[tuple]:
             for key, rank in ranks.items()]
 
 
+def of_protocols(df: pd.DataFrame, protocols: list[str] | None) -> pd.DataFrame:
+    """The trials of ``protocols`` (None: every trial). One board pools one protocol's trials:
+    the label rule and the probe differ between protocols, so their accuracies do not compare."""
+    if protocols is None:
+        return df
+    present = sorted(df["protocol"].dropna().unique()) if "protocol" in df else []
+    unknown = [p for p in protocols if p not in present]
+    if unknown:
+        there = ", ".join(present) or "none (not the <protocol>/<experiment>/<trial> layout)"
+        raise ValueError(f"--protocol {unknown[0]!r}: no trial of it under --trials; the "
+                         f"protocols there: {there}")
+    return df[df["protocol"].isin(protocols)]
+
+
 def leaderboard(df: pd.DataFrame, *, tasks=TASKS, kl_threshold: float = KL_THRESHOLD,
                 measures=None, n_boot: int = 2000, seed: int = 0,
                 level: float = LEVEL) -> Board:
@@ -485,9 +499,13 @@ def _cost_cell(by: pd.DataFrame, group: str, measure: str) -> str:
 
 
 def leaderboard_markdown(board: Board, *, command: str = "", wall_min: float | None = None,
-                         hardware: str | None = None) -> str:
+                         hardware: str | None = None, protocols: list[str] | None = None) -> str:
     """The verdicts first, then the tables, the cost, the rule and the provenance."""
-    out = ["# Which measure predicts probe accuracy at equal loss?", "", *board.notes]
+    out = ["# Which measure predicts probe accuracy at equal loss?", ""]
+    if protocols:
+        out += [f"Trials of protocol {', '.join(f'`{p}`' for p in protocols)} only (one label "
+                "rule and one probe: accuracies of other protocols do not compare).", ""]
+    out += board.notes
     for group in board.groups:
         out += ["", *(task_verdict(board.table, group, t) + "\n" for t in board.tasks)]
     out += ["", "## Rule", "", _rule_text(board)]
@@ -592,7 +610,7 @@ def tidy(board: Board) -> pd.DataFrame:
 
 def write_leaderboard(board: Board, out: Path, **context) -> list[Path]:
     """``leaderboard.md`` / ``.csv`` / ``.png`` under ``out``; ``context``: the markdown's
-    ``command``, ``wall_min``, ``hardware``."""
+    ``command``, ``wall_min``, ``hardware``, ``protocols``."""
     out.mkdir(parents=True, exist_ok=True)
     md, csv = out / "leaderboard.md", out / "leaderboard.csv"
     md.write_text(leaderboard_markdown(board, **context))
@@ -615,6 +633,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--wall-min", type=float, default=None, help="the data's wall time, minutes")
     p.add_argument("--hardware", default=None, help="the hardware the data was made on")
+    p.add_argument("--protocol", default=None,
+                   help="comma-separated protocols whose trials count (default: every trial)")
     return p.parse_args(argv)
 
 
@@ -625,12 +645,15 @@ def main(argv=None) -> int:
         df = load_trials(args.trials)
         if df.empty:
             raise ValueError(f"--trials {args.trials}: no trial directories under it")
+        protocols = args.protocol.split(",") if args.protocol else None
+        df = of_protocols(df, protocols)
         board = leaderboard(df, tasks=args.tasks.split(","), kl_threshold=args.kl_threshold,
                             measures=args.measures.split(",") if args.measures else None,
                             n_boot=args.n_boot, seed=args.seed)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     write_leaderboard(board, args.out, wall_min=args.wall_min, hardware=args.hardware,
+                      protocols=protocols,
                       command=shlex.join(["python", "analysis/leaderboard.py", *argv]))
     print((args.out / "leaderboard.md").read_text())
     return 0

@@ -5,9 +5,11 @@ on the testbed replication's trials (``analysis/leaderboard.py``).
     python bench/selection_leaderboard.py --trials repl/ --out bench/results/selection \\
         [--wall-min M] [--hardware TEXT] [--n-boot 2000] [--seed 0] [--kl-threshold 0.02]
 
-``--trials`` takes several roots. The records of every trial that is not one of the paper's
-experiments (the selection experiment's lr axis) are copied to ``--out/trials``, so that the
-committed board is rebuilt from the repository alone, beside the replication's own records:
+``--trials`` takes several roots; only the trials of ``--protocol`` count (default ``paper``:
+the label rule and the probe differ between protocols, so their accuracies do not compare).
+The records of every trial that is not one of the paper's experiments (the selection
+experiment's lr axis) are copied to ``--out/trials``, so that the committed board is rebuilt
+from the repository alone, beside the replication's own records:
 
     python bench/selection_leaderboard.py --trials bench/results/replication_testbed/trials \\
         bench/results/selection/trials
@@ -32,7 +34,14 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.correlate import RUN
-from analysis.leaderboard import KL_THRESHOLD, TASKS, Board, leaderboard, write_leaderboard
+from analysis.leaderboard import (
+    KL_THRESHOLD,
+    TASKS,
+    Board,
+    leaderboard,
+    of_protocols,
+    write_leaderboard,
+)
 from analysis.trials import copy_records, load_trials, trial_dirs
 from flatlm.experiments.grids import EXPERIMENTS
 from flatlm.measure import LOSS
@@ -108,6 +117,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--wall-min", type=float, default=None,
                    help="the replication's wall time in minutes, as its runner measured it")
     p.add_argument("--hardware", default=None, help="the hardware the trials ran on")
+    p.add_argument("--protocol", default="paper",
+                   help="comma-separated protocols whose trials count (default: paper)")
     return p.parse_args(argv)
 
 
@@ -118,11 +129,13 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     try:
         df = load_roots(args.trials)
+        if df.empty:
+            raise ValueError(f"--trials {' '.join(map(str, args.trials))}: no trial "
+                             "directories under it")
+        protocols = args.protocol.split(",")
+        df = of_protocols(df, protocols)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    if df.empty:
-        raise SystemExit(f"error: --trials {' '.join(map(str, args.trials))}: no trial "
-                         "directories under it")
     copied = copy_extra_records(args.trials, args.out / "trials")
     try:
         board = leaderboard(df, tasks=args.tasks.split(","), kl_threshold=args.kl_threshold,
@@ -130,10 +143,11 @@ def main(argv=None) -> int:
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     paths = write_leaderboard(board, args.out, command=command, wall_min=args.wall_min,
-                              hardware=args.hardware)
+                              hardware=args.hardware, protocols=protocols)
     record = {"command": command, "analysis_wall_s": round(time.perf_counter() - start, 1),
               "code_commit": code_commit(), "n_boot": args.n_boot, "seed": args.seed,
-              "kl_threshold": args.kl_threshold, "data_wall_min": args.wall_min,
+              "kl_threshold": args.kl_threshold, "protocols": protocols,
+              "data_wall_min": args.wall_min,
               "data_hardware": args.hardware, **counts(df, board),
               "files": [p.name for p in paths], "records_copied": copied}
     (args.out / "leaderboard.json").write_text(json.dumps(record, indent=1) + "\n")

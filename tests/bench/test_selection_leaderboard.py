@@ -75,3 +75,26 @@ def test_a_trial_under_two_roots_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="paper/steps/r0 is under more than one root"):
         bench.main(["--trials", str(trials), str(trials), "--out", str(tmp_path / "out"),
                     "--tasks", "A", "--n-boot", "10"])
+
+
+def test_only_the_chosen_protocols_trials_count(tmp_path):
+    """A paper-code trial beside the paper ones (another label rule and probe: its accuracy
+    does not compare) is left out by default and counted when named; a protocol with no trial
+    is refused, naming the ones there."""
+    bench = _bench()
+    trials = write_trials(tmp_path / "trials", planted(n_runs=5, small_runs=2))
+    code = trials / "paper-code" / "steps"
+    code.mkdir(parents=True)
+    (trials / "paper" / "steps" / "r4").rename(code / "r4")
+    out = tmp_path / "out"
+    assert bench.main(["--trials", str(trials), "--out", str(out), "--tasks", "A",
+                       "--n-boot", "10"]) == 0
+    record = json.loads((out / "leaderboard.json").read_text())
+    assert record["trials"] == 4 and record["protocols"] == ["paper"]
+    assert "Trials of protocol `paper` only" in (out / "leaderboard.md").read_text()
+    assert bench.main(["--trials", str(trials), "--out", str(out), "--tasks", "A",
+                       "--n-boot", "10", "--protocol", "paper,paper-code"]) == 0
+    assert json.loads((out / "leaderboard.json").read_text())["trials"] == 5
+    with pytest.raises(SystemExit, match="--protocol 'paper-cod': no trial of it under "
+                                         "--trials; the protocols there: paper, paper-code"):
+        bench.main(["--trials", str(trials), "--out", str(out), "--protocol", "paper-cod"])
