@@ -201,9 +201,9 @@ def _diagnosis_cell(hit: pd.DataFrame) -> str:
 
 
 def robustness_table(tables: dict[str, pd.DataFrame], protocol: str) -> pd.DataFrame:
-    """Each claim the robustness protocol ``protocol`` has trials for: its effect [interval] and
-    verdict there, beside the same claim's under its base protocol (the same row of the same
-    experiment; "no trials" where the base has none)."""
+    """Each claim the robustness protocol ``protocol`` has trials for: the paper's effect, and
+    the effect [interval] and verdict under ``protocol`` beside the same claim's under its base
+    protocol (the same row of the same experiment; "no trials" where the base has none)."""
     base = parse_protocol(protocol)[0]
     ref = {(r.figure, r.claim, r.metric): r
            for r in tables.get(base, pd.DataFrame()).itertuples()}
@@ -211,8 +211,9 @@ def robustness_table(tables: dict[str, pd.DataFrame], protocol: str) -> pd.DataF
     for r in tables[protocol].itertuples():
         b = ref.get((r.figure, r.claim, r.metric))
         out.append({"figure": r.figure, "claim": r.claim, "metric": r.metric,
-                    "paper": _paper_effect(r), base: "no trials" if b is None else _cell(b),
-                    protocol: _cell(r)})
+                    "paper's effect": _paper_effect(r),
+                    f"under {base}": "no trials" if b is None else _cell(b),
+                    f"under {protocol}": _cell(r)})
     return pd.DataFrame(out)
 
 

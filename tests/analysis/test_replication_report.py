@@ -82,9 +82,10 @@ def test_a_second_grammar_is_a_robustness_column_beside_its_base(tmp_path):
     assert "steps" not in set(tables["paper+second-grammar"]["experiment"])
     row = table.loc["probe/B/acc_mean"]
     row = row.iloc[0] if isinstance(row, pd.DataFrame) else row
-    assert row["paper"].startswith("+") and ": reproduces" in row["paper"]
-    assert row["paper+second-grammar"].startswith("-30.00 pts")
-    assert row["paper+second-grammar"].endswith(": contradicts")
+    assert row["paper's effect"] == "+6.90 pts"  # Fig. 3a's, not overwritten by a column
+    assert row["under paper"].startswith("+") and ": reproduces" in row["under paper"]
+    assert row["under paper+second-grammar"].startswith("-30.00 pts")
+    assert row["under paper+second-grammar"].endswith(": contradicts")
     assert list(diagnosis_table(tables, df)["protocol"]) == ["paper"]
     write_report(df, tmp_path, fig1=Fig1Settings(n_boot=10))
     md = (tmp_path / "replication.md").read_text()
