@@ -267,8 +267,7 @@ def _markdown(df, tables, main, robust, rule, fig1, command, hardware) -> str:
         part = df[df["protocol"] == protocol]
         lines += [f"## Protocol `{protocol}`", "", describe(protocol) + ".", "",
                   _sizes_line(part), "", claims_markdown(tables[protocol]), "",
-                  "Reference points (final AdamW checkpoints, mean over runs):", "",
-                  to_markdown(reference_points(part)), ""]
+                  *_reference_lines(part)]
     for protocol in robust:
         part = df[df["protocol"] == protocol]
         lines += [f"## Robustness: protocol `{protocol}`", "", describe(protocol) + ".", "",
@@ -276,8 +275,7 @@ def _markdown(df, tables, main, robust, rule, fig1, command, hardware) -> str:
                   f"`{parse_protocol(protocol)[0]}` (effect [95% interval] (seeds): verdict). A "
                   "verdict that differs between the columns depends on the grammar.", "",
                   _sizes_line(part), "", to_markdown(robustness_table(tables, protocol)), "",
-                  "Reference points (final AdamW checkpoints, mean over runs):", "",
-                  to_markdown(reference_points(part)), ""]
+                  *_reference_lines(part)]
     diag = diagnosis_table(tables, df)
     if len(diag) > 1:
         lines += ["## Diagnosis: which protocol switch decides the verdicts", "",
@@ -291,6 +289,11 @@ def _markdown(df, tables, main, robust, rule, fig1, command, hardware) -> str:
     lines += ["## Figures", "", "![steps](steps.png)", "", "![sizes](sizes.png)", "",
               "![algorithms](algorithms.png)", "", "![fig1](fig1_scatter.png)", ""]
     return "\n".join(lines)
+
+
+def _reference_lines(part: pd.DataFrame) -> list[str]:
+    return ["Reference points (final AdamW checkpoints, mean over runs):", "",
+            to_markdown(reference_points(part)), ""]
 
 
 def rule_text(rule: VerdictRule, fig1: Fig1Settings) -> str:

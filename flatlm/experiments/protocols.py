@@ -137,9 +137,14 @@ def model_for(model: str, protocol: str) -> str:
 
 def describe(name: str) -> str:
     """One line: the base's description and each added switch's."""
+    base = parse_protocol(name)[0]
+    return "; ".join([BASES[base][0], *(f"+ {SWITCHES[s][0]}" for s in added_switches(name))])
+
+
+def added_switches(name: str) -> list[str]:
+    """The switches ``name`` adds to its base (``paper-code+mask-only``: mask-only)."""
     base, switches = parse_protocol(name)
-    added = [s for s in switches if s not in BASES[base][1]]
-    return "; ".join([BASES[base][0], *(f"+ {SWITCHES[s][0]}" for s in added)])
+    return [s for s in switches if s not in BASES[base][1]]
 
 
 def diagnosis_protocols(base: str = "paper") -> list[str]:
@@ -152,6 +157,5 @@ def diagnosis_protocols(base: str = "paper") -> list[str]:
 
 def is_robustness(name: str) -> bool:
     """``name`` is a base with robustness switches only (``paper+second-grammar``)."""
-    base, switches = parse_protocol(name)
-    added = [s for s in switches if s not in BASES[base][1]]
+    added = added_switches(name)
     return bool(added) and all(s in ROBUSTNESS_SWITCHES for s in added)
