@@ -36,7 +36,9 @@ def loss_matched(df: pd.DataFrame, kl_threshold: float | None = None
     not that. The target is the lowest KL every run reached (the largest of the runs' smallest
     KLs); each run contributes its checkpoint whose KL is closest to it. With ``kl_threshold``
     a run that never got below it (a run that failed to fit) does not drag the target up for
-    the others: it contributes its lowest-KL checkpoint and is listed as unmatched. Returns
+    the others: it contributes its lowest-KL checkpoint and is listed as unmatched; and a run
+    that did contributes a checkpoint below it, the closest of those (an earlier checkpoint
+    above the rule may lie closer to the target, but it is not in the regime compared). Returns
     (those rows, the target, the unmatched runs' ids). Runs without a KL (a source without a
     truth, e.g. real text) give their final checkpoints, and the target NaN says so."""
     rows = df.dropna(subset=[KL]) if KL in df else df.iloc[:0]
@@ -44,10 +46,13 @@ def loss_matched(df: pd.DataFrame, kl_threshold: float | None = None
         return final_checkpoints(df), math.nan, []
     best = rows.groupby(RUN)[KL].min()
     fitted = best[best < kl_threshold] if kl_threshold is not None else best
+    in_regime = not fitted.empty and kl_threshold is not None
     if fitted.empty:
         fitted = best
     target = float(fitted.max())
     gap = (rows[KL] - target).abs().where(rows[RUN].isin(fitted.index), rows[KL])
+    if in_regime:  # a fitted run's checkpoints above the rule are not candidates
+        gap = gap.where(~(rows[RUN].isin(fitted.index) & ~(rows[KL] < kl_threshold)), math.inf)
     unmatched = sorted(set(best.index) - set(fitted.index))
     return rows.loc[gap.groupby(rows[RUN]).idxmin()].sort_index(), target, unmatched
 

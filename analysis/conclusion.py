@@ -181,8 +181,20 @@ class Facts:
                       "paper's comparison")
         if not math.isfinite(value):
             return ""
+        caveat += self._still_falling() if self.kind == "steps" else ""
         here = f"here {task_name(key)} {_diff(value, se, key)}{caveat}"
         return f"{claim.where} ({claim.statement}): {here}; {_direction(value, se, claim.sign)}."
+
+    def _still_falling(self) -> str:
+        """The steps claims are about what happens *after* the loss converges: a KL that still
+        moved by more than 2 s.e. over the plateau makes the change a training effect too."""
+        if self.changes.empty or f"{KL} first" not in self.changes:
+            return ""
+        change, se = mean_change(self.changes, KL)
+        if not (math.isfinite(change) and math.isfinite(se) and abs(change) > 2 * se):
+            return ""
+        return (f", but the KL itself moved {_diff(change, se, KL)} over the same checkpoints: "
+                "the loss has not converged there, so this is not yet the paper's comparison")
 
     def _effect(self, claim: Claim, key: str, groups: pd.DataFrame) -> tuple[float, float]:
         if self.kind == "steps":

@@ -1,6 +1,7 @@
 """Optuna (through Ray Tune's searcher) over optimizer and regularisation settings, for one or
-several objectives. No arguments: 4 tiny CPU trials maximising the probe accuracy of the first
-task measured (``probe/<task>/acc_mean``; ``measure.tasks``, else the source's tasks).
+several objectives. No arguments: 4 CPU trials of the testbed's 2-layer model (the ``sweep``
+scale) maximising the probe accuracy of the first task measured (``probe/<task>/acc_mean``;
+``measure.tasks``, else the source's tasks).
 
     python sweeps/search.py --objective probe/B/acc_mean:max --objective flat/trace_fisher:min
     python sweeps/search.py --preset paper --address auto --gpus-per-trial 0.5 --samples 64

@@ -5,8 +5,8 @@ runs, how well each ranking predicts downstream accuracy: Spearman / Kendall, th
 (accuracy lost by picking the flattest instead of the best) and its gain over picking by the loss
 (``analysis/selection.py``). The flatness measures compared: Tr(F), Tr(H) (population and
 one-hot labels), the top eigenvalues of H and F and adaptive sharpness (worst case l_inf / l_2
-and average). No arguments: adamw, sam and noreg x 2 seeds of one tiny model on CPU (6 trials);
-more seeds give tighter intervals.
+and average). No arguments: adamw, sam and noreg x 2 seeds of the testbed's 2-layer model on
+CPU (6 trials, the ``sweep`` scale); more seeds give tighter intervals.
 
     python sweeps/selection.py
     python sweeps/selection.py --seeds 5 --algorithms adamw,sam,noreg --lrs 5e-3,2.5e-3

@@ -35,7 +35,8 @@ B1_LABELS_PER_INPUT = 50
 class FlatnessConfig:
     """Budget and options of the flatness estimators (Tr(F), Tr(H)); see ``measure.flatness``."""
 
-    # masked inputs x_{-t}: the first n_inputs sentences given, one masked word each; None = all.
+    # masked inputs x_{-t}: the first n_inputs sentences given (all if fewer), one masked word
+    # each; None = all.
     # Relative s.e. of Tr(F) is about 1.6 / sqrt(n_inputs) with the defaults on a partly trained
     # bert-2m (paper PCFG): 2.5% needs ~4,000 inputs (bench/flatness_se.py).
     n_inputs: int | None = 10_000
@@ -121,8 +122,10 @@ class MaskedInputs:
 def masked_inputs(
     tokens, lengths, seed: int, *, n: int | None = None, positions: torch.Tensor | None = None
 ) -> MaskedInputs:
-    """The first ``n`` sentences (all if None), each with one word masked: position t uniform over
-    the sentence's words from ``torch.Generator().manual_seed(seed)``, or the given ``positions``.
+    """The first ``n`` sentences (all if None or if there are fewer: ``n`` is a cap, as the other
+    measures' ``n_inputs``, so that a scale's cap holds under a smaller ``measure.n_eval``), each
+    with one word masked: position t uniform over the sentence's words from
+    ``torch.Generator().manual_seed(seed)``, or the given ``positions``.
 
     >>> x = masked_inputs(torch.tensor([[3, 1, -1], [0, 2, 2]]), torch.tensor([2, 3]), seed=0)
     >>> x.input_ids.shape, bool((x.positions < torch.tensor([2, 3])).all())
@@ -131,8 +134,6 @@ def masked_inputs(
     tokens, lengths = as_tokens(tokens, lengths)
     tokens, lengths = tokens.cpu(), lengths.cpu()
     if n is not None:
-        if n > len(tokens):
-            raise ValueError(f"asked for {n} inputs but got {len(tokens)} sentences")
         tokens, lengths = tokens[:n], lengths[:n]
     if positions is None:
         positions = uniform_positions(lengths, torch.Generator().manual_seed(seed))  # (n,)

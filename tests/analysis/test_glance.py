@@ -171,6 +171,19 @@ def test_the_conclusion_of_a_steps_sweep_reads_the_plateau():
            "-2.00" in words
 
 
+def test_a_steps_claim_on_a_plateau_whose_loss_still_falls_says_so():
+    """The claims are about what follows convergence: the plateau's KL falls 0.040 -> 0.034 in
+    every seed (the default steps sweep's case, KL 0.047 -> 0.034 from step 1500 to 3000), so
+    each reading says that the loss has not converged; with the KL flat there it does not."""
+    moving = _words(steps_runs(3), A)
+    caveat = "but the KL itself moved -0.00600 over the same checkpoints: the loss has not"
+    assert moving.count(caveat) == 2  # Fig. 2a and Fig. 4
+    df = steps_runs(3)
+    df.loc[df["step"] >= 300, "pretrain/kl"] = 0.035
+    flat = _words(df, A)
+    assert "here A +2.0" in flat and "the loss has not converged" not in flat
+
+
 # -- the sweep's closing summary --------------------------------------------------------------
 
 def _summary(capsys, monkeypatch, df, *, verbose=False, **fields) -> str:

@@ -60,3 +60,23 @@ def test_a_run_that_never_fits_does_not_set_the_common_loss():
     assert got.loc["adamw", "step mean"] == 3000 and got.loc["sam", "step mean"] == 3000
     assert table.attrs["unmatched"] == ["adversarial"]
     assert got.loc["adversarial", "pretrain/kl mean"] == pytest.approx(0.33)
+
+
+def test_a_matched_checkpoint_lies_in_the_regime_even_where_an_earlier_one_is_closer():
+    """The default scaling sweep's case: the 2-layer model's best is KL 0.0445 (the common
+    loss); the 4-layer model's checkpoints are at 0.055 (above the rule 0.05, yet 0.0105 from
+    the target) and 0.0336 (0.0109 from it): it is read at 0.0336, inside the regime."""
+    kls = {"l2": (1.17, 0.0567, 0.0445), "l4": (1.18, 0.055, 0.0336)}
+    rows = pd.DataFrame([{"run_id": m, "step": step, "model": m, "pretrain/kl": kl,
+                          "probe/A/acc_mean": 0.9}
+                         for m, series in kls.items()
+                         for step, kl in zip((0, 1000, 2000), series, strict=True)])
+    table = summary_table(rows, "probe/A/acc_mean", by=("model",), keys=("step", "pretrain/kl"),
+                          match_loss=True, kl_threshold=0.05)
+    assert table.attrs["target_kl"] == pytest.approx(0.0445)
+    got = table.set_index("model")
+    assert got.loc["l4", "step mean"] == 2000 and got.loc["l2", "step mean"] == 2000
+    # without a rule there is no regime to stay in: the nearest checkpoint, as before
+    loose = summary_table(rows, "probe/A/acc_mean", by=("model",), keys=("step",),
+                          match_loss=True).set_index("model")
+    assert loose.loc["l4", "step mean"] == 1000

@@ -11,7 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 from flatlm.experiments.presets import PAPER_LSTMS, TINY_LSTMS, hmm_tasks  # noqa: E402
-from flatlm.experiments.scales import TINY_MODELS  # noqa: E402
+from flatlm.experiments.scales import TESTBED_MODELS  # noqa: E402
 from flatlm.sources import SourceSpec  # noqa: E402
 from sweeps import (  # noqa: E402
     algorithms,  # noqa: E402
@@ -64,7 +64,7 @@ def test_an_hmm_scales_bilstms_on_the_papers_tasks():
 
 def test_dyck_keeps_the_berts_and_probes_g_star():
     sweep = scaling.build(args_of("--source", "dyck:6"))
-    assert sweep.space["model"]["grid_search"] == list(TINY_MODELS)
+    assert sweep.space["model"]["grid_search"] == list(TESTBED_MODELS)
     assert sweep_task(sweep) == "g_star"
     algs = algorithms.build(Namespace(preset="tiny", source="dyck:6", algorithms="adversarial"))
     assert algs.base.train.adversarial.task == "g_star"  # the adversary attacks the probed task

@@ -13,6 +13,7 @@ pytest.importorskip("mlflow")
 
 from mlflow import MlflowClient  # noqa: E402
 
+from flatlm.experiments.scales import TESTBED_MODELS  # noqa: E402
 from tests.sweeps.sweeptools import (  # noqa: E402
     LOOSE_RULE,
     TINY,
@@ -38,7 +39,7 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     runs = assert_exactly_once(uri, "scaling", tmp_path / "trials" / "scaling", STEPS, n_trials=3)
     assert sorted(r.data.tags["model"] for r in runs) == sorted(
-        ["d16-h1-l1-i64", "d32-h2-l1-i128", "d64-h4-l2-i256"])  # one head size: they grow
+        TESTBED_MODELS)  # the testbed's three: one head size, they grow
     assert all(r.data.tags["preset"] == "tiny" and r.data.tags["algorithm"] == "adamw"
                for r in runs)
     # the parameter count is a number; every param a value the trial used (none 'None')
