@@ -134,6 +134,8 @@ def criteria_markdown(crit: dict, running: list[str], command: str) -> str:
               f"perfectly packed; wall time {wall}; budget {c['budget_min']:.0f} min for the "
               "whole replication (5 seeds for steps/sizes, 3 for algorithms/sgd, both "
               "protocols).", "",
+              "The no-argument sweeps (one seed each, <= 10 min on 2 cores) are timed "
+              "separately: `bench/results/sweep_defaults.md`.", "",
               f"## (d) the adversary within {CRITERIA['adversary_kl_tol']} nats of AdamW's KL", "",
               "| protocol | seed | AdamW KL | adversarial KL | gap | met |",
               "|---|---|---|---|---|---|"]
