@@ -52,7 +52,7 @@ def loss_matched(df: pd.DataFrame, kl_threshold: float | None = None
     target = float(fitted.max())
     gap = (rows[KL] - target).abs().where(rows[RUN].isin(fitted.index), rows[KL])
     if in_regime:  # a fitted run's checkpoints above the rule are not candidates
-        gap = gap.where(~(rows[RUN].isin(fitted.index) & ~(rows[KL] < kl_threshold)), math.inf)
+        gap = gap.mask(rows[RUN].isin(fitted.index) & (rows[KL] >= kl_threshold), math.inf)
     unmatched = sorted(set(best.index) - set(fitted.index))
     return rows.loc[gap.groupby(rows[RUN]).idxmin()].sort_index(), target, unmatched
 
