@@ -168,7 +168,7 @@ def _sgd(sc, protocol, base, algorithms):
 def _sizes(sc, protocol, base, algorithms):
     models = [model_for(m, protocol) for m in sc.models]
     # thirds of the run (a size's curve), unless the scale spaces its runs' checkpoints itself
-    thirds = (sc.base().train.checkpoint_steps if sc.run_checkpoints > 1 else
+    thirds = (base.train.checkpoint_steps if sc.run_checkpoints > 1 else
               sc.run_steps({sc.steps // 3, 2 * sc.steps // 3, sc.steps}))
     # Tr(F) of models of different sizes is compared in one parameterisation: each checkpoint
     # is also measured grown into the least common shape (flat/*_grown, Fig. 5, Table 4), by
