@@ -5,10 +5,12 @@ Layout: ``<root>/<protocol>/<experiment>/<trial>/`` (``flatlm.runs.trial.run_tri
 interrupted one continues from its newest checkpoint. A time budget stops the work after the
 checkpoint during which it ran out (a checkpoint is never cut short); the next call goes on.
 
-A trial whose training a finished trial of the same protocol already did (an equal
+A trial whose training a finished trial already did (an equal
 ``flatlm.runs.trial.training_identity``: the sizes grid's base model and the algorithms' AdamW
-run, say) is not trained again: that trial's checkpoints are hard-linked into its directory
-(``trained_by.json`` says whose) and measured there, by its own measurement settings.
+run, say, or the same run under a protocol that differs only in how it measures, such as
+``paper+released-probe`` beside ``paper``) is not trained again: that trial's checkpoints are
+hard-linked into its directory (``trained_by.json`` says whose) and measured there, by its own
+measurement settings. A twin of the trial's own protocol is preferred.
 """
 
 from __future__ import annotations
@@ -137,12 +139,15 @@ class Twin:
 
 
 def find_twin(root: Path, protocol: str, out: Path, cfg) -> Twin | None:
-    """A finished trial under ``root/protocol`` (any experiment) with ``cfg``'s training identity
-    and a complete checkpoint (with its manifest) at every one of ``cfg.train.checkpoint_steps``;
-    None if there is none. Unreadable trial directories are passed over."""
+    """A finished trial under ``root`` (any protocol, ``protocol``'s first; any experiment) with
+    ``cfg``'s training identity and a complete checkpoint (with its manifest) at every one of
+    ``cfg.train.checkpoint_steps``; None if there is none. Unreadable trial directories are passed
+    over. Another protocol's trial qualifies because the identity holds everything the training
+    reads (model, source and labels, train section): a protocol that changes any of it trains
+    anew."""
     needed = sorted(set(cfg.train.checkpoint_steps))
     identity = None  # worked out once a candidate has the checkpoints
-    for config in sorted(Path(root, protocol).glob("*/*/config.json")):
+    for config in _trial_configs(root, protocol):
         candidate = config.parent
         other = _saved_config(config, type(cfg))
         if candidate == out or other is None or not finished(candidate, other):
@@ -154,6 +159,14 @@ def find_twin(root: Path, protocol: str, out: Path, cfg) -> Twin | None:
         if _identity_or_none(other) == identity:
             return Twin(candidate, {s: found[s] for s in needed})
     return None
+
+
+def _trial_configs(root: Path, protocol: str) -> list[Path]:
+    """The config.json of every trial under ``root``: ``protocol``'s first, then the others'."""
+    own = sorted(Path(root, protocol).glob("*/*/config.json"))
+    others = [c for c in sorted(Path(root).glob("*/*/*/config.json"))
+              if c.parent.parent.parent.name != protocol]
+    return own + others
 
 
 def _saved_config(path: Path, cls):

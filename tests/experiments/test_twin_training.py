@@ -113,7 +113,31 @@ def test_what_trains_otherwise_is_no_twin_and_another_algorithms_section_is(runs
                    {"measure.n_eval": 32}):
         found = find_twin(shared, "paper", out, apply_overrides(SIZES_CFG, change))
         assert found is not None and found.path == twin, change
-    assert find_twin(shared, "paper-code", out, SIZES_CFG) is None  # another protocol's root
+
+
+def _adamw_cfg(protocol):
+    (_, cfg), = build("algorithms", scale="tiny", protocol=protocol, seeds=(0,),
+                      models=(BASE_MODEL,), algorithms=("adamw",),
+                      overrides=CHECKPOINTS).trials()
+    return cfg
+
+
+def test_a_protocol_that_only_measures_otherwise_reuses_another_protocols_training(runs, tmp_path):
+    shared, _, _, _ = runs
+    twin = trial_dir(shared, ALGORITHMS, TWIN_TRIAL)
+    probe_only = _adamw_cfg("paper+released-probe")  # the released probe: measuring only
+    assert probe_only.measure != TWIN_CFG.measure
+    out = shared / "paper+released-probe" / "algorithms" / "new"
+    assert find_twin(shared, "paper+released-probe", out, probe_only).path == twin
+    for trains_otherwise in ("paper-code", "paper+released-masking", "paper+pre-ln",
+                             "paper+inside-labels"):  # the adversary's labels are training's
+        cfg = _adamw_cfg(trains_otherwise)
+        assert find_twin(shared, trains_otherwise, out, cfg) is None, trains_otherwise
+    # the trial's own protocol first, though another's sorts before it
+    own = tmp_path / "paper+released-probe" / "algorithms" / TWIN_TRIAL
+    shutil.copytree(twin, own)
+    shutil.copytree(twin, tmp_path / "paper" / "algorithms" / TWIN_TRIAL)
+    assert find_twin(tmp_path, "paper+released-probe", out, probe_only).path == own
 
 
 def test_an_unfinished_trial_is_no_twin(runs, tmp_path):
