@@ -3,9 +3,9 @@ paper's setting; an analogue when the paper tested it on other data), its effect
 interval, what decided the verdict, and the verdict (``analysis/claims.py`` states the rule);
 Fig. 1 as a partial correlation given the loss (``analysis/fig1.py``); reference points; and,
 when the trials include single-switch protocols (``flatlm replicate --diagnose``), which switch
-changes the sign of the steps and sizes effects; when they include a robustness protocol (a base
-with ``+second-grammar``: the same experiments on another grammar of the family), each of its
-claims beside the base protocol's (the robustness column).
+changes the sign of the steps and sizes effects and of Table 1's adversary; when they include a
+robustness protocol (a base with ``+second-grammar``: the same experiments on another grammar of
+the family), each of its claims beside the base protocol's (the robustness column).
 
     python analysis/replication.py --trials repl/ --out repl/report/          # trial directories
     python analysis/replication.py --experiments replicate.paper.steps,... \\
@@ -170,15 +170,18 @@ def _to_change(r) -> str:
 
 
 DIAGNOSIS = (("steps", acc("C")), ("sizes", acc("B")), ("sizes", TRACE_FISHER_GROWN),
-             ("sizes", acc(FIG5_TASK)))
+             ("sizes", acc(FIG5_TASK)),
+             # Table 1: the adversary's deficit, which reproduces under paper-code only
+             ("algorithms", f"{acc('B')} (adversarial - adamw)"),
+             ("algorithms", f"{acc('A')} (adversarial - adamw)"))
 LOOKUP_GAP = "lookup - probe, task B (final steps checkpoints)"
 
 
 def diagnosis_table(tables: dict[str, pd.DataFrame], df: pd.DataFrame,
                     base: str = "paper") -> pd.DataFrame:
     """Per protocol (``base`` and ``base+switch``): the steps and sizes effects (the claims'
-    sign-bearing rows), and the gap between the lookup table and the trained model's probe
-    (Table 1's lookup row: the paper finds the lookup table worse)."""
+    sign-bearing rows), Table 1's adversary rows, and the gap between the lookup table and the
+    trained model's probe (Table 1's lookup row: the paper finds the lookup table worse)."""
     out = []
     for protocol, rows in tables.items():
         if (protocol != base and not protocol.startswith(base + "+")) or is_robustness(protocol):
@@ -281,7 +284,7 @@ def _markdown(df, tables, main, robust, rule, fig1, command, hardware) -> str:
         lines += ["## Diagnosis: which protocol switch decides the verdicts", "",
                   "The `paper` protocol with one switch at a time (`flatlm replicate "
                   "--diagnose`): effect [95% interval] and verdict of the steps and sizes "
-                  "claims, and the lookup table's accuracy minus the trained probe's. A switch "
+                  "claims and of Table 1's adversary, and the lookup table's accuracy minus the trained probe's. A switch "
                   "that moves an interval to the other side of 0 decides that verdict. Rows with "
                   "n=1 have no interval (a measurement's own standard error is not the "
                   "seed-to-seed spread): read them as signs, not verdicts.", "",

@@ -62,6 +62,9 @@ def test_a_one_seed_diagnosis_row_shows_a_sign_without_an_interval():
     one = diag.loc["paper+mask-only", "steps: probe/C/acc_mean"]
     assert "(no interval) (n=1) inconclusive (n < 3)" in one
     assert "(n=3) reproduces" in diag.loc["paper", "steps: probe/C/acc_mean"]
+    # Table 1's adversary (planted 10 points below AdamW) is diagnosed too
+    adversary = diag.loc["paper", "algorithms: probe/B/acc_mean (adversarial - adamw)"]
+    assert adversary.startswith("-0.1 [") and adversary.endswith("(n=3) reproduces")
 
 
 def test_a_second_grammar_is_a_robustness_column_beside_its_base(tmp_path):
