@@ -284,10 +284,11 @@ def _markdown(df, tables, main, robust, rule, fig1, command, hardware) -> str:
         lines += ["## Diagnosis: which protocol switch decides the verdicts", "",
                   "The `paper` protocol with one switch at a time (`flatlm replicate "
                   "--diagnose`): effect [95% interval] and verdict of the steps and sizes "
-                  "claims and of Table 1's adversary, and the lookup table's accuracy minus the trained probe's. A switch "
-                  "that moves an interval to the other side of 0 decides that verdict. Rows with "
-                  "n=1 have no interval (a measurement's own standard error is not the "
-                  "seed-to-seed spread): read them as signs, not verdicts.", "",
+                  "claims and of Table 1's adversary, and the lookup table's accuracy minus "
+                  "the trained probe's. A switch that moves an interval to the other side of 0 "
+                  "decides that verdict. Rows with n=1 have no interval (a measurement's own "
+                  "standard error is not the seed-to-seed spread): read them as signs, not "
+                  "verdicts.", "",
                   to_markdown(diag), ""]
     lines += ["## Figures", "", "![steps](steps.png)", "", "![sizes](sizes.png)", "",
               "![algorithms](algorithms.png)", "", "![fig1](fig1_scatter.png)", ""]
