@@ -415,16 +415,27 @@ def claim_effects(part: pd.DataFrame, claim: Claim, rule: VerdictRule) -> Effect
 
 def claim_rows(df: pd.DataFrame, rule: VerdictRule = DEFAULT_RULE) -> pd.DataFrame:
     """One row per claim with data in ``df`` (one protocol's trials): the paper's attribution
-    and effect, ours with its interval, what decided the verdict, and the verdict."""
+    and effect, ours with its interval, what decided the verdict, and the verdict. A claim
+    that compares an algorithm with no runs here has no data (not a row that would read "not
+    saturated")."""
     rows = []
     for claim in CLAIMS:
         part = df[df["experiment"] == claim.experiment]
-        if part.empty or not _measured(part, claim.metric):
+        if part.empty or not _measured(part, claim.metric) or _arm_not_run(part, claim):
             continue
         eff = claim_effects(part, claim, rule)
         mean, low, high, n = mean_ci(eff.values, rule.level)
         rows.append(claim_row(claim, eff, (mean, low, high, n), rule))
     return pd.DataFrame(rows)
+
+
+def _arm_not_run(part: pd.DataFrame, claim: Claim) -> bool:
+    """Whether a compared algorithm of ``claim`` has no runs in ``part`` (the lookup table is
+    measured in the control's runs)."""
+    if claim.compare is None:
+        return False
+    run = set(part.get("train.algorithm", pd.Series(dtype=object)).dropna())
+    return any(arm != "lookup" and arm not in run for arm in claim.compare)
 
 
 def claim_row(claim: Claim, eff: Effects, summary: tuple, rule: VerdictRule) -> dict:

@@ -94,3 +94,20 @@ def test_a_second_grammar_is_a_robustness_column_beside_its_base(tmp_path):
     md = (tmp_path / "replication.md").read_text()
     assert "## Robustness: protocol `paper+second-grammar`" in md
     assert "## Diagnosis" not in md
+
+
+def test_a_claim_whose_compared_algorithm_has_no_runs_is_no_row():
+    """Algorithms trials without noreg and SAM (a second grammar with AdamW and the adversary
+    only): the adversary's and the lookup table's claims are rows, noreg's and SAM's are not
+    (they would read "not saturated", which no run measured)."""
+    from analysis.replication import protocol_table
+
+    df = planted()
+    df = df[~df["train.algorithm"].isin(["noreg", "sam"])]
+    rows = protocol_table(df, fig1=Fig1Settings(n_boot=10))
+    compared = set(rows.loc[rows["experiment"] == "algorithms", "metric"])
+    assert "probe/B/acc_mean (adversarial - adamw)" in compared
+    assert "lookup:B (lookup - adamw)" in compared
+    assert not any("noreg" in m or "sam" in m for m in compared), compared
+    full = protocol_table(planted(), fig1=Fig1Settings(n_boot=10))
+    assert (full["metric"] == "probe/B/acc_mean (sam - noreg)").sum() == 1
