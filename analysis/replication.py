@@ -171,7 +171,7 @@ def _to_change(r) -> str:
 
 DIAGNOSIS = (("steps", acc("C")), ("sizes", acc("B")), ("sizes", TRACE_FISHER_GROWN),
              ("sizes", acc(FIG5_TASK)),
-             # Table 1: the adversary's deficit, which reproduces under paper-code only
+             # Table 1: the adversary's deficit, whose verdict depends on the protocol
              ("algorithms", f"{acc('B')} (adversarial - adamw)"),
              ("algorithms", f"{acc('A')} (adversarial - adamw)"))
 LOOKUP_GAP = "lookup - probe, task B (final steps checkpoints)"
