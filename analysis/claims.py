@@ -429,6 +429,11 @@ def claim_rows(df: pd.DataFrame, rule: VerdictRule = DEFAULT_RULE) -> pd.DataFra
     return pd.DataFrame(rows)
 
 
+def compared_metric(metric: str, treatment: str, control: str) -> str:
+    """The table's name of an algorithms claim's metric: ``metric (treatment - control)``."""
+    return f"{metric} ({treatment} - {control})"
+
+
 def _arm_not_run(part: pd.DataFrame, claim: Claim) -> bool:
     """Whether a compared algorithm of ``claim`` has no runs in ``part`` (the lookup table is
     measured in the control's runs)."""
@@ -442,8 +447,8 @@ def claim_row(claim: Claim, eff: Effects, summary: tuple, rule: VerdictRule) -> 
     mean, low, high, n = summary
     result = verdict(claim.sign, (low, high), n=n, paper_effect=claim.effect_size,
                      saturated=eff.saturated, same_loss=eff.same_loss, rule=rule)
-    metric = claim.metric if claim.compare is None else \
-        f"{claim.metric} ({claim.compare[0]} - {claim.compare[1]})"
+    metric = claim.metric if claim.compare is None else compared_metric(claim.metric,
+                                                                        *claim.compare)
     return {
         "experiment": claim.experiment, "figure": claim.figure, "claim": claim.statement,
         "metric": metric, "effect_unit": "relative" if claim.relative else "difference",

@@ -40,6 +40,7 @@ from analysis.claims import (  # noqa: E402
     acc,
     algorithm_effects,
     claim_rows,
+    compared_metric,
     final_rows,
     mean_ci,
 )
@@ -172,8 +173,8 @@ def _to_change(r) -> str:
 DIAGNOSIS = (("steps", acc("C")), ("sizes", acc("B")), ("sizes", TRACE_FISHER_GROWN),
              ("sizes", acc(FIG5_TASK)),
              # Table 1: the adversary's deficit, whose verdict depends on the protocol
-             ("algorithms", f"{acc('B')} (adversarial - adamw)"),
-             ("algorithms", f"{acc('A')} (adversarial - adamw)"))
+             ("algorithms", compared_metric(acc("B"), "adversarial", "adamw")),
+             ("algorithms", compared_metric(acc("A"), "adversarial", "adamw")))
 LOOKUP_GAP = "lookup - probe, task B (final steps checkpoints)"
 
 

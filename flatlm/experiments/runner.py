@@ -163,10 +163,8 @@ def find_twin(root: Path, protocol: str, out: Path, cfg) -> Twin | None:
 
 def _trial_configs(root: Path, protocol: str) -> list[Path]:
     """The config.json of every trial under ``root``: ``protocol``'s first, then the others'."""
-    own = sorted(Path(root, protocol).glob("*/*/config.json"))
-    others = [c for c in sorted(Path(root).glob("*/*/*/config.json"))
-              if c.parent.parent.parent.name != protocol]
-    return own + others
+    configs = sorted(Path(root).glob("*/*/*/config.json"))
+    return sorted(configs, key=lambda c: c.parent.parent.parent.name != protocol)  # stable
 
 
 def _saved_config(path: Path, cls):
