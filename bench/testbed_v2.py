@@ -95,6 +95,13 @@ PAPER = {"id": "paper", "spec": {"kind": "pcfg", "grammar": "paper", "spans": "d
                                  "label_rule": "span"}}
 # Stage 1: the first testbed's recipe (flatlm/experiments/scales.py TESTBED), steps model only.
 STEPS_MODEL = "d64-h4-l2-i256"
+# Stage 2's sizes grids (criterion (d): width and depth grow together, as Table 3; one head
+# size, 16, so each grows into the largest; the steps model in each), smallest first.
+GRIDS = {
+    "w48-80": ("d48-h3-l1-i192", "d64-h4-l2-i256", "d80-h5-l3-i320"),  # 7.1x at V = 64
+    "w32-64": ("d32-h2-l1-i128", "d48-h3-l2-i192", "d64-h4-l3-i256"),  # 9.7x at V = 64
+}
+SEEDS = {"steps": 5, "sizes": 5, "algorithms": 3, "sgd": 3}  # the replication's (issue 38, 3.)
 SETTING = {"train.lr": 1e-3, "train.batch_size": 256, "train.schedule": "constant",
            "train.dropout": None, "train.steps": 10000, "train.warmup_steps": 100}
 
@@ -102,7 +109,7 @@ SETTING = {"train.lr": 1e-3, "train.batch_size": 256, "train.schedule": "constan
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", type=int, choices=(0, 1))
+    p.add_argument("--stage", type=int, choices=(0, 1, 2))
     p.add_argument("--table", action="store_true", help="write the .md table from --out")
     p.add_argument("--space", default="v2-layered", choices=list(SPACES))
     p.add_argument("--candidates", type=int, default=40, help="stage 0: grammars drawn")
@@ -110,7 +117,13 @@ def parse_args(argv=None):
     p.add_argument("--keep", type=int, default=6, help="stage 1: the best kept candidates run")
     p.add_argument("--only", nargs="*", default=None, help="stage 1: candidate ids")
     p.add_argument("--steps", type=int, default=None, help="stage 1: replace SETTING's steps")
+    p.add_argument("--grid", default="w48-80", choices=list(GRIDS), help="stage 2: sizes grid")
+    p.add_argument("--lambdas", type=float, nargs="*", default=[0.01, 0.00316],
+                   help="stage 2: the adversary's lambdas (the first testbed's 0.01 and the "
+                        "next below; the largest within (e)'s tolerance is taken)")
     p.add_argument("--jobs", type=int, default=2, help="processes (one thread each)")
+    p.add_argument("--work", type=Path, default=Path("/tmp/testbed_v2"),
+                   help="stage 2: trial directories (checkpoints; not committed)")
     p.add_argument("--out", type=Path, default=RESULTS / "testbed_v2_search.json")
     return p.parse_args(argv)
 
@@ -238,6 +251,40 @@ def stage1(args, results: dict) -> None:
     first._run_all(args.jobs, first.learn, jobs, "stage 1 (steps model)", save)
 
 
+def v2_scale(spec: dict, grid: str, steps: int | None = None):
+    """The scale a finalist stands for: the first testbed's (recipe, measurements, adversary's
+    pools) with the candidate's language, the grid's models and the steps model."""
+    from dataclasses import replace
+
+    from flatlm.experiments.scales import TESTBED
+
+    source = json.dumps(spec)
+    return replace(TESTBED, name="v2-candidate", source=source, deep_source=source,
+                   models=GRIDS[grid], model=STEPS_MODEL, steps=steps or TESTBED.steps,
+                   long_steps=steps or TESTBED.long_steps, second_source=None,
+                   selection_what=(), selection_lrs=())
+
+
+def stage2(args, results: dict) -> None:
+    """The finalist's sizes grid (one seed, measured as the replication measures it: (a), (c),
+    (d), (f)) and its adversary at ``--lambdas`` (the pre-training loss only: (e))."""
+    by_id = {r["id"]: r for r in results["stage0"]["candidates"]}
+    cid = args.only[0]
+    sc = v2_scale(by_id[cid]["spec"], args.grid, args.steps)
+    jobs = [{"id": cid, "experiment": e, "trial": t, "config": c, "work": str(args.work)}
+            for e, t, c in first.experiment_trials(sc, ["sizes"], [0])]
+    adversarial = first._loss_only(first._trial_of(sc, "adversarial", 0))
+    for lam in args.lambdas:
+        config = json.loads(json.dumps(adversarial))
+        config["train"]["adversarial"]["lambda"] = lam
+        jobs.append({"id": cid, "experiment": "adversary", "trial": f"lambda{lam}_seed0",
+                     "config": config, "work": str(args.work)})
+    jobs.sort(key=lambda j: -first._expected_cost(j))
+    results.setdefault("stage2", {})["grid"] = {cid: args.grid}
+    first._run_all(args.jobs, first.run_one, jobs, "stage 2 (sizes, adversary)", first._saver(
+        args, results, "stage2", lambda r: (r["id"], r["experiment"], r["trial"])))
+
+
 def _command() -> str:
     import sys
 
@@ -260,7 +307,7 @@ def table(results: dict) -> str:
     for n in room_needed():
         lines.append(f"| {n['claim']} | {n['task']} | {n.get('max', '')} | "
                      f"{n.get('above_majority', '')} |")
-    lines += _stage0_lines(results) + _stage1_lines(results)
+    lines += _stage0_lines(results) + _stage1_lines(results) + _stage2_lines(results)
     wall = results.get("wall_s", {})
     lines += ["", f"Wall time: {json.dumps(wall)} s; machine: {results.get('machine', '')}."]
     return "\n".join(lines) + "\n"
@@ -317,6 +364,88 @@ def _stage1_lines(results: dict) -> list[str]:
     return lines
 
 
+def stage2_summary(results: dict, cid: str) -> dict:
+    """The criteria on a finalist's stage-2 runs: (a) each model's final KL, (c) each model's
+    probe levels with band, gap and room, (d) the parameter ratio, (e) each lambda's KL gap to
+    the steps model's AdamW run, (f) each trial's CPU minutes and the replication's cost."""
+    from flatlm.models.presets import parameter_count, parse_model
+    from flatlm.sources import load
+
+    runs = [r for r in results.get("stage2", {}).get("runs", []) if r["id"] == cid]
+    sizes = {r["model"]: r for r in runs if r["experiment"] == "sizes"}
+    source = load(json.dumps(_spec(results, cid)))
+    needs = room_needed()
+    models = {m: {"kl": r["final"]["pretrain/kl"], "cpu_min": round(r["cpu_s"] / 60, 1),
+                  "params": parameter_count(parse_model(m), source.V, source.max_length),
+                  **learn_verdict({"probe": r["final"], "final_kl": r["final"]["pretrain/kl"]},
+                                  needs)} for m, r in sizes.items()}
+    adamw = sizes.get(STEPS_MODEL, {}).get("final", {}).get("pretrain/kl")
+    adversary = {r["trial"]: {"kl": r["final"]["pretrain/kl"], "cpu_min": round(
+        r["cpu_s"] / 60, 1), "gap": None if adamw is None else round(
+        r["final"]["pretrain/kl"] - adamw, 4)} for r in runs if r["experiment"] == "adversary"}
+    params = [m["params"] for m in models.values()]
+    return {"models": models, "adversary": adversary,
+            "param_ratio": round(max(params) / min(params), 2) if params else None,
+            "replication_min": replication_cost(models, adversary)}
+
+
+def _spec(results: dict, cid: str) -> dict:
+    return next(r["spec"] for r in results["stage0"]["candidates"] if r["id"] == cid)
+
+
+def replication_cost(models: dict, adversary: dict) -> dict:
+    """Wall minutes of one protocol's replication on 2, 8 and 16 one-thread workers (longest
+    first), from stage 2's per-trial CPU minutes: a sizes trial as measured; the steps, sgd,
+    AdamW and noreg trials as the steps model's sizes trial (the same training length; the
+    steps run's two extra checkpoints not counted); SAM twice it (two passes a step); the
+    adversary as its stage-2 run plus the steps model's measuring (taken as 20% of it)."""
+    if STEPS_MODEL not in models:
+        return {}
+    base = models[STEPS_MODEL]["cpu_min"]
+    adv = max((a["cpu_min"] for a in adversary.values()), default=base) + 0.2 * base
+    trials = [m["cpu_min"] for m in models.values() for _ in range(SEEDS["sizes"])]
+    trials += [base] * (SEEDS["steps"] + SEEDS["sgd"]) + [base, base, 2 * base, adv] * SEEDS[
+        "algorithms"]
+    return {str(w): round(first._makespan(trials, w)) for w in (2, 8, 16)}
+
+
+def _stage2_lines(results: dict) -> list[str]:
+    stage = results.get("stage2", {})
+    lines = []
+    for cid, grid in stage.get("grid", {}).items():
+        s = stage2_summary(results, cid)
+        lines += ["", f"## Stage 2: {cid}, grid {grid} (one seed, protocol paper)", "",
+                  f"Command: `{stage.get('command', '')}`", "",
+                  "| model | parameters | final KL | (a) | A / B / C trained probe | (c) band | "
+                  "(c) gap | (c) room (unmet) | CPU min | (f) |", "|---|---|---|---|---|---|---|"
+                  "---|---|---|"]
+        for m, v in s["models"].items():
+            r = next(r for r in stage["runs"] if r["id"] == cid and r["model"] == m
+                     and r["experiment"] == "sizes")
+            probes = " / ".join(f"{r['final'].get(f'probe/{t}/acc_mean', float('nan')):.3f}"
+                                for t in ("A", "B", "C"))
+            unmet = "; ".join(f"{x['task']} {x['claim'].split(':')[0]} {x['room']:.3f} < "
+                              f"{x['needed']:.3f}" for x in v["room"] if not x["met"])
+            lines.append(f"| {m} | {v['params']:,} | {v['kl']:.4f} | {_yes(v['a'])} | {probes} | "
+                         f"{_yes(v['c_band'])} | {_yes(v['c_gap'])} | {unmet or 'all met'} | "
+                         f"{v['cpu_min']} | {_yes(v['cpu_min'] <= CRITERIA['trial_cpu_min_max'])} "
+                         "|")
+        lines += ["", f"(d) parameters, largest / smallest: {s['param_ratio']}x (needed >= "
+                  f"{CRITERIA['param_ratio_min']:g}x).", "",
+                  "(e) the adversary (loss only): " + "; ".join(
+                      f"{k}: KL {v['kl']:.4f}, {v['gap']:+.4f} from AdamW's, {v['cpu_min']} "
+                      "CPU min" for k, v in s["adversary"].items()) + ".", "",
+                  "(f) one protocol's replication (steps and sizes 5 seeds, the others 3), wall "
+                  "minutes on 2 / 8 / 16 one-thread workers: " + " / ".join(
+                      s["replication_min"].get(str(w), "?") and str(s["replication_min"][str(w)])
+                      for w in (2, 8, 16)) + " (`replication_cost`: estimated from these trials)."]
+    return lines
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "no"
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -325,7 +454,7 @@ def main(argv=None) -> int:
                     "machine": f"{platform.platform()}, {os.cpu_count()} cores"})
     if args.stage is not None:
         start = time.perf_counter()
-        {0: stage0, 1: stage1}[args.stage](args, results)
+        {0: stage0, 1: stage1, 2: stage2}[args.stage](args, results)
         wall = results.setdefault("wall_s", {})
         wall[f"stage{args.stage}"] = wall.get(f"stage{args.stage}", 0) + round(
             time.perf_counter() - start)
