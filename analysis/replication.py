@@ -237,7 +237,9 @@ def _diagnosis_cell(hit: pd.DataFrame) -> str:
     r = hit.iloc[0]
     ci = (f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]" if np.isfinite(r["ci_low"])
           else "(no interval)")
-    return f"{r['effect']:+.3g} {ci} (n={r['n']}) {r['verdict']}"
+    holm = r.get("verdict_holm", r["verdict"])
+    holm = f" (Holm: {holm})" if isinstance(holm, str) and holm != r["verdict"] else ""
+    return f"{r['effect']:+.3g} {ci} (n={r['n']}) {r['verdict']}{holm}"
 
 
 def robustness_table(tables: dict[str, pd.DataFrame], protocol: str) -> pd.DataFrame:
