@@ -13,11 +13,22 @@ values it used):
 - ``level`` = 0.95: the Student-t interval over seeds (the seeds are the independent units; with
   one seed there is no interval: a measurement's own standard error is not the seed-to-seed
   spread).
+- ``measurement_error`` = True: the interval also counts the measurement s.e. every seed shares
+  (one test set, the same probe seeds): half-width = sqrt(t_half^2 + (z se_meas)^2), se_meas
+  the mean over seeds of the effect's measurement s.e. (sqrt(se_a^2 + se_b^2) for a difference;
+  ``analysis/uncertainty.py``). The lookup table is one measurement repeated in every trial: its
+  s.e. counts either way, and its repetitions narrow nothing.
+- ``room_factor`` = 2.0 and ``bound_se`` = 2.0: an accuracy claim's *room* is 1 - control for
+  "better", control - majority share for "worse"; room < ``room_factor`` x |paper's effect|, or
+  an arm's mean within ``bound_se`` of its s.e. of 100% / of the majority share, puts the claim
+  at its ``ceiling`` / ``floor`` (``analysis/room.py``).
 
 **Effects**, computed per training seed and averaged. An accuracy effect is a difference of
 accuracies (fractions; 0.016 = 1.6 points); a trace effect is *relative*, treatment / control - 1
 per seed, because the trace's scale depends on the model and the data (the paper's own summaries
-are "2 times larger", "40% larger"), so only a ratio compares with the paper's number.
+are "2 times larger", "40% larger"), so only a ratio compares with the paper's number. An
+accuracy effect is also given as the change in the (empirical) logit of the accuracy, per seed
+then averaged, with its interval by the same rule (``effect_logit``; ``analysis/room.py``).
 
 - steps / sgd: a run's *saturated window* is its final stretch of checkpoints all at KL <=
   ``saturation``; the effect is the window's last minus its first checkpoint. Every run needs a
@@ -38,9 +49,18 @@ are "2 times larger", "40% larger"), so only a ratio compares with the paper's n
 2. fewer than ``min_seeds`` per-seed effects -> ``inconclusive (n < 3)``;
 3. the interval entirely on the paper's side of 0 -> ``reproduces``; entirely on the other side
    -> ``contradicts``;
-4. the interval contains 0 and excludes the paper's effect -> ``inconclusive (no effect as large
+4. an accuracy claim without room (above) -> ``inconclusive (ceiling)`` or ``inconclusive
+   (floor)``: a bound compresses effects towards 0, so it can hide an effect but not make an
+   interval exclude 0; it decides among the verdicts of an interval that contains 0 only;
+5. the interval contains 0 and excludes the paper's effect -> ``inconclusive (no effect as large
    as the paper's)``; contains both -> ``inconclusive (underpowered)``; the paper states a
    direction but no size -> ``inconclusive (paper states no size)``.
+
+**Multiplicity.** Beside each verdict, ``verdict_holm``: Holm's adjustment at family-wise level
+1 - ``level`` over the report's tests that reach step 3 (every row with an interval verdict,
+Fig. 1's included), each with the p-value of its effect against 0 from the same t statistic
+(measurement error included); a ``reproduces`` or ``contradicts`` whose adjusted p exceeds
+1 - ``level`` reads ``inconclusive (not significant after Holm)`` there.
 
 >>> rule = DEFAULT_RULE
 >>> verdict(+1, (0.01, 0.03), n=3, paper_effect=0.02, saturated=True, rule=rule)
@@ -51,6 +71,8 @@ are "2 times larger", "40% larger"), so only a ratio compares with the paper's n
 'inconclusive (n < 3)'
 >>> verdict(+1, (0.01, 0.03), n=5, paper_effect=0.02, saturated=False, rule=rule)
 'inconclusive (not saturated)'
+>>> verdict(+1, (-0.01, 0.01), n=3, paper_effect=0.05, saturated=True, bound="ceiling")
+'inconclusive (ceiling)'
 """
 
 from __future__ import annotations
@@ -61,7 +83,28 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from flatlm.measure import KL, TRACE_FISHER, TRACE_FISHER_GROWN, probe_keys
+from analysis.paper_claims import CLAIMS, Claim, acc, lookup
+from analysis.room import (
+    BOUND_SE,
+    CEILING,
+    FLOOR,
+    ROOM_FACTOR,
+    arm_frame,
+    is_accuracy,
+    logit_pairs,
+    paired,
+    room_check,
+    with_accuracy_se,
+)
+from analysis.uncertainty import (
+    Interval,
+    effect_se,
+    holm,
+    mean_se,
+    measured_ci,
+    seeds_to_resolve,
+)
+from flatlm.measure import KL
 from flatlm.models.presets import parameter_count, parse_model
 
 SATURATION = 0.02  # nats/token: KL to the truth at or below which a checkpoint is saturated
@@ -77,6 +120,8 @@ NO_EFFECT = "inconclusive (no effect as large as the paper's)"
 UNDERPOWERED = "inconclusive (underpowered)"
 NO_SIZE = "inconclusive (paper states no size)"
 NO_INTERVAL = "inconclusive (no interval)"
+AT_CEILING, AT_FLOOR = f"inconclusive ({CEILING})", f"inconclusive ({FLOOR})"
+NOT_SIGNIFICANT_HOLM = "inconclusive (not significant after Holm)"
 
 
 def too_few_seeds(min_seeds: int = MIN_SEEDS) -> str:
@@ -91,6 +136,9 @@ class VerdictRule:
     tol: float = TOL
     min_seeds: int = MIN_SEEDS
     level: float = LEVEL
+    measurement_error: bool = True  # fold the shared measurement s.e. into every interval
+    room_factor: float = ROOM_FACTOR  # room < this x |paper's effect|: ceiling / floor
+    bound_se: float = BOUND_SE  # an arm within this many s.e. of 100% / majority: at its bound
 
     def __post_init__(self):
         for name in ("saturation", "tol"):
@@ -103,132 +151,45 @@ class VerdictRule:
         if not 0 < self.level < 1:
             raise ValueError(f"VerdictRule.level={self.level}: give a coverage in (0, 1), e.g. "
                              "0.95")
+        for name in ("room_factor", "bound_se"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"VerdictRule.{name}={getattr(self, name)!r}: give a factor "
+                                 ">= 0 (default 2; 0 turns the check off)")
 
     def describe(self) -> str:
         return (f"saturated: KL <= {self.saturation:g} nats/token at every compared checkpoint, "
                 f"their KLs within {self.tol:g} of each other; >= {self.min_seeds} seeds; "
-                f"{self.level:.0%} Student-t interval over seeds")
+                f"{self.level:.0%} Student-t interval over seeds"
+                + (" widened by the shared measurement s.e." if self.measurement_error else "")
+                + f"; accuracy room >= {self.room_factor:g} x the paper's effect size, arms "
+                  f"more than "
+                  f"{self.bound_se:g} s.e. from 100% and the majority share")
 
 
 DEFAULT_RULE = VerdictRule()
 
 
-@dataclass(frozen=True)
-class Claim:
-    """One claim of the paper, where it says it, and the effect it reports."""
-
-    experiment: str  # the trials it is read from
-    figure: str  # the paper's figure/table and section
-    statement: str
-    metric: str  # the column whose difference is the effect
-    sign: int  # +1: the paper says it goes up; -1: down
-    paper: str  # the paper's number, as it reports it
-    setting: str  # the paper's data, model, optimiser and task for this claim
-    effect_size: float | None = None  # the paper's effect in our units; None: a direction only
-    relative: bool = False  # the effect is treatment / control - 1 (traces), else a difference
-    compare: tuple[str, str] | None = None  # algorithms: (treatment, control)
-    analogue: str = ""  # what the paper tested instead, when our test is an analogue of it
-    origin: str = field(default="", compare=False)  # how effect_size was read from the paper
-
-
-def acc(task: str) -> str:
-    return probe_keys(task)[0]
-
-
-def lookup(task: str) -> str:
-    return f"lookup/{task}/acc_mean"
-
-
-# The paper does not name Fig. 5's task. Its range, 40.4 -> 50.5%, is task B's: Table 1 has
-# AdamW's 235M model at 49.2 on B and the lookup table at 39.7, "worse than all other models in
-# Figure 3(a) on task B", while Table 2 has the same model at 55.7 on task C, above the whole
-# range; and B.3 says Fig. 5 follows Section 2's setting, whose sizes figure (3a) is task B.
-FIG5_TASK = "B"
-PCFG_235M = "PCFG, 235M transformer, 4096 batch"
-BOOKCORPUS = "BookCorpus, 330M transformer, GLUE fine-tuning (QNLI, SST-2, RTE)"
-GLUE_ANALOGUE = "BookCorpus/GLUE claim, tested here on the PCFG task B probe"
-GROWN_HEAD_NORM = TRACE_FISHER_GROWN + "_head_norm"  # measure.growth_compare=["head-norm"]
-
-CLAIMS: tuple[Claim, ...] = (
-    Claim("steps", "Fig. 2a (2.3)", "after the loss converges, accuracy keeps rising",
-          acc("C"), +1, "rises", "PCFG, 41M, AdamW at a constant lr after warmup (A.5), task C"),
-    Claim("sgd", "Fig. 4 left (4, B.2)", "under SGD, accuracy rises after the loss converges",
-          acc("C"), +1, "+1.6 pts", "PCFG, 235M, SGD (B.2: 12% warmup, then 1e-3), task C",
-          0.016, origin="4: 'the downstream performance improves by 1.6%' (PCFG)"),
-    Claim("sgd", "Fig. 4 left (4, B.2)", "under SGD, Tr(H) falls after the loss converges",
-          TRACE_FISHER, -1, "falls", "PCFG, 235M, SGD (B.2)", relative=True),
-    Claim("sgd", "Fig. 10 (B.2)", "... and accuracy rises on task B", acc("B"), +1, "rises",
-          "PCFG, SGD (B.2), task B"),
-    Claim("sgd", "Fig. 10 (B.2)", "... and on task A", acc("A"), +1, "rises",
-          "PCFG, SGD (B.2), task A"),
-    Claim("sizes", "Fig. 3a (2.3)", "a larger model probes better at the same loss", acc("B"),
-          +1, "+6.9 pts", "PCFG, Table 3 transformers in the saturation regime, AdamW, task B",
-          0.069, origin="2.3: 'scaling up the models improves linear probe performance by 6.9%'"),
-    Claim("sizes", "Fig. 8 (A.6)", "... and on task A", acc("A"), +1, "rises",
-          "PCFG, Table 3 transformers in the saturation regime, AdamW, task A"),
-    Claim("sizes", "Fig. 5 (4, B.3)", "a larger model is flatter, grown to one shape",
-          TRACE_FISHER_GROWN, -1, "19.8 -> 12.6 (-36%)",
-          "PCFG, models > 9M grown into Table 4's shape (B.4), AdamW", 12.6 / 19.8 - 1,
-          relative=True, origin="4: 'decreases from 19.8 to 12.6'"),
-    # The verdict depends on the growth construction (both preserve the function, not the
-    # trace): the row above uses B.4.2's (embeddings halved), this one flatlm's head-norm.
-    Claim("sizes", "Fig. 5 (4, B.3)", "... the same, grown by flatlm's head-norm construction",
-          GROWN_HEAD_NORM, -1, "19.8 -> 12.6 (-36%)",
-          "PCFG, models > 9M grown into Table 4's shape (B.4), AdamW; grown here by flatlm's "
-          "construction, not B.4.2's (embeddings kept, the MLM head's LayerNorm divided by m)",
-          12.6 / 19.8 - 1, relative=True, origin="4: 'decreases from 19.8 to 12.6'"),
-    Claim("sizes", "Fig. 5 (4, B.3)", f"... while its probe accuracy rises (task {FIG5_TASK})",
-          acc(FIG5_TASK), +1, "40.4 -> 50.5%",
-          "PCFG, the same models; the task is not named (task B by its range, see FIG5_TASK)",
-          0.101, origin="4: 'increase of linear probe accuracy from 40.4% to 50.5%'"),
-    Claim("algorithms", "Table 1 (2.3)", "adversarial pre-training probes worse than AdamW",
-          acc("B"), -1, "42.3 vs 49.2", f"{PCFG_235M}, task B", -0.069,
-          compare=("adversarial", "adamw")),
-    Claim("algorithms", "Table 1 (2.3)", "... on task A", acc("A"), -1, "83.1 vs 89.9",
-          f"{PCFG_235M}, task A", -0.068, compare=("adversarial", "adamw")),
-    Claim("algorithms", "Table 2 (4)", "... on task C", acc("C"), -1, "50.2 vs 55.7",
-          f"{PCFG_235M}, task C", -0.055, compare=("adversarial", "adamw")),
-    Claim("algorithms", "Table 2 (4)", "adversarial pre-training is sharper", TRACE_FISHER, +1,
-          "19.34 vs 8.01 (2.4x)", PCFG_235M, 19.34 / 8.01 - 1, relative=True,
-          compare=("adversarial", "adamw")),
-    Claim("algorithms", "Table 1 (2.3)", "the lookup table probes worse than AdamW", "lookup:B",
-          -1, "39.7 vs 49.2", f"{PCFG_235M}, task B", -0.095, compare=("lookup", "adamw")),
-    Claim("algorithms", "Table 1 (2.3)", "... and on task A", "lookup:A", -1, "71.2 vs 89.9",
-          f"{PCFG_235M}, task A", -0.187, compare=("lookup", "adamw")),
-    Claim("algorithms", "Tables 1/2 (2.3, 4)", "no dropout / weight decay probes worse",
-          acc("B"), -1, "QNLI -1.4, SST-2 -1.3, RTE -2.7 pts", BOOKCORPUS, -0.013,
-          compare=("noreg", "adamw"), analogue=GLUE_ANALOGUE,
-          origin="the smallest of the three GLUE differences"),
-    Claim("algorithms", "Table 2 (4)", "no dropout / weight decay is sharper", TRACE_FISHER, +1,
-          "34.91 vs 24.55 (+42%)", BOOKCORPUS, 34.91 / 24.55 - 1, relative=True,
-          compare=("noreg", "adamw"), analogue="BookCorpus claim, tested here on PCFG"),
-    Claim("algorithms", "Tables 1/2 (2.3, 4)", "SAM recovers the accuracy noreg loses",
-          acc("B"), +1, "QNLI +1.4, SST-2 +0.6, RTE +2.3 pts", BOOKCORPUS, 0.006,
-          compare=("sam", "noreg"), analogue=GLUE_ANALOGUE,
-          origin="the smallest of the three GLUE differences"),
-    Claim("algorithms", "Table 2 (4)", "SAM is flatter than noreg", TRACE_FISHER, -1,
-          "22.15 vs 34.91 (-37%)", BOOKCORPUS, 22.15 / 34.91 - 1, relative=True,
-          compare=("sam", "noreg"), analogue="BookCorpus claim, tested here on PCFG"),
-)
-
-
 # -- the rule ---------------------------------------------------------------------------------
 
 def verdict(sign: int, ci: tuple[float, float], *, n: int, paper_effect: float | None,
-            saturated: bool, same_loss: bool = True, rule: VerdictRule = DEFAULT_RULE) -> str:
+            saturated: bool, same_loss: bool = True, rule: VerdictRule = DEFAULT_RULE,
+            bound: str = "") -> str:
     """The stated rule (module docstring). ``paper_effect`` is in the effect's units and signed
-    as the paper reports it; ``ci`` is the interval of our effect."""
+    as the paper reports it; ``ci`` is the interval of our effect; ``bound`` is "ceiling" or
+    "floor" for an accuracy claim without room (``analysis.room.room_check``), else ""."""
     if not saturated:
         return NOT_SATURATED
     if not same_loss:
         return LOSSES_DIFFER
     if n < rule.min_seeds:
         return too_few_seeds(rule.min_seeds)
-    return interval_verdict(sign, ci, paper_effect)
+    return interval_verdict(sign, ci, paper_effect, bound)
 
 
-def interval_verdict(sign: int, ci: tuple[float, float], paper_effect: float | None) -> str:
-    """Steps 3-4 of the rule: where the interval lies against 0 and the paper's effect."""
+def interval_verdict(sign: int, ci: tuple[float, float], paper_effect: float | None,
+                     bound: str = "") -> str:
+    """Steps 3-5 of the rule: where the interval lies against 0, the bounds and the paper's
+    effect."""
     if not (np.isfinite(ci[0]) and np.isfinite(ci[1])):
         return NO_INTERVAL
     low, high = sorted((sign * ci[0], sign * ci[1]))
@@ -236,6 +197,8 @@ def interval_verdict(sign: int, ci: tuple[float, float], paper_effect: float | N
         return REPRODUCES
     if high < 0:
         return CONTRADICTS
+    if bound:
+        return f"inconclusive ({bound})"
     if paper_effect is None or not np.isfinite(paper_effect):
         return NO_SIZE
     return UNDERPOWERED if paper_in_ci(ci, paper_effect) else NO_EFFECT
@@ -263,22 +226,6 @@ def mean_ci(values, level: float = LEVEL) -> tuple[float, float, float, int]:
     return mean, mean - half, mean + half, n
 
 
-def seeds_to_resolve(values, level: float = LEVEL, most: int = 1000) -> float:
-    """The fewest seeds at which, with the observed mean and spread, the t interval would
-    exclude 0 (NaN: fewer than 2 values, or not within ``most``)."""
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v)]
-    if len(v) < 2 or v.mean() == 0:
-        return np.nan
-    sd, mean = v.std(ddof=1), abs(v.mean())
-    if sd == 0:
-        return float(len(v))
-    for n in range(2, most + 1):
-        if stats.t.ppf(0.5 + level / 2, n - 1) * sd / np.sqrt(n) < mean:
-            return float(n)
-    return np.nan
-
-
 # -- effects ----------------------------------------------------------------------------------
 
 @dataclass
@@ -291,12 +238,15 @@ class Effects:
     kl_max: float  # the largest KL among the compared checkpoints
     kl_spread: float  # max - min of their KLs (within a run for steps/sgd: the largest such)
     note: str
+    # per seed (or run), the compared arms: analysis.room.PAIR columns (values, their s.e.s,
+    # the task's majority share and test size); values = change(treated, control)
+    pairs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    fixed_treated: bool = False  # the treated arm is one measurement repeated (lookup table)
 
 
-def _value(df: pd.DataFrame, metric: str) -> pd.Series:
-    if metric.startswith("lookup:"):
-        return df[lookup(metric.split(":")[1])]
-    return df[metric] if metric in df else pd.Series(np.nan, index=df.index)
+def metric_key(metric: str) -> str:
+    """The column a claim's metric reads: ``lookup:B`` -> ``lookup/B/acc_mean``."""
+    return lookup(metric.split(":")[1]) if metric.startswith("lookup:") else metric
 
 
 def _change(after, before, relative: bool):
@@ -321,22 +271,32 @@ def window_effects(df: pd.DataFrame, metric: str, rule: VerdictRule = DEFAULT_RU
                    relative: bool = False) -> Effects:
     """steps / sgd: per run, metric(last) vs metric(first) checkpoint of the saturated window.
     A run without a window of >= 2 checkpoints gives its whole curve's change, unsaturated."""
-    values, unsaturated, spreads, kl_max = [], 0, [], 0.0
+    lasts, firsts, unsaturated, spreads, kl_max = [], [], 0, [], 0.0
     runs = list(df.sort_values("step").groupby(RUN))
     for _, run in runs:
         window = saturated_window(run, rule.saturation)
         if len(window) < 2:
             unsaturated += 1
             window = run
-        v = _value(window, metric)
-        values.append(float(_change(v.iloc[-1], v.iloc[0], relative)))
+        lasts.append(window.iloc[[-1]])
+        firsts.append(window.iloc[[0]])
         spreads.append(float(window[KL].max() - window[KL].min()))
         kl_max = max(kl_max, float(window[KL].max()))
+    pairs = _run_pairs(lasts, firsts, metric_key(metric))
+    values = [float(v) for v in _change(pairs["treated"], pairs["control"], relative)]
     spread = max(spreads, default=np.nan)
     saturated = bool(runs) and unsaturated == 0
     note = (f"{len(runs) - unsaturated}/{len(runs)} runs end in a saturated window of >= 2 "
             f"checkpoints (KL <= {rule.saturation:g}); largest KL compared {kl_max:.3f}")
-    return Effects(values, saturated, bool(spread <= rule.tol), kl_max, spread, note)
+    return Effects(values, saturated, bool(spread <= rule.tol), kl_max, spread, note, pairs)
+
+
+def _run_pairs(lasts: list, firsts: list, key: str) -> pd.DataFrame:
+    """The last and first compared checkpoints of each run as arms, in run order."""
+    if not lasts:
+        return paired(arm_frame(pd.DataFrame(), key), arm_frame(pd.DataFrame(), key))
+    last, first = (pd.concat(rows, ignore_index=True) for rows in (lasts, firsts))
+    return paired(arm_frame(last, key), arm_frame(first, key))
 
 
 def size_effects(df: pd.DataFrame, metric: str, rule: VerdictRule = DEFAULT_RULE,
@@ -350,34 +310,38 @@ def size_effects(df: pd.DataFrame, metric: str, rule: VerdictRule = DEFAULT_RULE
     ok = len(saturated) >= 2
     models = saturated if ok else sorted(worst_kl.index, key=lambda m: sizes[m])
     small, large = models[0], models[-1]
-    values = _paired(final, "model", large, small, metric, relative)
+    pairs = _paired(final, "model", large, small, metric)
+    values = list(_change(pairs["treated"], pairs["control"], relative))
     compared = final[final["model"].isin([small, large])][KL]
     note = (f"{large} vs {small} (largest KL {worst_kl[large]:.3f} vs {worst_kl[small]:.3f}); "
             f"{len(saturated)} model(s) saturated in every seed (KL <= {rule.saturation:g})")
     spread = float(compared.max() - compared.min())
-    return Effects(values, ok, spread <= rule.tol, float(compared.max()), spread, note)
+    return Effects(values, ok, spread <= rule.tol, float(compared.max()), spread, note, pairs)
 
 
 def algorithm_effects(df: pd.DataFrame, metric: str, treatment: str, control: str,
                       rule: VerdictRule = DEFAULT_RULE, relative: bool = False) -> Effects:
     """algorithms: per seed, metric(treatment) vs metric(control) at the final checkpoint;
-    ``lookup`` is the lookup table measured in the control's trials (KL 0)."""
+    ``lookup`` is the lookup table measured in the control's trials (KL 0): one measurement
+    repeated in each of them, a fixed arm (``analysis/uncertainty.py``)."""
     final = final_rows(df)
     if control not in set(final["train.algorithm"]):
         return Effects([], False, False, np.nan, np.nan, f"no {control} runs")
     ctrl = final[final["train.algorithm"] == control]
     if treatment == "lookup":
         task = metric.split(":")[1]
-        values = list(_change(_value(ctrl, metric), ctrl[acc(task)], relative))
+        pairs = paired(arm_frame(ctrl, lookup(task)), arm_frame(ctrl, acc(task)))
         compared = pd.concat([ctrl[KL], pd.Series([0.0])])
     else:
-        values = _paired(final, "train.algorithm", treatment, control, metric, relative)
+        pairs = _paired(final, "train.algorithm", treatment, control, metric)
         compared = final[final["train.algorithm"].isin([treatment, control])][KL]
+    values = list(_change(pairs["treated"], pairs["control"], relative))
     kl_max, spread = float(compared.max()), float(compared.max() - compared.min())
     note = (f"KL {treatment} {_kl_range(final, treatment)} vs {control} "
             f"{_kl_range(final, control)} (saturated: <= {rule.saturation:g})")
     return Effects(values, bool(values) and kl_max <= rule.saturation,
-                   bool(values) and spread <= rule.tol, kl_max, spread, note)
+                   bool(values) and spread <= rule.tol, kl_max, spread, note, pairs,
+                   fixed_treated=treatment == "lookup")
 
 
 def _kl_range(final: pd.DataFrame, algorithm: str) -> str:
@@ -387,15 +351,17 @@ def _kl_range(final: pd.DataFrame, algorithm: str) -> str:
     return f"{kl.min():.3f}-{kl.max():.3f}" if len(kl) else "n/a"
 
 
-def _paired(final: pd.DataFrame, column: str, a, b, metric: str, relative: bool) -> list:
-    """Per training seed: metric(column == a) vs metric(column == b)."""
+def _paired(final: pd.DataFrame, column: str, a, b, metric: str) -> pd.DataFrame:
+    """Per training seed, the arms column == a (treated) and column == b (control); seeds
+    without both are left out."""
     if metric.startswith("lookup:"):
         raise ValueError("the lookup table is compared through algorithm_effects")
-    rows = final.assign(_v=_value(final, metric))
-    values = rows.groupby(["train.seed", column])["_v"].mean().unstack(column)
-    if a not in values or b not in values:
-        return []
-    return list(_change(values[a], values[b], relative).dropna())
+    arms = []
+    for value in (a, b):
+        rows = final[final[column] == value]
+        arms.append(arm_frame(rows, metric).groupby(rows["train.seed"]).mean())
+    pairs = paired(*arms)
+    return pairs[pairs["treated"].notna() & pairs["control"].notna()]
 
 
 def model_size(model: str) -> float:
@@ -424,9 +390,39 @@ def claim_rows(df: pd.DataFrame, rule: VerdictRule = DEFAULT_RULE) -> pd.DataFra
         if part.empty or not _measured(part, claim.metric) or _arm_not_run(part, claim):
             continue
         eff = claim_effects(part, claim, rule)
-        mean, low, high, n = mean_ci(eff.values, rule.level)
-        rows.append(claim_row(claim, eff, (mean, low, high, n), rule))
+        rows.append(claim_row(claim, eff, summarise(claim, eff, rule), rule))
     return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What the rule reads off a claim's per-seed effects: the interval (measurement error
+    included), for an accuracy the same on the logit scale, and its room."""
+
+    interval: Interval
+    logit: Interval | None = None
+    bound: str = ""  # "ceiling", "floor" or "" (analysis.room.room_check)
+    room: float = np.nan
+    room_words: str = ""
+
+
+def summarise(claim: Claim, eff: Effects, rule: VerdictRule = DEFAULT_RULE) -> Summary:
+    """The interval of ``eff`` by ``rule`` and, for an accuracy claim, its logit twin and
+    its room (``analysis/room.py``, ``analysis/uncertainty.py``)."""
+    accuracy, pairs = is_accuracy(claim.metric) and len(eff.pairs) > 0, eff.pairs
+    if accuracy:
+        pairs = with_accuracy_se(pairs)
+    kw = {"measurement_error": rule.measurement_error, "fixed_treated": eff.fixed_treated}
+    se = mean_se(effect_se(pairs, relative=claim.relative, **kw)) if len(pairs) else 0.0
+    interval = measured_ci(eff.values, se, rule.level)
+    if not accuracy:
+        return Summary(interval)
+    on_logit = logit_pairs(pairs)
+    logit = measured_ci(on_logit["treated"] - on_logit["control"],
+                        mean_se(effect_se(on_logit, relative=False, **kw)), rule.level)
+    name, space, words = room_check(pairs, claim.sign, claim.effect_size, rule.room_factor,
+                               rule.bound_se)
+    return Summary(interval, logit, name, space, words)
 
 
 def compared_metric(metric: str, treatment: str, control: str) -> str:
@@ -443,26 +439,32 @@ def _arm_not_run(part: pd.DataFrame, claim: Claim) -> bool:
     return any(arm != "lookup" and arm not in run for arm in claim.compare)
 
 
-def claim_row(claim: Claim, eff: Effects, summary: tuple, rule: VerdictRule) -> dict:
-    mean, low, high, n = summary
-    result = verdict(claim.sign, (low, high), n=n, paper_effect=claim.effect_size,
-                     saturated=eff.saturated, same_loss=eff.same_loss, rule=rule)
+def claim_row(claim: Claim, eff: Effects, summary: Summary, rule: VerdictRule) -> dict:
+    iv = summary.interval
+    result = verdict(claim.sign, (iv.low, iv.high), n=iv.n, paper_effect=claim.effect_size,
+                     saturated=eff.saturated, same_loss=eff.same_loss, rule=rule,
+                     bound=summary.bound)
     metric = claim.metric if claim.compare is None else compared_metric(claim.metric,
                                                                         *claim.compare)
+    logit = summary.logit or Interval(np.nan, np.nan, np.nan, 0, np.nan, np.nan, np.nan)
     return {
         "experiment": claim.experiment, "figure": claim.figure, "claim": claim.statement,
         "metric": metric, "effect_unit": "relative" if claim.relative else "difference",
         "paper": claim.paper, "paper_setting": claim.setting,
         "paper_effect": np.nan if claim.effect_size is None else claim.effect_size,
         "paper_effect_origin": claim.origin, "analogue": claim.analogue, "sign": claim.sign,
-        "effect": mean, "ci_low": low, "ci_high": high, "level": rule.level, "n": n,
+        "effect": iv.mean, "ci_low": iv.low, "ci_high": iv.high, "level": rule.level,
+        "n": iv.n, "ci_seed_half": iv.seed_half, "se_meas": iv.se_meas, "p_value": iv.p,
+        "measurement_error": rule.measurement_error, "effect_logit": logit.mean,
+        "logit_low": logit.low, "logit_high": logit.high, "room": summary.room,
+        "room_factor": rule.room_factor, "bound_se": rule.bound_se, "bound": summary.bound,
         "min_seeds": rule.min_seeds, "saturation": rule.saturation, "tol": rule.tol,
         "kl_max": eff.kl_max, "kl_spread": eff.kl_spread, "saturated": eff.saturated,
-        "same_loss": eff.same_loss, "paper_in_ci": paper_in_ci((low, high), claim.effect_size),
-        "verdict": result, "decided_by": decided_by(eff, n, (low, high), claim.effect_size, rule),
-        "note": eff.note, "seeds_to_resolve": seeds_to_resolve(eff.values, rule.level),
+        "same_loss": eff.same_loss,
+        "paper_in_ci": paper_in_ci((iv.low, iv.high), claim.effect_size), "verdict": result,
+        "decided_by": decided_by(eff, summary, claim.effect_size, rule), "note": eff.note,
+        "seeds_to_resolve": seeds_to_resolve(eff.values, rule.level, se_meas=iv.se_meas),
     }
-
 
 
 def _saturation_part(eff: Effects, rule: VerdictRule) -> str:
@@ -475,22 +477,42 @@ def _saturation_part(eff: Effects, rule: VerdictRule) -> str:
     text = f"largest compared KL {eff.kl_max:.4f} {'<=' if below else '>'} {rule.saturation:g}"
     return text + ("; too few saturated to compare" if below and not eff.saturated else "")
 
-def decided_by(eff: Effects, n: int, ci: tuple[float, float], paper_effect: float | None,
+
+def decided_by(eff: Effects, summary: Summary, paper_effect: float | None,
                rule: VerdictRule) -> str:
     """What decided a verdict, in words: each check of the rule with the value it saw."""
+    iv = summary.interval
     parts = [_saturation_part(eff, rule),
              f"KL spread {eff.kl_spread:.3f} {'<=' if eff.same_loss else '>'} {rule.tol:g}"
              if np.isfinite(eff.kl_spread) else "",
-             f"n={n} {'>=' if n >= rule.min_seeds else '<'} {rule.min_seeds} seeds"]
-    if np.isfinite(ci[0]):
-        parts.append(f"{rule.level:.0%} CI [{ci[0]:+.4g}, {ci[1]:+.4g}]")
+             f"n={iv.n} {'>=' if iv.n >= rule.min_seeds else '<'} {rule.min_seeds} seeds"]
+    if np.isfinite(iv.low):
+        parts.append(f"{rule.level:.0%} CI [{iv.low:+.4g}, {iv.high:+.4g}] (seeds +-"
+                     f"{iv.seed_half:.3g}, measurement s.e. {iv.se_meas:.3g}"
+                     f"{', the lookup table fixed' if eff.fixed_treated else ''})")
+    if summary.room_words:
+        parts.append(summary.room_words + (f": at its {summary.bound}" if summary.bound else ""))
     if paper_effect is None:
         parts.append("paper: a direction only")
     else:
-        inside = paper_in_ci(ci, paper_effect)
+        inside = paper_in_ci((iv.low, iv.high), paper_effect)
         where = "" if inside is None else (" (in the CI)" if inside else " (outside the CI)")
         parts.append(f"paper's effect {paper_effect:+.4g}{where}")
     return "; ".join(p for p in parts if p)
+
+
+INTERVAL_VERDICTS = (REPRODUCES, CONTRADICTS, NO_EFFECT, UNDERPOWERED, NO_SIZE, AT_CEILING,
+                     AT_FLOOR)
+
+
+def with_holm(rows: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
+    """A report's claims (every protocol, Fig. 1 included) with ``p_holm`` and
+    ``verdict_holm``: Holm over the rows with an interval verdict (module docstring)."""
+    tested = rows["verdict"].isin(INTERVAL_VERDICTS) & rows["p_value"].notna()
+    p_holm = pd.Series(holm(rows["p_value"].where(tested)), index=rows.index)
+    demoted = rows["verdict"].isin([REPRODUCES, CONTRADICTS]) & ~(p_holm <= 1 - level)
+    return rows.assign(p_holm=p_holm,
+                       verdict_holm=rows["verdict"].mask(demoted, NOT_SIGNIFICANT_HOLM))
 
 
 def _measured(df: pd.DataFrame, metric: str) -> bool:

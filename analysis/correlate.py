@@ -185,30 +185,39 @@ def partial_corr(x, y, z, *, method: str = "pearson") -> tuple[float, float]:
 
 
 def partial_correlation_ci(x, y, z, clusters, *, method: str = "spearman", n_boot: int = 1000,
-                           level: float = 0.95, seed: int = 0) -> dict:
+                           level: float = 0.95, seed: int = 0,
+                           constant_as: float | None = None) -> dict:
     """The partial correlation of x and y given z (``partial_corr``) with a cluster-bootstrap
     percentile interval: each of ``n_boot`` resamples draws as many clusters (runs) as there are,
     with replacement, and keeps all their rows. Returns ``r, ci_low, ci_high, n`` (rows), ``runs``
-    (clusters), ``resamples`` (finite resampled statistics) and ``distinct`` (distinct multisets
+    (clusters), ``resamples`` (finite resampled statistics), ``distinct`` (distinct multisets
     of clusters drawn: with k clusters there are at most C(2k-1, k), 10 for k = 3, so few runs
-    give an interval from few distinct values). NaN interval below 2 clusters."""
+    give an interval from few distinct values), ``constant`` (resamples whose y is constant, where
+    the correlation is 0/0) and ``p`` (2 min(P*(r <= 0), P*(r >= 0)), +1 smoothed). A constant
+    resample is dropped when ``constant_as`` is None, else it counts as that value. NaN interval
+    below 2 clusters."""
     x, y, z = (np.asarray(a, float) for a in (x, y, z))
     codes, _ = pd.factorize(pd.Series(clusters).to_numpy())
     members = [np.flatnonzero(codes == c) for c in range(codes.max() + 1)] if len(codes) else []
     r = partial_corr(x, y, z, method=method)[0] if len(x) >= 4 else math.nan
     out = {"r": r, "ci_low": math.nan, "ci_high": math.nan, "n": len(x), "runs": len(members),
-           "resamples": 0, "distinct": 0}
+           "resamples": 0, "distinct": 0, "constant": 0, "p": math.nan}
     if len(members) < 2 or n_boot <= 0:
         return out
     picks = np.random.default_rng(seed).integers(0, len(members), size=(n_boot, len(members)))
-    boot = np.array([_partial_or_nan(x, y, z, np.concatenate([members[c] for c in pick]), method)
-                     for pick in picks])
+    rows = [np.concatenate([members[c] for c in pick]) for pick in picks]
+    boot = np.array([_partial_or_nan(x, y, z, rows_b, method) for rows_b in rows])
+    constant = np.array([len(rows_b) >= 4 and np.ptp(y[rows_b]) == 0 for rows_b in rows])
+    if constant_as is not None:
+        boot[constant] = constant_as
     finite = boot[np.isfinite(boot)]
     out["distinct"] = len({tuple(sorted(pick)) for pick in picks.tolist()})
-    out["resamples"] = int(finite.size)
+    out["resamples"], out["constant"] = int(finite.size), int(constant.sum())
     if finite.size:
         alpha = (1 - level) / 2
         out["ci_low"], out["ci_high"] = (float(q) for q in np.quantile(finite, [alpha, 1 - alpha]))
+        tail = min((finite <= 0).sum(), (finite >= 0).sum())
+        out["p"] = min(1.0, 2 * (tail + 1) / (finite.size + 1))
     return out
 
 

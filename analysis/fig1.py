@@ -16,6 +16,17 @@ data); each row states the number of runs, of checkpoints, and of distinct resam
 
 The paper gives no size for the correlation ("strong"), so an interval that contains 0 reads
 ``inconclusive (paper states no size)``.
+
+**Constant accuracy.** At the ceiling a resample can draw only checkpoints of one accuracy (all
+100%), where the correlation is 0/0. Dropping those resamples (the old rule) keeps only the
+draws where accuracy happens to vary, which narrowed an interval to one side of 0 that the data
+do not support. The rule (``Fig1Settings``): such a resample counts as r = 0
+(``constant_as_zero``), the value of a sample that carries no association, so the interval and
+the p-value count it; and when more than ``max_constant_share`` (5%) of the resamples are
+constant and the interval then contains 0, the row reads ``inconclusive (ceiling)``: the
+interval reaches 0 because the accuracy does not vary, which is the ceiling, not an absence of
+the paper's association. An interval that excludes 0 keeps its verdict (``analysis/claims.py``,
+step 4).
 """
 
 from __future__ import annotations
@@ -34,11 +45,13 @@ from analysis.claims import (
     interval_verdict,
 )
 from analysis.correlate import partial_correlation_ci
+from analysis.room import CEILING
 from analysis.same_training import merge_same_training
 from flatlm.measure import KL, TRACE_FISHER, TRACE_FISHER_GROWN
 
 MIN_RUNS = 5  # fewer runs: no interval is claimed (a bootstrap over few clusters is too narrow)
 SIGN = -1  # flatter (smaller trace) -> better: a negative correlation
+MAX_CONSTANT_SHARE = 0.05  # a larger share of constant-accuracy resamples: at the ceiling
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,8 @@ class Fig1Settings:
     n_boot: int = 1000
     seed: int = 0
     min_runs: int = MIN_RUNS
+    constant_as_zero: bool = True  # a constant-accuracy resample counts as r = 0 (else dropped)
+    max_constant_share: float = MAX_CONSTANT_SHARE  # more constant resamples: at the ceiling
 
     def __post_init__(self):
         if self.method not in ("spearman", "pearson"):
@@ -58,6 +73,9 @@ class Fig1Settings:
         if self.min_runs < 2:
             raise ValueError(f"Fig1Settings.min_runs={self.min_runs}: a cluster bootstrap needs "
                              ">= 2 runs (default 5)")
+        if not 0 <= self.max_constant_share <= 1:
+            raise ValueError(f"Fig1Settings.max_constant_share={self.max_constant_share}: give "
+                             "a share in [0, 1] (default 0.05)")
 
 
 DEFAULT_FIG1 = Fig1Settings()
@@ -113,24 +131,34 @@ def _row(measure: str, label: str, group: pd.DataFrame, key: str, rule: VerdictR
     inside = group[group[KL] <= rule.saturation][[measure, key, KL, RUN]].dropna()
     res = partial_correlation_ci(inside[measure], inside[key], inside[KL], inside[RUN],
                                  method=settings.method, n_boot=settings.n_boot,
-                                 level=rule.level, seed=settings.seed)
+                                 level=rule.level, seed=settings.seed,
+                                 constant_as=0.0 if settings.constant_as_zero else None)
     saturated = len(inside) >= 4 and res["runs"] >= 2
     enough = res["runs"] >= settings.min_runs
     low, high = (res["ci_low"], res["ci_high"]) if enough else (np.nan, np.nan)
+    share = res["constant"] / settings.n_boot if settings.n_boot else 0.0
+    bound = CEILING if share > settings.max_constant_share else ""
     if not saturated:
         result = NOT_SATURATED
     elif not enough:
         result = f"inconclusive (runs < {settings.min_runs})"
     else:
-        result = interval_verdict(SIGN, (low, high), None)
+        result = interval_verdict(SIGN, (low, high), None, bound)
     spread = float(inside[KL].max() - inside[KL].min()) if len(inside) else np.nan
-    note = (f"{res['n']} of {len(group)} checkpoints saturated (KL <= {rule.saturation:g}), "
-            f"{res['runs']} runs; cluster bootstrap: {settings.n_boot} resamples of runs, "
-            f"{res['distinct']} distinct")
-    decided = (f"{res['n']} saturated checkpoints of {res['runs']} runs "
-               f"({'>=' if enough else '<'} {settings.min_runs}); KL spread {spread:.3f}"
-               + (f"; {rule.level:.0%} CI [{low:+.3f}, {high:+.3f}]" if np.isfinite(low) else "")
-               + "; paper: 'strong', no size")
+    return {**_paper_columns(measure, label, key, settings),
+            "effect": res["r"], "ci_low": low, "ci_high": high, "level": rule.level,
+            "n": res["runs"], "p_value": res["p"] if enough else np.nan, "bound": bound,
+            "min_seeds": settings.min_runs, "saturation": rule.saturation, "tol": rule.tol,
+            "kl_max": float(inside[KL].max()) if len(inside) else np.nan,
+            "kl_spread": spread, "saturated": saturated, "same_loss": saturated,
+            "paper_in_ci": None, "verdict": result,
+            "decided_by": _decided_by(res, enough, spread, (low, high), share, rule, settings),
+            "note": _note(res, len(group), rule, settings), "seeds_to_resolve": np.nan,
+            "checkpoints": res["n"], "resamples_distinct": res["distinct"],
+            "resamples_constant": res["constant"]}
+
+
+def _paper_columns(measure: str, label: str, key: str, settings: Fig1Settings) -> dict:
     return {
         "experiment": "all", "figure": "Fig. 1 (1, 4)",
         "claim": "among saturated checkpoints, the flatter probes better given the loss",
@@ -138,12 +166,24 @@ def _row(measure: str, label: str, group: pd.DataFrame, key: str, rule: VerdictR
         "effect_unit": "correlation", "paper": "strong",
         "paper_setting": "PCFG, AdamW models of several sizes and steps, loss 3.204-3.208, "
                          "task B",
-        "paper_effect": np.nan, "paper_effect_origin": "", "analogue": "", "sign": SIGN,
-        "effect": res["r"], "ci_low": low, "ci_high": high, "level": rule.level,
-        "n": res["runs"], "min_seeds": settings.min_runs, "saturation": rule.saturation,
-        "tol": rule.tol, "kl_max": float(inside[KL].max()) if len(inside) else np.nan,
-        "kl_spread": spread, "saturated": saturated, "same_loss": saturated,
-        "paper_in_ci": None, "verdict": result, "decided_by": decided, "note": note,
-        "seeds_to_resolve": np.nan, "checkpoints": res["n"], "resamples_distinct":
-            res["distinct"],
-    }
+        "paper_effect": np.nan, "paper_effect_origin": "", "analogue": "", "sign": SIGN}
+
+
+def _decided_by(res: dict, enough: bool, spread: float, ci: tuple, share: float,
+                rule: VerdictRule, settings: Fig1Settings) -> str:
+    constant = (f"; {share:.1%} of resamples at constant accuracy "
+                f"({'counted as r = 0' if settings.constant_as_zero else 'dropped'}; "
+                f"{'>' if share > settings.max_constant_share else '<='} "
+                f"{settings.max_constant_share:.0%}"
+                f"{': at its ceiling' if share > settings.max_constant_share else ''})")
+    return (f"{res['n']} saturated checkpoints of {res['runs']} runs "
+            f"({'>=' if enough else '<'} {settings.min_runs}); KL spread {spread:.3f}"
+            + (f"; {rule.level:.0%} CI [{ci[0]:+.3f}, {ci[1]:+.3f}]" if np.isfinite(ci[0])
+               else "")
+            + constant + "; paper: 'strong', no size")
+
+
+def _note(res: dict, checkpoints: int, rule: VerdictRule, settings: Fig1Settings) -> str:
+    return (f"{res['n']} of {checkpoints} checkpoints saturated (KL <= {rule.saturation:g}), "
+            f"{res['runs']} runs; cluster bootstrap: {settings.n_boot} resamples of runs, "
+            f"{res['distinct']} distinct, {res['constant']} at constant accuracy")

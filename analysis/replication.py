@@ -28,8 +28,10 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis.claims import (  # noqa: E402
+    AT_CEILING,
+    AT_FLOOR,
+    CLAIMS,
     DEFAULT_RULE,
-    FIG5_TASK,
     MIN_SEEDS,
     NO_SIZE,
     NOT_SATURATED,
@@ -43,9 +45,13 @@ from analysis.claims import (  # noqa: E402
     compared_metric,
     final_rows,
     mean_ci,
+    summarise,
+    with_holm,
 )
 from analysis.correlate import to_markdown  # noqa: E402
 from analysis.fig1 import DEFAULT_FIG1, MIN_RUNS, Fig1Settings, fig1_rows  # noqa: E402
+from analysis.paper_claims import FIG5_TASK
+from analysis.room import ROOM_FACTOR
 from analysis.runs import load_runs
 from analysis.store import log_report, refuse_password
 from analysis.trials import load_trials
@@ -70,6 +76,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         f"(default {TOL})")
     p.add_argument("--min-seeds", type=int, default=MIN_SEEDS,
                    help=f"fewer seeds reach no verdict (default {MIN_SEEDS})")
+    p.add_argument("--room-factor", type=float, default=ROOM_FACTOR,
+                   help="an accuracy claim whose room is below this many times the paper's "
+                        f"effect is at its ceiling / floor (default {ROOM_FACTOR:g})")
+    p.add_argument("--no-measurement-error", action="store_true",
+                   help="intervals over seeds alone, without the shared measurement s.e. (the "
+                        "lookup table's s.e. counts either way)")
     p.add_argument("--fig1-min-runs", type=int, default=MIN_RUNS,
                    help=f"Fig. 1: fewer runs give no interval (default {MIN_RUNS})")
     p.add_argument("--n-boot", type=int, default=1000,
@@ -129,10 +141,13 @@ def claims_markdown(rows: pd.DataFrame) -> str:
                 for r in rows.itertuples()],
         paper_effect=[_paper_effect(r) for r in rows.itertuples()],
         ours=[_interval(r) for r in rows.itertuples()],
+        logit=[_logit_interval(r) for r in rows.itertuples()],
+        room=[_room(r) for r in rows.itertuples()],
         to_change=[_to_change(r) for r in rows.itertuples()])
     cols = ["figure", "claim", "paper_setting", "tested", "metric", "paper", "paper_effect",
-            "ours", "verdict", "decided_by", "note", "to_change"]
-    return to_markdown(shown[cols])
+            "ours", "logit", "room", "verdict", "verdict_holm", "decided_by", "note",
+            "to_change"]
+    return to_markdown(shown[[c for c in cols if c in shown]])
 
 
 def _fmt(value: float, unit: str) -> str:
@@ -159,7 +174,28 @@ def _interval(r) -> str:
             f"{_fmt(r.ci_high, r.effect_unit)}] (n={r.n})")
 
 
+def _logit_interval(r) -> str:
+    """An accuracy effect on the logit scale (``analysis/room.py``); "" for other effects."""
+    mean = getattr(r, "effect_logit", np.nan)
+    if not np.isfinite(mean):
+        return ""
+    if not np.isfinite(r.logit_low):
+        return f"{mean:+.2f}, no interval"
+    return f"{mean:+.2f} [{r.logit_low:+.2f}, {r.logit_high:+.2f}]"
+
+
+def _room(r) -> str:
+    """An accuracy claim's room in points and the bound it hit, if any."""
+    room = getattr(r, "room", np.nan)
+    bound = getattr(r, "bound", "")
+    bound = bound if isinstance(bound, str) else ""
+    text = f"{100 * room:.2f} pts" if np.isfinite(room) else ""
+    return ", ".join(t for t in (text, f"at its {bound}" if bound else "") if t)
+
+
 def _to_change(r) -> str:
+    if r.verdict in (AT_CEILING, AT_FLOOR):
+        return "a task further from its bounds (or a larger test set)"
     if r.verdict == NOT_SATURATED:
         return f"train to KL <= {r.saturation:g} (longer runs / larger models)"
     if r.verdict.startswith("inconclusive (n <") or r.verdict.startswith("inconclusive (runs <"):
@@ -201,7 +237,9 @@ def _diagnosis_cell(hit: pd.DataFrame) -> str:
     r = hit.iloc[0]
     ci = (f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]" if np.isfinite(r["ci_low"])
           else "(no interval)")
-    return f"{r['effect']:+.3g} {ci} (n={r['n']}) {r['verdict']}"
+    holm = r.get("verdict_holm", r["verdict"])
+    holm = f" (Holm: {holm})" if isinstance(holm, str) and holm != r["verdict"] else ""
+    return f"{r['effect']:+.3g} {ci} (n={r['n']}) {r['verdict']}{holm}"
 
 
 def robustness_table(tables: dict[str, pd.DataFrame], protocol: str) -> pd.DataFrame:
@@ -222,15 +260,17 @@ def robustness_table(tables: dict[str, pd.DataFrame], protocol: str) -> pd.DataF
 
 
 def _cell(r) -> str:
-    return f"{_interval(r)}: {r.verdict}"
+    holm = getattr(r, "verdict_holm", r.verdict)
+    return f"{_interval(r)}: {r.verdict}" + (f" (Holm: {holm})" if holm != r.verdict else "")
 
 
 def _lookup_gap(part: pd.DataFrame) -> str:
     steps = part[part["experiment"] == "steps"]
     if steps.empty or "lookup/B/acc_mean" not in steps:
         return "n/a"
-    res = algorithm_effects(steps, "lookup:B", "lookup", "adamw")
-    mean, low, high, n = mean_ci(res.values)
+    claim = next(c for c in CLAIMS if c.metric == "lookup:B")
+    iv = summarise(claim, algorithm_effects(steps, "lookup:B", "lookup", "adamw")).interval
+    mean, low, high, n = iv.mean, iv.low, iv.high, iv.n
     if not np.isfinite(mean):
         return "n/a"
     ci = f"[{low:+.3g}, {high:+.3g}]" if np.isfinite(low) else "(no interval)"
@@ -246,6 +286,8 @@ def write_report(df: pd.DataFrame, out: Path, *, rule: VerdictRule = DEFAULT_RUL
     protocols = sorted(p for p in df["protocol"].dropna().unique())
     tables = {p: protocol_table(df[df["protocol"] == p], rule, fig1) for p in protocols}
     claims = pd.concat([t.assign(protocol=p) for p, t in tables.items()], ignore_index=True)
+    claims = with_holm(claims, rule.level)  # one family: every test of the report
+    tables = {p: claims[claims["protocol"] == p].drop(columns="protocol") for p in protocols}
     paths = [out / "claims.csv"]
     claims.to_csv(paths[0], index=False)
     main = [p for p in protocols if "+" not in p]
@@ -304,29 +346,49 @@ def _reference_lines(part: pd.DataFrame) -> list[str]:
 def rule_text(rule: VerdictRule, fig1: Fig1Settings) -> str:
     """The verdict rule with the values this report used (``analysis/claims.py``)."""
     return (
-        "Each effect is computed per training seed and averaged (accuracy differences in points; "
-        "trace effects relative, treatment / control - 1, because the trace's scale depends on "
-        f"the model and data); its interval is the {rule.level:.0%} Student-t interval over "
-        "seeds. A claim is about the paper's *saturation regime*: every compared checkpoint must "
-        f"be at KL <= {rule.saturation:g} nats/token from the truth (`--saturation`) and within "
-        f"{rule.tol:g} nats of the others (`--tol`); for the steps and sgd claims the compared "
-        "checkpoints are the first and last of each run's final stretch of saturated "
-        "checkpoints. Verdict, the first that applies: a compared checkpoint unsaturated -> "
-        "inconclusive (not saturated); KLs further apart than the tolerance -> inconclusive "
-        f"(losses differ); fewer than {rule.min_seeds} seeds (`--min-seeds`) -> inconclusive "
-        f"(n < {rule.min_seeds}); interval on the paper's side of 0 -> reproduces; on the "
-        "other side -> contradicts; an interval containing 0 that excludes the paper's effect "
-        "-> inconclusive (no effect as large as the paper's); one containing both -> "
-        "inconclusive (underpowered); a claim whose paper number is a direction only -> "
-        "inconclusive (paper states no size). Each row's `decided_by` gives the values each "
-        "check saw; `claims.csv` has them as columns. Rows marked *analogue* test on the PCFG "
-        "a claim the paper made on other data. Tr(H) in the paper is its B.1 estimator, which "
-        "is Tr(F) (`flat/trace_fisher`) here.\n\n"
+        "Each effect is computed per training seed and averaged (accuracy differences in points, "
+        "and beside them the change in the empirical logit of the accuracy; trace effects "
+        "relative, treatment / control - 1, because the trace's scale depends on the model and "
+        f"data); its interval is the {rule.level:.0%} Student-t interval over seeds"
+        + (", widened by the measurement s.e. every seed shares (one test set, the same probe "
+           "seeds): half-width = sqrt(t_half^2 + (z se_meas)^2), se_meas the mean over seeds of "
+           "sqrt(se_a^2 + se_b^2) of the two compared measurements (`--no-measurement-error` "
+           "turns it off)" if rule.measurement_error else "")
+        + ". The lookup table is one measurement repeated in every trial: its s.e. counts once, "
+        "whatever the number of seeds. A claim is about the paper's *saturation regime*: every "
+        f"compared checkpoint must be at KL <= {rule.saturation:g} nats/token from the truth "
+        f"(`--saturation`) and within {rule.tol:g} nats of the others (`--tol`); for the steps "
+        "and sgd claims the compared checkpoints are the first and last of each run's final "
+        "stretch of saturated checkpoints. An accuracy claim's *room* is 1 - the control's "
+        "accuracy for a claim that an arm probes better, the control's accuracy - the task's "
+        "majority share for worse. Verdict, the first that applies: a compared checkpoint "
+        "unsaturated -> inconclusive (not saturated); KLs further apart than the tolerance -> "
+        f"inconclusive (losses differ); fewer than {rule.min_seeds} seeds (`--min-seeds`) -> "
+        f"inconclusive (n < {rule.min_seeds}); interval on the paper's side of 0 -> reproduces; "
+        f"on the other side -> contradicts; room < {rule.room_factor:g} x the paper's effect "
+        f"(`--room-factor`), or an arm within {rule.bound_se:g} s.e. of 100% or of the majority "
+        "share -> inconclusive (ceiling) / inconclusive (floor) (a bound can hide an effect but "
+        "not move an interval off 0, so it decides only intervals that contain 0); an interval "
+        "containing 0 that excludes the paper's effect -> inconclusive (no effect as large as "
+        "the paper's); one containing both -> inconclusive (underpowered); a claim whose paper "
+        "number is a direction only -> inconclusive (paper states no size). `verdict_holm` "
+        f"adjusts for multiplicity: Holm at family-wise level {1 - rule.level:.2g} over every "
+        "row of this report (all protocols) with an interval verdict, each with the p-value of "
+        "its effect against 0 from the same t statistic (Fig. 1: the bootstrap's); a "
+        "reproduces / contradicts whose adjusted p exceeds it reads inconclusive (not "
+        "significant after Holm). Each row's `decided_by` gives the values each check saw; "
+        "`claims.csv` has them as columns (`room`, `bound`, `se_meas`, `ci_seed_half`, "
+        "`effect_logit`, `p_value`, `p_holm`, `verdict_holm`). Rows marked *analogue* test on "
+        "the PCFG a claim the paper made on other data. Tr(H) in the paper is its B.1 "
+        "estimator, which is Tr(F) (`flat/trace_fisher`) here.\n\n"
         f"Fig. 1 is the partial {fig1.method} correlation of Tr(F) with task {fig1.task} "
         f"accuracy given the KL, over the saturated checkpoints of the {fig1.algorithm or 'all'}"
         " runs, one row per parameterisation (Tr(F) of one model shape, or Tr(F) grown into one "
         f"shape), with a {fig1.n_boot}-resample cluster bootstrap over runs; with fewer than "
-        f"{fig1.min_runs} runs no interval is claimed.")
+        f"{fig1.min_runs} runs no interval is claimed. A resample whose accuracy is constant "
+        + ("counts as r = 0" if fig1.constant_as_zero else "is dropped")
+        + f"; with more than {fig1.max_constant_share:.0%} of them an interval containing 0 "
+        "reads inconclusive (ceiling).")
 
 
 def _sizes_line(part: pd.DataFrame) -> str:
@@ -352,7 +414,9 @@ def main(argv=None) -> int:
         print(f"leaving out {len(unfinished)} unfinished trial(s): {', '.join(unfinished)}",
               file=sys.stderr)
         df = df[df["status"] == "FINISHED"]
-    rule = VerdictRule(saturation=args.saturation, tol=args.tol, min_seeds=args.min_seeds)
+    rule = VerdictRule(saturation=args.saturation, tol=args.tol, min_seeds=args.min_seeds,
+                       room_factor=args.room_factor,
+                       measurement_error=not args.no_measurement_error)
     fig1 = Fig1Settings(n_boot=args.n_boot, min_runs=args.fig1_min_runs)
     paths = write_report(df, args.out, rule=rule, fig1=fig1, command=args.command,
                          hardware=args.hardware)
@@ -360,7 +424,9 @@ def main(argv=None) -> int:
     if args.tracking_uri and not args.no_log:
         run_id = log_report(args.tracking_uri, "replication", paths,
                             {"saturation": args.saturation, "tol": args.tol,
-                             "min_seeds": args.min_seeds, "trials": df["run_id"].nunique()})
+                             "min_seeds": args.min_seeds, "room_factor": args.room_factor,
+                             "measurement_error": not args.no_measurement_error,
+                             "trials": df["run_id"].nunique()})
         print(f"logged to MLflow run {run_id}")
     print(f"wrote {len(paths)} files to {args.out}")
     return 0
