@@ -83,7 +83,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.paper_claims import CLAIMS, Claim, acc, lookup
+from analysis.paper_claims import CLAIMS, Claim, acc, deviation, lookup
 from analysis.room import (
     BOUND_SE,
     CEILING,
@@ -390,7 +390,8 @@ def claim_rows(df: pd.DataFrame, rule: VerdictRule = DEFAULT_RULE) -> pd.DataFra
         if part.empty or not _measured(part, claim.metric) or _arm_not_run(part, claim):
             continue
         eff = claim_effects(part, claim, rule)
-        rows.append(claim_row(claim, eff, summarise(claim, eff, rule), rule))
+        row = claim_row(claim, eff, summarise(claim, eff, rule), rule)
+        rows.append({**row, "deviation": deviation(claim, part.get("train.lr", ()))})
     return pd.DataFrame(rows)
 
 

@@ -137,7 +137,8 @@ def claims_markdown(rows: pd.DataFrame) -> str:
     if rows.empty:
         return "_no claim has trials here_"
     shown = rows.assign(
-        tested=[f"analogue: {r.analogue}" if r.analogue else "as in the paper"
+        tested=[f"analogue: {r.analogue}" if r.analogue else
+                f"deviation: {r.deviation}" if getattr(r, "deviation", "") else "as in the paper"
                 for r in rows.itertuples()],
         paper_effect=[_paper_effect(r) for r in rows.itertuples()],
         ours=[_interval(r) for r in rows.itertuples()],

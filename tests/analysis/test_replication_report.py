@@ -111,3 +111,16 @@ def test_a_claim_whose_compared_algorithm_has_no_runs_is_no_row():
     assert not any("noreg" in m or "sam" in m for m in compared), compared
     full = protocol_table(planted(), fig1=Fig1Settings(n_boot=10))
     assert (full["metric"] == "probe/B/acc_mean (sam - noreg)").sum() == 1
+
+
+def test_sgd_rows_name_a_rate_that_departs_from_b2(tmp_path):
+    df = planted()
+    sgd = df["experiment"] == "sgd"
+    write_report(df.assign(**{"train.lr": 0.001}).where(~sgd, df.assign(**{"train.lr": 0.3})),
+                 tmp_path, rule=DEFAULT_RULE, fig1=Fig1Settings(n_boot=20))
+    claims = pd.read_csv(tmp_path / "claims.csv").fillna("")
+    rows = claims[claims["experiment"] == "sgd"]
+    assert (rows["deviation"].str.contains("constant 0.3 after warmup, not B.2's 0.001")).all()
+    assert not claims[claims["experiment"] != "sgd"]["deviation"].str.len().any()
+    md = (tmp_path / "replication.md").read_text()
+    assert "deviation: SGD at a constant 0.3" in md
