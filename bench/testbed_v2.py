@@ -117,6 +117,10 @@ def parse_args(argv=None):
     p.add_argument("--keep", type=int, default=6, help="stage 1: the best kept candidates run")
     p.add_argument("--only", nargs="*", default=None, help="stage 1: candidate ids")
     p.add_argument("--steps", type=int, default=None, help="stage 1: replace SETTING's steps")
+    p.add_argument("--lr", type=float, default=None, help="stage 1: replace SETTING's rate")
+    p.add_argument("--schedule", default=None, choices=("constant", "linear"),
+                   help="stage 1: replace SETTING's schedule (the first search's stage 2 ran "
+                        "5e-3 with a linear decay)")
     p.add_argument("--grid", default="w48-80", choices=list(GRIDS), help="stage 2: sizes grid")
     p.add_argument("--lambdas", type=float, nargs="*", default=[0.01, 0.00316],
                    help="stage 2: the adversary's lambdas (the first testbed's 0.01 and the "
@@ -237,10 +241,13 @@ def kept(results: dict) -> list[dict]:
 def stage1(args, results: dict) -> None:
     by_id = {r["id"]: r for r in results["stage0"]["candidates"]}
     ids = args.only or [r["id"] for r in kept(results)[: args.keep]]
-    setting = SETTING if args.steps is None else {**SETTING, "train.steps": args.steps}
+    changes = {"train.steps": args.steps, "train.lr": args.lr, "train.schedule": args.schedule}
+    setting = {**SETTING, **{k: v for k, v in changes.items() if v is not None}}
+    name = f"testbed-{setting['train.steps']}" + ("" if args.lr is None and args.schedule is None
+                                                   else f"-{setting['train.lr']:g}-"
+                                                   f"{setting['train.schedule']}")
     jobs = [{"id": i, "spec": by_id[i]["spec"], "grid": "v2", "model": STEPS_MODEL,
-             "setting_name": f"testbed-{setting['train.steps']}", "setting": setting}
-            for i in ids]
+             "setting_name": name, "setting": setting} for i in ids]
     needs = room_needed()
 
     def save(row):
