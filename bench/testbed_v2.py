@@ -129,6 +129,9 @@ def parse_args(argv=None):
     p.add_argument("--work", type=Path, default=Path("/tmp/testbed_v2"),
                    help="stage 2: trial directories (checkpoints; not committed)")
     p.add_argument("--out", type=Path, default=RESULTS / "testbed_v2_search.json")
+    p.add_argument("--merge", type=Path, nargs="*", default=[],
+                   help="add the stage 1-2 rows of these result files (runs made in parallel, "
+                        "each on a copy of --out) to --out")
     return p.parse_args(argv)
 
 
@@ -251,7 +254,7 @@ def stage1(args, results: dict) -> None:
     needs = room_needed()
 
     def save(row):
-        row["verdict"] = learn_verdict(row, needs)
+        row["verdict"], row["command"] = learn_verdict(row, needs), _command()
         first._saver(args, results, "stage1",
                      lambda r: (r["id"], r["model"], r["setting_name"]))(row)
 
@@ -351,8 +354,9 @@ def _stage1_lines(results: dict) -> list[str]:
     runs = results.get("stage1", {}).get("runs", [])
     if not runs:
         return []
+    commands = dict.fromkeys(r.get("command", "") for r in runs)
     lines = ["", "## Stage 1: the steps model trained", "",
-             f"Command: `{results['stage1'].get('command', '')}`", "",
+             "Commands: " + "; ".join(f"`{c}`" for c in commands if c), "",
              "Per task: trained probe / random-init features of its shape / majority.", "",
              "| id | model | steps | final KL | A | B | C | (a) | (c) band | (c) gap | (c) room "
              "(unmet) | CPU min |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -453,12 +457,26 @@ def _yes(ok: bool) -> str:
     return "yes" if ok else "no"
 
 
+def merge(results: dict, other: dict) -> None:
+    """``other``'s stage 1-2 rows into ``results`` (a row of the same key replaced)."""
+    keys = {"stage1": lambda r: (r["id"], r["model"], r["setting_name"]),
+            "stage2": lambda r: (r["id"], r["experiment"], r["trial"])}
+    for stage, key in keys.items():
+        rows = other.get(stage, {}).get("runs", [])
+        mine = results.setdefault(stage, {}).setdefault("runs", [])
+        fresh = {key(r) for r in rows}
+        mine[:] = [r for r in mine if key(r) not in fresh] + rows
+        results[stage].update({k: v for k, v in other.get(stage, {}).items() if k != "runs"})
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     results = json.loads(args.out.read_text()) if args.out.exists() else {}
     results.update({"criteria": CRITERIA, "spaces": SPACES, "setting": SETTING,
                     "measure": first.MEASURE,
                     "machine": f"{platform.platform()}, {os.cpu_count()} cores"})
+    for other in args.merge:
+        merge(results, json.loads(other.read_text()))
     if args.stage is not None:
         start = time.perf_counter()
         {0: stage0, 1: stage1, 2: stage2}[args.stage](args, results)
