@@ -118,6 +118,7 @@ def parse_args(argv=None):
     p.add_argument("--only", nargs="*", default=None, help="stage 1: candidate ids")
     p.add_argument("--steps", type=int, default=None, help="stage 1: replace SETTING's steps")
     p.add_argument("--lr", type=float, default=None, help="stage 1: replace SETTING's rate")
+    p.add_argument("--model", default=STEPS_MODEL, help="stage 1: the model trained")
     p.add_argument("--schedule", default=None, choices=("constant", "linear"),
                    help="stage 1: replace SETTING's schedule (the first search's stage 2 ran "
                         "5e-3 with a linear decay)")
@@ -249,7 +250,7 @@ def stage1(args, results: dict) -> None:
     name = f"testbed-{setting['train.steps']}" + ("" if args.lr is None and args.schedule is None
                                                    else f"-{setting['train.lr']:g}-"
                                                    f"{setting['train.schedule']}")
-    jobs = [{"id": i, "spec": by_id[i]["spec"], "grid": "v2", "model": STEPS_MODEL,
+    jobs = [{"id": i, "spec": by_id[i]["spec"], "grid": "v2", "model": args.model,
              "setting_name": name, "setting": setting} for i in ids]
     needs = room_needed()
 
