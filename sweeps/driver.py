@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -59,11 +58,9 @@ def check_state(path: Path, trust_state: bool) -> None:
     if not (path / "tuner.pkl").exists() and not (path / "tuner.pkl").is_symlink():
         return
     check_trusted(path)
-    if trust_state:
-        print(f"warning: --trust-state: resuming {path} without verifying its state against "
-              "recorded digests", file=sys.stderr, flush=True)
-    else:
-        check_digest(path, refuse_unrecorded=True)
+    # --trust-state accepts a sweep with no record here (copied, an older flatlm), never one
+    # whose record shows another file: that refusal (StateTampered) stands whatever the flags
+    check_digest(path, refuse_unrecorded=not trust_state)
 
 
 def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str | None,

@@ -39,7 +39,14 @@ KEPT_DIGESTS = 16  # per file name: Ray rewrites its state files; a kill mid-syn
 
 
 class StateUnverified(ValueError):  # noqa: N818 - a refusal the user can overrule
-    """The sweep's state files are not known to be the ones flatlm wrote here."""
+    """The sweep's state files are not known to be the ones flatlm wrote here (no record of
+    them on this machine: copied, moved, or an older flatlm); ``--trust-state`` overrules."""
+
+
+class StateTampered(ValueError):  # noqa: N818 - a refusal nothing overrules
+    """A sweep flatlm recorded here holds a state file it did not write (another file under a
+    recorded name, or a file the record does not know): evidence of tampering, which no flag
+    accepts and no message may advise accepting."""
 
 
 def _is_state(name: str) -> bool:
@@ -135,8 +142,9 @@ def record_digest(path: Path) -> None:
 def check_digest(path: Path, *, refuse_unrecorded: bool = False) -> None:
     """Before Ray unpickles the sweep's state (running any code in it): each file must be one
     flatlm's driver recorded here. A sweep with no record on this machine (another machine, an
-    older flatlm) is refused with ``refuse_unrecorded`` (the driver), else resumed with a
-    warning; a file unknown to the record, or another one under a recorded name, is refused."""
+    older flatlm) is refused with ``refuse_unrecorded`` (the driver without --trust-state:
+    ``StateUnverified``), else resumed with a warning; a file unknown to the record, or another
+    one under a recorded name, is refused whatever the flags (``StateTampered``)."""
     record = _read_record(path)
     if record is None:
         why = (f"no digest of its state ({', '.join(f.name for f in state_files(path)[:3])}) "
@@ -152,12 +160,12 @@ def check_digest(path: Path, *, refuse_unrecorded: bool = False) -> None:
     for file in state_files(path):
         name = file.relative_to(path).as_posix()
         if name not in kept:
-            raise StateUnverified(f"refusing to resume from {path}: its {name} was not written "
+            raise StateTampered(f"refusing to resume from {path}: its {name} was not written "
                                   f"by flatlm's driver here (no digest of it in "
                                   f"{digest_file(path)}); Ray would unpickle it, running any "
                                   "code in it. Remove it, or start a new sweep with --name")
         if sha256(file) not in kept[name]:
-            raise StateUnverified(f"refusing to resume from {path}: its {name} is not the file "
+            raise StateTampered(f"refusing to resume from {path}: its {name} is not the file "
                                   f"flatlm wrote (its SHA-256 differs from the ones kept in "
                                   f"{digest_file(path)}); Ray would unpickle it, running any "
                                   "code in it. Start a new sweep with --name")

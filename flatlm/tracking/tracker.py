@@ -95,7 +95,8 @@ def check_tracking_uri(uri: str | None, flag: str = "--tracking-uri") -> None:
     """A password in the tracking URI would be printed and written into files (Ray's state,
     resume commands, logs): refused, without echoing the URI. MLflow reads credentials from
     ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` instead."""
-    if uri and _CREDENTIALS.match(uri):
+    # leading / trailing blanks: MLflow strips them, so " http://u:p@host" is a password too
+    if uri and _CREDENTIALS.match(uri.strip()):
         raise ValueError(f"{flag} holds a password: put the credentials in "
                          "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (MLflow reads "
                          "them) and give the URI without them")

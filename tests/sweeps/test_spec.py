@@ -304,3 +304,66 @@ def test_the_summary_states_the_measurement_cost_and_says_nothing_without_it():
     assert "largest 50.0%" in line
     assert measurement_cost(pd.DataFrame({"pretrain/loss": [1.0]})) is None
     assert measurement_cost(pd.DataFrame({"time/measure_share": [None]})) is None
+
+
+def test_a_tampered_state_is_refused_even_with_trust_state_and_the_refusal_never_advises_it(
+        tmp_path, monkeypatch, capsys):
+    """Issue 43, item 1: the refusal for a tampered tuner.pkl suggested --trust-state, which ran
+    the planted pickle. Tampering is refused whatever the flags; only a sweep with no record
+    here (copied, an older flatlm) is what --trust-state accepts."""
+    from sweeps.driver import check_state
+    from sweeps.trust import StateTampered, StateUnverified, record_digest
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    sweep = tmp_path / "ray_results" / "scaling"
+    sweep.mkdir(parents=True)
+    sweep.chmod(0o755)
+    (sweep / "tuner.pkl").write_bytes(b"what Tune wrote")
+    (sweep / "tuner.pkl").chmod(0o644)
+    with pytest.raises(StateUnverified):  # no record here: refused, overrulable
+        check_state(sweep, trust_state=False)
+    check_state(sweep, trust_state=True)
+    record_digest(sweep)
+    (sweep / "tuner.pkl").write_bytes(b"import os; os.system('...')")
+    for trust in (False, True):
+        with pytest.raises(StateTampered) as refused:
+            check_state(sweep, trust_state=trust)
+        assert "--trust-state" not in str(refused.value)
+    (sweep / "tuner.pkl").write_bytes(b"what Tune wrote")
+    (sweep / "searcher-state-1.pkl").write_bytes(b"planted")  # a file the record does not know
+    (sweep / "searcher-state-1.pkl").chmod(0o644)
+    with pytest.raises(StateTampered):
+        check_state(sweep, trust_state=True)
+
+
+def test_the_cli_refusal_of_a_tampered_state_does_not_suggest_trust_state(
+        tmp_path, monkeypatch, capsys):
+    from sweeps.cli import main as sweep_main
+    from sweeps.trust import record_digest
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    sweep = tmp_path / "ray_results" / "scaling"
+    sweep.mkdir(parents=True)
+    (sweep / "tuner.pkl").write_bytes(b"what Tune wrote")
+    record_digest(sweep)
+    (sweep / "tuner.pkl").write_bytes(b"planted")
+    monkeypatch.setattr(sys, "argv", ["scaling.py", "--workdir", str(tmp_path), "--resume"])
+
+    def build(args):
+        from sweeps.experiment import experiment_of, sweep_of
+
+        return sweep_of(experiment_of("sizes", args), "scaling", args)
+
+    rc = sweep_main(build, "the scaling sweep")
+    err = capsys.readouterr().err
+    assert rc == 2 and "not the file flatlm wrote" in err and "--trust-state" not in err
+
+
+@pytest.mark.parametrize("uri", [" http://alice:pw@host", "http://alice:pw@host\n",
+                                 "\tHTTPS://alice:pw@host/x"])
+def test_a_password_behind_blanks_is_refused_too(uri):
+    """Issue 43, item 2: a leading space let the password through to Ray's state files."""
+    from sweeps.spec import check_tracking_uri
+
+    with pytest.raises(ValueError, match="MLFLOW_TRACKING_PASSWORD"):
+        check_tracking_uri(uri)
