@@ -319,8 +319,13 @@ def table(results: dict) -> str:
         lines.append(f"| {n['claim']} | {n['task']} | {n.get('max', '')} | "
                      f"{n.get('above_majority', '')} |")
     lines += _stage0_lines(results) + _stage1_lines(results) + _stage2_lines(results)
-    wall = results.get("wall_s", {})
-    lines += ["", f"Wall time: {json.dumps(wall)} s; machine: {results.get('machine', '')}."]
+    lines += ["", "Cost, the sum over each stage's rows (one-thread processes, two or three at a "
+              "time): " + "; ".join(
+                  f"{stage} {sum(r.get('cpu_s', 0) for r in rows) / 60:.0f} CPU-min"
+                  for stage, rows in (("stage 0", results.get("stage0", {}).get("candidates", [])),
+                                      ("stage 1", results.get("stage1", {}).get("runs", [])),
+                                      ("stage 2", results.get("stage2", {}).get("runs", []))))
+              + f"; machine: {results.get('machine', '')}."]
     return "\n".join(lines) + "\n"
 
 
@@ -459,7 +464,14 @@ def _yes(ok: bool) -> str:
 
 
 def merge(results: dict, other: dict) -> None:
-    """``other``'s stage 1-2 rows into ``results`` (a row of the same key replaced)."""
+    """``other``'s rows into ``results`` (a row of the same key replaced), its wall times
+    added."""
+    zero = other.get("stage0", {})
+    stage = results.setdefault("stage0", {"candidates": [], "rounds": {}})
+    fresh = {r["id"] for r in zero.get("candidates", [])}
+    stage["candidates"] = [r for r in stage["candidates"] if r["id"] not in fresh] + zero.get(
+        "candidates", [])
+    stage["rounds"].update(zero.get("rounds", {}))
     keys = {"stage1": lambda r: (r["id"], r["model"], r["setting_name"]),
             "stage2": lambda r: (r["id"], r["experiment"], r["trial"])}
     for stage, key in keys.items():
