@@ -54,3 +54,20 @@ def test_flat_and_round_trip():
     assert from_dict(Outer, to_dict(cfg)) == cfg
     with pytest.raises(ConfigError, match="unknown"):
         from_dict(Outer, {"nope": 1})
+
+
+def test_a_shorter_run_carries_its_checkpoints_along():
+    """Issue 42, item 3: ``--set train.steps=200`` alone was refused because the scale's
+    checkpoints (0, 1000, 2000) lay outside the run; they now keep their places in it."""
+    from flatlm.experiments.scales import scale
+
+    base = scale("sweep").base()
+    assert base.train.checkpoint_steps == (0, 1000, 2000)
+    assert apply_overrides(base, {"train.steps": 200}).train.checkpoint_steps == (0, 100, 200)
+    assert apply_overrides(base, {"train.steps": 3}).train.checkpoint_steps == (0, 2, 3)
+    # checkpoints that fit the new run, or given with it, are kept as they are
+    assert apply_overrides(base, {"train.steps": 4000}).train.checkpoint_steps == (0, 1000, 2000)
+    given = apply_overrides(base, {"train.steps": 600, "train.checkpoint_steps": [600]})
+    assert given.train.checkpoint_steps == (600,)
+    with pytest.raises(ConfigError, match="outside the run"):
+        apply_overrides(base, {"train.steps": 600, "train.checkpoint_steps": [900]})

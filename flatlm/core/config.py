@@ -221,6 +221,10 @@ def _apply_nested(cfg, changes: dict, prefix: str):
                               f"{key} has no sub-fields; set {key} as a whole")
         else:
             new[name] = _coerce(key, value, types_[name])
+    # fields that follow a change the overrides did not give (a config's ``followers``, e.g.
+    # the checkpoints of a shortened run): given values always win
+    follow = getattr(cfg, "followers", None)
+    new = {**(follow(new) if follow else {}), **new}
     try:
         return dataclasses.replace(cfg, **new)
     except (TypeError, ValueError) as e:

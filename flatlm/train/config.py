@@ -230,6 +230,20 @@ class TrainConfig:
         halves = algorithm_named(self.algorithm).halves_batch
         return f"half the {self.algorithm} batch" if halves else "batch_size"
 
+    def followers(self, changed: dict) -> dict:
+        """Fields that follow an override that did not give them (``apply_overrides``): when
+        ``steps`` changes and a checkpoint would lie outside the new run, every checkpoint
+        keeps its place as a fraction of the run (step 0 stays 0, the last lands on the new
+        end), so ``--set train.steps=200`` alone works with a scale's checkpoints. Checkpoints
+        that all fit the new run are kept as they are."""
+        steps = changed.get("steps")
+        if steps is None or "checkpoint_steps" in changed or not _is_int(steps) or steps < 1:
+            return {}
+        if all(s <= steps for s in self.checkpoint_steps):
+            return {}
+        scaled = {min(steps, round(s * steps / self.steps)) for s in self.checkpoint_steps}
+        return {"checkpoint_steps": tuple(sorted(scaled))}
+
     def __post_init__(self):
         _check_finite(self, "")  # inf passes "> 0"; nan fails every check with a wrong message
         _check(self.algorithm in ALGORITHMS, "algorithm", self.algorithm,
