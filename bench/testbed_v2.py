@@ -87,8 +87,20 @@ SPACES = {
         "words_per_nonterminal": (1, 2, 4), "terminal_share": (0.0, 0.1),
         "concentration": (2.0, 4.0), "max_length": (16,),
     },
+    # after stage 1's first rounds (the layered grammars that read in (c)'s band stall at KL
+    # 0.6-0.9, those that learn fast read 94-99.5%): a small grammar (few nonterminals a level,
+    # few rules, words mostly one class's) with sentences of varying length, so that the span
+    # of the first L words is a constituent of varying level: its label ranges over the
+    # nonterminals of every level (>= 10 classes from 4-6 a level) and is not read off a fixed
+    # tree shape; >= 10 roots (task A), each with its one rule
+    "v2-varlen": {
+        "vocab": (64, 128), "roots": (10, 12), "nonterminals_per_level": (4, 5, 6),
+        "depth": (3, 4), "binary_per_nonterminal": (2, 3), "words_per_nonterminal": (1, 2),
+        "terminal_share": (0.1, 0.2, 0.3), "concentration": (2.0, 4.0),
+        "max_length": (8, 12, 16),
+    },
 }
-ID_PREFIX = {"v2-layered": "L", "v2-deep": "D"}
+ID_PREFIX = {"v2-layered": "L", "v2-deep": "D", "v2-varlen": "V"}
 # The paper's own grammar (the released rules: 9 roots, 10 nonterminals a level, 20 rules each,
 # 200 words, sentences up to 16 words), screened beside the random ones.
 PAPER = {"id": "paper", "spec": {"kind": "pcfg", "grammar": "paper", "spans": "depth",
