@@ -15,6 +15,12 @@ import sys
 COMMAND_MODULES = ("data", "train", "trial", "measure", "grow", "replicate")
 
 
+DIVERGED_EXIT = 3  # training stopped by flatlm.train.run.Diverged
+WRITE_FAILED_EXIT = 5  # a checkpoint could not be written (disk full); the earlier ones intact
+# how to resume after a failed write; a command whose resume is a flag sets its own
+RESUME_HINT = "run the same command again (it resumes from the newest checkpoint)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flatlm", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -32,8 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    from flatlm.train.run import CheckpointWriteError, Diverged
+
     try:
         return int(args.run(args) or 0)
+    except Diverged as e:  # every command that trains: one exit status, no traceback
+        print(f"flatlm {args.command}: {e}", file=sys.stderr)
+        return DIVERGED_EXIT
+    except CheckpointWriteError as e:  # before OSError, which it is
+        print(f"flatlm {args.command}: error: {e}: {getattr(args, 'resume_hint', RESUME_HINT)}",
+              file=sys.stderr)
+        return WRITE_FAILED_EXIT
     except ValueError as e:  # bad input: a clear message, not a traceback
         print(f"flatlm {args.command}: error: {e}", file=sys.stderr)
         return 2

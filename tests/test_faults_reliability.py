@@ -282,6 +282,26 @@ def test_6_the_training_log_failing_after_the_checkpoint_is_exit_5(small_fs):
     assert not (run / "train_log.jsonl.tmp").exists()
 
 
+TRIAL = ["trial", "--source", SOURCE, "--no-progress", "--set", f"model={MODEL}",
+         "--set", "train.batch_size=8", "--set", "train.warmup_steps=0",
+         "--set", "measure.what=loss", "--set", "measure.n_eval=16"]
+
+
+def test_6_flatlm_trial_ends_a_divergence_and_a_full_disk_as_flatlm_train_does(tmp_path):
+    """Issue 43, items 7-8: ``flatlm trial`` exited 1 with a ``Diverged`` traceback (train: 3),
+    and a full disk advised ``--resume``, an option trial does not take. One handler in
+    flatlm.cli now ends both for every command."""
+    diverged = cli([*TRIAL, "--out", str(tmp_path / "d"), "--set", "train.lr=10",
+                    "--set", "train.steps=20", "--set", "train.log_every=10"])
+    assert diverged.returncode == 3, diverged.stderr[-2000:]
+    assert "training diverged" in diverged.stderr and "Traceback" not in diverged.stderr
+    full = cli([*TRIAL, "--out", str(tmp_path / "f"), "--set", "train.steps=4"],
+               limit_file=8192)
+    assert full.returncode == 5, full.stderr[-2000:]
+    assert "run the same command again" in full.stderr and "--resume" not in full.stderr
+    assert "Traceback" not in full.stderr
+
+
 # -- 7: a trial starting during an MLflow outage ---------------------------------------------
 
 def test_7_a_trial_starting_during_an_outage_costs_seconds(tmp_path):

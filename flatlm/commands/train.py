@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 from flatlm.core.config import (
@@ -40,9 +39,6 @@ from flatlm.models.presets import ModelSpec, describe
 from flatlm.sources import SourceSpec, load
 from flatlm.train.config import TrainConfig
 from flatlm.train.data import corpus_source_spec
-
-DIVERGED_EXIT = 3  # exit status of a run stopped by flatlm.train.loop.Diverged
-WRITE_FAILED_EXIT = 5  # a checkpoint could not be written (disk full); earlier ones intact
 
 
 def register(subparsers) -> None:
@@ -63,7 +59,7 @@ def register(subparsers) -> None:
                    help="any train.* key of the trial config, as in the sweeps, e.g. "
                         "train.sam.rho=0.1 (the options below set the same fields)")
     add_arguments(p.add_argument_group("training (TrainConfig)"), TrainConfig)
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, resume_hint="the same command with --resume")
 
 
 def config_from_args(args) -> TrainConfig:
@@ -101,7 +97,7 @@ def run(args) -> int:
 
         spec = SourceSpec(corpus_source_spec(cfg.data))
 
-    from flatlm.train.loop import CheckpointWriteError, Diverged, train
+    from flatlm.train.loop import train
 
     source = load(spec)
     device = resolve_device(args.device)  # no global TF32: fp32 stays fp32, as in the sweeps
@@ -109,15 +105,9 @@ def run(args) -> int:
     args.out = check_output_dir(args.out)  # a link, a file or an unwritable place: a message
     print(f"{describe(model.config, source.V, source.max_length)}; {cfg.algorithm} for "
           f"{cfg.steps} steps on {device}")
-    try:
-        result = train(cfg, source, model.config, args.out, device=device, resume=args.resume,
-                       progress=not args.no_progress)
-    except Diverged as e:
-        print(f"flatlm train: {e}", file=sys.stderr)
-        return DIVERGED_EXIT
-    except CheckpointWriteError as e:
-        print(f"flatlm train: error: {e}", file=sys.stderr)
-        return WRITE_FAILED_EXIT
+    # a divergence or a failed checkpoint write ends in flatlm.cli's exit statuses (3, 5)
+    result = train(cfg, source, model.config, args.out, device=device, resume=args.resume,
+                   progress=not args.no_progress)
     last = result.history[-1] if result.history else {}
     print(json.dumps({"step": result.step, **last,
                       "checkpoints": [str(p) for p in result.checkpoints.values()]}))

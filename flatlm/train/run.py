@@ -83,8 +83,7 @@ class CheckpointWriteError(OSError):
         free = shutil.disk_usage(_existing_parent(ckpt)).free
         why = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
         return cls(f"could not write {what} {ckpt} ({why}); {free / 2**30:.2f} GiB free on "
-                   "its disk. The earlier checkpoints are intact: free space, then resume (the "
-                   "same command with --resume)")
+                   "its disk. The earlier checkpoints are intact: free space, then resume")
 
 
 # What a writer raises when the disk is full: OSError (ENOSPC, EDQUOT), torch's RuntimeError
