@@ -47,6 +47,7 @@ from analysis.figure_marks import (
     mark_outside,
     reference_levels,
 )
+from analysis.output import write_figure
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, se_key
 from flatlm.runs.metrics_log import N_PARAMS
 
@@ -328,7 +329,7 @@ def save_figure(fig: Figure, path: str | Path, title: str, *, empty: bool) -> Pa
     fig.suptitle(title, fontsize=9)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    write_figure(fig, path, dpi=120)
     return path
 
 

@@ -50,6 +50,7 @@ from analysis.claims import (  # noqa: E402
 )
 from analysis.correlate import to_markdown  # noqa: E402
 from analysis.fig1 import DEFAULT_FIG1, MIN_RUNS, Fig1Settings, fig1_rows  # noqa: E402
+from analysis.output import checked_out, report_dir, write_csv, write_file
 from analysis.paper_claims import FIG5_TASK
 from analysis.room import ROOM_FACTOR
 from analysis.runs import load_runs
@@ -283,14 +284,14 @@ def write_report(df: pd.DataFrame, out: Path, *, rule: VerdictRule = DEFAULT_RUL
                  hardware: str | None = None) -> list[Path]:
     from analysis.replication_figures import algorithm_bars, over_sizes, over_steps, scatter
 
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_dir(out)
     protocols = sorted(p for p in df["protocol"].dropna().unique())
     tables = {p: protocol_table(df[df["protocol"] == p], rule, fig1) for p in protocols}
     claims = pd.concat([t.assign(protocol=p) for p, t in tables.items()], ignore_index=True)
     claims = with_holm(claims, rule.level)  # one family: every test of the report
     tables = {p: claims[claims["protocol"] == p].drop(columns="protocol") for p in protocols}
     paths = [out / "claims.csv"]
-    claims.to_csv(paths[0], index=False)
+    write_csv(claims, paths[0])
     main = [p for p in protocols if "+" not in p]
     robust = [p for p in protocols if is_robustness(p)]
     paths += [over_steps(df[df["protocol"].isin(main)], out / "steps.png"),
@@ -299,7 +300,7 @@ def write_report(df: pd.DataFrame, out: Path, *, rule: VerdictRule = DEFAULT_RUL
               scatter(df[df["protocol"].isin(main)], out / "fig1_scatter.png", acc(fig1.task),
                       rule.saturation)]
     md = out / "replication.md"
-    md.write_text(_markdown(df, tables, main, robust, rule, fig1, command, hardware))
+    write_file(md, _markdown(df, tables, main, robust, rule, fig1, command, hardware))
     return [md, *paths]
 
 
@@ -406,6 +407,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.tracking_uri:  # before anything is read: a password is refused, never echoed
         refuse_password(args.tracking_uri)
+    args.out = checked_out(args.out)  # a link or a file: one line, before any work
     df = load(args)
     if df.empty:
         print("no trials found", file=sys.stderr)

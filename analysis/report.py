@@ -45,6 +45,7 @@ from analysis.figures import (  # noqa: E402
     summary_markdown,
     summary_table,
 )
+from analysis.output import checked_out, report_dir, write_csv, write_file  # noqa: E402
 from analysis.run_table import glance  # noqa: E402
 from analysis.selection import write_selection  # noqa: E402
 from analysis.store import (  # noqa: E402
@@ -87,7 +88,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_tolerance=None,
                  n_boot: int = 1000, seed: int = 0) -> tuple[list[Path], str]:
     """Write every output under ``out``; returns (paths, correlation Markdown)."""
-    out.mkdir(parents=True, exist_ok=True)
+    out = report_dir(out)
     rule = dict(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)
     regime = saturated(df, **rule)
     with warnings.catch_warnings():  # an empty or thin regime is said in the conclusion
@@ -97,7 +98,7 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
     paths = _figures(df, out, acc_key, regime, saturation_rule(**rule, df=df))
     words = f"{glance(df, acc_key, **rule)}\n\n{conclusion(df, table, acc_key, **rule)}"
     texts = {"correlations.md": corr_md + "\n", "conclusion.md": words + "\n"}
-    table.to_csv(out / "correlations.csv", index=False)
+    write_csv(table, out / "correlations.csv")
     paths.append(out / "correlations.csv")
     first = tuple(f for f in varying_columns(df, seeds=False)  # what the sweep varies
                   if f in ("model", "algorithm", "train.algorithm")) or ("algorithm",)
@@ -105,15 +106,15 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
                               ("table2_by_model", ("model", "algorithm"), False)):
         summary = summary_table(df, acc_key, by=by, keys=("step", LOSS, KL, *X_KEYS[:2]),
                                 match_loss=matched, kl_threshold=kl_threshold)
-        summary.to_csv(out / f"{name}.csv", index=False)
+        write_csv(summary, out / f"{name}.csv")
         paths.append(out / f"{name}.csv")
         texts[f"{name}.md"] = f"{_table_rule(summary)}\n\n{summary_markdown(summary)}\n"
     if regime.any():  # which checkpoint flatness would pick vs the loss (analysis/selection.py)
         paths += write_selection(df, out, acc_key, n_boot=n_boot, seed=seed, **rule)
-    df.to_csv(out / "runs.csv", index=False)
+    write_csv(df, out / "runs.csv")
     paths.append(out / "runs.csv")
     for name, text in texts.items():
-        (out / name).write_text(text)
+        write_file(out / name, text)
         paths.append(out / name)
     return sorted(paths), corr_md
 
@@ -150,6 +151,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.tracking_uri:  # also with --trials: a password is refused, never echoed
         refuse_password(args.tracking_uri)
+    args.out = checked_out(args.out)  # a link or a file: one line, before any work
     df, uri = load_table(args)
     if uri is None:
         args.no_log = True

@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis.correlate import MIN_RUNS, RUN, saturated, saturation_rule, to_markdown  # noqa: E402
+from analysis.output import write_figure
 from analysis.store import (  # noqa: E402
     accuracy_key,
     load_table,
@@ -270,7 +271,7 @@ def selection_figure(table: pd.DataFrame, path: Path) -> Path:
         ax.invert_yaxis()
     fig.suptitle(f"Selection by flatness vs loss; {table.attrs.get('rule', '')}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_figure(fig, path, dpi=110)
     return path
 
 

@@ -52,6 +52,7 @@ from tqdm.auto import tqdm
 
 import flatlm
 from flatlm.core import tokens as token_layout
+from flatlm.core.safe_io import check_output_dir, write_atomic
 from flatlm.core.stats import ratio_mean_se
 from flatlm.sources.base import PAD, Source
 
@@ -208,8 +209,9 @@ def make_corpus(src: Source, cfg: CorpusConfig, out_dir, *, device=None,
     labels; it does not change the data. Raises ``ValueError`` for a bad rule, task or directory.
     """
     out_dir = Path(out_dir).absolute()
-    if out_dir.exists() and any(out_dir.iterdir()):
+    if out_dir.exists() and not out_dir.is_symlink() and any(out_dir.iterdir()):
         raise ValueError(f"{out_dir} exists and is not empty; choose a new directory")
+    out_dir = check_output_dir(out_dir)  # a link or a file: refused before any work
     if src.spec is None:
         raise ValueError("the source has no spec (built from arrays?); save it to a file first")
     if not src.has_truth and cfg.n_entropy:
@@ -229,7 +231,7 @@ def make_corpus(src: Source, cfg: CorpusConfig, out_dir, *, device=None,
     meta.update(_validation_entropy(src, columns["validation"], cfg.n_entropy, device, progress))
     _save(columns, meta, digest, out_dir, src.max_length, progress)
     meta["files"] = _file_hashes(out_dir)
-    (out_dir / METADATA).write_text(json.dumps(meta, indent=2) + "\n")
+    write_atomic(out_dir / METADATA, json.dumps(meta, indent=2) + "\n")
     return out_dir
 
 

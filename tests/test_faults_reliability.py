@@ -96,6 +96,56 @@ def test_2_out_a_link_to_a_directory_is_a_message(tmp_path, capsys):
     assert "--out" in capsys.readouterr().err and list(target.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", [
+    ["replicate", "--scale", "tiny", "--experiment", "steps", "--seeds", "1"],
+    ["data", "make", SOURCE, "--n", "8", "--no-progress"],
+])
+def test_2_replicate_and_data_refuse_an_out_that_is_a_link(tmp_path, capsys, command):
+    """Issue 43, item 3: ``flatlm replicate --out LINK`` and ``flatlm data make --out LINK``
+    wrote through the link."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target, target_is_directory=True)
+    assert flatlm([*command, "--out", str(tmp_path / "link")]) == 2
+    assert "is a symbolic link" in capsys.readouterr().err and list(target.iterdir()) == []
+
+
+def test_2_the_spectral_density_is_written_never_through_a_link(tmp_path, victim):
+    """Issue 43, item 3: ``flatlm measure --what density`` wrote spectral_density.json and .png
+    through planted links."""
+    import torch
+
+    from flatlm.core.safe_io import LinkRefusedError
+    from flatlm.measure import spectrum
+
+    grid, phi = torch.linspace(0, 1, 5), torch.ones(5)
+    link = tmp_path / "spectral_density.png"
+    link.symlink_to(victim)
+    with pytest.raises(LinkRefusedError):
+        spectrum._plot(grid, phi, link)
+    assert victim.read_text() == "keep me"
+    link.unlink()
+    spectrum._plot(grid, phi, link)
+    assert link.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("script", ["replication", "report"])
+def test_2_the_analysis_scripts_refuse_an_out_that_is_a_link(tmp_path, script):
+    """Issue 43, item 3: both analysis scripts wrote their reports through a link, and a link
+    --out ended in a traceback; now one line, before any work."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target, target_is_directory=True)
+    trials = tmp_path / "trials"
+    trials.mkdir()
+    extra = ["--kl-threshold", "0.1"] if script == "report" else []
+    done = subprocess.run([sys.executable, f"analysis/{script}.py", "--trials", str(trials),
+                           "--out", str(tmp_path / "link"), *extra], capture_output=True,
+                          text=True, cwd=Path(__file__).parents[1], timeout=300)
+    assert done.returncode != 0 and "is a symbolic link" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and list(target.iterdir()) == []
+
+
 # -- 3: credentials, any scheme case, every entry point, never echoed ------------------------
 
 PASSWORD = "pw-issue27-planted"

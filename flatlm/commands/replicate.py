@@ -26,6 +26,7 @@ from pathlib import Path
 
 from flatlm.core.config import parse_assignments
 from flatlm.core.devices import resolve_device
+from flatlm.core.safe_io import check_output_dir
 from flatlm.experiments.paper import EXPERIMENTS, build
 from flatlm.experiments.protocols import describe, diagnosis_protocols
 from flatlm.experiments.scales import SCALES
@@ -136,6 +137,7 @@ def run(args) -> int:
         return 0
     if args.jobs < 1:
         raise ValueError("--jobs must be >= 1")
+    args.out = check_output_dir(args.out)  # a link or a file: refused before any trial
     code = run_workers(args) if args.jobs > 1 else _run_here(args, experiments, device)
     if code == 0:
         print(f"all trials done under {args.out}; the report: python analysis/replication.py "

@@ -29,6 +29,7 @@ over n / probes inputs, which is broader than the population's. The density is w
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -37,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from flatlm.core.safe_io import write_atomic
 from flatlm.measure import (
     SLQ_NEGATIVE_TRACE,
     SLQ_TRACE_HESSIAN,
@@ -152,7 +154,7 @@ def write_density(sketch: Sketch, cfg: SpectrumConfig, directory: Path, meta: di
     """``spectral_density.json`` (and ``.png`` with matplotlib) in ``directory``."""
     grid, phi = sketch.density(cfg.grid_points, cfg.kernel_width)
     path = Path(directory) / f"{DENSITY_FILE}.json"
-    path.write_text(json.dumps({
+    write_atomic(path, json.dumps({
         "quantity": "hessian of the population loss", "n_params": sketch.n_params,
         "probes": cfg.slq_probes, "steps": cfg.slq_steps, "kernel_width": cfg.kernel_width,
         **meta, "grid": grid.tolist(), "density": phi.tolist(),
@@ -177,8 +179,10 @@ def _plot(grid: torch.Tensor, phi: torch.Tensor, path: Path) -> None:
     ax.set_ylabel("density (SLQ)")
     ax.set_title("Hessian spectral density")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()  # drawn in memory, written by the safe writer (never through a link)
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    write_atomic(path, png.getvalue())
 
 
 def eigen_metrics(hessian_op: CurvatureOperator, fisher_op: CurvatureOperator,
