@@ -376,7 +376,8 @@ def _stage1_lines(results: dict) -> list[str]:
     lines = ["", "## Stage 1: the steps model trained", "",
              "Commands: " + "; ".join(f"`{c}`" for c in commands if c), "",
              "Per task: trained probe / random-init features of its shape / majority.", "",
-             "| id | model | steps | final KL | A | B | C | (a) | (c) band | (c) gap | (c) room "
+             "| id | model | setting (steps, rate, schedule) | final KL | A | B | C | (a) "
+             "| (c) band | (c) gap | (c) room "
              "(unmet) | CPU min |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         v, p = r["verdict"], r["probe"]
@@ -385,8 +386,10 @@ def _stage1_lines(results: dict) -> list[str]:
                  if f"probe/{t}/acc_mean" in p]
         unmet = "; ".join(f"{x['task']} {x['claim'].split(':')[0]} room {x['room']:.3f} < "
                           f"{x['needed']:.3f}" for x in v["room"] if not x["met"]) or "all met"
-        steps = max(int(s) for s in r["kl"])
-        lines.append(f"| {r['id']} | {r['model']} | {steps} | {r['final_kl']:.4f} | "
+        name = r["setting_name"].removeprefix("testbed-")
+        setting = name if "-" in name else f"{name}, 0.001, constant"
+        lines.append(f"| {r['id']} | {r['model']} | {setting.replace('-', ', ')} | "
+                     f"{r['final_kl']:.4f} | "
                      + " | ".join(cells) + " | " + " | ".join(
                          "yes" if v[k] else "no" for k in ("a", "c_band", "c_gap")) +
                      f" | {unmet} | {r['cpu_s'] / 60:.1f} |")
