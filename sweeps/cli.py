@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flatlm.core.config import apply_overrides, parse_assignments
+from flatlm.core.config import apply_overrides, parse_assignments, refuse_varied
 
 if TYPE_CHECKING:
     from sweeps.signals import Interrupted
@@ -137,7 +137,6 @@ def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
     overrides = parse_overrides(getattr(args, "overrides", []))
     if getattr(args, "source", None) is not None:  # --source is --set source (resolve_source)
         overrides["source"] = args.source
-    swept = sorted(set(overrides) & set(sweep.space))
     sweep = replace(sweep, base=apply_overrides(sweep.base, overrides),
                     **{k: v for k, v in (("name", getattr(args, "name", None)),
                                          ("cpus_per_trial", args.cpus_per_trial),
@@ -146,11 +145,10 @@ def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
                                          ("kl_threshold", args.kl_threshold),
                                          ("loss_tolerance", getattr(args, "loss_tolerance", None)))
                        if v is not None})
-    if swept:  # the search space would silently replace the value
+    if set(overrides) & set(sweep.space):  # the search space would replace the value
         validate_trial(sweep.base)  # a bad value is named as such first
-        raise ValueError(f"--set {', '.join(swept)}: this sweep varies {', '.join(swept)} "
-                         "itself (its search space), so the value would be ignored; drop "
-                         "the --set, or use a sweep script that does not vary it")
+        refuse_varied(overrides, sweep.space, "this sweep (its search space)",
+                      "or use a sweep script that does not vary it")
     return with_ranks_per_gpu(sweep, overrides)
 
 

@@ -189,6 +189,17 @@ def apply_overrides(cfg, overrides: dict[str, Any]):
     return _apply_nested(cfg, nest(overrides), "")
 
 
+def refuse_varied(overrides: dict, varied, what: str, fix: str) -> None:
+    """A ``--set`` of a key that ``what`` varies itself (its grid or search space) would be
+    replaced in every trial, silently: an error naming the keys and the fix (every runner:
+    ``flatlm.experiments.paper.build`` for ``flatlm replicate``, ``sweeps.cli`` for the
+    sweeps)."""
+    clash = sorted(set(overrides) & set(varied))
+    if clash:
+        raise ValueError(f"--set {', '.join(clash)}: {what} varies {', '.join(clash)} itself, "
+                         f"so the value would be ignored; drop the --set ({fix})")
+
+
 def _names(cls) -> dict[str, str]:
     """key spelling -> field name (both ``lambda`` and ``lambda_`` are accepted)."""
     fields = [f.name for f in dataclasses.fields(cls)]

@@ -31,7 +31,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
-from flatlm.core.config import apply_overrides
+from flatlm.core.config import apply_overrides, refuse_varied
 from flatlm.experiments.grids import (
     ALGORITHMS,
     EXPERIMENTS,
@@ -99,7 +99,9 @@ def build(name: str, *, scale: str = "tiny", protocol: str = "paper",
         raise ValueError("seeds: give at least one training seed")
     grid["train.seed"] = list(seeds)
     if overrides:
-        base = apply_overrides(base, overrides)
+        base = apply_overrides(base, overrides)  # a bad value is named as such first
+        refuse_varied(overrides, (*grid, *space), f"the {name} experiment",
+                      "flatlm replicate: --seeds, --models and --algorithms choose what it varies")
     return Experiment(name=name, protocol=protocol, scale=sc.name, base=base, grid=grid,
                       space=space)
 

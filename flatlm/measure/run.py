@@ -103,6 +103,9 @@ class MeasureConfig:
         if unknown:
             raise ValueError(f"measure.what: unknown measurement(s) {sorted(unknown)}; use any "
                              f"of {', '.join(known)}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"measure.seed={self.seed!r}: use an integer >= 0 (it seeds numpy's "
+                             "SeedSequence, which takes no negative entropy)")
         if self.n_eval < 2:
             raise ValueError(f"measure.n_eval={self.n_eval}: use at least 2 sentences")
         if self.n_downstream < 10:

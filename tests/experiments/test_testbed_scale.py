@@ -56,3 +56,20 @@ def test_the_testbed_adversary_uses_the_searched_lambda():
     train = build("algorithms", scale="testbed").base.train
     assert train.adversarial.lambda_ == pytest.approx(0.01)
     assert train.adversarial.task == "B"
+
+
+@pytest.mark.parametrize(("experiment", "key", "value"), [
+    ("sizes", "model", "d16-h1-l1-i64"), ("steps", "train.seed", -1),
+    ("algorithms", "train.algorithm", "sam")])
+def test_a_set_of_a_key_the_experiment_varies_is_refused_not_ignored(experiment, key, value):
+    """Issue 43, item 13: ``flatlm replicate --set model=...`` was silently replaced by the
+    sizes grid in every trial (the sweeps refused it); build() now refuses it for every
+    runner."""
+    with pytest.raises(ValueError, match=f"--set {key}: the {experiment} experiment varies"):
+        build(experiment, scale="testbed", seeds=(0,), overrides={key: value})
+    build(experiment, scale="testbed", seeds=(0,), overrides={"train.log_every": 25})
+
+
+def test_a_negative_measure_seed_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"measure.seed=-1: use an integer >= 0"):
+        build("steps", scale="testbed", seeds=(0,), overrides={"measure.seed": -1})

@@ -91,7 +91,7 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
                  ["model 'bert-3m' is neither a preset nor a shape", "Presets: bert-2m"],
                  id="unknown-preset"),
     pytest.param(["--set", "model=d16-h1-l1-i64"],
-                 ["--set model: this sweep varies model", "drop the --set"],
+                 ["--set model: this sweep (its search space) varies model", "drop the --set"],
                  id="swept-key"),
     pytest.param(["--set", "train.lrr=1"],
                  ["unknown config key 'train.lrr'", "TrainConfig has", " lr,"],
