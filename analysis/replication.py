@@ -287,7 +287,12 @@ def write_report(df: pd.DataFrame, out: Path, *, rule: VerdictRule = DEFAULT_RUL
     out = report_dir(out)
     protocols = sorted(p for p in df["protocol"].dropna().unique())
     tables = {p: protocol_table(df[df["protocol"] == p], rule, fig1) for p in protocols}
-    claims = pd.concat([t.assign(protocol=p) for p, t in tables.items()], ignore_index=True)
+    frames = [t.assign(protocol=p) for p, t in tables.items() if not t.empty]
+    if not frames:
+        raise ValueError("no claim of the paper can be read from these trials: none is laid out "
+                         "as <trials>/<protocol>/<experiment>/<trial> (flatlm replicate's "
+                         "layout) with a claim's metric measured (a loss-only trial has none)")
+    claims = pd.concat(frames, ignore_index=True)
     claims = with_holm(claims, rule.level)  # one family: every test of the report
     tables = {p: claims[claims["protocol"] == p].drop(columns="protocol") for p in protocols}
     paths = [out / "claims.csv"]
@@ -408,6 +413,13 @@ def main(argv=None) -> int:
     if args.tracking_uri:  # before anything is read: a password is refused, never echoed
         refuse_password(args.tracking_uri)
     args.out = checked_out(args.out)  # a link or a file: one line, before any work
+    try:
+        return _report(args)
+    except ValueError as e:  # no such directory, no claim readable: one line, no traceback
+        raise SystemExit(f"error: {e}") from None
+
+
+def _report(args) -> int:
     df = load(args)
     if df.empty:
         print("no trials found", file=sys.stderr)

@@ -152,7 +152,10 @@ def main(argv=None) -> int:
     if args.tracking_uri:  # also with --trials: a password is refused, never echoed
         refuse_password(args.tracking_uri)
     args.out = checked_out(args.out)  # a link or a file: one line, before any work
-    df, uri = load_table(args)
+    try:
+        df, uri = load_table(args)
+    except ValueError as e:  # no such directory: one line, no traceback
+        raise SystemExit(f"error: {e}") from None
     if uri is None:
         args.no_log = True
     if df.empty:

@@ -21,6 +21,7 @@ replicate`` writes); ``sweep`` is the experiment, as the sweeps' MLflow tag is.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from flatlm.core.config import flatten_dict
 from flatlm.runs.metrics_log import METRICS_FILE, is_number, read_metrics
 
 CONFIG_FILE = "config.json"
+log = logging.getLogger(__name__)
 ID_COLUMNS = (*RUN_ID_COLUMNS, "protocol", "experiment")
 
 
@@ -61,7 +63,9 @@ def load_trials(root: str | Path) -> pd.DataFrame:
         raise ValueError(f"--trials {root}: no such directory")
     records, params, metrics = [], set(), set()
     for run in trial_dirs(root):
-        config = flatten_dict(json.loads((run / CONFIG_FILE).read_text()))
+        config = read_config(run)
+        if config is None:
+            continue
         params.update(config)
         rows = read_metrics(run)
         base = {**_ids(root, run, config, rows), **_tags(config, run), **config}
@@ -79,6 +83,22 @@ def load_trials(root: str | Path) -> pd.DataFrame:
     df.attrs["params"] = sorted(params)
     df.attrs["metrics"] = sorted(metrics)
     return df
+
+
+def read_config(run: Path) -> dict | None:
+    """A trial's config, flattened; None (with a warning naming the file) when it is not a
+    JSON object: a truncated or damaged record is left out of the report, not its end."""
+    path = run / CONFIG_FILE
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        log.warning("%s is not readable JSON (%s): trial left out", path, e)
+        return None
+    if not isinstance(config, dict):
+        log.warning("%s holds a %s, not a trial config: trial left out", path,
+                    type(config).__name__)
+        return None
+    return flatten_dict(config)
 
 
 def _ids(root: Path, run: Path, config: dict, rows: dict) -> dict:

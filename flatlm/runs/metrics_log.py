@@ -51,8 +51,8 @@ def parse_metrics(text: str, where: str = "metrics.jsonl") -> dict[int, dict]:
             continue
         try:
             row = json.loads(line)
-            step = int(row["step"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            step = int(row["step"])  # a non-finite step (1e400) overflows: not a row either
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError):
             log.warning("%s line %d is not a metrics row (a torn write?); skipped", where, n)
             continue
         rows[step] = row
@@ -65,11 +65,17 @@ def read_metrics(out_dir: str | Path) -> dict[int, dict]:
     out_dir = Path(out_dir)
     rows: dict[int, dict] = {}
     for path in sorted(out_dir.glob(f"checkpoints/step-*/{CHECKPOINT_METRICS_FILE}")):
-        rows.update(parse_metrics(path.read_text(), str(path)))
+        rows.update(parse_metrics(_text(path), str(path)))
     path = out_dir / METRICS_FILE
     if path.exists():
-        rows.update(parse_metrics(path.read_text(), str(path)))
+        rows.update(parse_metrics(_text(path), str(path)))
     return rows
+
+
+def _text(path: Path) -> str:
+    """A log's text; bytes that are not UTF-8 (a damaged disk block) become U+FFFD, so their
+    line fails to parse and is skipped with parse_metrics' warning, not the whole log."""
+    return path.read_bytes().decode("utf-8", errors="replace")
 
 
 def write_train_log(out_dir: str | Path, history: list[dict]) -> None:

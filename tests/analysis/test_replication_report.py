@@ -2,6 +2,7 @@
 marked, the rule is stated with the values used, and no row below 3 seeds has a verdict."""
 
 import pandas as pd
+import pytest
 
 from analysis.claims import DEFAULT_RULE, VerdictRule
 from analysis.fig1 import Fig1Settings
@@ -124,3 +125,53 @@ def test_sgd_rows_name_a_rate_that_departs_from_b2(tmp_path):
     assert not claims[claims["experiment"] != "sgd"]["deviation"].str.len().any()
     md = (tmp_path / "replication.md").read_text()
     assert "deviation: SGD at a constant 0.3" in md
+
+
+def _damaged_trials(root):
+    """Five trials of the replication's layout, four of them damaged one way each."""
+    import json
+
+    from flatlm.core.config import to_dict
+    from flatlm.experiments.scales import scale
+
+    good = json.dumps(to_dict(scale("testbed").base()))
+    for name in "abcde":
+        trial = root / "paper" / "steps" / name
+        trial.mkdir(parents=True)
+        (trial / "config.json").write_text(good)
+        (trial / "metrics.jsonl").write_text('{"step": 10000, "pretrain/kl": 0.01}\n')
+    with open(root / "paper/steps/a/metrics.jsonl", "a") as f:
+        f.write('{"step": 1e400}\n')
+    with open(root / "paper/steps/b/metrics.jsonl", "ab") as f:
+        f.write(b'{"step": 5, "x": "\xff\xfe"}\n')
+    (root / "paper/steps/c/config.json").write_text(good[:50])
+    (root / "paper/steps/d/config.json").write_text("[1, 2]")
+
+
+def test_damaged_records_are_left_out_with_a_warning_not_a_traceback(tmp_path, caplog):
+    """Issue 43, item 15: a {"step": 1e400} line, invalid UTF-8, a truncated or list-shaped
+    config.json each ended the report in a traceback."""
+    from analysis.trials import load_trials
+
+    _damaged_trials(tmp_path)
+    df = load_trials(tmp_path)
+    assert sorted(set(df["trial"])) == ["a", "b", "e"]  # c and d left out
+    assert (df.loc[df["step"] == 10000, "pretrain/kl"] == 0.01).sum() == 3  # the rest read
+    assert "c/config.json is not readable JSON" in caplog.text
+    assert "d/config.json holds a list" in caplog.text
+
+
+@pytest.mark.parametrize("script", ["replication", "report"])
+def test_the_analysis_scripts_end_bad_trials_in_one_line(tmp_path, script):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _damaged_trials(tmp_path / "trials")
+    extra = ["--kl-threshold", "0.1"] if script == "report" else []
+    for trials in (tmp_path / "trials", tmp_path / "missing"):
+        done = subprocess.run([sys.executable, f"analysis/{script}.py", "--trials", str(trials),
+                               "--out", str(tmp_path / "out"), *extra], capture_output=True,
+                              text=True, cwd=Path(__file__).parents[2], timeout=300)
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "no such directory" in done.stderr
