@@ -12,11 +12,11 @@ import logging
 import sys
 
 # Command modules, in the order their commands are listed by --help.
+from flatlm.commands import DIVERGED_EXIT, WRITE_FAILED_EXIT
+
 COMMAND_MODULES = ("data", "train", "trial", "measure", "grow", "replicate")
 
 
-DIVERGED_EXIT = 3  # training stopped by flatlm.train.run.Diverged
-WRITE_FAILED_EXIT = 5  # a checkpoint could not be written (disk full); the earlier ones intact
 # how to resume after a failed write; a command whose resume is a flag sets its own
 RESUME_HINT = "run the same command again (it resumes from the newest checkpoint)"
 

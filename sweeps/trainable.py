@@ -12,9 +12,7 @@ travelling in it keeps one MLflow run per trial. Runs in Ray workers: imports no
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import os
 import sys
 import time
@@ -23,8 +21,9 @@ from pathlib import Path
 import torch
 
 from flatlm.core.config import apply_overrides, from_dict
-from flatlm.core.safe_io import write_bytes, write_text
+from flatlm.core.safe_io import write_bytes
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, probe_keys
+from flatlm.runs.diverged import DIVERGED_FILE, record_divergence
 from flatlm.runs.metrics_log import METRICS_FILE, read_metrics, read_train_log
 from flatlm.runs.trial import TrialConfig, tracked_params
 from flatlm.sources import load
@@ -42,7 +41,7 @@ from sweeps.curves import plot_curves
 from sweeps.rayenv import tune
 from sweeps.travel import restore_tracking, save_tracking
 
-DIVERGED_FILE = "diverged.json"  # in a diverged trial's directory: {"step", "loss", "message"}
+# in a diverged trial's directory: {"step", "loss", "message"} (flatlm.runs.diverged)
 #   (loss null when it was not finite: the file stays valid JSON)
 TAG_DIVERGED = "flatlm.diverged"  # MLflow tag of a diverged trial's run: the step
 # Artifacts of a trial's MLflow run: its config, every checkpoint's measurements, its curves.
@@ -110,9 +109,7 @@ def end_diverged(tracker, out_dir: Path, e: Diverged) -> None:
     MLflow run FAILED. Nothing after the divergence was measured; the trial returns normally so
     that Tune neither retries it nor stops the sweep (the driver lists diverged trials)."""
     print(f"trial {out_dir.name}: {e}", file=sys.stderr, flush=True)
-    loss = e.loss if math.isfinite(e.loss) else None  # valid JSON: NaN and inf are not
-    write_text(out_dir / DIVERGED_FILE, json.dumps(
-        {"step": e.step, "loss": loss, "message": str(e)}, allow_nan=False) + "\n")
+    record_divergence(out_dir, e)  # valid JSON: a non-finite loss is null
     if not tracker.set_tag(TAG_DIVERGED, str(e.step)):
         print(f"trial {out_dir.name}: could not tag its run diverged ({DIVERGED_FILE} says so)",
               file=sys.stderr, flush=True)

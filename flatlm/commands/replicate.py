@@ -12,28 +12,35 @@ interrupted one continues from its newest checkpoint. ``--minutes`` stops after 
 during which the budget ran out (exit status 4: call again to continue). A trial whose settings
 changed since it started is an error, before any work.
 
-Exit status: 0 all done; 2 bad input; 4 the time budget ran out first.
+Exit status: 0 all done; 2 bad input; 3 a trial diverged (recorded in its ``diverged.json``,
+reported, skipped on reruns; the other trials ran); 4 the time budget ran out first; 5 a
+checkpoint could not be written (a full disk); 6 a worker of --jobs was killed (its trial
+resumes on a rerun); 7 trials left that another process holds.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from flatlm.commands import DIVERGED_EXIT
 from flatlm.core.config import parse_assignments
 from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import check_output_dir
 from flatlm.experiments.paper import EXPERIMENTS, build
 from flatlm.experiments.protocols import describe, diagnosis_protocols
+from flatlm.experiments.runner import DIVERGED
 from flatlm.experiments.scales import SCALES
 from flatlm.train.config import ALGORITHMS  # every registered algorithm
 
 OUT_OF_TIME_EXIT = 4
-BUSY_EXIT = 5  # a worker left trials that another process holds
+WORKER_DIED_EXIT = 6  # a worker process was killed (a signal): its trial resumes on a rerun
+BUSY_EXIT = 7  # trials left that another process holds (not 5: flatlm.cli's full disk)
 
 
 def register(subparsers) -> None:
@@ -150,17 +157,22 @@ def _run_here(args, experiments, device: str) -> int:
 
     budget = Budget(None if args.minutes is None else 60 * args.minutes)
     start = time.monotonic()
-    done = True
+    done, diverged = True, []
     for exp in experiments:
         def tell(name, state, exp=exp):
             print(f"[{(time.monotonic() - start) / 60:5.1f} min] {exp.protocol}/{exp.name}/"
                   f"{name}: {state}", flush=True)
+            if state.startswith(DIVERGED):
+                diverged.append(f"{exp.protocol}/{exp.name}/{name}")
         done = run_experiment(exp, args.out, device=device, budget=budget,
                               on_trial=tell) and done
         if budget.spent():
             print(f"time budget of {args.minutes} min spent; run the same command again to "
                   "continue", file=sys.stderr)
             return OUT_OF_TIME_EXIT
+    if diverged:  # every other trial ran; these are recorded and skipped on reruns
+        print(f"{len(diverged)} trial(s) diverged: {', '.join(diverged)}", file=sys.stderr)
+        return DIVERGED_EXIT
     return 0 if done else BUSY_EXIT
 
 
@@ -172,7 +184,12 @@ def run_workers(args) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     workers = [subprocess.Popen(argv, env=env) for _ in range(args.jobs)]
     codes = [w.wait() for w in workers]
-    codes = [0 if c == BUSY_EXIT else c for c in codes]
+    for worker, code in zip(workers, codes, strict=True):
+        if code < 0:  # killed: its trial keeps its checkpoints and resumes on the next run
+            print(f"flatlm replicate: worker {worker.pid} was killed by "
+                  f"{signal.Signals(-code).name}; its trial resumes from its newest "
+                  "checkpoint: run the same command again", file=sys.stderr)
+    codes = [WORKER_DIED_EXIT if c < 0 else 0 if c == BUSY_EXIT else c for c in codes]
     return max(codes, key=lambda c: (c != 0, c))
 
 

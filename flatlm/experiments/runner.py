@@ -27,6 +27,7 @@ from flatlm.core.config import from_dict, to_dict
 from flatlm.core.safe_io import make_fresh_dir, refuse_link, write_atomic
 from flatlm.experiments.paper import Experiment
 from flatlm.runs.dirlock import DirectoryBusyError, writer_lock
+from flatlm.runs.diverged import DIVERGED_FILE, divergence, record_divergence
 from flatlm.runs.manifest import MANIFEST, listed_files
 from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, TRAIN_LOG_FILE, read_metrics
 from flatlm.runs.trial import (
@@ -35,7 +36,10 @@ from flatlm.runs.trial import (
     training_identity,
     with_downstream_resolved,
 )
+from flatlm.train.run import Diverged
 from flatlm.train.state import checkpoint_dir, find_checkpoints
+
+DIVERGED = "diverged"  # the state on_trial hears for a diverged trial (first word)
 
 
 class OutOfTime(Exception):  # noqa: N818 - a budget reached, not an error
@@ -92,7 +96,8 @@ def run_experiment(experiment: Experiment, root: str | Path, *, device: str = "c
     """Runs (or resumes) every trial of ``experiment`` under ``root``; True when all are done,
     False when the budget ran out first or another process holds a trial (then skipped: its
     holder runs it). ``on_trial(name, state)`` hears "skip", "start", "done", "paused" and
-    "busy ..." per trial."""
+    "busy ...", "diverged ..." per trial (a diverged trial is recorded, reported and skipped on
+    reruns: ``flatlm.runs.diverged``)."""
     budget = budget or Budget()
     root = Path(root).absolute()
     busy = False
@@ -103,6 +108,10 @@ def run_experiment(experiment: Experiment, root: str | Path, *, device: str = "c
         out = trial_dir(root, experiment, name)
         if finished(out, cfg):
             _tell(on_trial, name, "skip")
+            continue
+        if (record := divergence(out)) is not None:  # the same seed would diverge again
+            _tell(on_trial, name, f"{DIVERGED} at step {record['step']} (recorded in "
+                                  f"{DIVERGED_FILE}; delete the directory to run it again)")
             continue
         if budget.spent():
             _tell(on_trial, name, "paused")
@@ -121,6 +130,10 @@ def run_experiment(experiment: Experiment, root: str | Path, *, device: str = "c
         except DirectoryBusyError:  # another worker runs it (flatlm replicate --jobs)
             _tell(on_trial, name, "busy (another process runs it)")
             busy = True
+            continue
+        except Diverged as e:  # recorded and reported; the other trials go on
+            record_divergence(out, e)
+            _tell(on_trial, name, f"{DIVERGED}: {e}")
             continue
         _tell(on_trial, name, "done")
     return not busy

@@ -76,3 +76,38 @@ def test_the_testbed_selection_varies_the_rate_and_takes_its_algorithms():
         args = build_parser().parse_args(["replicate", "--out", "o", *bad])
         with pytest.raises(ValueError, match=field):
             experiments_from_args(args)
+
+
+def test_a_killed_worker_is_named_and_ends_in_its_own_status(tmp_path, capfd):
+    """Issue 43, item 6: ``--jobs 2`` with a worker killed -9 exited 247 without a word. A real
+    worker is killed once it has started a trial; the survivor finishes, the command names the
+    dead one, exits 6, and a rerun completes the killed trial."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    common = [sys.executable, "-m", "flatlm", "replicate", "--experiment", "steps",
+              "--protocol", "paper", "--seeds", "2", *fast_set_flags(), "--set",
+              "train.steps=600", "--set", "train.checkpoint_steps=[0,300,600]",
+              "--out", str(tmp_path)]
+    parent = subprocess.Popen([*common, "--jobs", "2"], stderr=subprocess.PIPE, text=True)
+    children = []
+    for _ in range(600):  # the workers, once one holds a trial's lock
+        found = subprocess.run(["pgrep", "-P", str(parent.pid)], capture_output=True,
+                               text=True).stdout.split()
+        if len(found) == 2 and list(tmp_path.glob("paper/steps/*/.flatlm.lock")):
+            children = [int(p) for p in found]
+            break
+        time.sleep(0.1)
+    assert children, "the workers did not start"
+    time.sleep(1.0)
+    import os
+
+    os.kill(children[0], signal.SIGKILL)
+    _, err = parent.communicate(timeout=600)
+    assert parent.returncode == 6, err[-2000:]
+    assert f"worker {children[0]} was killed by SIGKILL" in err
+    assert main(["replicate", "--experiment", "steps", "--protocol", "paper", "--seeds", "2",
+                 *fast_set_flags(), "--set", "train.steps=600", "--set",
+                 "train.checkpoint_steps=[0,300,600]", "--out", str(tmp_path)]) == 0

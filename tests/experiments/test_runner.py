@@ -98,3 +98,23 @@ def test_a_trial_another_process_holds_is_left_to_it_and_the_others_run(tmp_path
                       ("seed1", "start"), ("seed1", "done")]
     assert not read_metrics(trial_dir(tmp_path, exp, "seed0"))
     assert run_experiment(exp, tmp_path)  # the lock released: seed0 runs, seed1 is skipped
+
+
+def test_a_diverged_trial_is_recorded_reported_and_skipped_while_the_others_run(tmp_path):
+    """Issue 43, item 5: a diverging trial ended ``flatlm replicate`` with a traceback, no later
+    trial ran, and every rerun diverged again at the same trial."""
+    from dataclasses import replace
+
+    from flatlm.runs.diverged import divergence
+
+    # one experiment whose first trial diverges (lr 1000) and whose second runs (lr 1e-3)
+    exp = replace(steps_experiment(), grid={"train.seed": [0], "train.lr": [1000.0, 0.001]})
+    states = []
+    assert run_experiment(exp, tmp_path, on_trial=lambda name, state: states.append(state))
+    (bad, _), (good, cfg) = [(trial_dir(tmp_path, exp, name), cfg) for name, cfg in exp.trials()]
+    assert divergence(bad)["step"] > 0 and divergence(good) is None
+    assert set(cfg.train.checkpoint_steps) <= set(read_metrics(good))  # it ran to its end
+    assert [s.split()[0] for s in states] == ["start", "diverged:", "start", "done"]
+    states.clear()
+    run_experiment(exp, tmp_path, on_trial=lambda name, state: states.append(state))
+    assert states[0].startswith("diverged at step") and states[1] == "skip"
