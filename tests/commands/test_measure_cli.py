@@ -49,3 +49,28 @@ def test_measure_prints_and_saves_every_key(checkpoint, capsys):
 def test_bad_options_fail_with_a_message(checkpoint, capsys, args, match):
     assert main(["measure", str(checkpoint), *args]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_a_model_with_non_finite_weights_reads_nan_instead_of_crashing(tmp_path, capsys,
+                                                                        caplog):
+    """Issue 43, item 11: on a model that outputs NaN, Tr(F) crashed in its label sampling
+    ("invalid multinomial distribution") and the spectral density in eigh; the loss and probe
+    reported NaN as they should."""
+    import math
+
+    import torch
+
+    src = load(SOURCE)
+    cfg = parse_model("d16-h2-l1-i32")
+    model = build_model(cfg, src.V, src.max_length, seed=0)
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    ckpt = save_checkpoint(model, tmp_path / "ckpt", source_spec=src.spec, model_cfg=cfg)
+    rc = main(["measure", str(ckpt), "--what", "loss,fisher,density", "--n-inputs", "16",
+               "--json", "--set", "measure.flatness.batch_size=16",
+               "--set", "measure.spectrum.slq_probes=2", "--set", "measure.spectrum.slq_steps=4"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-2000:]
+    out = json.loads(captured.out.strip().splitlines()[-1])
+    assert math.isnan(out["flat/trace_fisher"]) and math.isnan(out["pretrain/kl"])
+    assert "weights are not finite" in caplog.text
