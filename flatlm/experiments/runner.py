@@ -16,6 +16,7 @@ measurement settings. A twin of the trial's own protocol is preferred.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -28,7 +29,7 @@ from flatlm.core.safe_io import make_fresh_dir, refuse_link, write_atomic
 from flatlm.experiments.paper import Experiment
 from flatlm.runs.dirlock import DirectoryBusyError, writer_lock
 from flatlm.runs.diverged import DIVERGED_FILE, divergence, record_divergence
-from flatlm.runs.manifest import MANIFEST, listed_files
+from flatlm.runs.manifest import MANIFEST, listed_files, verify_manifest
 from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, TRAIN_LOG_FILE, read_metrics
 from flatlm.runs.trial import (
     TRAINED_BY,
@@ -39,6 +40,7 @@ from flatlm.runs.trial import (
 from flatlm.train.run import Diverged
 from flatlm.train.state import checkpoint_dir, find_checkpoints
 
+log = logging.getLogger(__name__)
 DIVERGED = "diverged"  # the state on_trial hears for a diverged trial (first word)
 
 
@@ -169,9 +171,24 @@ def find_twin(root: Path, protocol: str, out: Path, cfg) -> Twin | None:
         if not all(s in found and listed_files(found[s]) is not None for s in needed):
             continue
         identity = identity or training_identity(cfg)
-        if _identity_or_none(other) == identity:
+        if _identity_or_none(other) == identity and _verified(found, needed):
             return Twin(candidate, {s: found[s] for s in needed})
     return None
+
+
+def _verified(found: dict[int, Path], needed: list[int]) -> bool:
+    """Every needed checkpoint's files match its manifest: a twin whose checkpoint was damaged
+    since (a flipped bit, a truncated file) is passed over, with a warning naming the file, and
+    the trial trains itself; linking it would pass the damage on, and measuring it would stop
+    at it on every rerun."""
+    for step in needed:
+        try:
+            verify_manifest(found[step])
+        except ValueError as e:
+            log.warning("not measuring a twin's checkpoints (%s); training this trial instead",
+                        e)
+            return False
+    return True
 
 
 def _trial_configs(root: Path, protocol: str) -> list[Path]:

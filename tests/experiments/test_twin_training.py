@@ -177,3 +177,20 @@ def test_a_resume_ignores_other_algorithms_sections_but_not_a_changed_rate(runs,
                    resume=True, on_checkpoint=lambda *args: called.append(args))
     assert result.step == 6 and called == []  # nothing trained, saved or measured again
     assert snapshot(out) == before
+
+
+def test_a_twin_whose_checkpoint_was_damaged_is_passed_over_and_the_trial_trains_itself(
+        tmp_path, caplog):
+    """Issue 43, item 4: a twin whose checkpoint was damaged after it was written was
+    hard-linked without checking its manifest; every rerun then stopped at that trial."""
+    assert run_experiment(ALGORITHMS, tmp_path)
+    twin = trial_dir(tmp_path, ALGORITHMS, TWIN_TRIAL)
+    weights = find_checkpoints(twin)[3] / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01  # one flipped bit: the file still parses
+    weights.write_bytes(bytes(data))
+    out = trial_dir(tmp_path, SIZES, SIZES_TRIAL)
+    assert find_twin(tmp_path, "paper", out, SIZES_CFG) is None
+    assert "model.safetensors: its SHA-256 differs" in caplog.text
+    assert run_experiment(SIZES, tmp_path)  # trained itself, to the end
+    assert not (out / TRAINED_BY).exists() and set(read_metrics(out)) == {3, 6}
