@@ -53,10 +53,14 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
 
 
 def check_state(path: Path, trust_state: bool) -> None:
-    """The trust checks of ``sweeps.trust`` on the state a resume would restore (if there is
-    one)."""
+    """The trust checks of ``sweeps.trust`` on the state a resume would restore. A sweep whose
+    state is gone (no ``tuner.pkl``: deleted, or another machine's storage) is refused: Tune
+    would start it again from scratch beside its earlier trials and MLflow runs."""
     if not (path / "tuner.pkl").exists() and not (path / "tuner.pkl").is_symlink():
-        return
+        raise ValueError(f"--resume: {path / 'tuner.pkl'} is missing, so Ray cannot restore the "
+                         "sweep; resuming would start it again beside its earlier runs. Start it "
+                         f"anew with another --name, or delete {path} and its trials directory "
+                         "to run it again under this name")
     check_trusted(path)
     # --trust-state accepts a sweep with no record here (copied, an older flatlm), never one
     # whose record shows another file: that refusal (StateTampered) stands whatever the flags

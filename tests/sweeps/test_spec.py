@@ -367,3 +367,15 @@ def test_a_password_behind_blanks_is_refused_too(uri):
 
     with pytest.raises(ValueError, match="MLFLOW_TRACKING_PASSWORD"):
         check_tracking_uri(uri)
+
+
+def test_resume_of_a_sweep_whose_state_is_gone_is_refused(tmp_path):
+    """Issue 43, item 10: --resume of a sweep whose tuner.pkl was gone silently started a
+    second sweep (6 MLflow runs for 3 grid points)."""
+    from sweeps.driver import check_state
+
+    sweep = tmp_path / "ray_results" / "scaling"
+    sweep.mkdir(parents=True)
+    (sweep / "experiment_state-2026.json").write_text("{}")
+    with pytest.raises(ValueError, match="tuner.pkl is missing, so Ray cannot restore"):
+        check_state(sweep, trust_state=False)
