@@ -116,6 +116,9 @@ def validate_trial(cfg: TrialConfig, source=None):
         raise ValueError(f"source: {e}") from None
     model_cfg = parse_model(cfg.model)
     check_before_training(cfg.train, model_cfg)  # grow: each shape a growth of the one before
+    # sizes against this host's memory before any work (a sweep checks every grid point here,
+    # before Ray starts); the trial checks again on its own device (run_trial)
+    check_fits(cfg.train, model_cfg, source, torch.device("cpu"))
     if not cfg.train.checkpoint_steps:
         raise ValueError("train.checkpoint_steps is empty: a trial measures at checkpoints; "
                          "give at least one step, e.g. [0, 100]")

@@ -40,8 +40,12 @@ def check_fits(cfg, model_cfg, source, device) -> None:
                 "fewer words or shorter sentences", device=device)
     per_pass = cfg.micro_batch_size or cfg.sentences_per_pass
     width = model_cfg.d_model or model_cfg.d_hidden or 0
-    eager_heads = (model_cfg.n_heads or 0) if model_cfg.attention == "eager" else 0  # sdpa: no
-    per_token = model_cfg.n_layers * width + eager_heads * positions  # T x T; kept for backward
+    heads = model_cfg.n_heads or 0
+    # T x T attention weights: every layer's kept for backward under eager attention; at least
+    # one layer's under SDPA, whose kernel for a padding mask materialises them (dyck:1000000
+    # reached a 32 TB allocation that the estimate without them let through)
+    attention = (model_cfg.n_layers if model_cfg.attention == "eager" else 1) * heads
+    per_token = model_cfg.n_layers * width + attention * positions
     require(per_pass * positions * per_token * _FLOAT,
             f"one forward pass of {per_pass} sentences of {length} positions "
             f"(train.batch_size / train.micro_batch_size and the source's length)",

@@ -379,3 +379,17 @@ def test_resume_of_a_sweep_whose_state_is_gone_is_refused(tmp_path):
     (sweep / "experiment_state-2026.json").write_text("{}")
     with pytest.raises(ValueError, match="tuner.pkl is missing, so Ray cannot restore"):
         check_state(sweep, trust_state=False)
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    ({"train.batch_size": 10**9}, "one forward pass of 1000000000 sentences"),
+    ({"source": "dyck:1000000", "measure.spans": None}, "sentences of 1000000 positions"),
+    ({"model": "d1000000-h1-l1-i64"}, "--model d1000000-h1-l1-i64"),
+])
+def test_sizes_that_cannot_fit_are_one_error_before_any_trial(change, needle):
+    """Issue 43, item 14: the sweeps checked sizes only inside each trial (rc 1 and 4-13
+    tracebacks); attention's T x T weights were left out of the estimate (dyck:1000000 reached
+    a 32 TB allocation)."""
+    sweep = Sweep(name="s", base=apply_overrides(base_for("tiny"), change))
+    with pytest.raises(ValueError, match=needle):
+        check_sweep(sweep)
