@@ -30,7 +30,7 @@ from torch import nn
 from flatlm.models.architectures import architecture
 from flatlm.models.masked_lm import build_model, count_parameters, model_layout, unwrap
 from flatlm.models.presets import ModelConfig, shape_string
-from flatlm.runs.manifest import verify_manifest
+from flatlm.runs.manifest import sha256, verify_manifest
 from flatlm.sources import load
 
 INFO_NAME = "flatlm.json"
@@ -85,6 +85,10 @@ def save_checkpoint(
         "tokens": model_layout(model).to_dict(),
         "load": _load_hint(model),
         "extra": extra or {},
+        # the weights' SHA-256 beside them: a checkpoint whose manifest.json is lost is still
+        # checked (load_checkpoint), where it would otherwise be taken as it is
+        "weights_sha256": {p.name: sha256(p) for p in sorted(out_dir.iterdir())
+                           if p.is_file() and is_model_file(p.name) and p.name != INFO_NAME},
     }
     # serialise before writing so a non-JSON extra fails without leaving a half-written file
     text = json.dumps(info, indent=2) + "\n"
@@ -98,6 +102,17 @@ def _load_hint(model: nn.Module) -> str:
     if not type(model).__module__.startswith("transformers."):
         return ours
     return f"transformers.{type(model).__name__}.from_pretrained(dir) or {ours}"
+
+
+def verify_weights(model_dir: Path, info: dict) -> None:
+    """The weight files against the digests ``flatlm.json`` keeps beside them (checkpoints
+    written before it kept them: nothing to check); a ValueError naming the damaged file."""
+    for name, digest in (info.get("weights_sha256") or {}).items():
+        path = model_dir / name
+        if not path.is_file() or sha256(path) != digest:
+            raise ValueError(f"{path}: {'missing' if not path.is_file() else 'its SHA-256'} "
+                             f"differs from the one {INFO_NAME} keeps (damaged after it was "
+                             "written): use an earlier checkpoint (resume falls back by itself)")
 
 
 def load_checkpoint(model_dir: str | Path) -> tuple[nn.Module, dict]:
@@ -116,6 +131,7 @@ def load_checkpoint(model_dir: str | Path) -> tuple[nn.Module, dict]:
     if not isinstance(info, dict) or info.get("format") != FORMAT:
         info = info if isinstance(info, dict) else {}
         raise ValueError(f"{model_dir / INFO_NAME}: format {info.get('format')!r}, not {FORMAT}")
+    verify_weights(model_dir, info)
     cfg = ModelConfig(**info["model"])
     return _load_model(model_dir, cfg, info["tokens"]).eval(), info
 

@@ -176,3 +176,24 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_earlier_ones_and_says_so(src, tin
         assert torch.equal(a, b)
     err = CheckpointWriteError("x")
     assert str(pickle.loads(pickle.dumps(err))) == "x"  # crosses to a Ray driver intact
+
+
+def test_a_flipped_bit_is_caught_with_the_manifest_deleted_too(src, stop_at, tiny_model,
+                                                               tmp_path):
+    """Issue 43, item 12: with manifest.json deleted and a bit flipped in the weights, resume
+    accepted the damaged checkpoint; flatlm.json now keeps the weights' SHA-256 beside them."""
+    from flatlm.models.checkpoint import load_checkpoint
+
+    cfg = TrainConfig(steps=9, batch_size=16, warmup_steps=2, checkpoint_steps=(3, 6, 9), seed=4)
+    straight = train(cfg, src, tiny_model, tmp_path / "a", progress=False)
+    with pytest.raises(stop_at.Stopped):
+        train(cfg, src, tiny_model, tmp_path / "b", progress=False, on_checkpoint=stop_at(6))
+    ckpt = tmp_path / "b" / "checkpoints" / "step-6"
+    (ckpt / "manifest.json").unlink()
+    load_checkpoint(ckpt)  # intact without its manifest: loads
+    _flip_last_byte(ckpt / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model\.safetensors: its SHA-256 differs from the one"):
+        load_checkpoint(ckpt)
+    resumed = train(cfg, src, tiny_model, tmp_path / "b", progress=False, resume=True)
+    for a, b in zip(straight.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(a, b)  # resumed from step 3, bit for bit
