@@ -187,7 +187,7 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
         print(f"error: {e}", file=sys.stderr)
         return 2
     from sweeps.delivery import TrackingIncomplete
-    from sweeps.driver import run_sweep
+    from sweeps.driver import TrialsFailed, run_sweep
     from sweeps.signals import Interrupted
     from sweeps.spec import shown_metrics
     from sweeps.summary import TrackingUnreachable, summarise
@@ -210,6 +210,9 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
         return interrupted(e)
     except TrackingIncomplete as e:
         return tracking_lags(f"{e}.", e.uri)
+    except TrialsFailed as e:  # one line, no traceback; the records of the others stand
+        print(f"error: {e}", file=sys.stderr)
+        return TRIALS_FAILED
     try:
         summarise(sweep, workdir, args.tracking_uri, verbose=args.verbose)
     except TrackingUnreachable as e:
@@ -236,6 +239,7 @@ def resume_command(*extra: str) -> str:
 
 
 TRACKING_LAGS = 3  # exit code: the trials ran, MLflow does not have all of it yet
+TRIALS_FAILED = 1  # exit code: trials failed after their retries (said in one line)
 
 
 def tracking_lags(what: str, uri: str | None) -> int:

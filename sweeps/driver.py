@@ -6,10 +6,12 @@ could not deliver their end. Each job lives in its module: ``resume``, ``trust``
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import Sequence
 from pathlib import Path
 
+from flatlm.measure.eval_cache import remove_stale_temporaries
 from flatlm.tracking.tracker import (
     default_artifact_location,
     default_tracking_uri,
@@ -50,6 +52,21 @@ def run_sweep(sweep: Sweep, *, workdir: Path, tracking_uri: str | None, address:
         if resume:  # Ray unpickles the sweep's state on restore: code in it would run here
             check_state(workdir / "ray_results" / sweep.name, trust_state)
         return _run(sweep, workdir, uri, trials_dir, address, resume, show, callbacks)
+
+
+class TrialsFailed(RuntimeError):  # noqa: N818 - an outcome the command line reports
+    """Trials that failed after their retries: how many of how many, the first one's error in
+    one line (Ray's colour codes removed), and where their logs are."""
+
+    def __init__(self, errors: list, total: int, trials_dir: Path):
+        first = _ANSI.sub("", str(errors[0])).strip().splitlines() or ["(no message)"]
+        last = next((line for line in reversed(first) if line.strip()), first[0])
+        super().__init__(f"{len(errors)} of {total} trial(s) failed after their retries; the "
+                         f"first: {last.strip()[:300]} (each trial's error.txt and logs are in "
+                         f"Ray's trial directories; the trials' own records in {trials_dir})")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def check_state(path: Path, trust_state: bool) -> None:
@@ -94,9 +111,10 @@ def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str |
                               count_unfinished(results), killed)
         undelivered = finish_undelivered(trials_dir, uri, experiment_id)
         report_diverged(trials_dir)
+        remove_stale_temporaries(workdir / "eval_cache")  # no trial writes any more
         errors = [r.error for r in results if r.error]
         if errors:
-            raise RuntimeError(f"{len(errors)} trial(s) failed after retries: {errors[0]}")
+            raise TrialsFailed(errors, len(results), trials_dir)
         if undelivered:
             raise TrackingIncomplete(uri, undelivered)
         return workdir / "ray_results" / sweep.name

@@ -35,6 +35,10 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None, *,
     ``verbose`` also the correlation table and the model-selection verdict."""
     uri = tracking_uri or default_tracking_uri(workdir)
     runs = _load(uri, sweep.name)
+    if nothing_finished(runs):  # tables over no run would state what no run measured
+        print(f"\n{nothing_finished(runs)}")
+        _print_commands(sweep, workdir, uri, verbose, runs.attrs.get("experiment_id"))
+        return
     key, rule = accuracy_key(sweep), saturation(sweep)
     with warnings.catch_warnings():  # an empty or thin regime is said in the conclusion
         warnings.simplefilter("ignore", UserWarning)
@@ -51,6 +55,20 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None, *,
     if verbose or sweep.selection:
         _print_selection(sweep, runs, key)
     _print_commands(sweep, workdir, uri, verbose, runs.attrs.get("experiment_id"))
+
+
+def nothing_finished(runs) -> str | None:
+    """What to say instead of the tables when no run of the sweep finished (every trial
+    diverged or failed), else None."""
+    status = runs.get("status")
+    if status is not None and (status == "FINISHED").any():
+        return None
+    if status is None and len(runs):
+        return None
+    n = runs["run_id"].nunique() if "run_id" in runs else 0
+    return (f"No run of this sweep finished ({n} run(s), each diverged or failed: see the "
+            "lines above), so there is nothing to compare: no table, no verdict. A diverged "
+            "trial names its step and loss; lower train.lr, or see its MLflow run.")
 
 
 def _load(uri: str, name: str):

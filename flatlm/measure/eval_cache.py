@@ -74,5 +74,18 @@ def replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
     sees no file or a whole one, and concurrent writers each leave a whole one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:  # a failed or interrupted write leaves no temporary file behind
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def remove_stale_temporaries(cache_dir: str | Path) -> int:
+    """Removes the temporaries a killed writer left in ``cache_dir`` (call it when no writer
+    runs: a sweep's end); returns how many."""
+    stale = list(Path(cache_dir).glob(".eval-*.tmp"))
+    for tmp in stale:
+        tmp.unlink(missing_ok=True)
+    return len(stale)

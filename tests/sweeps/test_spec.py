@@ -393,3 +393,44 @@ def test_sizes_that_cannot_fit_are_one_error_before_any_trial(change, needle):
     sweep = Sweep(name="s", base=apply_overrides(base_for("tiny"), change))
     with pytest.raises(ValueError, match=needle):
         check_sweep(sweep)
+
+
+def test_a_sweep_whose_every_trial_diverged_says_so_instead_of_empty_tables():
+    """Issue 43, item 9: a sweep whose trials all diverged printed an empty table, "no KL was
+    measured" and "every run has checkpoints in the regime" over 0 runs."""
+    import pandas as pd
+
+    from sweeps.summary import nothing_finished
+
+    diverged = pd.DataFrame({"run_id": ["a", "a", "b"], "status": ["FAILED"] * 3,
+                             "step": [0, 0, 0]})
+    assert "No run of this sweep finished (2 run(s)" in nothing_finished(diverged)
+    assert nothing_finished(diverged.assign(status=["FAILED", "FAILED", "FINISHED"])) is None
+
+
+def test_failed_trials_end_in_one_line_without_colour_codes():
+    """Issue 43, item 9: every trial failing ended the sweep in an uncaught RuntimeError
+    traceback with Ray's ANSI colour codes."""
+    from pathlib import Path
+
+    from sweeps.driver import TrialsFailed
+
+    e = TrialsFailed(["\x1b[36mray::train()\x1b[39m\nTraceback\n  File x\nValueError: boom\n"],
+                     3, Path("/w/trials/s"))
+    assert str(e).startswith("1 of 3 trial(s) failed after their retries; the first: "
+                             "ValueError: boom")
+    assert "\x1b" not in str(e)
+
+
+def test_an_interrupted_cache_write_leaves_no_temporary(tmp_path):
+    from flatlm.measure.eval_cache import remove_stale_temporaries, replace_atomically
+
+    def fails(tmp):
+        tmp.write_bytes(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        replace_atomically(tmp_path / "eval-x.pt", fails)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / ".eval-y.pt.1234.tmp").write_bytes(b"left by a killed writer")
+    assert remove_stale_temporaries(tmp_path) == 1 and list(tmp_path.iterdir()) == []
