@@ -284,9 +284,16 @@ class Run:
         return record
 
     def check_window(self) -> None:
-        """Checks the loss of the updates since the last read-out (one host sync)."""
+        """Checks the loss of the updates since the last read-out, and that the weights are
+        finite: the loss of an update is taken before it, so the update just before a
+        checkpoint can leave non-finite weights that no loss has shown yet (two host syncs a
+        checkpoint)."""
         if self.window_count and "train/loss" in self.window:
             self.check_loss(float(self.window["train/loss"]) / self.window_count)
+        finite = torch.stack([torch.isfinite(p).all() for p in self.ctx.model.parameters()])
+        if not bool(finite.all()):
+            raise Diverged(self.step, float("nan"), "(the weights after the last update are "
+                                                     "not finite)")
 
     def check_loss(self, loss: float) -> None:
         """Raises ``Diverged`` if ``loss`` (at ``self.step``) is non-finite, or above

@@ -107,3 +107,32 @@ def test_cli_rejects_nonfinite_before_work(tmp_path, capsys, option, text):
                  "--device", "cpu", "--no-progress", option, text])
     assert code == 2 and "use a finite number" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_an_update_that_leaves_non_finite_weights_just_before_a_checkpoint_is_caught(
+        tmp_path, monkeypatch):
+    """Issue 43, item 8: the loss of an update is read before it, so an update just before a
+    checkpoint could leave non-finite weights that no loss had shown: the checkpoint was saved
+    and measured (flatlm trial: exit 1, a traceback). The weights are checked before saving."""
+    import torch
+
+    from flatlm.train import run as run_module
+
+    real = run_module.Run.update_function
+
+    def poisoned(self):
+        step = real(self)
+
+        def update(ctx, inputs):
+            metrics = step(ctx, inputs)
+            if self.step == 4:  # the update into step 5, a checkpoint step; no read-out yet
+                with torch.no_grad():
+                    next(ctx.model.parameters()).fill_(float("nan"))
+            return metrics
+        return update
+
+    monkeypatch.setattr(run_module.Run, "update_function", poisoned)
+    with pytest.raises(Diverged, match="weights after the last update are not finite") as e:
+        train(_cfg(steps=10, log_every=10, checkpoint_steps=(0, 5, 10)),
+              load(SourceSpec(SOURCE)), MODEL, tmp_path, progress=False)
+    assert e.value.step == 5 and list(find_checkpoints(tmp_path)) == [0]
