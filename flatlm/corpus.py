@@ -211,13 +211,14 @@ def make_corpus(src: Source, cfg: CorpusConfig, out_dir, *, device=None,
     out_dir = Path(out_dir).absolute()
     if out_dir.exists() and not out_dir.is_symlink() and any(out_dir.iterdir()):
         raise ValueError(f"{out_dir} exists and is not empty; choose a new directory")
-    out_dir = check_output_dir(out_dir)  # a link or a file: refused before any work
     if src.spec is None:
         raise ValueError("the source has no spec (built from arrays?); save it to a file first")
     if not src.has_truth and cfg.n_entropy:
         raise ValueError(f"n_entropy={cfg.n_entropy}: the {type(src).__name__} source has no "
                          "truth, so no entropy; use n_entropy=0 (--n-entropy 0)")
     rule, tasks = _resolve(src, cfg)
+    out_dir = check_output_dir(out_dir)  # a link or a file: refused before any work (created
+    #   only once the settings are checked)
     seeds = {s: chunk_seeds(cfg.seed, s, n, cfg.chunk_size) for s, n in cfg.sizes.items()}
     meta = _metadata(src, cfg, rule, tasks, seeds)
     # The datasets' fingerprints (state.json) come from what defines the data, not the entropy.

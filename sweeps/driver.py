@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -81,6 +82,9 @@ def check_state(path: Path, trust_state: bool) -> None:
     check_trusted(path)
     # --trust-state accepts a sweep with no record here (copied, an older flatlm), never one
     # whose record shows another file: that refusal (StateTampered) stands whatever the flags
+    if trust_state:
+        print(f"warning: --trust-state: resuming {path} on the owner and permission checks "
+              "where no digest of its state was recorded here", file=sys.stderr, flush=True)
     check_digest(path, refuse_unrecorded=not trust_state)
 
 
