@@ -266,17 +266,20 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------- candidates
 
 
-def draw_candidates(n: int, seed: int, space: str = "wide") -> list[dict]:
-    """n source specs of the random family ``space``, each with an id; spans by parse depth (B:
-    T/2, C: T/4 words, T the longest sentence, as the text's L = 32/16/8 of sentences up to
-    32), labels by the ``span`` rule."""
+def draw_candidates(n: int, seed: int, space: str = "wide", spaces: dict | None = None,
+                    prefixes: dict | None = None) -> list[dict]:
+    """n source specs of the random family ``space`` (of ``spaces``, default ``SPACES``; ids
+    from ``prefixes``, default ``ID_PREFIX``), each with an id; spans by parse depth (B: T/2,
+    C: T/4 words, T the longest sentence, as the text's L = 32/16/8 of sentences up to 32),
+    labels by the ``span`` rule."""
+    spaces, prefixes = spaces or SPACES, prefixes or ID_PREFIX
     rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
-        knobs = {k: v[int(rng.integers(len(v)))] for k, v in SPACES[space].items()}
+        knobs = {k: v[int(rng.integers(len(v)))] for k, v in spaces[space].items()}
         knobs = {k: (float(v) if isinstance(v, float) else int(v)) for k, v in knobs.items()}
         max_length = knobs.pop("max_length")
-        out.append({"id": f"{ID_PREFIX[space]}{seed}-{i}", "spec": source_spec(
+        out.append({"id": f"{prefixes[space]}{seed}-{i}", "spec": source_spec(
             knobs, max_length, grammar_seed=int(rng.integers(1000)))})
     return out
 

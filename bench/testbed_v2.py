@@ -49,7 +49,6 @@ import platform
 import time
 from pathlib import Path
 
-import numpy as np
 import testbed_search as first  # bench/testbed_search.py: its screen and learn stages
 
 RESULTS = Path(__file__).parent / "results"
@@ -220,7 +219,8 @@ def learn_verdict(row: dict, needs: list[dict]) -> dict:
 
 
 def stage0(args, results: dict) -> None:
-    candidates = draw(args.candidates, args.search_seed, args.space)
+    candidates = first.draw_candidates(args.candidates, args.search_seed, args.space,
+                                       spaces=SPACES, prefixes=ID_PREFIX)
     if not any(r["id"] == PAPER["id"] for r in results.get("stage0", {}).get("candidates", [])):
         candidates.append(PAPER)
     rows = first._run_all(args.jobs, first.screen, candidates, "stage 0 (screen)")
@@ -231,19 +231,6 @@ def stage0(args, results: dict) -> None:
     fresh = {r["id"] for r in rows}
     stage["candidates"] = [r for r in stage["candidates"] if r["id"] not in fresh] + rows
     stage["rounds"][f"{args.space}:{args.search_seed}"] = {"command": _command()}
-
-
-def draw(n: int, seed: int, space: str) -> list[dict]:
-    """n candidates of ``space`` (the first search's spec: spans by parse depth, span labels)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        knobs = {k: v[int(rng.integers(len(v)))] for k, v in SPACES[space].items()}
-        knobs = {k: (float(v) if isinstance(v, float) else int(v)) for k, v in knobs.items()}
-        max_length = knobs.pop("max_length")
-        out.append({"id": f"{ID_PREFIX[space]}{seed}-{i}", "spec": first.source_spec(
-            knobs, max_length, grammar_seed=int(rng.integers(1000)))})
-    return out
 
 
 def kept(results: dict) -> list[dict]:
