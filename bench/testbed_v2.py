@@ -492,6 +492,8 @@ def main(argv=None) -> int:
                     "machine": f"{platform.platform()}, {os.cpu_count()} cores"})
     for other in args.merge:
         merge(results, json.loads(other.read_text()))
+    if args.merge:
+        first._write(args, results)
     if args.stage is not None:
         start = time.perf_counter()
         {0: stage0, 1: stage1, 2: stage2}[args.stage](args, results)

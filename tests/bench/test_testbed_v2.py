@@ -88,3 +88,23 @@ def test_the_replications_cost_schedules_every_trial_longest_first(v2):
     # 5 x (5 + 10 + 20) + (5 + 3) x 10 + 3 x (10 + 10 + 20 + 12) = 175 + 80 + 156 = 411
     assert cost["16"] >= 20.0 and cost["2"] >= 411 / 2
     assert cost["2"] >= cost["8"] >= cost["16"]
+
+
+def test_merge_writes_the_rows_of_runs_made_in_parallel_into_the_results(v2, tmp_path):
+    """Runs made in parallel each write a copy of the results; --merge brings their rows back
+    (a merge that only rewrote the table once lost them at the next --table)."""
+    import json
+
+    row = {"id": "L0-1", "spec": {}, "kept": False, "rank": [1, 0], "error": "x"}
+    run = {"id": "L0-1", "model": "m", "setting_name": "s", "kl": {"10": 0.5},
+           "final_kl": 0.5, "cpu_s": 60.0, "probe": {},
+           "verdict": {"a": False, "c_band": False, "c_gap": False, "room": []}}
+    mine, other = tmp_path / "r.json", tmp_path / "other.json"
+    mine.write_text(json.dumps({"stage0": {"candidates": [], "rounds": {}}}))
+    other.write_text(json.dumps({"stage0": {"candidates": [row], "rounds": {"a:0": {"command": "c"}}},
+                                 "stage1": {"runs": [run]}}))
+    v2.main(["--merge", str(other), "--out", str(mine)])
+    v2.main(["--table", "--out", str(mine)])  # read back from the file, not from memory
+    merged = json.loads(mine.read_text())
+    assert [r["id"] for r in merged["stage0"]["candidates"]] == ["L0-1"]
+    assert [r["id"] for r in merged["stage1"]["runs"]] == ["L0-1"]
