@@ -101,7 +101,8 @@ def test_merge_writes_the_rows_of_runs_made_in_parallel_into_the_results(v2, tmp
            "verdict": {"a": False, "c_band": False, "c_gap": False, "room": []}}
     mine, other = tmp_path / "r.json", tmp_path / "other.json"
     mine.write_text(json.dumps({"stage0": {"candidates": [], "rounds": {}}}))
-    other.write_text(json.dumps({"stage0": {"candidates": [row], "rounds": {"a:0": {"command": "c"}}},
+    rounds = {"a:0": {"command": "c"}}
+    other.write_text(json.dumps({"stage0": {"candidates": [row], "rounds": rounds},
                                  "stage1": {"runs": [run]}}))
     v2.main(["--merge", str(other), "--out", str(mine)])
     v2.main(["--table", "--out", str(mine)])  # read back from the file, not from memory
