@@ -219,13 +219,13 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
     for m in chosen:
         if m.run is not None:
             runs.setdefault(m.run, m.name)
-    finite = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    finite = bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
     with progress_bar(progress):
         model.eval()
         for run, name in runs.items():
             start = time.perf_counter()
-            metrics = _run_one(run, name, chosen, finite, (model, source, data, cfg, device,
-                                                           artifact_dir), data)
+            args = (model, source, data, cfg, device, artifact_dir)
+            metrics = _run_one(run, name, [m for m in chosen if m.run is run], finite, args)
             out.update(metrics)
             # the built-in runs time their parts (time/flatness_s, time/finetune_<task>_s);
             # a registered one that does not is timed whole
@@ -235,7 +235,7 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
     return out
 
 
-def _run_one(run, name: str, chosen, finite: bool, args: tuple, data: EvalData) -> dict:
+def _run_one(run, name: str, sharing: list, finite: bool, args: tuple) -> dict:
     """One measurement run. On a model whose weights are not finite (a diverged checkpoint)
     an estimator may fail where it would sample or diagonalise (Tr(F)'s labels, the spectral
     density's eigh): its keys then read NaN, with a warning, like the loss and probes, instead
@@ -245,8 +245,8 @@ def _run_one(run, name: str, chosen, finite: bool, args: tuple, data: EvalData) 
     except (RuntimeError, ValueError, torch.linalg.LinAlgError):
         if finite:
             raise
-        keys = [k for m in chosen if m.run is run
-                for k in (m.keys_for(tuple(data.classes)) or ())]
+        tasks = tuple(args[2].classes)  # the eval data's downstream tasks
+        keys = [k for m in sharing for k in (m.keys_for(tasks) or ())]
         if not keys:
             raise
         log.warning("the model's weights are not finite: %s reads NaN", name)
