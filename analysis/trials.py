@@ -30,6 +30,7 @@ import pandas as pd
 from analysis.runs import ID_COLUMNS as RUN_ID_COLUMNS
 from analysis.runs import TAG_COLUMNS
 from flatlm.core.config import flatten_dict
+from flatlm.runs.diverged import divergence
 from flatlm.runs.metrics_log import METRICS_FILE, is_number, read_metrics
 
 CONFIG_FILE = "config.json"
@@ -105,7 +106,7 @@ def _ids(root: Path, run: Path, config: dict, rows: dict) -> dict:
     parts = run.relative_to(root).parts
     protocol, experiment = (parts[-3], parts[-2]) if len(parts) >= 3 else (None, None)
     planned = set(config.get("train.checkpoint_steps") or ())
-    if (run / "diverged.json").exists():
+    if divergence(run) is not None:
         status = "FAILED"
     elif planned <= set(rows):
         status = "FINISHED"

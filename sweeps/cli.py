@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flatlm.core.config import apply_overrides, parse_assignments, refuse_varied
+from sweeps.delivery import TrackingIncomplete
 
 if TYPE_CHECKING:
     from sweeps.signals import Interrupted
@@ -186,7 +187,6 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from sweeps.delivery import TrackingIncomplete
     from sweeps.driver import TrialsFailed, run_sweep
     from sweeps.signals import Interrupted
     from sweeps.spec import shown_metrics

@@ -7,12 +7,12 @@ import json
 import os
 from pathlib import Path
 
+from flatlm.runs.diverged import DIVERGED_FILE, divergence
 from flatlm.tracking.ledger import STATE_FILE, read_state
 from flatlm.tracking.tracker import (
     MlflowTracker,
     store_lock,
 )
-from sweeps.trainable import DIVERGED_FILE
 
 
 class TrackingIncomplete(Exception):  # noqa: N818 - the sweep ran; its tracking lags
@@ -60,7 +60,7 @@ def mark_killed(trials_dir: Path, uri: str) -> list[str]:
     client, killed = MlflowClient(uri), []
     for out_dir in sorted(p for p in trials_dir.glob("*") if p.is_dir()):
         run_id = (read_state(out_dir) or {}).get("run_id")
-        if (run_id is None or (out_dir / DIVERGED_FILE).exists()
+        if (run_id is None or divergence(out_dir) is not None
                 or client.get_run(run_id).info.status == "FINISHED"):
             continue
         if MlflowTracker(uri, out_dir, run_id=run_id).finish("KILLED"):
@@ -73,10 +73,7 @@ def report_diverged(trials_dir: Path) -> list[str]:
     their names."""
     names = []
     for marker in sorted(trials_dir.glob(f"*/{DIVERGED_FILE}")):
-        try:
-            message = json.loads(marker.read_text())["message"]
-        except (OSError, json.JSONDecodeError, KeyError):
-            message = "diverged"
+        message = (divergence(marker.parent) or {}).get("message", "diverged")
         names.append(marker.parent.name)
         print(f"trial {marker.parent.name} diverged, not measured after it: {message}",
               flush=True)
