@@ -83,8 +83,9 @@ def check_state(path: Path, trust_state: bool) -> None:
     # --trust-state accepts a sweep with no record here (copied, an older flatlm), never one
     # whose record shows another file: that refusal (StateTampered) stands whatever the flags
     if trust_state:
-        print(f"warning: --trust-state: resuming {path} on the owner and permission checks "
-              "where no digest of its state was recorded here", file=sys.stderr, flush=True)
+        print(f"warning: --trust-state: resuming {path}: a state with no digest recorded here "
+              "is taken on the owner and permission checks alone; a recorded one is still "
+              "verified", file=sys.stderr, flush=True)
     check_digest(path, refuse_unrecorded=not trust_state)
 
 
