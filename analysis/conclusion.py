@@ -19,6 +19,14 @@ import pandas as pd
 from analysis.checkpoints import RUN, final_checkpoints, short_name
 from analysis.correlate import MIN_RUNS, distinct_resamples, saturated, saturation_rule
 from analysis.effects import CONTROL, design, difference, group_means, mean_change, plateau
+from analysis.reach import (
+    DIRECTION_SE,
+    Bound,
+    accuracy_bound,
+    equal_loss,
+    groups_at_equal_loss,
+    reach_words,
+)
 from analysis.run_table import left_out, matched_rows, quantities, task_name
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN, se_key
 
@@ -76,7 +84,8 @@ def conclusion(df: pd.DataFrame, table: pd.DataFrame, acc_key: str, *,
     if inside.empty:
         return " ".join([head, _no_regime(df)])
     facts = Facts.of(df, acc_key, rule)
-    words = [" ".join(w for w in (head, _loss_gap(final_checkpoints(df)), _left_out(facts))
+    words = [facts.reach(),
+             " ".join(w for w in (head, _loss_gap(final_checkpoints(df)), _left_out(facts))
                       if w),
              facts.describe(), facts.against_paper(),
              _conclusive(facts, table, acc_key, x, runs_in, min_runs)]
@@ -98,6 +107,7 @@ class Facts:
     target: float  # the matched KL
     matched_kl: tuple[float, float]  # the range of KL of the matched checkpoints
     excluded: pd.DataFrame  # left_out
+    bound: Bound  # the sweep's accuracy against 100% and the majority (analysis.reach)
 
     @classmethod
     def of(cls, df: pd.DataFrame, acc_key: str, rule: dict) -> Facts:
@@ -114,7 +124,38 @@ class Facts:
         changes = plateau(df, inside, keys) if kind == "steps" else pd.DataFrame()
         span = ((float(rows[KL].min()), float(rows[KL].max())) if KL in rows and len(rows)
                 else (math.nan, math.nan))
-        return cls(kind, field, acc_key, keys, groups, final, changes, target, span, excluded)
+        bound = accuracy_bound(final, df, acc_key, kind)
+        return cls(kind, field, acc_key, keys, groups, final, changes, target, span, excluded,
+                   bound)
+
+    def reach(self) -> str:
+        """What the runs can and cannot conclude, first (``analysis.reach``)."""
+        equal, loss_words = self._loss_equal()
+        if self.kind == "steps":
+            seeds, what = (len(self.changes) or None), None
+        else:
+            seeds = int(self.groups["runs"].min()) if "runs" in self.groups else None
+            what = short_name(self.field) if self.field else None
+        return reach_words(equal=equal, loss_words=loss_words, seeds=seeds, what=what,
+                           bound=self.bound, task=task_name(self.acc_key), kind=self.kind)
+
+    def _loss_equal(self) -> tuple[bool | None, str]:
+        """Whether the compared checkpoints are at equal loss, and their KLs in words: the
+        groups at matched KL (sizes, algorithms), the plateau's ends (steps)."""
+        if self.kind == "steps":
+            if self.changes.empty or f"{KL} change" not in self.changes:
+                return None, ""
+            change, se = mean_change(self.changes, KL)
+            moved = math.isfinite(se) and abs(change) > DIRECTION_SE * se
+            return not bool(moved), f"the KL moved {_diff(change, se, KL)} over the plateau"
+        if self.groups.empty or KL not in self.groups or len(self.groups) < 2:
+            return None, ""
+        kl = self.groups[KL].astype(float)
+        se = self.groups.get(se_key(KL), pd.Series(math.nan, index=kl.index)).astype(float)
+        low, high = kl.idxmin(), kl.idxmax()
+        equal = equal_loss(kl[low], se[low], kl[high], se[high])
+        return equal, (f"KL {_number(kl[low], KL)} ({low}) to {_number(kl[high], KL)} "
+                       f"({high}) nats at the compared checkpoints")
 
     def describe(self) -> str:
         """The values along what varies, in numbers."""
@@ -182,8 +223,19 @@ class Facts:
         if not math.isfinite(value):
             return ""
         caveat += self._still_falling() if self.kind == "steps" else ""
+        equal = False if caveat else self._claim_at_equal_loss(claim)
+        bound = self.bound.kind if claim.metric == ACC else ""
         here = f"here {task_name(key)} {_diff(value, se, key)}{caveat}"
-        return f"{claim.where} ({claim.statement}): {here}; {_direction(value, se, claim.sign)}."
+        reading = _direction(value, se, claim.sign, equal=equal, bound=bound)
+        return f"{claim.where} ({claim.statement}): {here}; {reading}."
+
+    def _claim_at_equal_loss(self, claim: Claim) -> bool | None:
+        if self.kind == "steps" or self.groups.empty:
+            return None
+        a, b = claim.compare or (self.groups.index[-1], self.groups.index[0])
+        if a == "lookup":  # the lookup table has no loss of its own to compare
+            return None
+        return groups_at_equal_loss(self.groups, a, b)
 
     def _still_falling(self) -> str:
         """The steps claims are about what happens *after* the loss converges: a KL that still
@@ -321,9 +373,18 @@ def _diff(value: float, se: float, key: str = "/acc_mean") -> str:
     return f"{text} ({abs(value) / se:.1f} s.e.)" if math.isfinite(se) and se > 0 else text
 
 
-def _direction(value: float, se: float, sign: int) -> str:
-    if math.isfinite(se) and abs(value) < se:
-        return "within 1 s.e. of 0: no direction"
+def _direction(value: float, se: float, sign: int, *, equal: bool | None = None,
+               bound: str = "") -> str:
+    """The direction against the paper's ``sign``, read only at equal loss, off the bounds
+    and at ``DIRECTION_SE`` s.e. or more (``analysis.reach``)."""
+    if equal is False:
+        return "at unequal loss: no direction read"
+    if bound:
+        return f"at the {bound}: no direction read"
+    if not (math.isfinite(se) and se > 0):
+        return "no s.e.: no direction read"
+    if abs(value) < DIRECTION_SE * se:
+        return f"within {DIRECTION_SE:g} s.e. of 0: no direction"
     return "the paper's direction" if value * sign > 0 else "opposite to the paper"
 
 

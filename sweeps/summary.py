@@ -15,6 +15,7 @@ from pathlib import Path
 
 from analysis.conclusion import conclusion
 from analysis.correlate import correlation_markdown, correlation_table
+from analysis.reach import REACH_OPENINGS
 from analysis.run_table import glance
 from analysis.runs import load_runs
 from analysis.selection import selection_markdown, selection_table, verdict
@@ -43,8 +44,10 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None, *,
     with warnings.catch_warnings():  # an empty or thin regime is said in the conclusion
         warnings.simplefilter("ignore", UserWarning)
         table = correlation_table(runs, key, **rule)
+    reach, words = _reach_first(conclusion(runs, table, key, **rule))
+    if reach:  # what the runs cannot carry comes before any number (issue 42)
+        print(f"\n{_paragraphs(reach)}")
     print(f"\n{glance(runs, key, **rule)}")
-    words = conclusion(runs, table, key, **rule)
     print(f"\nWhat this sweep shows ({key}):\n{_paragraphs(words)}")
     cost = measurement_cost(runs)
     if cost:
@@ -77,6 +80,14 @@ def _load(uri: str, name: str):
     except Exception as e:  # noqa: BLE001 - whatever MLflow raises when it cannot be reached
         first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise TrackingUnreachable(f"MLflow at {uri} could not be read ({first})") from None
+
+
+def _reach_first(words: str) -> tuple[str, str]:
+    """(the conclusion's opening paragraph on what the sweep can conclude, the rest)."""
+    first, _, rest = words.partition("\n\n")
+    if first.startswith(REACH_OPENINGS):
+        return first, rest
+    return "", words
 
 
 def _paragraphs(words: str) -> str:

@@ -146,7 +146,7 @@ def test_the_conclusion_states_the_numbers_of_the_table():
     assert (f"Fig. 5 (a larger model is flatter, grown to one shape): here grown Tr(F) "
             f"{grown[large] - grown[small]:+.1f}") in words and "opposite to the paper" in words
     assert "Fig. 3a (a larger model probes better at the same loss): here A +2.4" in words
-    assert "the paper's direction" in words
+    assert "at the ceiling: no direction read" in words  # 6.9 points of room: < 2 x 6.9
     assert "3 run(s) in the regime, fewer than 5" in words and "Each model ran once" in words
     assert "intervals below" not in words
 
@@ -200,6 +200,9 @@ def test_the_summary_prints_the_tables_and_the_conclusion_not_the_correlations(c
     assert "| lookup table " in out and "| majority class " in out
     assert "At matched loss" in out and "Left out: none" in out
     assert "What this sweep shows (probe/A/acc_mean):" in out and "3.6x apart" in out
+    # what the runs cannot conclude comes first, once, before any table (issue 42)
+    assert out.count("What this sweep cannot conclude:") == 1
+    assert out.index("What this sweep cannot conclude:") < out.index("Per run, final checkpoint")
     assert "Correlations with downstream" not in out and "| y | x |" not in out
     assert "p = " not in out and "\x1b" not in out
     verbose = _summary(capsys, monkeypatch, scaling_runs(), verbose=True)

@@ -1,0 +1,131 @@
+"""What a sweep's runs can conclude before any claim is read, said first (issue 42): whether
+their losses are equal, how many seeds each grid point ran, whether the sweep's accuracy has
+room to move (the ceiling, the floor); and the command that would conclude.
+
+A direction is read from a difference only when it is at least ``DIRECTION_SE`` (2) standard
+errors from 0 *and* the compared arms are at equal loss: their KLs within ``DIRECTION_SE``
+s.e. of each other (for the steps sweep: the KL did not move over the plateau). A difference of
+1 s.e. is what two draws of the same model give one time in three.
+
+The ceiling is ``analysis.room``'s: a group whose mean accuracy is within ``BOUND_SE`` s.e. of
+100% (the s.e. floored at the binomial's, so a perfect score is not exact), or whose room above
+it is less than twice the paper's effect for the sweep's lead claim.
+
+>>> equal_loss(0.034, 0.001, 0.045, 0.001)
+False
+>>> equal_loss(0.034, 0.004, 0.040, 0.004)
+True
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+
+import pandas as pd
+
+from analysis.room import BOUND_SE, ROOM_FACTOR, accuracy_se
+from flatlm.measure import KL, se_key
+
+DIRECTION_SE = 2.0  # a direction needs |effect| >= this many s.e. and equal loss
+CAN, CANNOT = "What this sweep can conclude:", "What this sweep cannot conclude:"
+REACH_OPENINGS = (CAN, CANNOT)  # how the opening paragraph starts (the summary finds it)
+
+# The paper's effect for the lead accuracy claim of each sweep kind (analysis.paper_claims):
+# Fig. 3a +6.9 points (sizes), Fig. 4 left +1.6 (steps), Table 1's adversary -6.9 (algorithms).
+LEAD_EFFECT = {"sizes": 0.069, "steps": 0.016, "algorithms": -0.069}
+
+# The command that reads the kind's claims with seeds at equal loss, and the testbed's note.
+REPLICATE = {kind: ["flatlm", "replicate", "--scale", "testbed", "--experiment", kind,
+                    "--protocol", "paper", "--out", "repl/"]
+             for kind in ("sizes", "steps", "algorithms")}
+TESTBED_ROOM = ("bench/results/replication_testbed/room/replication.md: the testbed's tasks "
+                "read 97.5-100% too, so its claims that need room above that read "
+                "'inconclusive (ceiling)'; a harder testbed is still being searched "
+                "(docs/replication.md, 'Testbed v2')")
+
+
+def equal_loss(kl_a: float, se_a: float, kl_b: float, se_b: float) -> bool:
+    """The two KLs within ``DIRECTION_SE`` s.e. of each other; an unknown s.e. counts as 0."""
+    se = math.hypot(*(s if math.isfinite(s) else 0.0 for s in (se_a, se_b)))
+    return bool(abs(kl_a - kl_b) <= DIRECTION_SE * se)  # not numpy's bool: callers test `is False`
+
+
+def groups_at_equal_loss(groups: pd.DataFrame, a: str, b: str) -> bool | None:
+    """Whether groups ``a`` and ``b`` (``effects.group_means`` rows) are at equal loss; None
+    where the groups have no KL."""
+    if KL not in groups or a not in groups.index or b not in groups.index:
+        return None
+    se = se_key(KL)
+    ses = [float(groups.loc[g, se]) if se in groups else math.nan for g in (a, b)]
+    return equal_loss(float(groups.loc[a, KL]), ses[0], float(groups.loc[b, KL]), ses[1])
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Where the sweep's accuracy sits against its bounds: ``ceiling``, ``floor`` or "", and
+    what decided it in words."""
+
+    kind: str
+    words: str
+
+
+def accuracy_bound(final: pd.DataFrame, df: pd.DataFrame, acc_key: str, sweep_kind: str
+                   ) -> Bound:
+    """The sweep's accuracy at its final checkpoints (``final``: group means) against 100%
+    and the majority share, and the room its lead claim needs (``LEAD_EFFECT``)."""
+    if final.empty or acc_key not in final:
+        return Bound("", "")
+    stem = acc_key.removesuffix("acc_mean")
+    n_test = _column_mean(df, stem + "n_test")
+    majority = _column_mean(df, stem + "majority_acc")
+    acc = final[acc_key].astype(float)
+    se = accuracy_se(acc, final.get(se_key(acc_key), math.nan), n_test)
+    at_top = acc[1 - acc <= BOUND_SE * se]
+    low, high = f"{acc.min():.3f}", f"{acc.max():.3f}"
+    span = low if low == high else f"{low}-{high}"
+    if len(at_top):
+        return Bound("ceiling", f"{span}, {len(at_top)} of {len(acc)} within {BOUND_SE:g} "
+                                f"s.e. of 100%")
+    effect = LEAD_EFFECT.get(sweep_kind)
+    if effect is None:
+        return Bound("", "")
+    room = 1 - acc.iloc[0] if effect > 0 else acc.iloc[0] - majority
+    if math.isfinite(room) and room < ROOM_FACTOR * abs(effect):
+        where = "above" if effect > 0 else "above the majority share for"
+        return Bound("ceiling" if effect > 0 else "floor",
+                     f"{span}: {100 * room:.1f} points of room {where} {acc.index[0]}, less "
+                     f"than {ROOM_FACTOR:g} x the paper's {100 * abs(effect):.1f}")
+    return Bound("", "")
+
+
+def _column_mean(df: pd.DataFrame, column: str) -> float:
+    return float(df[column].mean()) if column in df and df[column].notna().any() else math.nan
+
+
+def reach_words(*, equal: bool | None, loss_words: str, seeds: int | None, what: str | None,
+                bound: Bound, task: str, kind: str) -> str:
+    """The opening paragraph: what the runs can conclude, what they cannot, and what would.
+    ``seeds``: the fewest runs of a grid point (``what``: its field's name; None: the runs
+    are seeds of one setting)."""
+    cannot = []
+    if equal is False:
+        cannot.append(f"the losses are not equal ({loss_words})")
+    if seeds is not None and seeds < 2:
+        cannot.append(f"each {what} ran once, so a difference is one seed's draw" if what
+                      else "one run, so a change is one seed's draw")
+    if bound.kind:
+        cannot.append(f"task {task} sits at the {bound.kind} ({bound.words})")
+    if not cannot:
+        seen = f"{seeds} runs per {what or 'setting'}, " if seeds else ""
+        return (f"{CAN} {seen}at equal loss and with room on task "
+                f"{task}, the directions below are read at {DIRECTION_SE:g} s.e.")
+    words = (f"{CANNOT} " + "; ".join(cannot) + ". So it reads no "
+             "direction where these apply: the numbers below describe these runs, not the "
+             "paper's claims.")
+    command = REPLICATE.get(kind)
+    if command:
+        words += (f" What would: seeds at equal loss, e.g. `{shlex.join(command)}` (see its "
+                  f"--dry-run for the trials and their time); note {TESTBED_ROOM}.")
+    return words

@@ -1,0 +1,100 @@
+"""What a sweep can conclude, said first (issue 42, item 1): no direction on fewer than 2 s.e.
+or at unequal loss, the ceiling named, and the command that would conclude. Hand-built tables
+(``tests/analysis/glance_runs``): no Ray, no MLflow."""
+
+import warnings
+
+import pytest
+
+pytest.importorskip("scipy")
+
+from analysis.conclusion import conclusion  # noqa: E402
+from analysis.correlate import correlation_table  # noqa: E402
+from analysis.reach import CAN, CANNOT, equal_loss  # noqa: E402
+from tests.analysis.glance_runs import algorithm_runs, scaling_runs, steps_runs  # noqa: E402
+
+A, B = "probe/A/acc_mean", "probe/B/acc_mean"
+RULE = {"kl_threshold": 0.05}
+
+
+def _words(df, key):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        table = correlation_table(df, key, n_boot=50, **RULE)
+    return conclusion(df, table, key, **RULE)
+
+
+def _sizes_with_room(gain: float, *, seeds: int = 1, kl_gap: float = 0.0):
+    """The scaling fixture moved off the ceiling: task B at 0.60 for every model, the largest
+    ``gain`` above it, every run's last checkpoint at KL 0.030, and the largest model's never
+    below 0.030 + ``kl_gap``; each run repeated over ``seeds`` seeds, 0.4 points apart."""
+    import pandas as pd
+
+    df = scaling_runs()
+    last = df["step"] == df["step"].max()
+    largest = df["model"] == df["model"].iloc[-1]
+    df.loc[last, "pretrain/kl"] = 0.030
+    df.loc[largest & (df["pretrain/kl"] < 0.030 + kl_gap), "pretrain/kl"] = 0.030 + kl_gap
+    df["probe/B/acc_mean"] = 0.60 + gain * largest
+    copies = []
+    for seed in range(seeds):
+        part = df.copy()
+        part["run_id"] = part["run_id"] + f"_s{seed}"
+        part["train.seed"] = seed
+        part["probe/B/acc_mean"] += 0.004 * seed  # a spread over seeds: an s.e.
+        copies.append(part)
+    return pd.concat(copies, ignore_index=True)
+
+
+def test_equal_loss_is_two_standard_errors():
+    assert equal_loss(0.030, 0.001, 0.032, 0.001)  # 0.002 <= 2 x 0.0014
+    assert not equal_loss(0.030, 0.001, 0.034, 0.001)
+
+
+def test_a_one_se_difference_reads_no_direction():
+    """The first-hour complaint: +0.7 points at 1.1 s.e. was read as 'the paper's direction'."""
+    words = _words(_sizes_with_room(0.0088), B)  # s.e. hypot(0.008, 0.008) = 0.0113
+    assert "here B +0.9 points (0.8 s.e.); within 2 s.e. of 0: no direction" in words
+    assert "the paper's direction" not in words.split("Fig. 5")[0]
+
+
+def test_a_large_difference_at_unequal_loss_reads_no_direction():
+    words = _words(_sizes_with_room(0.10, kl_gap=0.01), B)
+    assert "here B +10.0 points (8.8 s.e.); at unequal loss: no direction read" in words
+    assert words.startswith(CANNOT) and "the losses are not equal" in words.split("\n\n")[0]
+
+
+def test_at_equal_loss_with_seeds_and_room_the_direction_is_read_and_the_opening_says_so():
+    words = _words(_sizes_with_room(0.10, seeds=2), B)
+    opening = words.split("\n\n")[0]
+    assert opening.startswith(CAN) and "2 runs per model" in opening
+    assert "Fig. 3a (a larger model probes better at the same loss): here B +10.0" in words
+    assert "the paper's direction" in words
+
+
+def test_the_opening_names_what_blocks_a_conclusion_and_the_command_that_would_conclude():
+    opening = _words(scaling_runs(), A).split("\n\n")[0]
+    assert opening.startswith(CANNOT)
+    assert "the losses are not equal" in opening and "each model ran once" in opening
+    assert "task A sits at the ceiling" in opening  # 0.931: 6.9 points < 2 x 6.9
+    assert "`flatlm replicate --scale testbed --experiment sizes --protocol paper" in opening
+
+
+def test_a_task_within_two_se_of_100_percent_is_the_ceiling():
+    df = _sizes_with_room(0.0)
+    df["probe/B/acc_mean"] = 0.998  # its s.e. 0.008
+    opening = _words(df, B).split("\n\n")[0]
+    assert "task B sits at the ceiling (0.998, 3 of 3 within 2 s.e. of 100%)" in opening
+
+
+def test_a_steps_plateau_whose_kl_still_falls_reads_no_direction():
+    words = _words(steps_runs(3), A)
+    assert "the losses are not equal (the KL moved" in words.split("\n\n")[0]
+    assert words.count("at unequal loss: no direction read") == 2
+
+
+def test_an_adversary_left_at_a_higher_loss_gets_no_direction():
+    words = _words(algorithm_runs(), B)
+    claim = words.split("Table 1 (adversarial pre-training probes worse than AdamW)")[1]
+    assert claim.split(". ")[0].endswith("at unequal loss: no direction read") or \
+        "at unequal loss: no direction read" in claim.split("Table 2")[0]
