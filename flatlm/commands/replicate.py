@@ -136,7 +136,8 @@ def run(args) -> int:
     for protocol in dict.fromkeys(exp.protocol for exp in experiments):
         print(f"{protocol}: {describe(protocol)}")
         for exp in (e for e in experiments if e.protocol == protocol):
-            print(f"  {exp.name}: {len(exp.trials())} trials")
+            print(f"  {exp.name}: {len(exp.trials())} trials{cost_words(exp.trials())}")
+    print(total_cost_words(experiments))
     if args.dry_run:
         for exp in experiments:
             for name, _ in exp.trials():
@@ -150,6 +151,37 @@ def run(args) -> int:
         print(f"all trials done under {args.out}; the report: python analysis/replication.py "
               f"--trials {args.out} --out {args.out / 'report'}")
     return code
+
+
+def cost_words(trials) -> str:
+    """``, about 120 CPU-min (measured)`` and the GPU's where the committed benchmarks have
+    it (``flatlm.experiments.costs``); what is not known is said, not guessed."""
+    from flatlm.experiments.costs import experiment_minutes
+
+    cpu, how, unknown = experiment_minutes(trials, "cpu")
+    if unknown == len(trials):
+        return ", CPU time unknown (no committed benchmark of these models)"
+    words = f", about {cpu:.0f} CPU-min ({how}{f'; {unknown} unknown' if unknown else ''})"
+    gpu, gpu_how, gpu_unknown = experiment_minutes(trials, "gpu")
+    if gpu_unknown == 0:  # a sum over some of the trials would read as the whole
+        words += f", {gpu:.0f} GPU-process-min ({gpu_how}; 15 processes sharing one H200)"
+    return words
+
+
+def total_cost_words(experiments) -> str:
+    """The whole selection's CPU-minutes and its wall time on 2, 8 and 16 cores (one torch
+    thread a trial, as ``--jobs`` runs them)."""
+    from flatlm.experiments.costs import experiment_minutes
+
+    trials = [t for exp in experiments for t in exp.trials()]
+    cpu, how, unknown = experiment_minutes(trials, "cpu")
+    longest = max((experiment_minutes([t], "cpu")[0] for t in trials), default=0.0)
+    walls = ", ".join(f"{max(cpu / cores, longest):.0f} min on {cores} cores"
+                      for cores in (2, 8, 16))
+    left = f"; {unknown} trial(s) without an estimate" if unknown else ""
+    return (f"in all: {len(trials)} trials, about {cpu:.0f} CPU-minutes ({how}{left}): "
+            f"{walls} (--jobs N; estimates from flatlm/experiments/data/trial_costs.json, the "
+            "committed trials' own timings, python bench/trial_costs.py)")
 
 
 def _run_here(args, experiments, device: str) -> int:

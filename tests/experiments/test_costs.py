@@ -1,0 +1,78 @@
+"""Time and cost before a run (issue 42, item 9): the committed table is the committed trials'
+own timings, an estimate recomputes what those trials took, and ``flatlm replicate --dry-run``
+says the minutes."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flatlm.core.config import apply_overrides, from_dict
+from flatlm.experiments.costs import compute_weight, experiment_minutes, trial_estimate
+from flatlm.experiments.paper import build
+from flatlm.runs.trial import TrialConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+TRIALS = ROOT / "bench" / "results" / "replication_testbed" / "trials"
+
+
+def test_the_committed_table_is_the_records():
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "trial_costs.py"), "--check"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("protocol", ["paper", "paper-code"])
+def test_the_estimates_sum_to_what_the_committed_trials_took(protocol):
+    """The median rates, summed over a protocol's trials, give back their recorded CPU time
+    within 15% (paper: 465 vs 480 min; paper-code: 542 vs 505)."""
+    estimated = recorded = 0.0
+    for config in (TRIALS / protocol).glob("*/*/config.json"):
+        cfg = from_dict(TrialConfig, json.loads(config.read_text()))
+        rows = [json.loads(line) for line in (config.parent / "metrics.jsonl").open()]
+        recorded += sum(r.get("time/train_s", 0) + r.get("time/measure_s", 0) for r in rows)
+        estimate = trial_estimate(cfg)
+        assert estimate.how in ("measured", "nearest row")
+        estimated += 60 * estimate.minutes
+    assert recorded > 0
+    assert abs(estimated / recorded - 1) < 0.15
+
+
+def test_a_model_not_in_the_table_is_extrapolated_by_compute_and_never_on_a_gpu():
+    _, base = build("steps", scale="testbed").trials()[0]
+    wide = apply_overrides(base, {"model": "d128-h8-l2-i512"})
+    small, large = trial_estimate(base), trial_estimate(wide)
+    assert small.how == "measured" and large.how == "extrapolated"
+    assert large.minutes > small.minutes
+    assert compute_weight("d128-h8-l2-i512") > 3 * compute_weight("d64-h4-l2-i256")
+    assert math.isnan(trial_estimate(wide, "gpu").minutes)
+    lstm = apply_overrides(base, {"model": "lstm-h64-l1"})
+    assert math.isnan(trial_estimate(lstm).minutes)
+
+
+def test_more_steps_cost_more_in_proportion():
+    _, base = build("steps", scale="testbed").trials()[0]
+    double = apply_overrides(base, {"train.steps": 20000})
+    assert trial_estimate(double).minutes > trial_estimate(base).minutes
+    minutes, how, unknown = experiment_minutes([("a", base), ("b", base)])
+    assert minutes == pytest.approx(2 * trial_estimate(base).minutes) and unknown == 0
+
+
+def test_the_dry_run_states_each_experiments_minutes_and_the_total():
+    out = subprocess.run([sys.executable, "-m", "flatlm", "replicate", "--dry-run", "--scale",
+                          "testbed", "--protocol", "paper", "--out", "unused"],
+                         capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert "  sizes: 15 trials, about " in out and " CPU-min (measured)" in out
+    assert "in all: 35 trials, about " in out and "min on 16 cores" in out
+
+
+def test_the_readme_states_the_dry_runs_total():
+    out = subprocess.run([sys.executable, "-m", "flatlm", "replicate", "--dry-run", "--scale",
+                          "testbed", "--protocol", "paper", "--out", "unused"],
+                         capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    total = out.split("in all: 35 trials, about ")[1].split(" CPU-minutes")[0]
+    readme = (ROOT / "README.md").read_text()
+    assert f"the first command is about {total} CPU-minutes" in readme
