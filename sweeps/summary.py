@@ -99,7 +99,7 @@ def _print_commands(sweep: Sweep, workdir: Path, uri: str, verbose: bool,
     report = ["--experiment", sweep.name, "--tracking-uri", uri, "--task", sweep_task(sweep),
               *saturation_flag(sweep).split(), "--out", str(workdir / "report" / sweep.name)]
     print()
-    print(ui_lines(uri, workdir, experiment_id))
+    print(ui_lines(uri, workdir, experiment_id, sweep.name))
     print(f"Report:     {shlex.join(['python', str(REPO / 'analysis' / 'report.py'), *report])}")
     if not verbose:
         print("            (figures, correlations and model selection; --verbose prints the "
@@ -109,20 +109,27 @@ def _print_commands(sweep: Sweep, workdir: Path, uri: str, verbose: bool,
               f"{shlex.join(['python', str(REPO / 'analysis' / 'selection.py'), *report])}")
 
 
-def ui_lines(uri: str, workdir: Path, experiment_id: str | None) -> str:
-    """Where to look at the sweep in the MLflow UI: the command that serves a local store, and
-    the address of the experiment's runs table (``flatlm.tracking.ui.experiment_url``: the
+def ui_lines(uri: str, workdir: Path, experiment_id: str | None,
+             experiment: str | None = None) -> str:
+    """Where to look at the sweep in the MLflow UI: ``flatlm ui`` (starts it on the local store
+    and opens the experiment's runs table), then the same by hand: the command that serves the
+    store and the address of the runs table (``flatlm.tracking.ui.experiment_url``: the
     model-training view, the sweep's saved view); a server's address alone.
 
-    >>> print(ui_lines("sqlite:////w/mlflow.db", Path("/w"), "1"))
-    MLflow UI:  cd /w && mlflow ui --backend-store-uri sqlite:////w/mlflow.db
+    >>> print(ui_lines("sqlite:////w/mlflow.db", Path("/w"), "1", "scaling"))
+    MLflow UI:  flatlm ui --workdir /w --experiment scaling
+                or: cd /w && mlflow ui --backend-store-uri sqlite:////w/mlflow.db
                 then open http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning&viewStateShareKey=flatlm
     """
     url = experiment_url(ui_address(uri), experiment_id) if experiment_id else ui_address(uri)
     if uri.startswith(("http://", "https://")):
         return f"MLflow UI:  {url}"
+    short = ["flatlm", "ui", "--workdir", str(workdir)]
+    short += ["--experiment", experiment] if experiment else []
     serve = shlex.join(["mlflow", "ui", "--backend-store-uri", uri])
-    return f"MLflow UI:  cd {shlex.quote(str(workdir))} && {serve}\n            then open {url}"
+    return (f"MLflow UI:  {shlex.join(short)}\n"
+            f"            or: cd {shlex.quote(str(workdir))} && {serve}\n"
+            f"            then open {url}")
 
 
 def measurement_cost(runs) -> str | None:

@@ -49,8 +49,9 @@ def saved_view(uri: str, experiment_id: str) -> tuple[dict, dict]:
 
 def test_the_printed_address_opens_the_runs_table_in_the_model_training_view(experiment):
     uri, workdir, eid, _ = experiment
-    serve, address = ui_lines(uri, Path(workdir), eid).splitlines()
-    assert serve == f"MLflow UI:  cd {workdir} && mlflow ui --backend-store-uri {uri}"
+    short, serve, address = ui_lines(uri, Path(workdir), eid, "scaling").splitlines()
+    assert short == f"MLflow UI:  flatlm ui --workdir {workdir} --experiment scaling"
+    assert serve.strip() == f"or: cd {workdir} && mlflow ui --backend-store-uri {uri}"
     url = urlsplit(address.split("then open ", 1)[1])
     assert (url.scheme, url.netloc, url.path) == ("http", "127.0.0.1:5000", "/")
     route, _, query = url.fragment.partition("?")
