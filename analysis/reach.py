@@ -32,9 +32,23 @@ DIRECTION_SE = 2.0  # a direction needs |effect| >= this many s.e. and equal los
 CAN, CANNOT = "What this sweep can conclude:", "What this sweep cannot conclude:"
 REACH_OPENINGS = (CAN, CANNOT)  # how the opening paragraph starts (the summary finds it)
 
-# The paper's effect for the lead accuracy claim of each sweep kind (analysis.paper_claims):
-# Fig. 3a +6.9 points (sizes), Fig. 4 left +1.6 (steps), Table 1's adversary -6.9 (algorithms).
-LEAD_EFFECT = {"sizes": 0.069, "steps": 0.016, "algorithms": -0.069}
+# The lead accuracy claim of each sweep kind, as (experiment, figure) of analysis.paper_claims,
+# whose effect sets the room it needs: Fig. 3a +6.9 points (sizes); the steps claim's only
+# number, Fig. 4 left's +1.6 (SGD; Fig. 2a says "rises"); Table 1's adversary -6.9.
+LEAD_CLAIM = {"sizes": ("sizes", "Fig. 3a (2.3)"), "steps": ("sgd", "Fig. 4 left (4, B.2)"),
+              "algorithms": ("algorithms", "Table 1 (2.3)")}
+
+
+def lead_effect(kind: str) -> float | None:
+    """The paper's effect (accuracy, signed) of ``kind``'s lead claim; None for another kind."""
+    from analysis.paper_claims import CLAIMS
+
+    if kind not in LEAD_CLAIM:
+        return None
+    experiment, figure = LEAD_CLAIM[kind]
+    return next(c.effect_size for c in CLAIMS  # signed: "worse" claims are negative
+                if (c.experiment, c.figure) == (experiment, figure)
+                and c.effect_size is not None and not c.relative)
 
 # The command that reads the kind's claims with seeds at equal loss, and the testbed's note.
 REPLICATE = {kind: ["flatlm", "replicate", "--scale", "testbed", "--experiment", kind,
@@ -74,7 +88,7 @@ class Bound:
 def accuracy_bound(final: pd.DataFrame, df: pd.DataFrame, acc_key: str, sweep_kind: str
                    ) -> Bound:
     """The sweep's accuracy at its final checkpoints (``final``: group means) against 100%
-    and the majority share, and the room its lead claim needs (``LEAD_EFFECT``)."""
+    and the majority share, and the room its lead claim needs (``lead_effect``)."""
     if final.empty or acc_key not in final:
         return Bound("", "")
     stem = acc_key.removesuffix("acc_mean")
@@ -88,7 +102,7 @@ def accuracy_bound(final: pd.DataFrame, df: pd.DataFrame, acc_key: str, sweep_ki
     if len(at_top):
         return Bound("ceiling", f"{span}, {len(at_top)} of {len(acc)} within {BOUND_SE:g} "
                                 f"s.e. of 100%")
-    effect = LEAD_EFFECT.get(sweep_kind)
+    effect = lead_effect(sweep_kind)
     if effect is None:
         return Bound("", "")
     room = 1 - acc.iloc[0] if effect > 0 else acc.iloc[0] - majority
