@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from flatlm.experiments.grids import trial_name
+from flatlm.runs.headline import short_line
 from sweeps.rayenv import tune
 
 
 class OneLinePerResult(tune.Callback):
-    """Prints one readable line per reported checkpoint (the default tables are noisy)."""
+    """Prints one readable line per reported checkpoint (the default tables are noisy): the
+    line ``flatlm trial`` prints (``flatlm.runs.headline``)."""
 
     def __init__(self, keys: tuple[str, ...]):
         self.keys = keys
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        shown = "  ".join(f"{k.split('/', 1)[-1]}={result[k]:.4g}" for k in self.keys
-                          if isinstance(result.get(k), int | float))
-        print(f"[{trial}] step {result.get('step')}: {shown}", flush=True)
+        print(f"[{trial}] {short_line(result.get('step'), result, self.keys)}", flush=True)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         print(f"[{trial}] failed; it will retry from its last checkpoint if it can",

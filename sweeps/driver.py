@@ -1,7 +1,7 @@
 """The sweep's driver: reaches MLflow, takes the sweep's lock, checks a resumed sweep's state, then
 starts (or resumes) the Tune experiment and, after ``fit``, ends the MLflow runs whose trials
 could not deliver their end. Each job lives in its module: ``resume``, ``trust``, ``signals``,
-``delivery``, ``tuner``, ``console``."""
+``delivery``, ``tuner``, ``console``, ``progress``."""
 
 from __future__ import annotations
 
@@ -25,10 +25,11 @@ from sweeps.delivery import (
     reach_tracking,
     report_diverged,
 )
+from sweeps.progress import start_board
 from sweeps.rayenv import ray, tune
 from sweeps.resume import check_resume_settings, one_driver, record_settings
 from sweeps.signals import Interrupted, count_unfinished, sigterm_as_sigint
-from sweeps.spec import Sweep, check_sweep, check_tracking_uri, runs_view
+from sweeps.spec import Sweep, check_sweep, check_tracking_uri, planned_trials, runs_view
 from sweeps.trust import check_digest, check_trusted, record_digest
 from sweeps.tuner import build_tuner, check_resources
 
@@ -91,7 +92,9 @@ def check_state(path: Path, trust_state: bool) -> None:
 
 def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str | None,
          resume: bool, show: tuple[str, ...], callbacks) -> Path:
-
+    print(f"sweep {sweep.name}: {planned_trials(sweep)} trial(s); starting Ray. Each running "
+          "trial says where it is every few seconds, and its measurements at each checkpoint",
+          flush=True)
     if address:
         ray.init(address=address, logging_level="ERROR")
     else:
@@ -105,8 +108,10 @@ def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str |
         check_resume_settings(sweep, workdir / "ray_results" / sweep.name, resume)
         tuner = build_tuner(sweep, workdir / "ray_results", sweep_info, resume, show, callbacks)
         record_settings(sweep, workdir / "ray_results" / sweep.name)
+        board = start_board()  # held until fit returns: the trials post their progress to it
         with sigterm_as_sigint() as received:
             results = tuner.fit()
+        del board
         record_digest(workdir / "ray_results" / sweep.name)  # the state this run left
         unfinished = len(results) - results.num_terminated - results.num_errors
         if received or unfinished:  # Tune stops gracefully on SIGINT and returns normally

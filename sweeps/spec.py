@@ -20,6 +20,7 @@ from flatlm.measure import (
     ridge_stage,
 )
 from flatlm.measure.registry import metric_keys
+from flatlm.runs.headline import headline_keys, headline_task
 from flatlm.runs.metrics_log import N_PARAMS
 from flatlm.runs.trial import TrialConfig, measured_tasks, validate_trial
 from flatlm.tracking.tracker import check_tracking_uri as check
@@ -62,8 +63,7 @@ def sweep_task(sweep: Sweep) -> str:
                          "on; give the source tasks (a text source's glue=DIR) or "
                          "measure.tasks")
     if sweep.analysis_task is None:
-        attacked = attacked_task(sweep)
-        return attacked if attacked in tasks else tasks[0]
+        return headline_task(tasks, attacked_task(sweep))
     if sweep.analysis_task not in tasks:
         raise ValueError(f"analysis_task {sweep.analysis_task!r} is not measured by this sweep "
                          f"(it measures {', '.join(tasks)}); pick one of those, or add it to "
@@ -96,8 +96,19 @@ def saturation_flag(sweep: Sweep) -> str:
 
 
 def shown_metrics(sweep: Sweep) -> tuple[str, ...]:
-    """The metrics printed for every reported checkpoint."""
-    return LOSS, KL, TRACE_FISHER, accuracy_key(sweep)
+    """The metrics printed for every reported checkpoint: ``flatlm.runs.headline``'s, the ones
+    ``flatlm trial`` prints, of the sweep's task."""
+    return headline_keys(sweep_task(sweep))
+
+
+def planned_trials(sweep: Sweep) -> int:
+    """How many trials the sweep runs: the grid's points times ``num_samples`` (a searcher's
+    or a distribution's draws: ``num_samples``)."""
+    points = 1
+    for values in sweep.space.values():
+        if isinstance(values, dict) and "grid_search" in values:
+            points *= len(values["grid_search"])
+    return points * sweep.num_samples
 
 
 def runs_view(sweep: Sweep) -> dict[str, str]:

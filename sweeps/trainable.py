@@ -38,6 +38,7 @@ from flatlm.tracking.tracker import (
 )
 from flatlm.train.loop import Diverged
 from sweeps.curves import plot_curves
+from sweeps.progress import poster
 from sweeps.rayenv import tune
 from sweeps.travel import restore_tracking, save_tracking
 
@@ -81,7 +82,8 @@ def trainable(config: dict) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         run_trial(cfg, out_dir, report, device=device, source=source,
-                  eval_cache=Path(sweep["trials_dir"]).parents[1] / "eval_cache")
+                  eval_cache=Path(sweep["trials_dir"]).parents[1] / "eval_cache",
+                  on_progress=poster(name))  # the driver prints where it is (sweeps.progress)
     except Diverged as e:  # ends here, not retried: a retry would diverge the same way
         end_diverged(tracker, out_dir, e)
         return

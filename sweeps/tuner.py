@@ -8,9 +8,10 @@ from pathlib import Path
 
 from flatlm.core.config import to_dict
 from sweeps.console import OneLinePerResult, trial_label
+from sweeps.progress import ProgressLines
 from sweeps.rayenv import ray, tune
 from sweeps.signals import RecordSignals
-from sweeps.spec import Sweep, objectives
+from sweeps.spec import Sweep, objectives, planned_trials
 from sweeps.trainable import trainable
 from sweeps.trust import StateDigests, record_digest
 
@@ -36,7 +37,8 @@ def build_tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, sho
         run_config=tune.RunConfig(
             name=sweep.name, storage_path=str(storage), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
-            callbacks=[RecordSignals(), StateDigests(), OneLinePerResult(show), *callbacks]))
+            callbacks=[RecordSignals(), StateDigests(), OneLinePerResult(show),
+                       ProgressLines(planned_trials(sweep)), *callbacks]))
     record_digest(path)  # Tune wrote tuner.pkl as it built the Tuner
     return tuner
 

@@ -36,11 +36,13 @@ from flatlm.experiments.paper import EXPERIMENTS, build
 from flatlm.experiments.protocols import describe, diagnosis_protocols
 from flatlm.experiments.runner import DIVERGED
 from flatlm.experiments.scales import SCALES
+from flatlm.runs.console import Console
 from flatlm.train.config import ALGORITHMS  # every registered algorithm
 
 OUT_OF_TIME_EXIT = 4
 WORKER_DIED_EXIT = 6  # a worker process was killed (a signal): its trial resumes on a rerun
 BUSY_EXIT = 7  # trials left that another process holds (not 5: flatlm.cli's full disk)
+LOG_PROGRESS = "FLATLM_LOG_PROGRESS"  # set for the workers of --jobs: progress as lines
 
 
 def register(subparsers) -> None:
@@ -190,14 +192,22 @@ def _run_here(args, experiments, device: str) -> int:
     budget = Budget(None if args.minutes is None else 60 * args.minutes)
     start = time.monotonic()
     done, diverged = True, []
+    order = [(exp.protocol, exp.name, name) for exp in experiments for name, _ in exp.trials()]
+    # a worker of --jobs shares its terminal with the others: lines, not a redrawn one
+    console = Console(n_trials=len(order), tty=False if os.environ.get(LOG_PROGRESS) else None)
     for exp in experiments:
         def tell(name, state, exp=exp):
-            print(f"[{(time.monotonic() - start) / 60:5.1f} min] {exp.protocol}/{exp.name}/"
-                  f"{name}: {state}", flush=True)
+            console.say(f"[{(time.monotonic() - start) / 60:5.1f} min] {exp.protocol}/"
+                        f"{exp.name}/{name}: {state}")
             if state.startswith(DIVERGED):
                 diverged.append(f"{exp.protocol}/{exp.name}/{name}")
-        done = run_experiment(exp, args.out, device=device, budget=budget,
-                              on_trial=tell) and done
+
+        def progress_of(name, exp=exp):  # trial n of N over every experiment of the command
+            console.trial = order.index((exp.protocol, exp.name, name)) + 1
+            return console.show
+        with console.ticking():
+            done = run_experiment(exp, args.out, device=device, budget=budget,
+                                  on_trial=tell, on_progress=progress_of) and done
         if budget.spent():
             print(f"time budget of {args.minutes} min spent; run the same command again to "
                   "continue", file=sys.stderr)
@@ -213,7 +223,7 @@ def run_workers(args) -> int:
     worker skips a trial another one holds (its directory lock), so each trial runs once.
     The worst exit status wins; a worker that saw only busy trials left is done."""
     argv = [sys.executable, "-m", "flatlm", "replicate", *worker_arguments(args)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", LOG_PROGRESS: "1"}
     workers = [subprocess.Popen(argv, env=env) for _ in range(args.jobs)]
     codes = [w.wait() for w in workers]
     for worker, code in zip(workers, codes, strict=True):

@@ -8,18 +8,25 @@
 The trial is the base of a scale under a protocol (``flatlm.experiments``: the same trial the
 sweeps and ``flatlm replicate`` start from), on ``--source`` with its kind's settings, then the
 ``--set`` keys (the trial config's, as everywhere: ``train.lr=3e-3``, ``measure.probe.seeds=5``).
-It writes ``OUT/config.json``, ``OUT/metrics.jsonl`` and ``OUT/checkpoints/step-N/``, prints one
-line per checkpoint, and resumes from its newest checkpoint when run again with the same ``--out``.
+It writes ``OUT/config.json``, ``OUT/metrics.jsonl`` and ``OUT/checkpoints/step-N/``, and resumes
+from its newest checkpoint when run again with the same ``--out``. While it runs, one line says
+where it is (the step, steps/s and the time left, or the measurement part under way); each
+checkpoint prints the sweeps' short line (loss, KL, Tr(F), a probe's accuracy; every metric is in
+metrics.jsonl); it ends with where its files are and what they show.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+from functools import partial
 from pathlib import Path
 
 from flatlm.core.config import apply_overrides, parse_assignments
 from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import check_output_dir
+from flatlm.runs.closing import closing_lines
+from flatlm.runs.console import Console
 
 
 def register(subparsers) -> None:
@@ -38,7 +45,8 @@ def register(subparsers) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any trial config key, e.g. train.lr=3e-3 (repeatable)")
     p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:i (default: cpu)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress line (the checkpoints' lines and the summary stay)")
     p.set_defaults(run=run)
 
 
@@ -61,5 +69,11 @@ def run(args) -> int:
     args.out = check_output_dir(args.out)  # a link, a file or an unwritable place: a message
     print(f"trial {cfg.model} on {cfg.source} ({args.scale} scale, {args.protocol}) -> "
           f"{args.out}", flush=True)
-    run_trial(cfg, args.out, printer, device=device, progress=not args.no_progress)
+    console = None if args.no_progress else Console()
+    report = partial(printer, task=cfg.train.adversarial.task,
+                     say=console.say if console else None)
+    with console.ticking() if console else contextlib.nullcontext():
+        rows = run_trial(cfg, args.out, report, device=device,
+                         on_progress=console.show if console else None)
+    print("\n".join(closing_lines(args.out, rows)), flush=True)
     return 0

@@ -31,6 +31,7 @@ from flatlm.runs.dirlock import DirectoryBusyError, writer_lock
 from flatlm.runs.diverged import DIVERGED_FILE, divergence, record_divergence
 from flatlm.runs.manifest import MANIFEST, listed_files, verify_manifest
 from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, TRAIN_LOG_FILE, read_metrics
+from flatlm.runs.progress import Sink
 from flatlm.runs.trial import (
     TRAINED_BY,
     run_trial,
@@ -94,12 +95,14 @@ def _as_current(saved: dict, cfg) -> dict:
 
 def run_experiment(experiment: Experiment, root: str | Path, *, device: str = "cpu",
                    budget: Budget | None = None, progress: bool = False,
-                   on_trial: Callable[[str, str], None] | None = None) -> bool:
+                   on_trial: Callable[[str, str], None] | None = None,
+                   on_progress: Callable[[str], Sink | None] | None = None) -> bool:
     """Runs (or resumes) every trial of ``experiment`` under ``root``; True when all are done,
     False when the budget ran out first or another process holds a trial (then skipped: its
     holder runs it). ``on_trial(name, state)`` hears "skip", "start", "done", "paused" and
     "busy ...", "diverged ..." per trial (a diverged trial is recorded, reported and skipped on
-    reruns: ``flatlm.runs.diverged``)."""
+    reruns: ``flatlm.runs.diverged``). ``on_progress(name)``: the sink of a trial's progress
+    (``run_trial``'s ``on_progress``), asked as the trial starts."""
     budget = budget or Budget()
     root = Path(root).absolute()
     busy = False
@@ -125,7 +128,8 @@ def run_experiment(experiment: Experiment, root: str | Path, *, device: str = "c
             if twin is not None:
                 carry_training(twin, out, root)
             run_trial(cfg, out, _stop_when(budget), device=device, progress=progress,
-                      eval_cache=root / "eval_cache")
+                      eval_cache=root / "eval_cache",
+                      on_progress=on_progress(name) if on_progress else None)
         except OutOfTime:
             _tell(on_trial, name, "paused")
             return False

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -209,20 +210,32 @@ def _draw(source: Source, cfg: MeasureConfig, rule: str, tasks, device) -> dict:
 
 
 def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: MeasureConfig,
-                  device, *, artifact_dir=None, progress: bool = False) -> dict[str, float]:
+                  device, *, artifact_dir=None, progress: bool = False,
+                  on_part: Callable[[str], None] | None = None) -> dict[str, float]:
     """Every metric ``cfg.what`` asks for (keys as in ``flatlm.measure``), plus timings
     (``time/<measurement>_s``); files (the spectral density) go to ``artifact_dir`` (the
     checkpoint's directory), if given. The measurements run in the registry's order, a run
-    shared by several once. ``progress``: a console bar naming the measurement under way."""
+    shared by several once. ``progress``: a console bar naming the measurement under way.
+    ``on_part``: told as each part starts, ``probe (3/7)`` (the reference rows not yet
+    measured count as parts)."""
     chosen, out = requested(cfg.what, has_truth=source.has_truth), {}
     runs = {}  # a run shared by several measurements runs once, under the first one's name
     for m in chosen:
         if m.run is not None:
             runs.setdefault(m.run, m.name)
+    pending = list(dict.fromkeys(m.reference.name for m in chosen if m.reference is not None
+                                 and m.reference.name not in data.reference))
+    names = [*runs.values(), *pending]  # the parts, in the order they run
+
+    def tell(name: str) -> None:
+        if on_part is not None:
+            on_part(f"{name} ({names.index(name) + 1}/{len(names)})")
+
     finite = bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
     with progress_bar(progress):
         model.eval()
         for run, name in runs.items():
+            tell(name)
             start = time.perf_counter()
             args = (model, source, data, cfg, device, artifact_dir)
             metrics = _run_one(run, name, [m for m in chosen if m.run is run], finite, args)
@@ -231,7 +244,7 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
             # a registered one that does not is timed whole
             if not any(key.startswith("time/") for key in metrics):
                 record(out, name, time.perf_counter() - start)
-        out.update(_references(source, data, cfg, device, chosen))
+        out.update(_references(source, data, cfg, device, chosen, tell))
     return out
 
 
@@ -254,7 +267,7 @@ def _run_one(run, name: str, sharing: list, finite: bool, args: tuple) -> dict:
 
 
 def _references(source, data: EvalData, cfg: MeasureConfig, device,
-                chosen: list[Measurement]) -> dict:
+                chosen: list[Measurement], tell: Callable[[str], None]) -> dict:
     """The reference rows (the lookup table's and the random model's probe results): measured
     once per trial, on ``device``, or read from the sweep's cache (``measure.reference_cache``),
     and reported at every checkpoint; their time (``time/lookup_s``, ``time/random_init_s``) at
@@ -264,6 +277,7 @@ def _references(source, data: EvalData, cfg: MeasureConfig, device,
     data.seconds = None
     for reference in (m.reference for m in chosen if m.reference is not None):
         if reference.name not in data.reference:
+            tell(reference.name)
             timed = {}
             with timer(timed, reference.name):
                 rows = reference.run(source, data, cfg, device)

@@ -37,7 +37,9 @@ from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data
 from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, quiet_transformers_bars
 from flatlm.models.presets import ModelSpec, parse_model
 from flatlm.runs.dirlock import writer_lock
+from flatlm.runs.headline import headline_keys, headline_task, short_line
 from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, N_PARAMS, append_metrics, read_metrics
+from flatlm.runs.progress import Sink, TrialProgress
 from flatlm.sources import SourceSpec, load
 from flatlm.train.config import SCHEDULING_KEYS, TrainConfig, resolve
 from flatlm.train.loop import TRAINING_INTERVAL
@@ -192,7 +194,8 @@ def tracked_params(cfg: TrialConfig) -> dict:
 
 def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = None, *,
               device: str | torch.device = "cpu", progress: bool = False,
-              eval_cache: str | Path | None = None, source=None) -> dict[int, dict]:
+              eval_cache: str | Path | None = None, source=None,
+              on_progress: Sink | None = None) -> dict[int, dict]:
     """Runs (or resumes) the trial; returns step -> metrics for every checkpoint.
 
     ``eval_cache``: a directory where the trials of a sweep share their evaluation data and
@@ -200,21 +203,27 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
     computes them for this trial alone. ``progress``: console bars for training and measuring.
     Another process writing to ``out_dir`` is an error (``flatlm.runs.dirlock.DirectoryBusyError``)
     before any work. ``source``: ``labelled_source(cfg)`` already built by the caller, which
-    then is not built again.
+    then is not built again. ``on_progress``: told where the trial is (``Snapshot``: the step,
+    or the measurement part under way) at least every second while training, and at once when
+    a measurement part starts (``flatlm.runs.progress``).
     """
     source, model_cfg = validate_trial(cfg, source)
     cfg = with_downstream_resolved(cfg, source)
     check_fits(cfg.train, model_cfg, source, torch.device(device))  # before the eval data too
     out_dir = Path(out_dir).absolute()
     with writer_lock(out_dir):  # one writer per trial directory (flatlm.runs.dirlock)
-        return _run_trial(cfg, source, model_cfg, out_dir, report, device, progress, eval_cache)
+        watch = TrialProgress(cfg.train.steps, cfg.train.checkpoint_steps,
+                              on_progress or (lambda snapshot: None))
+        return _run_trial(cfg, source, model_cfg, out_dir, report, device, progress, eval_cache,
+                          watch)
 
 
 def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
-               eval_cache) -> dict[int, dict]:
+               eval_cache, watch: TrialProgress) -> dict[int, dict]:
     from flatlm.train.loop import train
 
     write_text(out_dir / "config.json", json.dumps(to_dict(cfg), indent=2) + "\n")
+    watch.preparing("preparing the evaluation data")
     data = eval_data(source, cfg.measure, model_cfg, device=device, cache_dir=eval_cache)
     done = read_metrics(out_dir)
 
@@ -223,18 +232,20 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
     def on_checkpoint(step: int, model, ckpt_dir: Path) -> None:
         start = time.perf_counter()
         measured = measure_model(model, source, data, cfg.measure, device, artifact_dir=ckpt_dir,
-                                 progress=progress)
+                                 progress=progress,
+                                 on_part=lambda part: watch.measuring(step, part))
         metrics = {N_PARAMS: float(sum(p.numel() for p in model.parameters())), **measured,
                    **measurement_cost(time.perf_counter() - start, ckpt_dir, trained_here)}
         _record(out_dir, ckpt_dir, step, metrics)
         done[step] = {"step": step, **metrics}
         if report is not None:
             report(step, metrics, Path(ckpt_dir))
+        watch.measured(step, time.perf_counter() - start)  # with its report: the time it takes
 
     with contextlib.nullcontext() if progress else quiet_transformers_bars():  # its loads
         _catch_up(out_dir, done, on_checkpoint, report, device, cfg.train.checkpoint_steps)
     train(cfg.train, source, model_cfg, out_dir, device=device, on_checkpoint=on_checkpoint,
-          progress=progress, resume=True)
+          progress=progress, resume=True, on_step=watch.stepped)
     return done
 
 
@@ -287,11 +298,20 @@ def _catch_up(out_dir: Path, done: dict, on_checkpoint, report, device, steps) -
         report(newest, {k: v for k, v in done[newest].items() if k != "step"}, Path(ckpt))
 
 
-def printer(step: int, metrics: dict, ckpt_dir: Path) -> None:
-    """A report sink for the command line: one line per checkpoint."""
-    keys = [k for k in metrics if not k.startswith("time/") and not k.endswith(("_se", "_std"))
-            and k != N_PARAMS]
-    print(f"step {step}: " + "  ".join(f"{k}={metrics[k]:.4g}" for k in keys), flush=True)
+def printer(step: int, metrics: dict, ckpt_dir: Path, *, task: str | None = None,
+            say: Callable[[str], None] | None = None) -> None:
+    """A report sink for the command line: one short line per checkpoint, the keys a sweep's
+    console shows (``flatlm.runs.headline``: loss, KL, Tr(F) and ``task``'s probe accuracy,
+    the first task measured if ``task`` is None or not measured); the whole row is in
+    ``metrics.jsonl``. ``say``: where
+    the line goes (``print`` by default; ``flatlm trial`` passes its console's)."""
+    measured = tuple(k.split("/")[1] for k in metrics
+                     if k.startswith("probe/") and k.endswith("/acc_mean"))
+    line = short_line(step, metrics, headline_keys(headline_task(measured, task)))
+    if say is None:
+        print(line, flush=True)
+    else:
+        say(line)
 
 
 __all__ = ["EvalData", "Report", "TrialConfig", "labelled_source", "measured_tasks", "printer",

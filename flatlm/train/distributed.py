@@ -69,7 +69,8 @@ BUCKET = 2**25  # gradient elements per all-reduce (128 MiB of float32)
 
 
 def train_data_parallel(cfg: TrainConfig, source, model_cfg, out_dir, *, device="cpu",
-                        on_checkpoint=None, progress=True, resume=False, corpus=None):
+                        on_checkpoint=None, progress=True, resume=False, corpus=None,
+                        on_step=None):
     """``flatlm.train.train`` over ``cfg.world_size`` processes, this one rank 0 (see the
     module docstring); same arguments, same result. Bad input raises before a process starts."""
     cfg = resolve(cfg)
@@ -88,7 +89,7 @@ def train_data_parallel(cfg: TrainConfig, source, model_cfg, out_dir, *, device=
             for bad, _ in unreadable:  # no rank reads them: each loads job["ckpt"]
                 set_aside(bad)
             run = _train_rank(cfg, source, model_cfg, out_dir, device, start, pipeline,
-                              on_checkpoint, progress)  # rank 0
+                              on_checkpoint, progress, on_step)  # rank 0
     finally:
         pipeline.close()
     return TrainResult(model=run.ctx.model, step=run.step, history=run.history,
@@ -116,13 +117,14 @@ def _sharded_pipeline(cfg, source, device, corpus, rank: int) -> ShardedPipeline
 
 
 def _train_rank(cfg, source, model_cfg, out_dir, device, start, pipeline, on_checkpoint,
-                progress):
+                progress, on_step=None):
     rank = dist.get_rank()
     cuda = [device.index] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
         run = _RankRun.begin(cfg, source, model_cfg, out_dir, device, pipeline, 0, start)
         run.seed_dropout(rank, start)
-        run.loop(on_checkpoint if rank == 0 else None, progress and rank == 0)
+        run.loop(on_checkpoint if rank == 0 else None, progress and rank == 0,
+                 on_step if rank == 0 else None)
     return run
 
 

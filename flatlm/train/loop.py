@@ -34,6 +34,7 @@ from flatlm.train.run import (
     CheckpointWriteError,
     Diverged,
     Run,
+    StepHook,
     TrainResult,
     autocast_for,
     build_pipeline,
@@ -55,6 +56,7 @@ def train(
     device: str | torch.device = "cpu",
     on_checkpoint: CheckpointHook | None = None,
     progress: bool = True,
+    on_step: StepHook | None = None,
     resume: bool = False,
     corpus: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> TrainResult:
@@ -65,6 +67,7 @@ def train(
     (it is put back in train mode after). ``resume`` continues from the newest checkpoint in
     ``out_dir`` (or starts afresh if there is none); without it, an ``out_dir`` that already holds
     checkpoints is an error. The hook is not called again for the checkpoint resumed from.
+    ``on_step(step)``: called where training starts and after every update (a progress line).
     ``corpus``: (tokens, lengths) already in memory, used instead of reading ``cfg.data``.
     ``model_cfg.dropout`` is replaced by ``cfg.dropout`` (resolved). Bad configurations raise
     ``ValueError`` before any training. ``cfg.world_size`` > 1 trains data-parallel, this
@@ -73,7 +76,7 @@ def train(
     if cfg.world_size > 1:
         return train_data_parallel(cfg, source, model_cfg, out_dir, device=device,
                                    on_checkpoint=on_checkpoint, progress=progress, resume=resume,
-                                   corpus=corpus)
+                                   corpus=corpus, on_step=on_step)
     cfg = resolve(cfg)
     model_cfg = dataclasses.replace(parse_model(model_cfg), dropout=cfg.dropout)
     check_before_training(cfg, model_cfg)  # grow: every shape a growth of the one before it
@@ -88,7 +91,7 @@ def train(
                 for bad, _ in unreadable:  # kept for inspection, out of the way of those retrained
                     set_aside(bad)
                 run = _train(cfg, source, model_cfg, out_dir, device, pipeline, n_classes,
-                             start, on_checkpoint, progress)
+                             start, on_checkpoint, progress, on_step)
         finally:
             pipeline.close()
     return TrainResult(model=run.ctx.model, step=run.step, history=run.history,
@@ -96,11 +99,11 @@ def train(
 
 
 def _train(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start, on_checkpoint,
-           progress) -> Run:
+           progress, on_step) -> Run:
     cuda = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
         run = Run.begin(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start)
-        run.loop(on_checkpoint, progress)
+        run.loop(on_checkpoint, progress, on_step)
     return run
 
 

@@ -64,6 +64,7 @@ from flatlm.train.state import (
 log = logging.getLogger(__name__)
 
 CheckpointHook = Callable[[int, nn.Module, Path], None]
+StepHook = Callable[[int], None]  # told the step after every update (a progress line's)
 # A checkpoint's record of the training before it: {"seconds", "updates"} since the previous
 # checkpoint (or since this process started or resumed the run).
 TRAINING_INTERVAL = "training_interval"
@@ -213,12 +214,15 @@ class Run:
         optimizer.load_state_dict(state.optimizer)
         return cls(cfg, source, model_cfg, out_dir, device, pipeline, ctx, resumed=state)
 
-    def loop(self, on_checkpoint: CheckpointHook | None, progress: bool) -> None:
+    def loop(self, on_checkpoint: CheckpointHook | None, progress: bool,
+             on_step: StepHook | None = None) -> None:
 
         cfg, step_fn = self.cfg, self.update_function()
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not progress, unit="step",
                    desc=f"train {cfg.algorithm}")
         with bar:
+            if on_step is not None:
+                on_step(self.step)  # where it starts: the line shows before the first update
             while True:
                 if self.step in cfg.checkpoint_steps and self.step != self.resumed_at:
                     self.check_window()  # between read-outs: never save a diverged model
@@ -238,6 +242,8 @@ class Run:
                     record = self.flush(lr)
                     bar.set_postfix(loss=f"{record['train/loss']:.4f}", refresh=False)
                 bar.update()
+                if on_step is not None:
+                    on_step(self.step)
 
     def update_function(self):
         """The algorithm's update (a data-parallel rank has its own)."""

@@ -2,6 +2,7 @@
 the result equals a one-process run's; the testbed's default seeds per experiment."""
 
 import json
+import re
 
 import pytest
 
@@ -111,3 +112,14 @@ def test_a_killed_worker_is_named_and_ends_in_its_own_status(tmp_path, capfd):
     assert main(["replicate", "--experiment", "steps", "--protocol", "paper", "--seeds", "2",
                  *fast_set_flags(), "--set", "train.steps=600", "--set",
                  "train.checkpoint_steps=[0,300,600]", "--out", str(tmp_path)]) == 0
+
+
+def test_each_trial_says_where_it_is_among_all_of_the_command(tmp_path, capfd):
+    """Issue 42: trial n of N over every experiment the command runs, with its step and rate."""
+    assert main(["replicate", "--experiment", "steps", "--protocol", "paper", "--seeds", "2",
+                 *fast_set_flags(), "--out", str(tmp_path)]) == 0
+    err = capfd.readouterr().err.splitlines()
+    for n in (1, 2):
+        assert any(line.startswith(f"trial {n} of 2  measuring step 0: ") for line in err)
+        assert any(re.match(rf"trial {n} of 2  step \d+/\d+  [\d.]+ steps/s  ", line)
+                   for line in err)

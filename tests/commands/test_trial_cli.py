@@ -1,6 +1,7 @@
 """``flatlm trial`` (one trial, no Ray) and the one ``--set`` key space of every command."""
 
 import json
+import re
 
 import pytest
 
@@ -31,7 +32,7 @@ def test_a_trial_trains_and_measures_every_checkpoint(tmp_path, capsys):
 def test_the_trial_starts_from_the_scale_and_protocol_base(tmp_path, monkeypatch):
     seen = {}
     monkeypatch.setattr("flatlm.runs.trial.run_trial",
-                        lambda cfg, out, report, **kw: seen.setdefault("cfg", cfg))
+                        lambda cfg, out, report, **kw: seen.setdefault("cfg", cfg) and {})
     assert main(["trial", "--out", str(tmp_path), "--scale", "tiny",
                  "--protocol", "paper-code"]) == 0
     assert seen["cfg"] == base_of("tiny", "paper-code")
@@ -75,3 +76,45 @@ def test_train_and_measure_take_the_sweeps_keys():
     assert section_assignments(["measure.probe.seeds=2"], "measure") == {"probe.seeds": "2"}
     with pytest.raises(ValueError, match="write measure.probe.seeds=..."):
         section_assignments(["probe.seeds=2"], "measure")
+
+
+def test_a_trial_shows_its_progress_short_lines_and_where_its_files_are(tmp_path, capsys):
+    """Issue 42: a line that says where the trial is (the step, its rate and the time left, or
+    the measurement part under way), the sweeps' few keys per checkpoint (not every metric),
+    and at the end its files and what they show."""
+    out = tmp_path / "t"
+    assert main(["trial", "--out", str(out), *TINY]) == 0
+    captured = capsys.readouterr()
+    progress = captured.err.splitlines()  # not a terminal: each line stands alone
+    assert progress[0] == "trial 1 of 1  preparing the evaluation data for 0 s"
+    assert any(line.startswith("trial 1 of 1  measuring step 0: loss (1/3) for") for line
+               in progress)
+    assert any(line.startswith("trial 1 of 1  measuring step 0: probe (2/3) for") for line
+               in progress)
+    assert any(re.fullmatch(r"trial 1 of 1  step \d/4  [\d.]+ steps/s  \d+ s left", line)
+               for line in progress)
+    printed = captured.out.splitlines()
+    ending = printed[printed.index(f"files in {out}:"):]
+    checkpoint_lines = [line for line in printed[:-len(ending)] if line.startswith("step ")]
+    assert [line.split(":")[0] for line in checkpoint_lines] == ["step 0", "step 4"]
+    for line in checkpoint_lines:  # loss, KL, (no Tr(F) measured), the task's probe
+        assert [kv.split("=")[0] for kv in line.split(": ", 1)[1].split("  ")] == [
+            "loss", "kl", "g_star/acc_mean"]
+    assert ending[1].split() == ["config.json", "the", "trial's", "config"]
+    assert ending[2].startswith("  metrics.jsonl ") and "(steps 0, 4)" in ending[2]
+    assert ending[3].startswith("  checkpoints/    step-0, step-4:")
+    assert re.fullmatch(r"step 4: loss [\d.]+ = entropy [\d.]+ \+ KL [\d.]+ nats/word "
+                        r"\(KL [\d.]+ at step 0\)", ending[4])
+    assert re.fullmatch(r"step 4 probe accuracy: g_star [\d.]+ \(random-init [\d.]+, "
+                        r"majority [\d.]+\)", ending[5])
+    assert re.fullmatch(r"time: training \d+ s, measuring \d+ s \(\d+% of the time\); .*",
+                        ending[6])
+    assert len(ending) == 7
+
+
+def test_no_progress_leaves_the_checkpoint_lines_and_the_summary(tmp_path, capsys):
+    out = tmp_path / "t"
+    assert main(["trial", "--out", str(out), "--no-progress", *TINY]) == 0
+    captured = capsys.readouterr()
+    assert "trial 1 of 1" not in captured.err
+    assert f"files in {out}:" in captured.out

@@ -5,6 +5,7 @@ checkpoints at 10 and 20). Bad configurations must fail with exit code 2 and a m
 fix before any trial starts.
 """
 
+import re
 
 import pytest
 
@@ -51,6 +52,11 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
     assert all(r.data.tags["sweep"] == "scaling" for r in runs)
     assert all(r.data.params["train.steps"] == "20" for r in runs)
     assert sorted(sweep.results()) == sorted((r.info.run_name, s) for r in runs for s in STEPS)
+    # issue 42: each trial says where it is between its checkpoints (sweeps.progress)
+    for r in runs:
+        said = [line for line in sweep.lines if line.startswith(f"[{r.info.run_name}] trial ")]
+        assert said and re.fullmatch(r"\[.+\] trial [123] of 3 started\n", said[0]), sweep.stdout
+        assert any(" measuring step 10: " in line for line in said), said
     # runs and console lines say what the trial is: its model, then Ray's id
     assert all(r.info.run_name.startswith(r.data.tags["model"] + "_") for r in runs)
     client = MlflowClient(uri)
