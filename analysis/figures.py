@@ -41,11 +41,19 @@ from analysis.checkpoints import (
 )
 from analysis.correlate import to_markdown
 from analysis.figure_marks import (
-    REFERENCE_LABELS,
     draw_levels,
     fit_axis,
+    is_reference,
     mark_outside,
     reference_levels,
+)
+from analysis.labels import (
+    count_axis,
+    is_accuracy,
+    label_axis,
+    percent_axis,
+    plain_name,
+    untangle_ticks,
 )
 from analysis.output import write_figure
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, se_key
@@ -79,29 +87,83 @@ def accuracy_scatter(df: pd.DataFrame, acc_key: str, path: str | Path, *,
                      regime: pd.Series | None = None, title: str | None = None) -> Path:
     """Fig. 1: accuracy against each of ``x_keys``, one point per checkpoint with its standard
     errors as bars, coloured by ``point_groups``; rows outside ``regime`` (a mask) drawn
-    hollow; the reference levels drawn; outliers marked at the axis edge."""
+    hollow; the reference levels drawn; outliers marked at the axis edge.
+
+    With a ``regime`` that holds some rows but not all, the panels show the saturated window
+    (their axes fitted to the rows in it: the early checkpoints, far from it, would set the
+    range and squash the window into a strip) and a short row below shows every checkpoint with
+    the window framed."""
     keys = [k for k in x_keys if _has(df, k)] if _has(df, acc_key) else []
-    fig, axes = panels(len(keys))
-    groups, legend_title = point_groups(df, color_by)
-    colors = _colors(groups)
     inside = regime if regime is not None else pd.Series(True, index=df.index)
+    framed = bool(keys) and inside.any() and not inside.all()
+    fig, axes, overview = _window_panels(len(keys), framed)
+    groups, legend_title = point_groups(df, color_by)
+    colors = palette(groups)
+    window = df[inside] if framed else df
     levels = reference_levels(df, acc_key, groups, colors)
-    for ax, x in zip(axes, keys, strict=True):
+    for i, x in enumerate(keys):
+        ax = axes[i]
         _scatter_panel(ax, df, x, acc_key, groups, colors, inside)
-        if x.startswith("flat/") or x in LOG_KEYS:
-            _maybe_log(ax, df[x], "x")
-        fit_axis(ax, "x", df[x], errors=_err(df, x))
-        fit_axis(ax, "y", df[acc_key], [v for v, *_ in levels], errors=_err(df, acc_key))
-        draw_levels(ax, levels)
-        for label, rows in df.groupby(groups, sort=True):
-            mark_outside(ax, rows[x], rows[acc_key], colors[label], label)
-        ax.set_xlabel(x)
-        ax.set_ylabel(acc_key)
+        _fit_scatter_panel(ax, window, x, acc_key, groups.loc[window.index], colors, levels)
+        if framed:
+            _overview_panel(overview[i], df, x, acc_key, groups, colors, inside, ax)
     if keys:
         axes[0].legend(title=legend_title or None, fontsize=7, title_fontsize=7)
-    note = "" if regime is None else " (hollow: outside the saturation regime)"
-    return save_figure(fig, path, (title or f"Fig. 1: {acc_key} vs KL and flatness") + note,
-                       empty=not keys)
+    note = "" if regime is None else "\nhollow: outside the saturation regime"
+    if framed:
+        note += "; above: the saturated window, below: every checkpoint"
+    title = title or f"Fig. 1: {plain_name(acc_key)} vs KL and flatness"
+    return save_figure(fig, path, title + note, empty=not keys)
+
+
+def _window_panels(n: int, framed: bool):
+    """(figure, the main axes, the overview axes below them or []): ``panels`` with, when
+    ``framed``, a short second row."""
+    if not framed:
+        fig, axes = panels(n)
+        return fig, axes, []
+    fig = Figure(figsize=(PANEL_IN * n, PANEL_IN * 1.45), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.subplots(2, n, squeeze=False, gridspec_kw={"height_ratios": [3, 1.1]})
+    return fig, list(grid[0]), list(grid[1])
+
+
+def _fit_scatter_panel(ax, rows: pd.DataFrame, x: str, y: str, groups: pd.Series,
+                       colors: dict, levels) -> None:
+    """The axes of a Fig. 1 panel around ``rows`` (the window shown), their labels and units,
+    the reference levels, the rows beyond the limits marked at the edge."""
+    if x.startswith("flat/") or x in LOG_KEYS:
+        _maybe_log(ax, rows[x], "x")
+    fit_axis(ax, "x", rows[x], errors=_err(rows, x))
+    fit_axis(ax, "y", rows[y], [v for v, *_ in levels], errors=_err(rows, y))
+    draw_levels(ax, levels)
+    for label, part in rows.groupby(groups, sort=True):
+        mark_outside(ax, part[x], part[y], colors[label], label)
+    label_axis(ax, "x", x)
+    label_axis(ax, "y", y)
+    _plain_log_ticks(ax)
+
+
+def _overview_panel(ax, df: pd.DataFrame, x: str, y: str, groups: pd.Series, colors: dict,
+                    inside: pd.Series, window) -> None:
+    """Every checkpoint, small, with the saturated window (``window``'s limits) framed."""
+    from matplotlib.patches import Rectangle
+
+    for label, rows in df.groupby(groups, sort=True):
+        for mask, face in ((inside.loc[rows.index], colors[label]),
+                           (~inside.loc[rows.index], "none")):
+            ax.plot(rows.loc[mask, x], rows.loc[mask, y], "o", ms=3, mfc=face,
+                    color=colors[label])
+    if x.startswith("flat/") or x in LOG_KEYS:
+        _maybe_log(ax, df[x], "x")
+    (x0, x1), (y0, y1) = window.get_xlim(), window.get_ylim()
+    ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, ls="--", lw=0.8,
+                           ec="black"))
+    ax.set_title("every checkpoint; dashed: the window above", fontsize=7)
+    ax.tick_params(labelsize=7)
+    if is_accuracy(y):
+        percent_axis(ax, "y")
+    _plain_log_ticks(ax)
 
 
 def _scatter_panel(ax, df, x: str, y: str, groups: pd.Series, colors: dict,
@@ -129,7 +191,7 @@ def metrics_over_steps(df: pd.DataFrame, path: str | Path, *, keys, acc_key: str
     keys = [k for k in keys if _has(df, k)]
     fig, axes = panels(len(keys))
     labels = run_labels(df)
-    colors = _colors(labels)
+    colors = palette(labels)
     for ax, key in zip(axes, keys, strict=True):
         for _, rows in df.groupby("run_id", sort=False):
             rows = rows.sort_values("step").dropna(subset=[key])
@@ -138,11 +200,12 @@ def metrics_over_steps(df: pd.DataFrame, path: str | Path, *, keys, acc_key: str
             label = labels.loc[rows.index[0]]
             ax.errorbar(rows["step"], rows[key], yerr=_err(rows, key), marker=".", lw=1,
                         capsize=2, elinewidth=0.6, color=colors[label], label=label)
-        ax.set_xlabel("step")
-        ax.set_ylabel(key)
+        label_axis(ax, "x", "step")
+        label_axis(ax, "y", key)
         if key in LOG_KEYS or key.startswith("flat/"):
             _maybe_log(ax, df[key], "y")
         _fit_steps_panel(ax, df, key, labels, colors, key == acc_key)
+        _plain_log_ticks(ax)
     if keys:
         fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
                    ncols=min(4, max(1, labels.nunique())), fontsize=7)
@@ -158,7 +221,7 @@ def _fit_steps_panel(ax, df: pd.DataFrame, key: str, labels: pd.Series, colors: 
     draw_levels(ax, levels)
     for label, rows in df.groupby(labels, sort=False):
         mark_outside(ax, rows["step"], rows[key], colors[label], label)
-    shown = [h for h in ax.get_lines() if h.get_label() in REFERENCE_LABELS]
+    shown = [h for h in ax.get_lines() if is_reference(h.get_label())]
     if shown:
         ax.legend(handles=shown, fontsize=6)
 
@@ -175,13 +238,14 @@ def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys,
     keys = [k for k in keys if _has(final, k)] if _has(final, N_PARAMS) else []
     fig, axes = panels(len(keys))
     groups, legend_title = _size_groups(final, color_by)
-    colors = _colors(groups)
+    colors = palette(groups)
     final = final.assign(_group=groups, _n=pd.to_numeric(final.get(N_PARAMS), errors="coerce"))
     for ax, key in zip(axes, keys, strict=True):
         _size_panel(ax, final, key, colors)
-        ax.set_xscale("log")
-        ax.set_xlabel("parameters")
-        ax.set_ylabel(key)
+        count_axis(ax, final["_n"])
+        ax.margins(x=0.15)  # room for the model names beside the last points
+        label_axis(ax, "x", N_PARAMS)
+        label_axis(ax, "y", key)
     if keys:
         axes[0].legend(title=legend_title or None, fontsize=7, title_fontsize=7)
     return save_figure(fig, path, title or "Figs. 3/5: final checkpoint over model size",
@@ -215,7 +279,7 @@ def _size_panel(ax, final: pd.DataFrame, key: str, colors: dict) -> None:
         ax.plot(level.index, level.to_numpy(), ls="--", marker="x", color="grey", lw=1,
                 label="random-init")
         levels = [lv for lv in reference_levels(rows, key, rows["_group"], colors)
-                  if lv[1] != "random-init"]
+                  if not lv[1].startswith("random-init")]
         fit_axis(ax, "y", [*rows[key], *level], [v for v, *_ in levels])
         draw_levels(ax, levels)
 
@@ -299,13 +363,16 @@ def _labels(df: pd.DataFrame, color_by: str) -> pd.Series:
     return df[color_by].astype(object).where(df[color_by].notna(), "n/a").astype(str)
 
 
-def _colors(labels: pd.Series) -> dict:
-    """A colour per distinct label (tab10, tab20 beyond ten)."""
+def palette(labels: pd.Series) -> dict:
+    """A colour per distinct label, from a qualitative palette: tab10's ten hues, then their
+    light twins (tab20's odd entries), then again. tab20 in its own order pairs each hue with
+    its light shade, so two neighbouring runs would look alike."""
     from matplotlib import colormaps
 
     labels = sorted(labels.astype(str).unique())
-    cmap = colormaps["tab10" if len(labels) <= 10 else "tab20"]
-    return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
+    tab20 = colormaps["tab20"].colors
+    colours = [*tab20[0::2], *tab20[1::2]]  # tab20[0::2] is tab10
+    return {label: colours[i % len(colours)] for i, label in enumerate(labels)}
 
 
 def panels(n: int):
@@ -322,11 +389,29 @@ def _maybe_log(ax, values: pd.Series, axis: str) -> None:
         (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
 
 
+def _plain_log_ticks(ax) -> None:
+    """Plain numbers (``170``, ``0.05``) on a log axis, minor ticks labelled only within a
+    decade: matplotlib's default labels a narrow log axis ``1.58 x 10^2``, ``1.6 x 10^2``, ...,
+    which print over each other."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:.3g}")
+    for axis, limits, scale in ((ax.xaxis, ax.get_xlim(), ax.get_xscale()),
+                                (ax.yaxis, ax.get_ylim(), ax.get_yscale())):
+        if scale != "log":
+            continue
+        low, high = sorted(limits)
+        narrow = low > 0 and high / low < 10
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain if narrow else NullFormatter())
+
+
 def save_figure(fig: Figure, path: str | Path, title: str, *, empty: bool) -> Path:
     if empty:
         fig.axes[0].text(0.5, 0.5, "no data", ha="center", va="center")
         fig.axes[0].set_axis_off()
     fig.suptitle(title, fontsize=9)
+    untangle_ticks(fig)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_figure(fig, path, dpi=120)

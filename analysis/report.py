@@ -45,6 +45,7 @@ from analysis.figures import (  # noqa: E402
     summary_markdown,
     summary_table,
 )
+from analysis.labels import plain_name  # noqa: E402
 from analysis.output import checked_out, report_dir, write_csv, write_file  # noqa: E402
 from analysis.run_table import glance  # noqa: E402
 from analysis.selection import write_selection  # noqa: E402
@@ -123,7 +124,7 @@ def _figures(df, out: Path, acc_key: str, regime, rule: str) -> list[Path]:
     """Fig. 1 always; Figs. 2/4 when a run has several checkpoints; Figs. 3/5 when the model
     size varies (no figure for a dimension the sweep does not vary)."""
     paths = [accuracy_scatter(df, acc_key, out / "fig1_accuracy_scatter.png", regime=regime,
-                              title=f"Fig. 1: {acc_key}; regime: {rule}")]
+                              title=f"Fig. 1: {plain_name(acc_key)}; saturation regime {rule}")]
     if df.groupby(RUN)["step"].nunique().max() > 1:
         paths.append(metrics_over_steps(df, out / "fig2_over_steps.png", acc_key=acc_key,
                                         keys=(KL, TRACE_FISHER, acc_key)))

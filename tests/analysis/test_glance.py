@@ -265,8 +265,9 @@ def test_fig1_names_the_models_puts_kl_on_the_loss_axis_and_draws_the_references
     (fig,) = drawn
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert [m for m, *_ in SIZES] == [t for t in legend if t.startswith("d")]
-    assert {"random-init", "lookup table"} <= set(legend)
-    assert fig.axes[0].get_xlabel() == "pretrain/kl"
+    # one random-init entry per colour, each named by its model
+    assert {"lookup table", *(f"random-init {m}" for m, *_ in SIZES)} <= set(legend)
+    assert fig.axes[0].get_xlabel() == "KL to the truth (nats/token)"
     notes = [t.get_text() for t in fig.axes[0].texts]
     assert "majority class 0.500 (below the axis)" in notes  # far below: a note, no squash
 
