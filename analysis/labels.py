@@ -118,20 +118,28 @@ def overlapping(labels, renderer) -> bool:
 
 
 def untangle_ticks(fig) -> None:
-    """Every x axis of ``fig`` whose tick labels overlap: labels rotated 30 degrees, then,
-    where they still overlap, only every n-th one labelled (n = 2, 3, ...). Run on the figure
-    as laid out, just before it is saved: extents depend on the layout."""
+    """Every x axis of ``fig`` whose tick labels (major and minor) overlap: the minor labels
+    dropped, then the labels rotated 30 degrees, then, while they still overlap, only every
+    n-th one labelled (n = 2, 3, ...). Run on the figure as laid out, just before it is saved:
+    extents depend on the layout."""
+    from matplotlib.ticker import NullFormatter
+
     fig.draw_without_rendering()
     renderer = fig.canvas.get_renderer()
+    tangled = lambda ax: overlapping(ax.get_xticklabels(which="both"), renderer)  # noqa: E731
     for ax in fig.axes:
-        if not overlapping(ax.get_xticklabels(), renderer):
+        if not tangled(ax):
+            continue
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        fig.draw_without_rendering()
+        if not tangled(ax):
             continue
         ax.tick_params(axis="x", labelrotation=30)
         for t in ax.get_xticklabels():
             t.set_horizontalalignment("right")
         shown, step = ax.xaxis.get_major_formatter(), 2
         fig.draw_without_rendering()
-        while overlapping(ax.get_xticklabels(), renderer) and step <= 10:
+        while tangled(ax) and step <= 10:
             ax.xaxis.set_major_formatter(_every(shown, step))
             fig.draw_without_rendering()
             step += 1

@@ -54,7 +54,7 @@ def over_sizes(df: pd.DataFrame, path: str | Path) -> Path:
             stats = _mean_se(group, "params", key)
             ax.errorbar(stats.index, stats["mean"], yerr=stats["se"], marker="o", ms=3,
                         capsize=2, label=protocol)
-        count_axis(ax, final["params"])
+        count_axis(ax, final.get("params", []))
         label_axis(ax, "x", N_PARAMS)
         label_axis(ax, "y", key)
     if keys:
