@@ -1,4 +1,4 @@
-"""The paper's figures and tables from the tidy table of ``analysis.runs.load_runs``.
+"""The paper's figures from the tidy table of ``analysis.runs.load_runs``.
 
 * Fig. 1 style, :func:`accuracy_scatter`: downstream accuracy against the KL to the truth and
   against flatness, one point per checkpoint, coloured by what the sweep varies (the model, the
@@ -8,9 +8,8 @@
 * Figs. 3/5 style, :func:`metrics_over_size`: final-checkpoint metrics over model size
   (``n_params``, log x), each point named by its model, mean and standard deviation over the
   runs of each group.
-* Tables 1/2, :func:`summary_table` + :func:`summary_markdown`: accuracy by algorithm (and
-  model), with loss, KL and flatness columns, over each run's final checkpoint (or, for
-  Table 1, the checkpoint at the common loss: ``analysis.checkpoints.loss_matched``).
+
+Tables 1/2 are ``analysis.tables``'; axis names and units ``analysis.labels``'.
 
 Every point carries its standard error (the ``_se`` twin of its metric) as an error bar. The
 loss axis is the KL to the truth (the loss minus the entropy, which every run shares): the loss's
@@ -24,7 +23,6 @@ backend switch, no display needed.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -34,12 +32,10 @@ from matplotlib.figure import Figure
 
 from analysis.checkpoints import (
     final_checkpoints,
-    loss_matched,
     run_labels,
     short_name,
     varying_columns,
 )
-from analysis.correlate import to_markdown
 from analysis.figure_marks import (
     draw_levels,
     fit_axis,
@@ -284,67 +280,6 @@ def _size_panel(ax, final: pd.DataFrame, key: str, colors: dict) -> None:
         draw_levels(ax, levels)
 
 
-def summary_table(df: pd.DataFrame, acc_key: str, *, by=("algorithm",),
-                  keys=(LOSS, KL, TRACE_FISHER, TRACE_HESSIAN),
-                  match_loss: bool = False, kl_threshold: float | None = None) -> pd.DataFrame:
-    """Per group of ``by``: number of runs, then mean and std over runs of ``acc_key`` and
-    ``keys`` at one checkpoint per run (columns ``<key> mean``, ``<key> std``): its final one,
-    or with ``match_loss`` the one at the common loss of :func:`loss_matched` (the target KL in
-    ``table.attrs["target_kl"]``, the groups of runs that never reached ``kl_threshold`` in
-    ``table.attrs["unmatched"]``). When the runs measured the lookup table
-    (``lookup/<task>/acc_mean``) a last row ``lookup table`` holds its accuracy (the true
-    conditionals as features; loss = entropy, KL 0), as the paper's Table 1 does."""
-    rows, target, unmatched = (loss_matched(df, kl_threshold) if match_loss
-                               else (final_checkpoints(df), math.nan, []))
-    out = _summary(rows, acc_key, by, keys)
-    by = [b for b in by if b in rows]
-    stuck = rows[rows["run_id"].isin(unmatched)]
-    out.attrs["target_kl"] = target
-    out.attrs["unmatched"] = (sorted({" ".join(map(str, r)) for r in
-                                      stuck[by].itertuples(index=False)}) if by else unmatched)
-    return out
-
-
-def _summary(final: pd.DataFrame, acc_key: str, by, keys) -> pd.DataFrame:
-    cols = [k for k in (acc_key, *keys) if _has(final, k)]
-    by = [b for b in by if b in final]
-    if not by or final.empty:
-        return pd.DataFrame(columns=[*by, "runs"])
-    grouped = final.assign(**{b: final[b].astype(object).fillna("n/a") for b in by}).groupby(by)
-    out = grouped.size().rename("runs").to_frame()
-    for c in cols:
-        out[f"{c} mean"] = grouped[c].mean()
-        out[f"{c} std"] = grouped[c].std()
-    return pd.concat([out.reset_index(), _lookup_row(final, acc_key, by)], ignore_index=True)
-
-
-def _lookup_row(final: pd.DataFrame, acc_key: str, by) -> pd.DataFrame:
-    lookup = acc_key.replace("probe/", "lookup/", 1)
-    if not acc_key.startswith("probe/") or not _has(final, lookup):
-        return pd.DataFrame()
-    row = {b: "lookup table" for b in by[:1]}
-    row.update({b: "" for b in by[1:]})
-    row.update({"runs": int(final[lookup].notna().sum()), f"{acc_key} mean": final[lookup].mean(),
-                f"{acc_key} std": final[lookup].std(), f"{KL} mean": 0.0})
-    if _has(final, "pretrain/entropy") and LOSS in final:
-        row[f"{LOSS} mean"] = final["pretrain/entropy"].mean()
-    return pd.DataFrame([row])
-
-
-def summary_markdown(table: pd.DataFrame, digits: int = 3) -> str:
-    """``summary_table`` with each ``mean``/``std`` pair shown as ``mean ± std``."""
-    shown = table[[c for c in table.columns if not c.endswith((" mean", " std"))]].copy()
-    for c in table.columns:
-        if c.endswith(" mean"):
-            key = c.removesuffix(" mean")
-            std = table.get(f"{key} std")
-            places = 0 if key == "step" else digits  # a training step is a whole number
-            shown[key] = [_pm(m, s, places) for m, s in
-                          zip(table[c], std if std is not None else [math.nan] * len(table),
-                              strict=True)]
-    return to_markdown(shown, digits)
-
-
 # -- drawing helpers --------------------------------------------------------------------------
 
 def _has(df: pd.DataFrame, key: str) -> bool:
@@ -416,11 +351,3 @@ def save_figure(fig: Figure, path: str | Path, title: str, *, empty: bool) -> Pa
     path.parent.mkdir(parents=True, exist_ok=True)
     write_figure(fig, path, dpi=120)
     return path
-
-
-def _pm(mean, std, digits: int) -> str:
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return ""
-    if std is None or (isinstance(std, float | np.floating) and math.isnan(std)):
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"

@@ -101,7 +101,7 @@ ENTROPY = 3.71  # nats/token: the testbed grammar's
 
 def readme_runs() -> pd.DataFrame:
     """3 models x 3 checkpoints as ``load_runs`` reads the README's sweep from MLflow (its
-    ``preset`` tag included), tasks A, B, C (B = A - 0.01, C = A - 0.02)."""
+    scale and protocol included), tasks A, B, C (B = A - 0.01, C = A - 0.02)."""
     rows = []
     for model, n, kls, accs, random_a in README_SIZES:
         for step, kl, acc in zip(README_STEPS, kls, accs, strict=True):
@@ -114,7 +114,8 @@ def readme_runs() -> pd.DataFrame:
                               f"lookup/{task}/acc_se": 0.005,
                               f"probe/{task}/majority_acc": majority})
             rows.append({"run_id": f"id-{model}", "trial": f"{model}_seed0_0a1b2",
-                         "status": "FINISHED", "sweep": "scaling", "preset": "tiny",
+                         "status": "FINISHED", "sweep": "scaling", "scale": "sweep",
+                         "protocol": "paper",
                          "algorithm": "adamw", "model": model, "train.algorithm": "adamw",
                          "train.seed": 0, "step": step, "n_params": float(n),
                          "pretrain/kl": kl, "pretrain/kl_se": 0.0012,
