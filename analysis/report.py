@@ -6,14 +6,18 @@
 
 Writes to DIR: ``fig1_accuracy_scatter.png``, ``fig2_over_steps.png`` (when a run has several
 checkpoints), ``fig3_over_size.png`` (when the model size varies), ``correlations.md`` / ``.csv``,
-``table1_by_algorithm.md`` / ``.csv`` (at equal loss, by what the sweep varies),
+``table1_by_algorithm.md`` / ``.csv`` (by algorithm, and model where it varies, at the common
+loss: its line says whether the losses are equal, ``analysis/tables.py``),
 ``table2_by_model.md`` / ``.csv``, ``selection.md`` / ``.csv`` / ``.png`` (would the flattest
 checkpoint have been a better pick than the lowest-loss one: ``analysis/selection.py``),
-``conclusion.md`` (the per-run tables with their reference rows, the runs left out, and what the
-runs show and can conclude, in numbers: ``analysis/run_table.py``, ``analysis/conclusion.py``)
-and ``runs.csv`` (the tidy table); prints the conclusion and the tables; and logs every file as
-an artifact of the run named ``report`` in the experiment
-``<experiment>.report`` (beside the sweep's, so that MLflow's charts of the sweep show only its
+``conclusion.md`` (a title and the settings: sweep, scale / protocol, task, saturation rule,
+date; then the per-run tables with their reference rows, the runs left out, and what the runs
+show and can conclude, in numbers: ``analysis/run_table.py``, ``analysis/conclusion.py``)
+and ``runs.csv`` (the tidy table). The correlations and the model selection need runs: with
+fewer than ``analysis.correlate.MIN_RUNS`` (5) in the saturation regime their Markdown is one
+line saying why and their CSV has no rows. It prints the conclusion and the tables; and logs
+every file as an artifact of the run named ``report`` in the experiment ``<experiment>.report``
+(beside the sweep's, so that MLflow's charts of the sweep show only its
 trials), which replaces the previous report's run.
 Without ``--tracking-uri`` it uses ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``
 (which must exist: run it where the sweep ran, its ``--workdir``). With ``--trials DIR`` it reads
