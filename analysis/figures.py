@@ -239,7 +239,6 @@ def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys,
     for ax, key in zip(axes, keys, strict=True):
         _size_panel(ax, final, key, colors)
         count_axis(ax, final["_n"])
-        ax.margins(x=0.15)  # room for the model names beside the last points
         label_axis(ax, "x", N_PARAMS)
         label_axis(ax, "y", key)
     if keys:
@@ -266,8 +265,11 @@ def _size_panel(ax, final: pd.DataFrame, key: str, colors: dict) -> None:
         bars = agg["std"].where(agg["runs"] > 1, agg["se"]).fillna(0)
         ax.errorbar(agg.index, agg["mean"], yerr=bars, marker="o", ms=4, capsize=3,
                     color=colors[label], label=str(label))
-        for n, row in agg.iterrows():  # each point named by its model
-            ax.annotate(str(row["model"]), (n, row["mean"]), fontsize=6, xytext=(3, 3),
+        largest = rows["_n"].max()
+        for n, row in agg.iterrows():  # each point named by its model, the last on its left
+            last = n == largest  # (a name to its right would run off the axes)
+            ax.annotate(str(row["model"]), (n, row["mean"]), fontsize=6,
+                        xytext=(-3 if last else 3, 3), ha="right" if last else "left",
                         textcoords="offset points")
     ref = key.replace("probe/", "random_init/", 1)
     if key.startswith("probe/") and _has(rows, ref):
