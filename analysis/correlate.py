@@ -131,7 +131,7 @@ def correlation_table(df: pd.DataFrame, acc_key: str, *, x_keys=X_KEYS, control:
     table = pd.DataFrame(out, columns=list(TABLE_COLUMNS))
     table[["n", "runs"]] = table[["n", "runs"]].astype("int64")
     table["p"] = table["p"].where(table["runs"] >= min_runs)  # too few runs for a test
-    table.attrs.update(rule=rule, level=level)
+    table.attrs.update(rule=rule, level=level, min_runs=min_runs)
     if note:
         table.attrs["note"] = note
         warnings.warn(note, stacklevel=2)
@@ -245,8 +245,25 @@ def to_markdown(table: pd.DataFrame, digits: int = 3, formats: dict | None = Non
     return "\n".join([header, sep, *body])
 
 
+def too_few_runs(table: pd.DataFrame) -> str:
+    """Why ``table``'s correlations mean nothing, in one line: fewer runs in the regime than its
+    ``min_runs`` (its ``attrs``; ``MIN_RUNS`` by default); "" when they are enough (or there
+    is no row: the table's ``note`` says why)."""
+    need = table.attrs.get("min_runs", MIN_RUNS)
+    runs = int(table["runs"].max()) if len(table) else 0
+    if not len(table) or runs >= need:
+        return ""
+    return (f"Correlations left out: {runs} run(s) in the saturation regime "
+            f"({table.attrs.get('rule', '')}), fewer than {need}: a cluster bootstrap over "
+            f"{runs} run(s) has {distinct_resamples(runs)} distinct resamples, too few for an "
+            "interval or a test (each would span most of [-1, 1]).")
+
+
 def correlation_markdown(table: pd.DataFrame, digits: int = 3) -> str:
-    """The correlation table with its rule and interval level stated above it."""
+    """The correlation table with its rule and interval level stated above it; below
+    ``min_runs`` runs in the regime, one line saying why there is none (``too_few_runs``)."""
+    if why := too_few_runs(table):
+        return why
     level = table.attrs.get("level", 0.95)
     rule = table.attrs.get("rule", "")
     note = (f"Saturation regime: {rule}. r with {level:.0%} CI and (from {MIN_RUNS} runs) p "

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-REFERENCE_LABELS = ("majority class", "lookup table", "random-init")
+REFERENCE_LABELS = ("majority class", "lookup table", "random-init")  # a level's label starts so
 OUTLIER_GAP = 3.0  # a side apart from the rest by this many times the rest's spread
 MARGIN = 0.08  # of the shown span, on each side
 REACH = 1.0  # a reference level this many spans beyond the points widens the axis to it
@@ -92,8 +92,11 @@ def mark_outside(ax, x, y, color, label: str = "") -> None:
         text = f"{low:.3g}" if f"{low:.3g}" == f"{high:.3g}" else f"{low:.3g}-{high:.3g}"
         left = (px[0] - x0) < (x1 - x0) / 2 if ax.get_xscale() != "log" else \
             np.log10(px[0] / x0) < np.log10(x1 / x0) / 2
+        # runs beyond the same edge at one point (every step-0 checkpoint): notes stacked
+        stacked = sum(1 for t in ax.texts if getattr(t, "xy", None) == (px[0], py[0]))
+        rise = 8 * stacked * (-1 if side == "top" else 1)
         ax.annotate(f"{label} {text}".strip(), (px[0], py[0]), fontsize=6, color=color,
-                    xytext=(6 if left else -6, -10 if side == "top" else 6),
+                    xytext=(6 if left else -6, (-10 if side == "top" else 6) + rise),
                     textcoords="offset points", ha="left" if left else "right",
                     annotation_clip=False)
 
@@ -110,11 +113,17 @@ def _side(x: float, y: float, xlim, ylim) -> str | None:
     return None
 
 
+def is_reference(label: str) -> bool:
+    """Whether a line's label names a reference level (``random-init d64-h4-l2-i256``)."""
+    return label.startswith(REFERENCE_LABELS)
+
+
 def reference_levels(rows: pd.DataFrame, acc_key: str, groups: pd.Series,
                      colors: dict) -> list[tuple[float, str, object, str]]:
     """(value, label, colour, line style) of each reference accuracy beside ``acc_key``: the
     majority class (grey, dotted), the lookup table (black, dash-dot) and each group's
-    random-init model (its colour, dashed); means over ``rows`` (over a group's)."""
+    random-init model (its colour, dashed, labelled ``random-init <group>``: a legend entry
+    per colour); means over ``rows`` (over a group's)."""
     if not acc_key.startswith("probe/"):
         return []
     out = []
@@ -129,7 +138,8 @@ def reference_levels(rows: pd.DataFrame, acc_key: str, groups: pd.Series,
     per_group = rows.groupby(groups, sort=True)[ref].mean().dropna()
     if per_group.round(12).nunique() == 1:  # one random model for every group: one line
         return [*out, (float(per_group.iloc[0]), "random-init", "dimgrey", "--")]
-    return [*out, *((float(v), "random-init", colors[g], "--") for g, v in per_group.items())]
+    return [*out, *((float(v), f"random-init {g}", colors[g], "--")
+                     for g, v in per_group.items())]
 
 
 def draw_levels(ax, levels, axis: str = "y") -> None:

@@ -1,4 +1,4 @@
-"""The paper's figures and tables from the tidy table of ``analysis.runs.load_runs``.
+"""The paper's figures from the tidy table of ``analysis.runs.load_runs``.
 
 * Fig. 1 style, :func:`accuracy_scatter`: downstream accuracy against the KL to the truth and
   against flatness, one point per checkpoint, coloured by what the sweep varies (the model, the
@@ -8,9 +8,8 @@
 * Figs. 3/5 style, :func:`metrics_over_size`: final-checkpoint metrics over model size
   (``n_params``, log x), each point named by its model, mean and standard deviation over the
   runs of each group.
-* Tables 1/2, :func:`summary_table` + :func:`summary_markdown`: accuracy by algorithm (and
-  model), with loss, KL and flatness columns, over each run's final checkpoint (or, for
-  Table 1, the checkpoint at the common loss: ``analysis.checkpoints.loss_matched``).
+
+Tables 1/2 are ``analysis.tables``'; axis names and units ``analysis.labels``'.
 
 Every point carries its standard error (the ``_se`` twin of its metric) as an error bar. The
 loss axis is the KL to the truth (the loss minus the entropy, which every run shares): the loss's
@@ -24,7 +23,6 @@ backend switch, no display needed.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -34,18 +32,24 @@ from matplotlib.figure import Figure
 
 from analysis.checkpoints import (
     final_checkpoints,
-    loss_matched,
     run_labels,
     short_name,
     varying_columns,
 )
-from analysis.correlate import to_markdown
 from analysis.figure_marks import (
-    REFERENCE_LABELS,
     draw_levels,
     fit_axis,
+    is_reference,
     mark_outside,
     reference_levels,
+)
+from analysis.labels import (
+    count_axis,
+    is_accuracy,
+    label_axis,
+    percent_axis,
+    plain_name,
+    untangle_ticks,
 )
 from analysis.output import write_figure
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, se_key
@@ -79,29 +83,83 @@ def accuracy_scatter(df: pd.DataFrame, acc_key: str, path: str | Path, *,
                      regime: pd.Series | None = None, title: str | None = None) -> Path:
     """Fig. 1: accuracy against each of ``x_keys``, one point per checkpoint with its standard
     errors as bars, coloured by ``point_groups``; rows outside ``regime`` (a mask) drawn
-    hollow; the reference levels drawn; outliers marked at the axis edge."""
+    hollow; the reference levels drawn; outliers marked at the axis edge.
+
+    With a ``regime`` that holds some rows but not all, the panels show the saturated window
+    (their axes fitted to the rows in it: the early checkpoints, far from it, would set the
+    range and squash the window into a strip) and a short row below shows every checkpoint with
+    the window framed."""
     keys = [k for k in x_keys if _has(df, k)] if _has(df, acc_key) else []
-    fig, axes = panels(len(keys))
-    groups, legend_title = point_groups(df, color_by)
-    colors = _colors(groups)
     inside = regime if regime is not None else pd.Series(True, index=df.index)
+    framed = bool(keys) and inside.any() and not inside.all()
+    fig, axes, overview = _window_panels(len(keys), framed)
+    groups, legend_title = point_groups(df, color_by)
+    colors = palette(groups)
+    window = df[inside] if framed else df
     levels = reference_levels(df, acc_key, groups, colors)
-    for ax, x in zip(axes, keys, strict=True):
+    for i, x in enumerate(keys):
+        ax = axes[i]
         _scatter_panel(ax, df, x, acc_key, groups, colors, inside)
-        if x.startswith("flat/") or x in LOG_KEYS:
-            _maybe_log(ax, df[x], "x")
-        fit_axis(ax, "x", df[x], errors=_err(df, x))
-        fit_axis(ax, "y", df[acc_key], [v for v, *_ in levels], errors=_err(df, acc_key))
-        draw_levels(ax, levels)
-        for label, rows in df.groupby(groups, sort=True):
-            mark_outside(ax, rows[x], rows[acc_key], colors[label], label)
-        ax.set_xlabel(x)
-        ax.set_ylabel(acc_key)
+        _fit_scatter_panel(ax, window, x, acc_key, groups.loc[window.index], colors, levels)
+        if framed:
+            _overview_panel(overview[i], df, x, acc_key, groups, colors, inside, ax)
     if keys:
         axes[0].legend(title=legend_title or None, fontsize=7, title_fontsize=7)
-    note = "" if regime is None else " (hollow: outside the saturation regime)"
-    return save_figure(fig, path, (title or f"Fig. 1: {acc_key} vs KL and flatness") + note,
-                       empty=not keys)
+    note = "" if regime is None else "\nhollow: outside the saturation regime"
+    if framed:
+        note += "; above: the saturated window, below: every checkpoint"
+    title = title or f"Fig. 1: {plain_name(acc_key)} vs KL and flatness"
+    return save_figure(fig, path, title + note, empty=not keys)
+
+
+def _window_panels(n: int, framed: bool):
+    """(figure, the main axes, the overview axes below them or []): ``panels`` with, when
+    ``framed``, a short second row."""
+    if not framed:
+        fig, axes = panels(n)
+        return fig, axes, []
+    fig = Figure(figsize=(PANEL_IN * n, PANEL_IN * 1.45), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.subplots(2, n, squeeze=False, gridspec_kw={"height_ratios": [3, 1.1]})
+    return fig, list(grid[0]), list(grid[1])
+
+
+def _fit_scatter_panel(ax, rows: pd.DataFrame, x: str, y: str, groups: pd.Series,
+                       colors: dict, levels) -> None:
+    """The axes of a Fig. 1 panel around ``rows`` (the window shown), their labels and units,
+    the reference levels, the rows beyond the limits marked at the edge."""
+    if x.startswith("flat/") or x in LOG_KEYS:
+        _maybe_log(ax, rows[x], "x")
+    fit_axis(ax, "x", rows[x], errors=_err(rows, x))
+    fit_axis(ax, "y", rows[y], [v for v, *_ in levels], errors=_err(rows, y))
+    draw_levels(ax, levels)
+    for label, part in rows.groupby(groups, sort=True):
+        mark_outside(ax, part[x], part[y], colors[label], label)
+    label_axis(ax, "x", x)
+    label_axis(ax, "y", y)
+    _plain_log_ticks(ax)
+
+
+def _overview_panel(ax, df: pd.DataFrame, x: str, y: str, groups: pd.Series, colors: dict,
+                    inside: pd.Series, window) -> None:
+    """Every checkpoint, small, with the saturated window (``window``'s limits) framed."""
+    from matplotlib.patches import Rectangle
+
+    for label, rows in df.groupby(groups, sort=True):
+        for mask, face in ((inside.loc[rows.index], colors[label]),
+                           (~inside.loc[rows.index], "none")):
+            ax.plot(rows.loc[mask, x], rows.loc[mask, y], "o", ms=3, mfc=face,
+                    color=colors[label])
+    if x.startswith("flat/") or x in LOG_KEYS:
+        _maybe_log(ax, df[x], "x")
+    (x0, x1), (y0, y1) = window.get_xlim(), window.get_ylim()
+    ax.add_patch(Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, ls="--", lw=0.8,
+                           ec="black"))
+    ax.set_title("every checkpoint; dashed: the window above", fontsize=7)
+    ax.tick_params(labelsize=7)
+    if is_accuracy(y):
+        percent_axis(ax, "y")
+    _plain_log_ticks(ax)
 
 
 def _scatter_panel(ax, df, x: str, y: str, groups: pd.Series, colors: dict,
@@ -129,7 +187,7 @@ def metrics_over_steps(df: pd.DataFrame, path: str | Path, *, keys, acc_key: str
     keys = [k for k in keys if _has(df, k)]
     fig, axes = panels(len(keys))
     labels = run_labels(df)
-    colors = _colors(labels)
+    colors = palette(labels)
     for ax, key in zip(axes, keys, strict=True):
         for _, rows in df.groupby("run_id", sort=False):
             rows = rows.sort_values("step").dropna(subset=[key])
@@ -138,11 +196,12 @@ def metrics_over_steps(df: pd.DataFrame, path: str | Path, *, keys, acc_key: str
             label = labels.loc[rows.index[0]]
             ax.errorbar(rows["step"], rows[key], yerr=_err(rows, key), marker=".", lw=1,
                         capsize=2, elinewidth=0.6, color=colors[label], label=label)
-        ax.set_xlabel("step")
-        ax.set_ylabel(key)
+        label_axis(ax, "x", "step")
+        label_axis(ax, "y", key)
         if key in LOG_KEYS or key.startswith("flat/"):
             _maybe_log(ax, df[key], "y")
         _fit_steps_panel(ax, df, key, labels, colors, key == acc_key)
+        _plain_log_ticks(ax)
     if keys:
         fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
                    ncols=min(4, max(1, labels.nunique())), fontsize=7)
@@ -158,7 +217,7 @@ def _fit_steps_panel(ax, df: pd.DataFrame, key: str, labels: pd.Series, colors: 
     draw_levels(ax, levels)
     for label, rows in df.groupby(labels, sort=False):
         mark_outside(ax, rows["step"], rows[key], colors[label], label)
-    shown = [h for h in ax.get_lines() if h.get_label() in REFERENCE_LABELS]
+    shown = [h for h in ax.get_lines() if is_reference(h.get_label())]
     if shown:
         ax.legend(handles=shown, fontsize=6)
 
@@ -175,13 +234,13 @@ def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys,
     keys = [k for k in keys if _has(final, k)] if _has(final, N_PARAMS) else []
     fig, axes = panels(len(keys))
     groups, legend_title = _size_groups(final, color_by)
-    colors = _colors(groups)
+    colors = palette(groups)
     final = final.assign(_group=groups, _n=pd.to_numeric(final.get(N_PARAMS), errors="coerce"))
     for ax, key in zip(axes, keys, strict=True):
         _size_panel(ax, final, key, colors)
-        ax.set_xscale("log")
-        ax.set_xlabel("parameters")
-        ax.set_ylabel(key)
+        count_axis(ax, final["_n"])
+        label_axis(ax, "x", N_PARAMS)
+        label_axis(ax, "y", key)
     if keys:
         axes[0].legend(title=legend_title or None, fontsize=7, title_fontsize=7)
     return save_figure(fig, path, title or "Figs. 3/5: final checkpoint over model size",
@@ -206,8 +265,11 @@ def _size_panel(ax, final: pd.DataFrame, key: str, colors: dict) -> None:
         bars = agg["std"].where(agg["runs"] > 1, agg["se"]).fillna(0)
         ax.errorbar(agg.index, agg["mean"], yerr=bars, marker="o", ms=4, capsize=3,
                     color=colors[label], label=str(label))
-        for n, row in agg.iterrows():  # each point named by its model
-            ax.annotate(str(row["model"]), (n, row["mean"]), fontsize=6, xytext=(3, 3),
+        largest = rows["_n"].max()
+        for n, row in agg.iterrows():  # each point named by its model, the last on its left
+            last = n == largest  # (a name to its right would run off the axes)
+            ax.annotate(str(row["model"]), (n, row["mean"]), fontsize=6,
+                        xytext=(-3 if last else 3, 3), ha="right" if last else "left",
                         textcoords="offset points")
     ref = key.replace("probe/", "random_init/", 1)
     if key.startswith("probe/") and _has(rows, ref):
@@ -215,70 +277,9 @@ def _size_panel(ax, final: pd.DataFrame, key: str, colors: dict) -> None:
         ax.plot(level.index, level.to_numpy(), ls="--", marker="x", color="grey", lw=1,
                 label="random-init")
         levels = [lv for lv in reference_levels(rows, key, rows["_group"], colors)
-                  if lv[1] != "random-init"]
+                  if not lv[1].startswith("random-init")]
         fit_axis(ax, "y", [*rows[key], *level], [v for v, *_ in levels])
         draw_levels(ax, levels)
-
-
-def summary_table(df: pd.DataFrame, acc_key: str, *, by=("algorithm",),
-                  keys=(LOSS, KL, TRACE_FISHER, TRACE_HESSIAN),
-                  match_loss: bool = False, kl_threshold: float | None = None) -> pd.DataFrame:
-    """Per group of ``by``: number of runs, then mean and std over runs of ``acc_key`` and
-    ``keys`` at one checkpoint per run (columns ``<key> mean``, ``<key> std``): its final one,
-    or with ``match_loss`` the one at the common loss of :func:`loss_matched` (the target KL in
-    ``table.attrs["target_kl"]``, the groups of runs that never reached ``kl_threshold`` in
-    ``table.attrs["unmatched"]``). When the runs measured the lookup table
-    (``lookup/<task>/acc_mean``) a last row ``lookup table`` holds its accuracy (the true
-    conditionals as features; loss = entropy, KL 0), as the paper's Table 1 does."""
-    rows, target, unmatched = (loss_matched(df, kl_threshold) if match_loss
-                               else (final_checkpoints(df), math.nan, []))
-    out = _summary(rows, acc_key, by, keys)
-    by = [b for b in by if b in rows]
-    stuck = rows[rows["run_id"].isin(unmatched)]
-    out.attrs["target_kl"] = target
-    out.attrs["unmatched"] = (sorted({" ".join(map(str, r)) for r in
-                                      stuck[by].itertuples(index=False)}) if by else unmatched)
-    return out
-
-
-def _summary(final: pd.DataFrame, acc_key: str, by, keys) -> pd.DataFrame:
-    cols = [k for k in (acc_key, *keys) if _has(final, k)]
-    by = [b for b in by if b in final]
-    if not by or final.empty:
-        return pd.DataFrame(columns=[*by, "runs"])
-    grouped = final.assign(**{b: final[b].astype(object).fillna("n/a") for b in by}).groupby(by)
-    out = grouped.size().rename("runs").to_frame()
-    for c in cols:
-        out[f"{c} mean"] = grouped[c].mean()
-        out[f"{c} std"] = grouped[c].std()
-    return pd.concat([out.reset_index(), _lookup_row(final, acc_key, by)], ignore_index=True)
-
-
-def _lookup_row(final: pd.DataFrame, acc_key: str, by) -> pd.DataFrame:
-    lookup = acc_key.replace("probe/", "lookup/", 1)
-    if not acc_key.startswith("probe/") or not _has(final, lookup):
-        return pd.DataFrame()
-    row = {b: "lookup table" for b in by[:1]}
-    row.update({b: "" for b in by[1:]})
-    row.update({"runs": int(final[lookup].notna().sum()), f"{acc_key} mean": final[lookup].mean(),
-                f"{acc_key} std": final[lookup].std(), f"{KL} mean": 0.0})
-    if _has(final, "pretrain/entropy") and LOSS in final:
-        row[f"{LOSS} mean"] = final["pretrain/entropy"].mean()
-    return pd.DataFrame([row])
-
-
-def summary_markdown(table: pd.DataFrame, digits: int = 3) -> str:
-    """``summary_table`` with each ``mean``/``std`` pair shown as ``mean ± std``."""
-    shown = table[[c for c in table.columns if not c.endswith((" mean", " std"))]].copy()
-    for c in table.columns:
-        if c.endswith(" mean"):
-            key = c.removesuffix(" mean")
-            std = table.get(f"{key} std")
-            places = 0 if key == "step" else digits  # a training step is a whole number
-            shown[key] = [_pm(m, s, places) for m, s in
-                          zip(table[c], std if std is not None else [math.nan] * len(table),
-                              strict=True)]
-    return to_markdown(shown, digits)
 
 
 # -- drawing helpers --------------------------------------------------------------------------
@@ -299,13 +300,16 @@ def _labels(df: pd.DataFrame, color_by: str) -> pd.Series:
     return df[color_by].astype(object).where(df[color_by].notna(), "n/a").astype(str)
 
 
-def _colors(labels: pd.Series) -> dict:
-    """A colour per distinct label (tab10, tab20 beyond ten)."""
+def palette(labels: pd.Series) -> dict:
+    """A colour per distinct label, from a qualitative palette: tab10's ten hues, then their
+    light twins (tab20's odd entries), then again. tab20 in its own order pairs each hue with
+    its light shade, so two neighbouring runs would look alike."""
     from matplotlib import colormaps
 
     labels = sorted(labels.astype(str).unique())
-    cmap = colormaps["tab10" if len(labels) <= 10 else "tab20"]
-    return {label: cmap(i % cmap.N) for i, label in enumerate(labels)}
+    tab20 = colormaps["tab20"].colors
+    colours = [*tab20[0::2], *tab20[1::2]]  # tab20[0::2] is tab10
+    return {label: colours[i % len(colours)] for i, label in enumerate(labels)}
 
 
 def panels(n: int):
@@ -322,20 +326,30 @@ def _maybe_log(ax, values: pd.Series, axis: str) -> None:
         (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
 
 
+def _plain_log_ticks(ax) -> None:
+    """Plain numbers (``170``, ``0.05``) on a log axis, minor ticks labelled only within a
+    decade: matplotlib's default labels a narrow log axis ``1.58 x 10^2``, ``1.6 x 10^2``, ...,
+    which print over each other."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    plain = FuncFormatter(lambda v, _: f"{v:.3g}")
+    for axis, limits, scale in ((ax.xaxis, ax.get_xlim(), ax.get_xscale()),
+                                (ax.yaxis, ax.get_ylim(), ax.get_yscale())):
+        if scale != "log":
+            continue
+        low, high = sorted(limits)
+        narrow = low > 0 and high / low < 10
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain if narrow else NullFormatter())
+
+
 def save_figure(fig: Figure, path: str | Path, title: str, *, empty: bool) -> Path:
     if empty:
         fig.axes[0].text(0.5, 0.5, "no data", ha="center", va="center")
         fig.axes[0].set_axis_off()
     fig.suptitle(title, fontsize=9)
+    untangle_ticks(fig)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_figure(fig, path, dpi=120)
     return path
-
-
-def _pm(mean, std, digits: int) -> str:
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return ""
-    if std is None or (isinstance(std, float | np.floating) and math.isnan(std)):
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"

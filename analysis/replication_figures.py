@@ -12,7 +12,9 @@ import pandas as pd
 
 from analysis.claims import acc, final_rows, model_size
 from analysis.figures import panels, save_figure
+from analysis.labels import count_axis, label_axis
 from flatlm.measure import KL, TRACE_FISHER, TRACE_FISHER_GROWN
+from flatlm.runs.metrics_log import N_PARAMS
 
 STEP_KEYS = (KL, TRACE_FISHER, acc("B"), acc("C"))
 SIZE_KEYS = (KL, TRACE_FISHER_GROWN, acc("B"), acc("C"))
@@ -34,8 +36,8 @@ def over_steps(df: pd.DataFrame, path: str | Path) -> Path:
             stats = _mean_se(group, "step", key)
             ax.errorbar(stats.index, stats["mean"], yerr=stats["se"], marker="o", ms=3,
                         capsize=2, label=f"{protocol} / {experiment}")
-        ax.set_xlabel("step")
-        ax.set_title(key, fontsize=9)
+        label_axis(ax, "x", "step")
+        label_axis(ax, "y", key)
     if keys:
         axes[0].legend(fontsize=7)
     return save_figure(fig, path, "over training steps (mean ± s.e. over seeds)", empty=not keys)
@@ -52,9 +54,9 @@ def over_sizes(df: pd.DataFrame, path: str | Path) -> Path:
             stats = _mean_se(group, "params", key)
             ax.errorbar(stats.index, stats["mean"], yerr=stats["se"], marker="o", ms=3,
                         capsize=2, label=protocol)
-        ax.set_xscale("log")
-        ax.set_xlabel("parameters")
-        ax.set_title(key, fontsize=9)
+        count_axis(ax, final.get("params", []))
+        label_axis(ax, "x", N_PARAMS)
+        label_axis(ax, "y", key)
     if keys:
         axes[0].legend(fontsize=7)
     return save_figure(fig, path, "final checkpoint over model size (mean ± s.e. over seeds)",
@@ -79,8 +81,9 @@ def algorithm_bars(df: pd.DataFrame, path: str | Path) -> Path:
             if key.startswith("probe/") and lookup in final:
                 value = final[final["protocol"] == protocol][lookup].mean()
                 ax.axhline(value, ls="--", lw=1, color=f"C{i}")
-        ax.set_title(key + (" (dashed: lookup table)" if key.startswith("probe/") else ""),
-                     fontsize=9)
+        label_axis(ax, "y", key)
+        if key.startswith("probe/"):
+            ax.set_title("dashed: lookup table", fontsize=8)
     if keys and protocols:
         axes[0].legend(fontsize=7)
     return save_figure(fig, path, "final checkpoint by algorithm (mean ± s.e. over seeds)",
@@ -102,8 +105,8 @@ def scatter(df: pd.DataFrame, path: str | Path, acc_key: str, saturation: float)
     for ax, key in zip(axes, keys, strict=True):
         for (protocol, experiment), group in part.groupby(["protocol", "experiment"]):
             ax.scatter(group[key], group[acc_key], s=10, label=f"{protocol} / {experiment}")
-        ax.set_xlabel(key)
-        ax.set_ylabel(acc_key)
+        label_axis(ax, "x", key)
+        label_axis(ax, "y", acc_key)
     if keys:
         axes[0].legend(fontsize=6)
     return save_figure(fig, path, title, empty=not keys)

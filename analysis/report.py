@@ -6,14 +6,18 @@
 
 Writes to DIR: ``fig1_accuracy_scatter.png``, ``fig2_over_steps.png`` (when a run has several
 checkpoints), ``fig3_over_size.png`` (when the model size varies), ``correlations.md`` / ``.csv``,
-``table1_by_algorithm.md`` / ``.csv`` (at equal loss, by what the sweep varies),
+``table1_by_algorithm.md`` / ``.csv`` (by algorithm, and model where it varies, at the common
+loss: its line says whether the losses are equal, ``analysis/tables.py``),
 ``table2_by_model.md`` / ``.csv``, ``selection.md`` / ``.csv`` / ``.png`` (would the flattest
 checkpoint have been a better pick than the lowest-loss one: ``analysis/selection.py``),
-``conclusion.md`` (the per-run tables with their reference rows, the runs left out, and what the
-runs show and can conclude, in numbers: ``analysis/run_table.py``, ``analysis/conclusion.py``)
-and ``runs.csv`` (the tidy table); prints the conclusion and the tables; and logs every file as
-an artifact of the run named ``report`` in the experiment
-``<experiment>.report`` (beside the sweep's, so that MLflow's charts of the sweep show only its
+``conclusion.md`` (a title and the settings: sweep, scale / protocol, task, saturation rule,
+date; then the per-run tables with their reference rows, the runs left out, and what the runs
+show and can conclude, in numbers: ``analysis/run_table.py``, ``analysis/conclusion.py``)
+and ``runs.csv`` (the tidy table). The correlations and the model selection need runs: with
+fewer than ``analysis.correlate.MIN_RUNS`` (5) in the saturation regime their Markdown is one
+line saying why and their CSV has no rows. It prints the conclusion and the tables; and logs
+every file as an artifact of the run named ``report`` in the experiment ``<experiment>.report``
+(beside the sweep's, so that MLflow's charts of the sweep show only its
 trials), which replaces the previous report's run.
 Without ``--tracking-uri`` it uses ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<cwd>/mlflow.db``
 (which must exist: run it where the sweep ran, its ``--workdir``). With ``--trials DIR`` it reads
@@ -24,12 +28,12 @@ write), needs no MLflow store and logs nothing.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import warnings
+from datetime import datetime
 from pathlib import Path
 
-from analysis.checkpoints import RUN, varying_columns  # noqa: E402
+from analysis.checkpoints import RUN, short_name, varying_columns  # noqa: E402
 from analysis.conclusion import conclusion  # noqa: E402
 from analysis.correlate import (  # noqa: E402
     X_KEYS,
@@ -37,14 +41,10 @@ from analysis.correlate import (  # noqa: E402
     correlation_table,
     saturated,
     saturation_rule,
+    too_few_runs,
 )
-from analysis.figures import (  # noqa: E402
-    accuracy_scatter,
-    metrics_over_size,
-    metrics_over_steps,
-    summary_markdown,
-    summary_table,
-)
+from analysis.figures import accuracy_scatter, metrics_over_size, metrics_over_steps  # noqa: E402
+from analysis.labels import plain_name  # noqa: E402
 from analysis.output import checked_out, report_dir, write_csv, write_file  # noqa: E402
 from analysis.run_table import glance  # noqa: E402
 from analysis.selection import write_selection  # noqa: E402
@@ -55,6 +55,7 @@ from analysis.store import (  # noqa: E402
     refuse_password,
     report_experiment,
 )
+from analysis.tables import summary_markdown, summary_table, table_rule  # noqa: E402
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN  # noqa: E402
 from flatlm.runs.metrics_log import N_PARAMS  # noqa: E402
 
@@ -86,8 +87,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_tolerance=None,
-                 n_boot: int = 1000, seed: int = 0) -> tuple[list[Path], str]:
-    """Write every output under ``out``; returns (paths, correlation Markdown)."""
+                 n_boot: int = 1000, seed: int = 0, sweep: str | None = None,
+                 when: datetime | None = None) -> tuple[list[Path], str]:
+    """Write every output under ``out``; returns (paths, correlation Markdown). ``sweep``
+    names the runs' source in ``conclusion.md``'s header (default: the runs' ``sweep``
+    column), ``when`` its date (default: now)."""
     out = report_dir(out)
     rule = dict(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)
     regime = saturated(df, **rule)
@@ -96,19 +100,19 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
         table = correlation_table(df, acc_key, n_boot=n_boot, seed=seed, **rule)
     corr_md = correlation_markdown(table)
     paths = _figures(df, out, acc_key, regime, saturation_rule(**rule, df=df))
-    words = f"{glance(df, acc_key, **rule)}\n\n{conclusion(df, table, acc_key, **rule)}"
+    head = report_header(df, acc_key, sweep=sweep, when=when, n_boot=n_boot, seed=seed, **rule)
+    words = f"{head}\n\n{glance(df, acc_key, **rule)}\n\n{conclusion(df, table, acc_key, **rule)}"
     texts = {"correlations.md": corr_md + "\n", "conclusion.md": words + "\n"}
-    write_csv(table, out / "correlations.csv")
+    write_csv(table.iloc[:0] if too_few_runs(table) else table, out / "correlations.csv")
     paths.append(out / "correlations.csv")
-    first = tuple(f for f in varying_columns(df, seeds=False)  # what the sweep varies
-                  if f in ("model", "algorithm", "train.algorithm")) or ("algorithm",)
-    for name, by, matched in (("table1_by_algorithm", first, True),
+    for name, by, matched in (("table1_by_algorithm", table1_columns(df), True),
                               ("table2_by_model", ("model", "algorithm"), False)):
         summary = summary_table(df, acc_key, by=by, keys=("step", LOSS, KL, *X_KEYS[:2]),
                                 match_loss=matched, kl_threshold=kl_threshold)
         write_csv(summary, out / f"{name}.csv")
         paths.append(out / f"{name}.csv")
-        texts[f"{name}.md"] = f"{_table_rule(summary)}\n\n{summary_markdown(summary)}\n"
+        what = _table_title(name, acc_key, [b for b in by if b in df])
+        texts[f"{name}.md"] = f"{table_rule(summary, what)}\n\n{summary_markdown(summary)}\n"
     if regime.any():  # which checkpoint flatness would pick vs the loss (analysis/selection.py)
         paths += write_selection(df, out, acc_key, n_boot=n_boot, seed=seed, **rule)
     write_csv(df, out / "runs.csv")
@@ -119,11 +123,61 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
     return sorted(paths), corr_md
 
 
+def table1_columns(df) -> tuple[str, ...]:
+    """Table 1's groups: the algorithm (the paper's Table 1 is by algorithm; the runs'
+    ``train.algorithm`` where it varies, else their ``algorithm`` tag), then the model where the
+    sweep varies it."""
+    varying = varying_columns(df, seeds=False)
+    algorithm = next((c for c in ("train.algorithm", "algorithm") if c in varying),
+                     next((c for c in ("algorithm", "train.algorithm") if c in df), "algorithm"))
+    return (algorithm, *(["model"] if "model" in varying else []))
+
+
+def _table_title(name: str, acc_key: str, by: list[str]) -> str:
+    words = " and ".join(short_name(b) for b in by) or "all runs"
+    number = "Table 1" if name.startswith("table1") else "Table 2"
+    return f"**{number}**: {plain_name(acc_key)}, loss, KL and flatness by {words}"
+
+
+def report_header(df, acc_key: str, *, sweep: str | None, when: datetime | None, n_boot: int,
+                  seed: int, kl_threshold=None, loss_tolerance=None) -> str:
+    """``conclusion.md``'s title and settings: the sweep, where it ran (scale / protocol, as
+    the README names them), the task, the saturation rule, the bootstrap and the date."""
+    sweep = sweep or _one_value(df, "sweep") or "(unnamed)"
+    rule = saturation_rule(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance, df=df)
+    lines = [f"# Report: sweep `{sweep}`", "",
+             f"- sweep: `{sweep}`, {df[RUN].nunique()} runs, {len(df)} checkpoints",
+             *([f"- scale / protocol: {where}"] if (where := _scale_protocol(df)) else []),
+             f"- task: {_task(acc_key)} (`{acc_key}`)",
+             f"- saturation rule: {rule}",
+             f"- cluster bootstrap: {n_boot} resamples of runs, seed {seed}",
+             f"- date: {(when or datetime.now()).isoformat(sep=' ', timespec='minutes')}"]
+    return "\n".join(lines)
+
+
+def _task(acc_key: str) -> str:
+    """``probe/A/acc_mean`` -> ``A``; another column as it is."""
+    parts = acc_key.split("/")
+    return parts[1] if len(parts) == 3 else acc_key
+
+
+def _scale_protocol(df) -> str:
+    parts = [_one_value(df, c) for c in ("scale", "protocol")]
+    return " / ".join(p or "?" for p in parts) if any(parts) else ""
+
+
+def _one_value(df, column: str) -> str:
+    """The runs' values of ``column``, joined ("" when it has none)."""
+    if column not in df:
+        return ""
+    return ", ".join(sorted(df[column].dropna().astype(str).unique()))
+
+
 def _figures(df, out: Path, acc_key: str, regime, rule: str) -> list[Path]:
     """Fig. 1 always; Figs. 2/4 when a run has several checkpoints; Figs. 3/5 when the model
     size varies (no figure for a dimension the sweep does not vary)."""
     paths = [accuracy_scatter(df, acc_key, out / "fig1_accuracy_scatter.png", regime=regime,
-                              title=f"Fig. 1: {acc_key}; regime: {rule}")]
+                              title=f"Fig. 1: {plain_name(acc_key)}; saturation regime {rule}")]
     if df.groupby(RUN)["step"].nunique().max() > 1:
         paths.append(metrics_over_steps(df, out / "fig2_over_steps.png", acc_key=acc_key,
                                         keys=(KL, TRACE_FISHER, acc_key)))
@@ -131,20 +185,6 @@ def _figures(df, out: Path, acc_key: str, regime, rule: str) -> list[Path]:
         paths.append(metrics_over_size(df, out / "fig3_over_size.png",
                                        keys=(acc_key, KL, TRACE_FISHER, TRACE_FISHER_GROWN)))
     return paths
-
-
-def _table_rule(summary) -> str:
-    """Which checkpoint of each run a summary table shows, in words."""
-    target = summary.attrs.get("target_kl", math.nan)
-    if math.isnan(target):
-        return "Final checkpoint of each run: mean ± std over runs."
-    text = (f"At equal loss: each run's checkpoint whose KL is closest to {target:.3g} nats, the "
-            "lowest KL every run in the regime reached (the `step` column says where); mean ± "
-            "std over runs.")
-    if summary.attrs.get("unmatched"):
-        text += (f" Not at that loss: {', '.join(summary.attrs['unmatched'])}, whose runs never "
-                 "reached the regime; their rows are their lowest-KL checkpoints.")
-    return text
 
 
 def main(argv=None) -> int:
@@ -167,7 +207,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"column {acc_key!r} not in the runs")
     rule = dict(kl_threshold=args.kl_threshold, loss_tolerance=args.loss_tolerance)
     paths, corr_md = write_report(df, args.out, acc_key, n_boot=args.n_boot, seed=args.seed,
-                                  **rule)
+                                  sweep=args.experiment or str(args.trials), **rule)
     n_regime = int(saturated(df, **rule).sum())
     print((args.out / "conclusion.md").read_text())
     if n_regime:  # an empty table says nothing the conclusion has not said

@@ -24,14 +24,18 @@ from flatlm.tracking.ui import metrics_key
 
 METRICS_ARTIFACT = METRICS_FILE
 ID_COLUMNS = ("run_id", "trial", "status")
-TAG_COLUMNS = (TAG_SWEEP, TAG_PRESET, TAG_ALGORITHM)
+# Where a run ran, named as the README and ``flatlm replicate`` name it (``--scale``,
+# ``--protocol``); the sweeps tag a run with their ``preset`` (``tiny``: a pair of them), which
+# ``where_ran`` reads, so that stores written before the columns were named so stay readable.
+TAG_COLUMNS = (TAG_SWEEP, "scale", "protocol", TAG_ALGORITHM)
 _MISSING = {"None", "none", "null", "nan", "NaN", ""}
 
 
 def load_runs(tracking_uri: str, experiment: str, *, source: str = "auto") -> pd.DataFrame:
     """One row per (run, checkpoint) of ``experiment``.
 
-    Columns: ``run_id, trial, status, sweep, preset, algorithm``, every param (dotted name,
+    Columns: ``run_id, trial, status, sweep, scale, protocol, algorithm`` (``where_ran``),
+    every param (dotted name,
     cast to numbers where numeric; ``model`` among them), ``step``, and every metric key at
     that step (``pretrain/loss``, ``n_params``, ...; the training curve ``train/*`` is not a
     checkpoint's and is left out; standard errors under their ``metrics.jsonl`` names,
@@ -66,6 +70,7 @@ def load_runs(tracking_uri: str, experiment: str, *, source: str = "auto") -> pd
             continue
         base = {"run_id": run.info.run_id, "trial": run.info.run_name, "status": run.info.status}
         base.update({t: tags.get(t) for t in TAG_COLUMNS})
+        base.update(where_ran(tags))
         params = {_param_column(k): v for k, v in run.data.params.items()}
         param_names.update(params)
         legacy = {N_PARAMS: float(tags[N_PARAMS])} if N_PARAMS in tags else {}  # was a tag
@@ -90,6 +95,24 @@ def load_runs(tracking_uri: str, experiment: str, *, source: str = "auto") -> pd
     df.attrs["metrics"] = metrics
     df.attrs["experiment_id"] = exp.experiment_id
     return df
+
+
+def where_ran(tags: dict) -> dict:
+    """``scale`` and ``protocol`` of a run from its tags: their own tags where a run has them,
+    else the sweeps' ``preset`` tag read as the pair it names (``tiny`` -> ``sweep`` /
+    ``paper``; ``testbed/paper`` where they were given apart); a preset of no known name is
+    kept as the scale.
+
+    >>> where_ran({"preset": "tiny"}), where_ran({"preset": "testbed/paper-code"})
+    ({'scale': 'sweep', 'protocol': 'paper'}, {'scale': 'testbed', 'protocol': 'paper-code'})
+    """
+    scale, protocol, preset = tags.get("scale"), tags.get("protocol"), tags.get(TAG_PRESET)
+    if preset and not (scale or protocol):
+        from flatlm.experiments.presets import PRESETS  # loads torch: only for a preset tag
+
+        scale, protocol = PRESETS.get(preset) or (
+            preset.split("/", 1) if "/" in preset else (preset, None))
+    return {"scale": scale, "protocol": protocol}
 
 
 def _all_runs(client, experiment_id: str) -> list:

@@ -240,7 +240,24 @@ def verdict(table: pd.DataFrame) -> str:
     return " ".join(words)
 
 
+def too_few_runs(table: pd.DataFrame, min_runs: int = MIN_RUNS) -> str:
+    """Why a selection over ``table``'s candidates means nothing, in one line: candidates from
+    fewer than ``min_runs`` runs (a ranking of three checkpoints is one of six orders); "" when
+    there are enough, or none (``verdict`` says so)."""
+    runs, n = table.attrs.get("runs", 0), table.attrs.get("n", 0)
+    if not n or runs >= min_runs:
+        return ""
+    return (f"**Model selection left out:** {n} candidate checkpoint(s) of {runs} run(s) in the "
+            f"regime {table.attrs.get('rule', '')}, fewer than {min_runs} runs: a ranking of "
+            "so few candidates cannot be told from chance, and a cluster bootstrap over them "
+            "gives no interval.")
+
+
 def selection_markdown(table: pd.DataFrame, digits: int = 4) -> str:
+    """The verdict, what the statistics are, and the table; below ``MIN_RUNS`` runs one line
+    saying why there is none (``too_few_runs``)."""
+    if why := too_few_runs(table):
+        return why
     level = table.attrs.get("level", 0.95)
     intro = (f"**Model selection without downstream labels.** {verdict(table)}\n\n"
              f"Lower selector value = picked. spearman/kendall: rank correlation of -selector "
@@ -276,9 +293,12 @@ def selection_figure(table: pd.DataFrame, path: Path) -> Path:
 
 
 def write_selection(df, out: Path, acc_key: str, selectors=None, **kw) -> list[Path]:
-    """``selection.md`` / ``.csv`` / ``.png`` under ``out`` (the figure only with candidates)."""
+    """``selection.md`` / ``.csv`` / ``.png`` under ``out``: the figure only with candidates
+    from ``MIN_RUNS`` runs or more, the CSV's rows only then (``too_few_runs``)."""
     out.mkdir(parents=True, exist_ok=True)
     table = selection_table(df, acc_key, selectors, **kw)
+    if too_few_runs(table):
+        table = table.iloc[:0]  # its attrs, and so its markdown, kept
     (out / "selection.md").write_text(selection_markdown(table) + "\n")
     table.to_csv(out / "selection.csv", index=False)
     paths = [out / "selection.md", out / "selection.csv"]

@@ -35,7 +35,7 @@ from flatlm.runs.metrics_log import METRICS_FILE, is_number, read_metrics
 
 CONFIG_FILE = "config.json"
 log = logging.getLogger(__name__)
-ID_COLUMNS = (*RUN_ID_COLUMNS, "protocol", "experiment")
+ID_COLUMNS = (*RUN_ID_COLUMNS, "experiment")  # and the tags' ``protocol``
 
 
 def trial_dirs(root: str | Path) -> list[Path]:
@@ -69,7 +69,7 @@ def load_trials(root: str | Path) -> pd.DataFrame:
             continue
         params.update(config)
         rows = read_metrics(run)
-        base = {**_ids(root, run, config, rows), **_tags(config, run), **config}
+        base = {**_ids(root, run, config, rows), **_tags(root, config, run), **config}
         for step, row in sorted(rows.items()):
             values = {k: float(v) for k, v in row.items() if k != "step" and is_number(v)}
             metrics.update(values)
@@ -104,7 +104,7 @@ def read_config(run: Path) -> dict | None:
 
 def _ids(root: Path, run: Path, config: dict, rows: dict) -> dict:
     parts = run.relative_to(root).parts
-    protocol, experiment = (parts[-3], parts[-2]) if len(parts) >= 3 else (None, None)
+    experiment = parts[-2] if len(parts) >= 3 else None
     planned = set(config.get("train.checkpoint_steps") or ())
     if divergence(run) is not None:
         status = "FAILED"
@@ -113,8 +113,12 @@ def _ids(root: Path, run: Path, config: dict, rows: dict) -> dict:
     else:  # still running, or interrupted: not every checkpoint is measured yet
         status = "RUNNING"
     return {"run_id": "/".join(parts) or ".", "trial": run.name, "status": status,
-            "protocol": protocol, "experiment": experiment}
+            "experiment": experiment}
 
 
-def _tags(config: dict, run: Path) -> dict:
-    return {"sweep": run.parent.name, "preset": None, "algorithm": config.get("train.algorithm")}
+def _tags(root: Path, config: dict, run: Path) -> dict:
+    """``load_runs``' tag columns; the protocol from the layout (no scale is recorded)."""
+    parts = run.relative_to(root).parts
+    return {"sweep": run.parent.name, "scale": None,
+            "protocol": parts[-3] if len(parts) >= 3 else None,
+            "algorithm": config.get("train.algorithm")}

@@ -35,10 +35,9 @@ from analysis.figures import (  # noqa: E402
     accuracy_scatter,
     metrics_over_size,
     metrics_over_steps,
-    summary_markdown,
-    summary_table,
 )
 from analysis.runs import load_runs, parse_metrics_jsonl  # noqa: E402
+from analysis.tables import summary_markdown, summary_table  # noqa: E402
 from flatlm.measure import ENTROPY, KL, LOSS, TRACE_FISHER, TRACE_HESSIAN  # noqa: E402
 from flatlm.tracking.tracker import default_tracking_uri, ensure_experiment  # noqa: E402
 
@@ -136,12 +135,15 @@ def runs(store):
 
 def test_load_runs_is_tidy_and_casts_params(runs):
     assert len(runs) == 48 and runs["run_id"].nunique() == 12
-    assert list(runs.columns[:6]) == ["run_id", "trial", "status", "sweep", "preset",
+    # the README's names: the sweeps' preset tag ("tiny", as this store has it) read as the
+    # scale and protocol it names
+    assert list(runs.columns[:7]) == ["run_id", "trial", "status", "sweep", "scale", "protocol",
                                       "algorithm"]
     # the training curve (train/*, between checkpoints) adds no rows
     assert all(tuple(s) == STEPS for s in runs.groupby("run_id")["step"].apply(list))
     assert runs["n_params"].dtype == "float64" and set(runs["n_params"]) == {10_000, 40_000}
-    assert runs["model"].notna().all() and runs["preset"].eq("tiny").all()
+    assert runs["model"].notna().all() and "preset" not in runs
+    assert runs["scale"].eq("sweep").all() and runs["protocol"].eq("paper").all()
     assert runs["train.lr"].dtype == "float64" and set(runs["train.lr"]) == {3e-4, 0.1}
     assert runs["seed"].dtype == "Int64"
     assert runs["train.warmup"].eq(True).all()

@@ -112,9 +112,9 @@ def test_a_sweep_with_no_run_in_the_regime_says_so_and_not_that_kl_is_missing():
 def test_no_p_value_for_fewer_than_five_runs():
     few = _correlations(steps_runs(3), A)
     assert set(few["runs"]) == {3} and few["p"].isna().all()
-    text = correlation_markdown(few)
-    assert "| p |" not in text and "No p-value: 3 run(s)" in text
-    assert "10 distinct resamples" in text
+    text = correlation_markdown(few)  # below MIN_RUNS: no table at all, one line saying why
+    assert text.startswith("Correlations left out: 3 run(s)") and "\n" not in text
+    assert "10 distinct resamples" in text and "| y | x |" not in text
     from analysis.selection import selection_table
 
     picks = selection_table(steps_runs(3), A, kl_threshold=0.05, n_boot=50)
@@ -206,8 +206,8 @@ def test_the_summary_prints_the_tables_and_the_conclusion_not_the_correlations(c
     assert "Correlations with downstream" not in out and "| y | x |" not in out
     assert "p = " not in out and "\x1b" not in out
     verbose = _summary(capsys, monkeypatch, scaling_runs(), verbose=True)
-    assert "| y | x | method |" in verbose and "No p-value: 3 run(s)" in verbose
-    assert "| p |" not in verbose
+    # three runs: no table of correlations, one line saying why (issue 42)
+    assert "Correlations left out: 3 run(s)" in verbose and "| y | x | method |" not in verbose
 
 
 def test_the_summary_of_an_algorithms_sweep_names_the_adversary_and_reads_its_task(
@@ -268,8 +268,9 @@ def test_fig1_names_the_models_puts_kl_on_the_loss_axis_and_draws_the_references
     (fig,) = drawn
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert [m for m, *_ in SIZES] == [t for t in legend if t.startswith("d")]
-    assert {"random-init", "lookup table"} <= set(legend)
-    assert fig.axes[0].get_xlabel() == "pretrain/kl"
+    # one random-init entry per colour, each named by its model
+    assert {"lookup table", *(f"random-init {m}" for m, *_ in SIZES)} <= set(legend)
+    assert fig.axes[0].get_xlabel() == "KL to the truth (nats/token)"
     notes = [t.get_text() for t in fig.axes[0].texts]
     assert "majority class 0.500 (below the axis)" in notes  # far below: a note, no squash
 

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 from analysis.conclusion import conclusion  # noqa: E402
 from analysis.correlate import correlation_table, saturated, saturation_rule  # noqa: E402
-from analysis.figures import summary_table  # noqa: E402
+from analysis.tables import summary_table  # noqa: E402
 from flatlm.measure import LOSS, TRACE_FISHER  # noqa: E402
 
 ACC = "glue/sst2/accuracy"

@@ -7,21 +7,35 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-from analysis.figures import summary_markdown, summary_table  # noqa: E402
+from analysis.tables import summary_markdown, summary_table  # noqa: E402
 
 
 def test_the_lookup_table_is_the_last_row_of_table_1():
+    """Every run measures the same lookup table: one measurement repeated, shown with its own
+    s.e. and no run count, never as a spread of 0 over the runs ('runs 4, 0.900 ± 0.000')."""
     rows = [{"run_id": f"{alg}{seed}", "step": 10, "algorithm": alg, "pretrain/loss": 2.3,
              "pretrain/entropy": 2.1, "pretrain/kl": 0.2, "probe/B/acc_mean": acc,
-             "lookup/B/acc_mean": 0.9}
+             "lookup/B/acc_mean": 0.9, "lookup/B/acc_se": 0.01}
             for alg, acc in (("adamw", 0.7), ("adversarial", 0.6)) for seed in (0, 1)]
     table = summary_table(pd.DataFrame(rows), "probe/B/acc_mean", by=("algorithm",),
                           keys=("pretrain/loss", "pretrain/kl"))
     assert list(table["algorithm"]) == ["adamw", "adversarial", "lookup table"]
     last = table.iloc[-1]
-    assert last["probe/B/acc_mean mean"] == pytest.approx(0.9) and last["runs"] == 4
+    assert last["probe/B/acc_mean mean"] == pytest.approx(0.9) and pd.isna(last["runs"])
+    assert pd.isna(last["probe/B/acc_mean std"]) and last["probe/B/acc_mean se"] == 0.01
     assert last["pretrain/kl mean"] == 0.0 and last["pretrain/loss mean"] == pytest.approx(2.1)
-    assert "| lookup table |" in summary_markdown(table)
+    text = summary_markdown(table)
+    (lookup,) = [line for line in text.splitlines() if line.startswith("| lookup table |")]
+    assert lookup.startswith("| lookup table |  | 0.900 ± 0.010 s.e. |") and "± 0.000" not in lookup
+    assert "| adamw | 2 |" in text  # the algorithms' run counts stay whole numbers
+
+
+def test_lookup_tables_that_differ_between_runs_show_their_spread():
+    rows = [{"run_id": f"r{i}", "step": 10, "algorithm": "adamw", "probe/B/acc_mean": 0.7,
+             "lookup/B/acc_mean": value, "lookup/B/acc_se": 0.01}
+            for i, value in enumerate((0.88, 0.92))]
+    last = summary_table(pd.DataFrame(rows), "probe/B/acc_mean", keys=()).iloc[-1]
+    assert last["runs"] == 2 and last["probe/B/acc_mean std"] == pytest.approx(0.02 * 2**0.5)
 
 
 def test_algorithms_are_compared_at_equal_loss_not_at_their_last_step():

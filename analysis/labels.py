@@ -1,0 +1,152 @@
+"""What the figures and tables call a metric: a plain name and its unit, for a reader who has not
+seen the metric keys (``pretrain/kl``), and the axis formats that go with them (accuracy in %,
+parameter counts as ``114k``).
+
+>>> axis_label("pretrain/kl"), axis_label("probe/B/acc_mean")
+('KL to the truth (nats/token)', 'task B probe accuracy (%)')
+>>> axis_label("flat/trace_fisher"), axis_label("n_params")
+('Tr(F), Fisher trace', 'parameters')
+>>> [count_label(n) for n in (950, 113_920, 2_400_000)]
+['950', '114k', '2.4M']
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from flatlm.measure import (
+    ENTROPY,
+    KL,
+    LOSS,
+    TRACE_FISHER,
+    TRACE_FISHER_GROWN,
+    TRACE_HESSIAN,
+    TRACE_HESSIAN_GROWN,
+)
+from flatlm.runs.metrics_log import N_PARAMS
+
+NATS = "nats/token"  # the loss, the entropy and the KL are per masked token
+NAMES = {KL: "KL to the truth", LOSS: "pre-training loss", ENTROPY: "entropy of the truth",
+         TRACE_FISHER: "Tr(F), Fisher trace", TRACE_HESSIAN: "Tr(H), Hessian trace",
+         TRACE_FISHER_GROWN: "grown Tr(F), in one common shape",
+         TRACE_HESSIAN_GROWN: "grown Tr(H), in one common shape",
+         N_PARAMS: "parameters", "step": "training step"}
+UNITS = {KL: NATS, LOSS: NATS, ENTROPY: NATS}
+ACCURACY_STAGES = {"probe": "probe accuracy", "random_init": "random-init probe accuracy",
+                   "lookup": "lookup-table probe accuracy", "finetune": "fine-tuned accuracy"}
+
+
+def is_accuracy(key: str) -> bool:
+    """``<stage>/<task>/acc_mean``: an accuracy in [0, 1], shown in %."""
+    parts = key.split("/")
+    return len(parts) == 3 and parts[0] in ACCURACY_STAGES and parts[2] == "acc_mean"
+
+
+def plain_name(key: str) -> str:
+    """A metric's name in words (the key itself when it has none)."""
+    if is_accuracy(key):
+        stage, task, _ = key.split("/")
+        return f"task {task} {ACCURACY_STAGES[stage]}"
+    return NAMES.get(key, key)
+
+
+def axis_label(key: str) -> str:
+    """The plain name with its unit: ``KL to the truth (nats/token)``; an accuracy in %."""
+    unit = "%" if is_accuracy(key) else UNITS.get(key)
+    return f"{plain_name(key)} ({unit})" if unit else plain_name(key)
+
+
+def count_label(n: float) -> str:
+    """A parameter count in three significant digits at most: ``114k``, ``2.4M``."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return f"{n:.3g}"
+
+
+def percent_axis(ax, axis: str = "y") -> None:
+    """Tick labels of an accuracy axis (values in [0, 1]) in %, the unit its label names."""
+    from matplotlib.ticker import FuncFormatter
+
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_formatter(FuncFormatter(lambda v, _: f"{100 * v:.4g}"))
+
+
+def label_axis(ax, axis: str, key: str) -> None:
+    """``axis_label(key)`` on ``axis`` ("x" or "y"), with % ticks for an accuracy."""
+    (ax.set_xlabel if axis == "x" else ax.set_ylabel)(axis_label(key))
+    if is_accuracy(key):
+        percent_axis(ax, axis)
+
+
+SAME_COUNT = 1.02  # counts within 2% share one tick (a pre-LN twin of a shape: 213352, 213480)
+
+
+def _apart(values: np.ndarray, ratio: float) -> np.ndarray:
+    """The sorted positive ``values`` less each within ``ratio`` of the last one kept."""
+    kept: list[float] = []
+    for v in values:
+        if not kept or v / kept[-1] >= ratio:
+            kept.append(float(v))
+    return np.array(kept)
+
+
+def count_axis(ax, counts, axis: str = "x") -> None:
+    """A log axis of parameter counts, ticked at the counts drawn and labelled ``114k``, with no
+    minor labels: matplotlib labels every minor tick of a narrow log axis (``1.2 x 10^5``), and
+    those labels print over each other."""
+    from matplotlib.ticker import FixedFormatter, FixedLocator, NullFormatter, NullLocator
+
+    values = np.sort(pd.to_numeric(pd.Series(list(counts)), errors="coerce").dropna().unique())
+    values = _apart(values[values > 0], SAME_COUNT)
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    if not len(values):
+        return
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_locator(FixedLocator(values))
+    target.set_major_formatter(FixedFormatter([count_label(v) for v in values]))
+    target.set_minor_locator(NullLocator())
+    target.set_minor_formatter(NullFormatter())
+
+
+def overlapping(labels, renderer) -> bool:
+    """Whether any two of the visible, non-empty tick ``labels`` overlap on the canvas."""
+    boxes = [t.get_window_extent(renderer) for t in labels
+             if t.get_visible() and t.get_text()]
+    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def untangle_ticks(fig) -> None:
+    """Every x axis of ``fig`` whose tick labels (major and minor) overlap: the minor labels
+    dropped, then the labels rotated 30 degrees, then, while they still overlap, only every
+    n-th one labelled (n = 2, 3, ...). Run on the figure as laid out, just before it is saved:
+    extents depend on the layout."""
+    from matplotlib.ticker import NullFormatter
+
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    tangled = lambda ax: overlapping(ax.get_xticklabels(which="both"), renderer)  # noqa: E731
+    for ax in fig.axes:
+        if not tangled(ax):
+            continue
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        fig.draw_without_rendering()
+        if not tangled(ax):
+            continue
+        ax.tick_params(axis="x", labelrotation=30)
+        for t in ax.get_xticklabels():
+            t.set_horizontalalignment("right")
+        shown, step = ax.xaxis.get_major_formatter(), 2
+        fig.draw_without_rendering()
+        while tangled(ax) and step <= 10:
+            ax.xaxis.set_major_formatter(_every(shown, step))
+            fig.draw_without_rendering()
+            step += 1
+
+
+def _every(formatter, step: int):
+    """``formatter``'s labels at every ``step``-th tick, the others blank."""
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda x, pos: formatter(x, pos) if (pos or 0) % step == 0 else "")
