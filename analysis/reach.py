@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from analysis.paper_claims import CLAIMS
 from analysis.room import BOUND_SE, ROOM_FACTOR, accuracy_se
 from flatlm.measure import KL, se_key
 
@@ -41,8 +42,6 @@ LEAD_CLAIM = {"sizes": ("sizes", "Fig. 3a (2.3)"), "steps": ("sgd", "Fig. 4 left
 
 def lead_effect(kind: str) -> float | None:
     """The paper's effect (accuracy, signed) of ``kind``'s lead claim; None for another kind."""
-    from analysis.paper_claims import CLAIMS
-
     if kind not in LEAD_CLAIM:
         return None
     experiment, figure = LEAD_CLAIM[kind]

@@ -32,6 +32,7 @@ from flatlm.commands import DIVERGED_EXIT
 from flatlm.core.config import parse_assignments
 from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import check_output_dir
+from flatlm.experiments.costs import experiment_minutes
 from flatlm.experiments.paper import EXPERIMENTS, build
 from flatlm.experiments.protocols import describe, diagnosis_protocols
 from flatlm.experiments.runner import DIVERGED
@@ -158,8 +159,6 @@ def run(args) -> int:
 def cost_words(trials) -> str:
     """``, about 120 CPU-min (measured)`` and the GPU's where the committed benchmarks have
     it (``flatlm.experiments.costs``); what is not known is said, not guessed."""
-    from flatlm.experiments.costs import experiment_minutes
-
     cpu, how, unknown = experiment_minutes(trials, "cpu")
     if unknown == len(trials):
         return ", CPU time unknown (no committed benchmark of these models)"
@@ -173,8 +172,6 @@ def cost_words(trials) -> str:
 def total_cost_words(experiments) -> str:
     """The whole selection's CPU-minutes and its wall time on 2, 8 and 16 cores (one torch
     thread a trial, as ``--jobs`` runs them)."""
-    from flatlm.experiments.costs import experiment_minutes
-
     trials = [t for exp in experiments for t in exp.trials()]
     cpu, how, unknown = experiment_minutes(trials, "cpu")
     longest = max((experiment_minutes([t], "cpu")[0] for t in trials), default=0.0)

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+from flatlm.models.presets import parse_model
+
 COSTS_FILE = "trial_costs.json"
 PAPER_VOCAB = 200  # the output layer's width in the weight below (the testbed's is 128-200)
 
@@ -40,8 +42,6 @@ def cost_table() -> dict:
 def compute_weight(model: str) -> float:
     """Weights a step multiplies per token, the embeddings but for the output layer aside: a
     BERT's blocks plus a ``PAPER_VOCAB``-word output layer (NaN for another architecture)."""
-    from flatlm.models.presets import parse_model
-
     cfg = parse_model(model)
     if cfg.arch != "bert":
         return math.nan
