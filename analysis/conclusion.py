@@ -24,6 +24,7 @@ from analysis.reach import (
     Bound,
     accuracy_bound,
     equal_loss,
+    gap_is_equal_loss,
     groups_at_equal_loss,
     reach_words,
 )
@@ -293,7 +294,7 @@ def _loss_gap(final: pd.DataFrame) -> str:
     gap = high[KL] - low[KL]
     ratio = f"{high[KL] / low[KL]:.1f}x apart" if low[KL] > 0 else "apart"
     apart = f", {gap / se:.0f} s.e." if se > 0 else ""
-    equal = ("equal loss (within 2 s.e.)" if math.isfinite(se) and gap <= 2 * se
+    equal = (f"equal loss (within {DIRECTION_SE:g} s.e.)" if gap_is_equal_loss(gap, se)
              else "not equal loss")
     return (f"Final KL {low[KL]:.3g} to {high[KL]:.3g} nats ({ratio}{apart}): {equal}.")
 

@@ -59,10 +59,17 @@ TESTBED_ROOM = ("bench/results/replication_testbed/room/replication.md: the test
                 "(docs/replication.md, 'Testbed v2')")
 
 
+def gap_is_equal_loss(gap: float, gap_se: float) -> bool:
+    """The one rule for "equal loss" (the conclusion, the tables, the summary): two KLs whose
+    gap is within ``DIRECTION_SE`` s.e. of it; an unknown s.e. is not equal loss."""
+    return bool(math.isfinite(gap_se) and abs(gap) <= DIRECTION_SE * gap_se)  # not numpy's bool
+
+
 def equal_loss(kl_a: float, se_a: float, kl_b: float, se_b: float) -> bool:
-    """The two KLs within ``DIRECTION_SE`` s.e. of each other; an unknown s.e. counts as 0."""
+    """The two KLs at equal loss (``gap_is_equal_loss``); one arm's unknown s.e. counts as 0
+    (a single run's KL without its s.e.: the other's carries the gap)."""
     se = math.hypot(*(s if math.isfinite(s) else 0.0 for s in (se_a, se_b)))
-    return bool(abs(kl_a - kl_b) <= DIRECTION_SE * se)  # not numpy's bool: callers test `is False`
+    return gap_is_equal_loss(kl_a - kl_b, se)
 
 
 def groups_at_equal_loss(groups: pd.DataFrame, a: str, b: str) -> bool | None:

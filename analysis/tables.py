@@ -19,9 +19,10 @@ import pandas as pd
 from analysis.checkpoints import final_checkpoints, loss_matched, short_name
 from analysis.correlate import to_markdown
 from analysis.labels import is_accuracy, plain_name
+from analysis.reach import DIRECTION_SE, gap_is_equal_loss
 from flatlm.measure import ENTROPY, KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, se_key
 
-EQUAL_LOSS_SE = 2.0  # KLs within this many standard errors of their gap are "equal loss"
+EQUAL_LOSS_SE = DIRECTION_SE  # KLs within this many s.e. of their gap: "equal loss"
 UNITS = {KL: "nats/token", LOSS: "nats/token"}
 
 
@@ -66,7 +67,7 @@ def equal_loss(kl_range: tuple[float, float], gap_se: float) -> bool:
     (True, False)
     """
     low, high = kl_range
-    return math.isfinite(gap_se) and high - low <= EQUAL_LOSS_SE * gap_se
+    return gap_is_equal_loss(high - low, gap_se)
 
 
 def _summary(final: pd.DataFrame, acc_key: str, by, keys) -> pd.DataFrame:
