@@ -4,6 +4,7 @@
     flatlm trial --out t/ --set model=d16-h1-l1-i64 --set train.steps=600
     flatlm trial --out t/ --scale tiny --protocol paper-code --source dyck:8
     flatlm trial --out t/ --scale gpu --device cuda        # a paper-scale trial on one GPU
+    flatlm trial --out t/ --quick --set train.steps=200    # loss and KL only: seconds a checkpoint
 
 The trial is the base of a scale under a protocol (``flatlm.experiments``: the same trial the
 sweeps and ``flatlm replicate`` start from), on ``--source`` with its kind's settings, then the
@@ -13,6 +14,13 @@ from its newest checkpoint when run again with the same ``--out``. While it runs
 where it is (the step, steps/s and the time left, or the measurement part under way); each
 checkpoint prints the sweeps' short line (loss, KL, Tr(F), a probe's accuracy; every metric is in
 metrics.jsonl); it ends with where its files are and what they show.
+
+Measuring dominates a short run: at the sweep scale a checkpoint's measurements take minutes on a
+CPU (the first one also the evaluation data and the reference probes). ``--quick`` measures the
+loss and the KL only (``measure.what=loss``: no Tr(F) or Tr(H), no probes, no lookup-table or
+random-init references). The evaluation data and the reference rows, which do not depend on the
+trial's training, are kept in ``--eval-cache`` (default: ``eval_cache/`` beside ``OUT``), so the
+trials of one directory draw them once.
 """
 
 from __future__ import annotations
@@ -45,6 +53,12 @@ def register(subparsers) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any trial config key, e.g. train.lr=3e-3 (repeatable)")
     p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:i (default: cpu)")
+    p.add_argument("--quick", action="store_true",
+                   help="measure the loss and KL only (measure.what=loss): no flatness, no "
+                        "probes, no references; seconds a checkpoint instead of minutes")
+    p.add_argument("--eval-cache", default=None, metavar="DIR",
+                   help="where the evaluation data and reference rows are kept and reused "
+                        "(default: eval_cache/ beside --out; 'none': this trial alone)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress line (the checkpoints' lines and the summary stay)")
     p.set_defaults(run=run)
@@ -55,8 +69,9 @@ def trial_config(args):
     from flatlm.experiments.paper import base_of
     from flatlm.runs.trial import validate_trial
 
+    quick = ["measure.what=loss"] if getattr(args, "quick", False) else []
     cfg = apply_overrides(base_of(args.scale, args.protocol, args.source),
-                          parse_assignments(args.overrides))
+                          parse_assignments([*quick, *args.overrides]))
     validate_trial(cfg)
     return cfg
 
@@ -69,11 +84,27 @@ def run(args) -> int:
     args.out = check_output_dir(args.out)  # a link, a file or an unwritable place: a message
     print(f"trial {cfg.model} on {cfg.source} ({args.scale} scale, {args.protocol}) -> "
           f"{args.out}", flush=True)
+    cache = eval_cache_dir(args.eval_cache, args.out)
+    if cache is not None:
+        print(f"evaluation data and reference rows: {cache} (shared by the trials beside it)",
+              flush=True)
     console = None if args.no_progress else Console()
     report = partial(printer, task=cfg.train.adversarial.task,
                      say=console.say if console else None)
     with console.ticking() if console else contextlib.nullcontext():
-        rows = run_trial(cfg, args.out, report, device=device,
+        rows = run_trial(cfg, args.out, report, device=device, eval_cache=cache,
                          on_progress=console.show if console else None)
     print("\n".join(closing_lines(args.out, rows)), flush=True)
     return 0
+
+
+def eval_cache_dir(option: str | None, out: Path) -> Path | None:
+    """``--eval-cache``: a directory, ``none`` (no cache), or by default ``eval_cache/`` beside
+    the trial directory (``flatlm replicate`` keeps its trials' in ``OUT/eval_cache``).
+
+    >>> eval_cache_dir(None, Path("/w/t1")), eval_cache_dir("none", Path("/w/t1"))
+    (PosixPath('/w/eval_cache'), None)
+    """
+    if option is None:
+        return Path(out).absolute().parent / "eval_cache"
+    return None if option.lower() == "none" else Path(option)

@@ -118,3 +118,39 @@ def test_no_progress_leaves_the_checkpoint_lines_and_the_summary(tmp_path, capsy
     captured = capsys.readouterr()
     assert "trial 1 of 1" not in captured.err
     assert f"files in {out}:" in captured.out
+
+
+def test_quick_measures_the_loss_and_kl_only_and_a_set_key_still_wins(tmp_path, capsys):
+    """Issue 42: the cheap mode, named in the help; later --set keys override it."""
+    from flatlm.cli import build_parser
+    from flatlm.commands.trial import trial_config
+
+    out = tmp_path / "q"
+    i = TINY.index('measure.what=["loss","probe"]')
+    assert main(["trial", "--out", str(out), "--no-progress", *TINY[:i - 1], *TINY[i + 1:],
+                 "--quick"]) == 0
+    metrics = read_metrics(out)[4]
+    assert "pretrain/kl" in metrics and not any(k.startswith(("probe/", "flat/", "lookup/",
+                                                                "random_init/")) for k in metrics)
+    args = build_parser().parse_args(["trial", "--out", "x", "--quick", "--set",
+                                      'measure.what=["loss","fisher"]'])
+    assert trial_config(args).measure.what == ("loss", "fisher")
+
+
+def test_trials_beside_each_other_draw_the_evaluation_data_and_references_once(tmp_path):
+    first, second = tmp_path / "seed0", tmp_path / "seed1"
+    assert main(["trial", "--out", str(first), "--no-progress", *TINY]) == 0
+    cache = tmp_path / "eval_cache"
+    drawn = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert drawn  # the evaluation data and the random-init probe's rows
+    assert main(["trial", "--out", str(second), "--no-progress", *TINY,
+                 "--set", "train.seed=1"]) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == drawn  # read, not redrawn
+    a, b = read_metrics(first)[4], read_metrics(second)[4]
+    references = [k for k in a if k.startswith("random_init/")]
+    assert references and all(a[k] == b[k] for k in references)
+    assert a["pretrain/loss"] != b["pretrain/loss"]  # two trials, one set of references
+    alone = tmp_path / "alone"
+    assert main(["trial", "--out", str(alone), "--no-progress", *TINY,
+                 "--eval-cache", "none"]) == 0
+    assert {p.name for p in cache.iterdir()} == set(drawn)
