@@ -138,7 +138,8 @@ class Facts:
             seeds = int(self.groups["runs"].min()) if "runs" in self.groups else None
             what = short_name(self.field) if self.field else None
         return reach_words(equal=equal, loss_words=loss_words, seeds=seeds, what=what,
-                           bound=self.bound, task=task_name(self.acc_key), kind=self.kind)
+                           bound=self.bound, task=task_name(self.acc_key), kind=self.kind,
+                           measured=self.acc_key in self.final)
 
     def _loss_equal(self) -> tuple[bool | None, str]:
         """Whether the compared checkpoints are at equal loss, and their KLs in words: the
@@ -312,8 +313,10 @@ def _conclusive(facts: Facts, table: pd.DataFrame, acc_key: str, x: str, runs_in
             "seeds per grid point).")
     else:
         words.append(_reading(table, acc_key, x))
-    if not facts.excluded.empty:
-        words.append(f"{', '.join(facts.excluded['run'])} never reached the regime: train "
+    outside = facts.excluded[facts.excluded["reason"].str.startswith("no checkpoint in")] \
+        if not facts.excluded.empty else facts.excluded
+    if not outside.empty:  # the others are in it, without the task measured
+        words.append(f"{', '.join(outside['run'])} never reached the regime: train "
                      "longer (--set train.steps=...) to compare at equal loss.")
     single = (not facts.groups.empty and "runs" in facts.groups
               and (facts.groups["runs"] == 1).all())

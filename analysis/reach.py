@@ -125,11 +125,18 @@ def _column_mean(df: pd.DataFrame, column: str) -> float:
 
 
 def reach_words(*, equal: bool | None, loss_words: str, seeds: int | None, what: str | None,
-                bound: Bound, task: str, kind: str) -> str:
+                bound: Bound, task: str, kind: str, measured: bool = True) -> str:
     """The opening paragraph: what the runs can conclude, what they cannot, and what would.
     ``seeds``: the fewest runs of a grid point (``what``: its field's name; None: the runs
-    are seeds of one setting)."""
+    are seeds of one setting). ``equal``: None when nothing could be compared at matched loss;
+    ``measured``: whether the task's accuracy was measured at all."""
     cannot = []
+    if not measured:
+        cannot.append(f"task {task}'s accuracy was not measured (measure.what has no probe)")
+    elif equal is None:
+        cannot.append("no run has two checkpoints in the regime" if kind == "steps" else
+                      "no two settings have checkpoints in the regime to compare at matched "
+                      "loss")
     if equal is False:
         cannot.append(f"the losses are not equal ({loss_words})")
     if seeds is not None and seeds < 2:

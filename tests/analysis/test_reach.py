@@ -98,3 +98,13 @@ def test_an_adversary_left_at_a_higher_loss_gets_no_direction():
     claim = words.split("Table 1 (adversarial pre-training probes worse than AdamW)")[1]
     assert claim.split(". ")[0].endswith("at unequal loss: no direction read") or \
         "at unequal loss: no direction read" in claim.split("Table 2")[0]
+
+
+def test_a_sweep_that_measured_no_accuracy_says_so_and_not_that_it_can_conclude():
+    """A --quick sweep (measure.what=loss): no probe, so nothing about accuracy, and no advice
+    to train longer for runs that are in the regime."""
+    df = scaling_runs()
+    df = df[[c for c in df if not c.startswith(("probe/", "random_init/", "lookup/"))]]
+    words = _words(df, A)
+    assert words.startswith(f"{CANNOT} task A's accuracy was not measured")
+    assert "never reached the regime" not in words
