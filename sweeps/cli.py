@@ -62,6 +62,11 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override a trial config key for every trial "
                        "(repeatable), e.g. train.steps=400")
+        p.add_argument("--quick", action="store_true",
+                       help="measure the loss and KL only (as --set measure.what=loss, which a "
+                            "later --set replaces): no flatness, no probes, no references; "
+                            "seconds a checkpoint instead of minutes, and no accuracy to "
+                            "conclude on")
         p.add_argument("--source", metavar="SPEC",
                        help="the language (as --set source=SPEC), with its kind's defaults: an "
                             "hmm trains BiLSTMs and probes task-6 / task-10, dyck probes g_star "
@@ -135,7 +140,8 @@ def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
     """The sweep with the command line's ``--set`` overrides and resource flags applied."""
     from flatlm.runs.trial import validate_trial
 
-    overrides = parse_overrides(getattr(args, "overrides", []))
+    quick = ["measure.what=loss"] if getattr(args, "quick", False) else []
+    overrides = parse_overrides([*quick, *getattr(args, "overrides", [])])
     if getattr(args, "source", None) is not None:  # --source is --set source (resolve_source)
         overrides["source"] = args.source
     sweep = replace(sweep, base=apply_overrides(sweep.base, overrides),

@@ -434,3 +434,24 @@ def test_an_interrupted_cache_write_leaves_no_temporary(tmp_path):
     assert list(tmp_path.iterdir()) == []
     (tmp_path / ".eval-y.pt.1234.tmp").write_bytes(b"left by a killed writer")
     assert remove_stale_temporaries(tmp_path) == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_quick_measures_the_loss_only_and_a_later_set_replaces_it():
+    """Issue 42: the sweeps' cheap mode, named in their help."""
+    from argparse import Namespace
+
+    from flatlm.experiments.paper import base_for
+    from sweeps.cli import apply_arguments, parser
+    from sweeps.spec import Sweep
+
+    assert "--quick" in parser("A sweep.\n\nexamples").format_help()
+
+    def built(quick, *overrides):
+        args = Namespace(overrides=list(overrides), quick=quick, name=None,
+                         cpus_per_trial=None, gpus_per_trial=None, max_failures=None,
+                         kl_threshold=None)
+        return apply_arguments(Sweep(name="t", base=base_for("tiny")), args).base.measure.what
+
+    assert built(True) == ("loss",)
+    assert built(True, 'measure.what=["loss","probe"]') == ("loss", "probe")
+    assert "probe" in built(False)
