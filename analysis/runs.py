@@ -19,7 +19,14 @@ from pathlib import Path
 import pandas as pd
 
 from flatlm.runs.metrics_log import METRICS_FILE, N_PARAMS, is_number, parse_metrics
-from flatlm.tracking.tracker import TAG_ALGORITHM, TAG_PRESET, TAG_REPORT, TAG_SWEEP
+from flatlm.tracking.tracker import (
+    TAG_ALGORITHM,
+    TAG_PRESET,
+    TAG_PROTOCOL,
+    TAG_REPORT,
+    TAG_SCALE,
+    TAG_SWEEP,
+)
 from flatlm.tracking.ui import metrics_key
 
 METRICS_ARTIFACT = METRICS_FILE
@@ -106,12 +113,13 @@ def where_ran(tags: dict) -> dict:
     >>> where_ran({"preset": "tiny"}), where_ran({"preset": "testbed/paper-code"})
     ({'scale': 'sweep', 'protocol': 'paper'}, {'scale': 'testbed', 'protocol': 'paper-code'})
     """
-    scale, protocol, preset = tags.get("scale"), tags.get("protocol"), tags.get(TAG_PRESET)
+    scale, protocol, preset = (tags.get(t) for t in (TAG_SCALE, TAG_PROTOCOL, TAG_PRESET))
     if preset and not (scale or protocol):
-        from flatlm.experiments.presets import PRESETS  # loads torch: only for a preset tag
+        from flatlm.experiments.presets import (  # loads torch: only for a preset tag
+            scale_and_protocol_of,
+        )
 
-        scale, protocol = PRESETS.get(preset) or (
-            preset.split("/", 1) if "/" in preset else (preset, None))
+        scale, protocol = scale_and_protocol_of(preset)
     return {"scale": scale, "protocol": protocol}
 
 

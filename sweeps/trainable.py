@@ -22,6 +22,7 @@ import torch
 
 from flatlm.core.config import apply_overrides, from_dict
 from flatlm.core.safe_io import write_bytes
+from flatlm.experiments.presets import scale_and_protocol_of
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, probe_keys
 from flatlm.runs.diverged import DIVERGED_FILE, record_divergence
 from flatlm.runs.metrics_log import METRICS_FILE, read_metrics, read_train_log
@@ -31,7 +32,8 @@ from flatlm.tracking.ledger import STATE_FILE
 from flatlm.tracking.tracker import (
     TAG_ALGORITHM,
     TAG_MODEL,
-    TAG_PRESET,
+    TAG_PROTOCOL,
+    TAG_SCALE,
     TAG_SWEEP,
     MlflowTracker,
     find_run,
@@ -138,8 +140,9 @@ def _tags(cfg: TrialConfig, sweep: dict) -> dict:
     (``flatlm.runs.trial.N_PARAMS``), so that it sorts as a number."""
     tags = {TAG_SWEEP: sweep["name"], TAG_MODEL: str(cfg.model),
             TAG_ALGORITHM: cfg.train.algorithm, "source": str(cfg.source)}
-    if sweep.get("preset"):
-        tags[TAG_PRESET] = sweep["preset"]
+    if sweep.get("preset"):  # the README's names: scale and protocol, not the preset's
+        scale, protocol = scale_and_protocol_of(sweep["preset"])
+        tags.update({TAG_SCALE: scale, **({TAG_PROTOCOL: protocol} if protocol else {})})
     return tags
 
 

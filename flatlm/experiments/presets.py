@@ -12,10 +12,27 @@ from flatlm.experiments.scales import PAPER_LSTMS, TINY_LSTMS, Scale
 from flatlm.runs.trial import TrialConfig
 from flatlm.sources import SourceSpec, load
 
-__all__ = ["PAPER_LSTMS", "PRESETS", "TINY_LSTMS", "hmm_tasks", "source_kind", "source_overrides"]
+__all__ = ["PAPER_LSTMS", "PRESETS", "TINY_LSTMS", "hmm_tasks", "scale_and_protocol_of",
+           "source_kind", "source_overrides"]
 
 PRESETS = {"tiny": ("sweep", "paper"), "paper": ("gpu", "paper"),
            "paper-code": ("gpu", "paper-code")}
+
+
+def scale_and_protocol_of(preset: str) -> tuple[str, str | None]:
+    """The (scale, protocol) a sweep's preset tag names: a preset's pair (``tiny`` is the
+    ``sweep`` scale under ``paper``), ``scale/protocol`` where they were given apart, else the
+    tag as the scale.
+
+    >>> scale_and_protocol_of("tiny"), scale_and_protocol_of("testbed/paper-code")
+    (('sweep', 'paper'), ('testbed', 'paper-code'))
+    """
+    if preset in PRESETS:
+        return PRESETS[preset]
+    scale, _, protocol = preset.partition("/")
+    return scale, protocol or None
+
+
 PAPER_HMM_POSITIONS = (6, 10)  # A.1: task-6 and task-10 classify the 6th and 10th hidden state
 
 

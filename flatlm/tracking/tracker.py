@@ -3,8 +3,8 @@
 One MLflow run per trial, kept across retries and resumes; every config field a param (dotted
 names, ``train.lr``); the metrics of each checkpoint with the training step as MLflow step (a
 standard error ``<key>_se`` as ``se/<key>``, charted apart: ``flatlm.tracking.ui``); tags for
-the sweep, preset, model and algorithm (the tracker's own under ``mlflow.flatlm.``, which the UI
-hides); figures and measurement files as artifacts.
+the sweep, scale, protocol, model and algorithm (the tracker's own under ``mlflow.flatlm.``,
+which the UI hides); figures and measurement files as artifacts.
 
 The tracker mirrors the trial directory's ``metrics.jsonl`` and its training curve
 ``train_log.jsonl`` (``flatlm.runs.metrics_log``) into the run; it keeps no copy of the metrics.
@@ -66,7 +66,8 @@ log = logging.getLogger(__name__)
 
 # Tag keys the analysis groups by (``analysis/runs.py`` reads the same names).
 TAG_SWEEP = "sweep"
-TAG_PRESET = "preset"  # the sweep's preset: tiny, paper or paper-code
+TAG_PRESET = "preset"  # older sweeps' tag (tiny, paper, paper-code): read, no longer written
+TAG_SCALE, TAG_PROTOCOL = "scale", "protocol"  # where and how a sweep's trial ran
 TAG_MODEL = "model"  # the trial's model (a preset such as bert-41m, or a shape)
 TAG_ALGORITHM = "algorithm"
 TAG_REPORT = "flatlm.report"  # "1" on the analysis report's run; load_runs skips those
@@ -581,6 +582,7 @@ def _first_line(e: BaseException) -> str:
 
 
 __all__ = ["ARTIFACT_PATTERNS", "STATE_FILE", "TAG_ALGORITHM", "TAG_MODEL", "TAG_PRESET",
+           "TAG_PROTOCOL", "TAG_SCALE",
            "TAG_REPORT", "TAG_SWEEP", "TERMINAL_STATUSES", "MlflowTracker", "check_tracking_uri",
            "default_artifact_location", "default_tracking_uri", "ensure_experiment", "find_run",
            "mlflow_params", "set_http_retries"]

@@ -41,8 +41,8 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
     runs = assert_exactly_once(uri, "scaling", tmp_path / "trials" / "scaling", STEPS, n_trials=3)
     assert sorted(r.data.tags["model"] for r in runs) == sorted(
         TESTBED_MODELS)  # the testbed's three: one head size, they grow
-    assert all(r.data.tags["preset"] == "tiny" and r.data.tags["algorithm"] == "adamw"
-               for r in runs)
+    assert all((r.data.tags["scale"], r.data.tags["protocol"]) == ("sweep", "paper")
+               and r.data.tags["algorithm"] == "adamw" for r in runs)
     # the parameter count is a number; every param a value the trial used (none 'None')
     assert len({r.data.metrics["n_params"] for r in runs}) == 3
     assert all("None" not in r.data.params.values() for r in runs)
