@@ -27,6 +27,9 @@ import pandas as pd
 
 from analysis.paper_claims import CLAIMS
 from analysis.room import BOUND_SE, ROOM_FACTOR, accuracy_se
+from flatlm.experiments.costs import experiment_minutes
+from flatlm.experiments.paper import build
+from flatlm.experiments.scales import SCALES
 from flatlm.measure import KL, se_key
 
 DIRECTION_SE = 2.0  # a direction needs |effect| >= this many s.e. and equal loss
@@ -153,6 +156,19 @@ def reach_words(*, equal: bool | None, loss_words: str, seeds: int | None, what:
              "paper's claims.")
     command = REPLICATE.get(kind)
     if command:
-        words += (f" What would: seeds at equal loss, e.g. `{shlex.join(command)}` (see its "
-                  f"--dry-run for the trials and their time); note {TESTBED_ROOM}.")
+        words += (f" What would: seeds at equal loss, e.g. `{shlex.join(command)}` "
+                  f"({replication_cost(kind)}); note {TESTBED_ROOM}.")
     return words
+
+
+def replication_cost(kind: str) -> str:
+    """The trials and estimated CPU time of ``REPLICATE[kind]`` (``flatlm.experiments.costs``,
+    what its ``--dry-run`` prints)."""
+    n = SCALES["testbed"].replication_seeds.get(kind)  # as flatlm replicate seeds it
+    trials = build(kind, scale="testbed", protocol="paper",
+                   seeds=None if n is None else tuple(range(n))).trials()
+    minutes, how, unknown = experiment_minutes(trials)
+    if unknown:
+        return f"{len(trials)} trials; its --dry-run lists them"
+    return (f"{len(trials)} trials, about {minutes:.0f} CPU-minutes ({how}): "
+            f"{minutes / 2:.0f} min on 2 cores with --jobs 2")

@@ -108,3 +108,16 @@ def test_a_sweep_that_measured_no_accuracy_says_so_and_not_that_it_can_conclude(
     words = _words(df, A)
     assert words.startswith(f"{CANNOT} task A's accuracy was not measured")
     assert "never reached the regime" not in words
+
+
+def test_the_command_that_would_conclude_carries_the_time_its_dry_run_states():
+    import re
+    import subprocess
+    import sys
+
+    dry = subprocess.run([sys.executable, "-m", "flatlm", "replicate", "--dry-run", "--scale",
+                          "testbed", "--experiment", "sizes", "--protocol", "paper", "--out",
+                          "unused"], capture_output=True, text=True, check=True).stdout
+    trials, minutes = re.search(r"sizes: (\d+) trials, about (\d+) CPU-min", dry).groups()
+    opening = _words(scaling_runs(), A).split("\n\n")[0]
+    assert f"({trials} trials, about {minutes} CPU-minutes (measured)" in opening
