@@ -82,5 +82,7 @@ def time_line(rows: dict[int, dict]) -> str:
     train_s = sum(r.get("time/train_s", 0.0) for r in rows.values())
     total = measure_s + train_s
     share = f" ({measure_s / total:.0%} of the time)" if total > 0 else ""
-    return (f"time: training {duration(train_s)}, measuring {duration(measure_s)}{share}; "
-            f"the row of every checkpoint is in {METRICS_FILE}")
+    cheaper = ("; --quick measures the loss and KL only" if total > 0 and measure_s > train_s
+               else "")
+    return (f"time: training {duration(train_s)}, measuring {duration(measure_s)}{share}"
+            f"{cheaper}; the row of every checkpoint is in {METRICS_FILE}")
