@@ -164,9 +164,8 @@ def reach_words(*, equal: bool | None, loss_words: str, seeds: int | None, what:
 def replication_cost(kind: str) -> str:
     """The trials and estimated CPU time of ``REPLICATE[kind]`` (``flatlm.experiments.costs``,
     what its ``--dry-run`` prints)."""
-    n = SCALES["testbed"].replication_seeds.get(kind)  # as flatlm replicate seeds it
-    trials = build(kind, scale="testbed", protocol="paper",
-                   seeds=None if n is None else tuple(range(n))).trials()
+    trials = build(kind, scale="testbed", protocol="paper",  # seeded as flatlm replicate
+                   seeds=SCALES["testbed"].seeds_of(kind)).trials()
     minutes, how, unknown = experiment_minutes(trials)
     if unknown:
         return f"{len(trials)} trials; its --dry-run lists them"

@@ -14,7 +14,7 @@ import sys
 # Command modules, in the order their commands are listed by --help.
 from flatlm.commands import DIVERGED_EXIT, WRITE_FAILED_EXIT
 
-COMMAND_MODULES = ("data", "train", "trial", "measure", "grow", "replicate", "ui")
+COMMAND_MODULES = ("data", "train", "trial", "config", "measure", "grow", "replicate", "ui")
 
 
 # how to resume after a failed write; a command whose resume is a flag sets its own

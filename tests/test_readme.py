@@ -235,7 +235,7 @@ def test_the_flatlm_command_s_help_runs_and_lists_what_the_parser_has():
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert subcommands(flatlm_helps()[""]) == {"data", "train", "trial", "measure", "grow",
-                                               "replicate", "ui"}
+                                               "replicate", "ui", "config"}
     assert all(in_help(o, flatlm_helps()["replicate"]) for o in ("--scale", "--dry-run"))
     assert in_help("--dry-run", done.stdout)
 

@@ -128,9 +128,9 @@ def experiments_from_args(args) -> list:
 
 def _seeds(args, experiment: str) -> tuple[int, ...] | None:
     """--seeds, else the scale's replication seeds of ``experiment``, else None (its seeds)."""
-    n = args.seeds if args.seeds is not None else SCALES[args.scale].replication_seeds.get(
-        experiment)
-    return None if n is None else tuple(range(n))
+    if args.seeds is not None:
+        return tuple(range(args.seeds))
+    return SCALES[args.scale].seeds_of(experiment)
 
 
 def run(args) -> int:

@@ -127,6 +127,12 @@ class Scale:
     # the scale has none
     second_source: str | None = None
 
+    def seeds_of(self, experiment: str) -> tuple[int, ...] | None:
+        """The seeds ``flatlm replicate`` runs ``experiment`` with (no --seeds): its
+        ``replication_seeds``, else None (the experiment's, the scale's ``seeds``)."""
+        n = self.replication_seeds.get(experiment)
+        return None if n is None else tuple(range(n))
+
     def base(self) -> TrialConfig:
         n = self.run_checkpoints  # evenly spaced, the last at ``steps`` even when n divides not
         return apply_overrides(TrialConfig(), {

@@ -1,0 +1,63 @@
+"""Where each value of a trial's config comes from: the layers it is built from, in order, and
+for every key the last layer that changed it.
+
+A trial config is flatlm's dataclass defaults, then the scale's settings
+(``flatlm/experiments/scales.py``), then the protocol's (``protocols.py``: its overrides and its
+model), then the source's kind (``presets.py``: an HMM trains BiLSTMs, Dyck probes g*), then the
+experiment's base (``paper.py``: e.g. the steps experiment's long run, SGD's rate), then its grid
+point (model, algorithm, seed), then the command line's ``--set``. ``flatlm config`` prints the
+result with each key's layer.
+
+>>> rows = provenance(config_layers("tiny", "paper"))
+>>> rows["train.steps"]
+(1500, 'scale tiny')
+>>> rows["train.seed"][1]
+'default'
+"""
+
+from __future__ import annotations
+
+from flatlm.core.config import apply_overrides, to_flat_dict
+from flatlm.experiments.paper import _protocol_base, base_of, build
+from flatlm.experiments.scales import scale as get_scale
+from flatlm.runs.trial import TrialConfig
+
+DEFAULT = "default"
+
+
+def config_layers(scale: str, protocol: str = "paper", source: str | None = None, *,
+                  experiment: str | None = None, trial: str | None = None,
+                  overrides: dict | None = None) -> list[tuple[str, TrialConfig]]:
+    """(layer name, the config after it) for each layer, in order (module docstring). With
+    ``experiment``, its base and the grid point ``trial`` (a trial name; default: the first)."""
+    sc = get_scale(scale)
+    layers = [(DEFAULT, TrialConfig()), (f"scale {scale}", sc.base()),
+              (f"protocol {protocol}", _protocol_base(sc, protocol)),
+              (f"source {source}" if source else "source (the scale's)",
+               base_of(scale, protocol, source))]
+    if experiment is not None:
+        exp = build(experiment, scale=scale, protocol=protocol, source=source,
+                    seeds=sc.seeds_of(experiment))  # as flatlm replicate builds it
+        layers.append((f"experiment {experiment}", exp.base))
+        trials = dict(exp.trials())
+        name = trial or next(iter(trials))
+        if name not in trials:
+            raise ValueError(f"--trial {name!r}: the {experiment} experiment has "
+                             f"{', '.join(trials)}")
+        layers.append((f"trial {name}", trials[name]))
+    if overrides:
+        layers.append(("--set", apply_overrides(layers[-1][1], overrides)))
+    return layers
+
+
+def provenance(layers: list[tuple[str, TrialConfig]]) -> dict[str, tuple[object, str]]:
+    """key -> (its final value, the last layer that changed it); keys in the config's order."""
+    changed_by: dict[str, str] = {}
+    previous: dict = {}
+    for name, cfg in layers:
+        flat = to_flat_dict(cfg)
+        for key, value in flat.items():
+            if key not in previous or previous[key] != value:
+                changed_by[key] = name
+        previous = flat
+    return {key: (value, changed_by[key]) for key, value in previous.items()}
