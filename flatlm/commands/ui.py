@@ -59,6 +59,10 @@ def run(args) -> int:
     if not store.is_file():
         raise ValueError(f"--workdir {args.workdir}: no mlflow.db there; give the directory a "
                          "sweep ran in (python sweeps/scaling.py --workdir DIR)")
+    # Ctrl-C and a plain kill both stop the server, even where the parent left SIGINT ignored
+    # (a child inherits an ignored signal: pytest-xdist's workers, nohup)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     port = args.port if args.port is not None else _port_or_free(DEFAULT_PORT)
     ui = f"http://{HOST}:{port}"
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri",
@@ -139,9 +143,13 @@ def _port_or_free(port: int) -> int:
         return free.getsockname()[1]
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def _stop(server: subprocess.Popen) -> None:
     """The server and its workers (one process group), SIGTERM then SIGKILL."""
-    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 20)):
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
         try:
             os.killpg(server.pid, sig)
         except ProcessLookupError:

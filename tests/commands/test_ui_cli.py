@@ -61,8 +61,8 @@ def test_flatlm_ui_serves_the_store_and_prints_the_runs_table_address(tmp_path):
         with urllib.request.urlopen(address.split("#")[0], timeout=30) as page:
             assert page.status == 200
     finally:
-        ui.send_signal(signal.SIGINT)
-        code = ui.wait(timeout=60)
+        ui.send_signal(signal.SIGINT)  # as Ctrl-C, though xdist's workers ignore SIGINT
+        code = ui.wait(timeout=120)
     assert code == 0
     with socket.socket() as probe:  # the server and its workers are gone
         assert probe.connect_ex(("127.0.0.1", port)) != 0
