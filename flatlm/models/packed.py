@@ -15,10 +15,12 @@ generator is in the state of its unpacked twin's global RNG therefore draws the 
 for bit (tests/train/test_pack.py). On CUDA the twin uses the fused dropout kernel, whose draws
 differ: there the member's masks are equal to the twin's in distribution only.
 
-Attention is the composite (math) form of ``F.scaled_dot_product_attention``, which is what the CPU
-runs when dropout is on (q and k each scaled by scale ** 0.5, masked positions at -inf, softmax,
-dropout); at dropout 0 the CPU's fused kernel sums in another order, so members and twins agree
-to float rounding there (the test's tolerance), not bit for bit.
+Attention is what the single model's ``sdpa`` runs on the CPU: with dropout, the composite (math)
+form, reproduced here (q and k each scaled by scale ** 0.5, masked positions at -inf, softmax,
+each member's dropout); without, the fused kernel itself on the K n sentences as one batch. A
+LayerNorm is one call per member (the fused kernel's weight and bias gradients add rows in an
+order no batched form reproduces); every other op is one call for the pack. On CUDA the cuBLAS
+and fused kernels need not keep these orders: members equal their twins there to float rounding.
 
 >>> import torch
 >>> from flatlm.models.bert import build_model
@@ -159,14 +161,19 @@ class PackedBert(nn.Module):
         return _layer_norm(out + h, self.p(pre + "output.LayerNorm.weight"),
                            self.p(pre + "output.LayerNorm.bias"))
 
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits over all V+4 ids for (K, m, d) states (m any rows)."""
-        x = F.gelu(_linear(hidden, self.p(HEAD + "transform.dense.weight"),
-                           self.p(HEAD + "transform.dense.bias")))
-        x = _layer_norm(x, self.p(HEAD + "transform.LayerNorm.weight"),
-                        self.p(HEAD + "transform.LayerNorm.bias"))
-        return _linear(x, self.p(PREFIX + "embeddings.word_embeddings.weight"),
-                       self.p(HEAD + "bias"))  # decoder tied to the word embeddings
+    def head(self, hidden: torch.Tensor, members=None) -> torch.Tensor:
+        """Logits over all V+4 ids for (K, m, d) states (m any rows); ``members``: the states
+        are those of these members (indices) only."""
+
+        def p(name):
+            return self.p(name) if members is None else self.p(name)[members]
+
+        x = F.gelu(_linear(hidden, p(HEAD + "transform.dense.weight"),
+                           p(HEAD + "transform.dense.bias")))
+        x = _layer_norm(x, p(HEAD + "transform.LayerNorm.weight"),
+                        p(HEAD + "transform.LayerNorm.bias"))
+        return _linear(x, p(PREFIX + "embeddings.word_embeddings.weight"),
+                       p(HEAD + "bias"))  # decoder tied to the word embeddings
 
     def word_logits(self, input_ids, attention_mask, positions=None, *, dropout,
                     generators=None) -> torch.Tensor | list[torch.Tensor]:
@@ -181,16 +188,16 @@ class PackedBert(nn.Module):
             members = torch.arange(hidden.shape[0], device=hidden.device)[:, None]
             rows = torch.arange(hidden.shape[1], device=hidden.device)[None, :]
             return self._word_head(hidden[members, rows, positions + 1])  # (K, n, V)
-        picked = [h[:, 1:-1][pos] for h, pos in zip(hidden, positions, strict=True)]
-        counts = [len(x) for x in picked]
-        padded = torch.nn.utils.rnn.pad_sequence(picked, batch_first=True)  # (K, max k, d)
-        logits = self._word_head(padded)
-        return [logits[k, :c] for k, c in enumerate(counts)]
+        # one head per member on its own k_m rows: padded to one length, the head's bias
+        # gradients would sum over another number of rows, in another order
+        return [self._word_head(h[:, 1:-1][pos][None], members=[k])[0]
+                for k, (h, pos) in enumerate(zip(hidden, positions, strict=True))]
 
-    def _word_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The head's logits over the V words (columns 4..V+3) for (K, ..., d) states."""
+    def _word_head(self, hidden: torch.Tensor, members=None) -> torch.Tensor:
+        """The head's logits over the V words (columns 4..V+3) for (K, ..., d) states, or for
+        those of the pack's ``members`` (a list of indices) only."""
         K, *rows, d = hidden.shape
-        logits = self.head(hidden.reshape(K, -1, d))
+        logits = self.head(hidden.reshape(K, -1, d), members)
         return logits.view(K, *rows, -1)[..., WORD_OFFSET:]
 
 
@@ -224,21 +231,27 @@ class _Dropout:
 
 def _attention(q, k, v, blocked, drop) -> torch.Tensor:
     """(K, n, H, T+2, dh) attention outputs, as the single model's ``sdpa`` computes them on the
-    CPU: with dropout, the composite (math) kernel, reproduced here so that each member's mask
-    is drawn from its own generator; without, the fused kernel itself, on the K n sentences as
-    one batch (each sentence's result does not depend on the batch)."""
+    CPU: a member with dropout through the composite (math) kernel, reproduced here so that its
+    mask is drawn from its own generator; a member without, through the fused kernel itself, on
+    the K n sentences as one batch (a sentence's result does not depend on the batch). A pack
+    that mixes the two computes both and picks each member's (the other's gradient is 0)."""
     K, n, H, width, dh = q.shape
     scale = dh ** -0.5
-    if not drop.active:
-        out = F.scaled_dot_product_attention(
+    fused = math = None
+    if not all(drop.p):
+        fused = F.scaled_dot_product_attention(
             q.reshape(K * n, H, width, dh), k.reshape(K * n, H, width, dh),
             v.reshape(K * n, H, width, dh), attn_mask=~blocked.reshape(K * n, 1, 1, width),
-            scale=scale)
-        return out.view(K, n, H, width, dh)
-    root = scale ** 0.5  # the math kernel scales q and k by sqrt(scale) each
-    scores = (q * root) @ (k.transpose(-2, -1) * root)  # (K, n, H, T+2, T+2)
-    scores = scores.masked_fill(blocked, float("-inf"))
-    return drop(torch.softmax(scores, dim=-1)) @ v
+            scale=scale).view(K, n, H, width, dh)
+    if drop.active:
+        root = scale ** 0.5  # the math kernel scales q and k by sqrt(scale) each
+        scores = (q * root) @ (k.transpose(-2, -1) * root)  # (K, n, H, T+2, T+2)
+        scores = scores.masked_fill(blocked, float("-inf"))
+        math = drop(torch.softmax(scores, dim=-1)) @ v
+    if fused is None or math is None:
+        return math if fused is None else fused
+    dropped = torch.tensor([p > 0 for p in drop.p], device=q.device).view(K, 1, 1, 1, 1)
+    return torch.where(dropped, math, fused)
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

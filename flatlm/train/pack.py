@@ -8,7 +8,7 @@ about the operations of one trial (HFTA, Wang et al., MLSys 2021). Each member i
 label noise and dropout (all from its own ``cfg.seed``), learning rate, schedule, weight decay
 and algorithm settings, log window, divergence check, checkpoints under its own ``out_dir`` in
 ``train``'s format (``find_checkpoints`` and ``load_checkpoint`` read them, ``train(...,
-resume=True)`` continues one unpacked) and ``metrics.jsonl``.
+resume=True)`` continues one unpacked) and its training log (``train_log.jsonl``).
 
 Equal to unpacked. On the CPU a member's every loss, checkpoint and final weight equal those of
 ``train(cfg_k, ...)`` run alone, bit for bit: the packed forward, gradients and optimizer step
