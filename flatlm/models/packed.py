@@ -219,14 +219,16 @@ class _Dropout:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active:
             return x
-        noise = []
+        noise = torch.empty_like(x)  # member k's slice is contiguous: the draw of its shape
+        keep = []
         for k, p in enumerate(self.p):
             if p == 0:
-                noise.append(torch.ones_like(x[k]))
-                continue
-            mask = torch.empty_like(x[k]).bernoulli_(1 - p, generator=self.generators[k])
-            noise.append(mask.div_(1 - p))
-        return x * torch.stack(noise)
+                noise[k].fill_(1.0)
+            else:
+                noise[k].bernoulli_(1 - p, generator=self.generators[k])
+            keep.append(1 - p)
+        shape = (len(keep),) + (1,) * (x.dim() - 1)  # / (1 - p): the kernel divides, as ours
+        return x * noise.div_(torch.tensor(keep, dtype=x.dtype, device=x.device).view(shape))
 
 
 def _attention(q, k, v, blocked, drop) -> torch.Tensor:
