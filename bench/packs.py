@@ -4,10 +4,13 @@ Baseline (named in the JSON): K separate processes on the same cores, each ``tra
 (as Ray runs K trials of one CPU each), spawned together, each pinned to the same cores with one
 thread; after a warm-up run they wait at a barrier, then each trains ``--steps`` updates.
 Packed: one process with ``--threads`` threads on those cores runs ``train_pack`` of the same K
-trials (after its own warm-up run). Both run the whole training loop: sampling, masking, the
+trials (after its own warm-up run); at 2 threads also "packed_split": 2 packs of one thread
+each, the members split between them. All run the whole training loop: sampling, masking, the
 update, the log read-outs. Throughput = K x steps / (last end - first start), in model-steps per
-second; the ratio is packed over separate. The trials are the testbed's (its grammar,
-``TESTBED_SOURCE``; its smallest sizes model d64-h4-l2-i256; adamw, dropout 0.1), seeds 0..K-1.
+second, best of ``--repeats`` interleaved passes; the ratios are over the baseline measured in the
+same run. The trials are the testbed's (its grammar, ``TESTBED_SOURCE``; its smallest sizes model
+d64-h4-l2-i256; adamw, dropout 0.1), seeds 0..K-1, rates 1e-3 .. 3e-3. ``load_avg_1m`` records
+how shared the machine was (other users' processes take the same cores).
 
 ``update_costs`` is the measurement that chose hand-batching over ``torch.func``: the time of
 one update of K members, hand-batched (``packed_standard_step``), ``torch.func.vmap`` of
@@ -17,7 +20,7 @@ single-model updates in a row, in this process at one thread.
     python bench/packs.py                         # CPU: bench/results/packs_cpu.json
     python bench/packs.py --device cuda --sizes   # one GPU: packed vs separate, then the
                                                   # testbed's sizes experiment packed
-    python bench/packs.py --smoke --out DIR       # seconds; what tests/test_bench_packs.py runs
+    python bench/packs.py --smoke --out DIR       # seconds; what tests/bench/test_packs.py runs
 """
 
 from __future__ import annotations
@@ -75,8 +78,9 @@ def one_trial(device, model, cfg, warmup, cores, barrier, results, index) -> Non
         results[index] = (start, time.perf_counter())
 
 
-def packed_trials(device, model, cfgs, warmup, threads, cores, results) -> None:
-    """The pack's process: a warm-up pack, then the timed one."""
+def packed_trials(device, model, cfgs, warmup, threads, cores, barrier, results,
+                  index) -> None:
+    """A pack's process: a warm-up pack, the barrier, then the timed one."""
     from flatlm.train.pack import train_pack
 
     _setup(threads, cores, device)
@@ -85,11 +89,12 @@ def packed_trials(device, model, cfgs, warmup, threads, cores, results) -> None:
         warm = [dataclasses.replace(c, steps=warmup) for c in cfgs]
         train_pack(warm, source, model, [Path(tmp) / f"w{k}" for k in range(len(cfgs))],
                    device=device, progress=False)
+        barrier.wait()
         start = time.perf_counter()
         train_pack(cfgs, source, model, [Path(tmp) / f"r{k}" for k in range(len(cfgs))],
                    device=device, progress=False)
         _sync(device)
-        results[0] = (start, time.perf_counter())
+        results[index] = (start, time.perf_counter())
 
 
 def _sync(device: str) -> None:
@@ -101,30 +106,47 @@ def _span(results) -> float:
     return max(e for _, e in results.values()) - min(s for s, _ in results.values())
 
 
-def compare(device, model, k, batch_size, steps, warmup, threads) -> dict:
-    """One row: packed and separate model-steps per second, and their ratio."""
-    ctx = mp.get_context("spawn")
-    cores = list(range(threads)) if device == "cpu" else None
-    cfgs = trial_configs(k, batch_size, steps)
+def _timed(ctx, target, jobs) -> float:
+    """Seconds from the first job's start to the last one's end; ``jobs`` = args lists, each
+    completed with (barrier, results, index), all started together."""
     with ctx.Manager() as manager:
-        results, barrier = manager.dict(), ctx.Barrier(k)
-        procs = [ctx.Process(target=one_trial, args=(device, model, cfgs[i], warmup, cores,
-                                                     barrier, results, i)) for i in range(k)]
+        results, barrier = manager.dict(), ctx.Barrier(len(jobs))
+        procs = [ctx.Process(target=target, args=(*a, barrier, results, i))
+                 for i, a in enumerate(jobs)]
         for p in procs:
             p.start()
         for p in procs:
             p.join()
-        separate = k * steps / _span(dict(results))
-        results = manager.dict()
-        p = ctx.Process(target=packed_trials, args=(device, model, cfgs, warmup, threads, cores,
-                                                    results))
-        p.start()
-        p.join()
-        packed = k * steps / _span(dict(results))
-    return {"threads": threads, "batch_size": batch_size, "members": k, "steps": steps,
-            "packed_model_steps_per_s": round(packed, 2),
-            "separate_model_steps_per_s": round(separate, 2),
-            "ratio_packed_over_separate": round(packed / separate, 3)}
+        if any(p.exitcode for p in procs):
+            raise RuntimeError(f"bench/packs.py: a {target.__name__} process failed")
+        return _span(dict(results))
+
+
+def compare(device, model, k, batch_size, steps, warmup, threads, repeats) -> dict:
+    """One row: model-steps per second of K separate processes (one thread each), of one pack
+    at ``threads`` threads, and of ``threads`` packs of one thread each (the members split
+    between them), all on the same ``threads`` cores; best of ``repeats`` interleaved passes."""
+    ctx = mp.get_context("spawn")
+    cores = list(range(threads)) if device == "cpu" else None
+    cfgs = trial_configs(k, batch_size, steps)
+    ways = {
+        "separate": (one_trial, [(device, model, c, warmup, cores) for c in cfgs]),
+        "packed": (packed_trials, [(device, model, cfgs, warmup, threads, cores)]),
+    }
+    if threads > 1:
+        ways["packed_split"] = (packed_trials, [(device, model, cfgs[i::threads], warmup, 1,
+                                                 cores) for i in range(threads)])
+    best = {name: 0.0 for name in ways}
+    for _ in range(repeats):
+        for name, (target, jobs) in ways.items():
+            best[name] = max(best[name], k * steps / _timed(ctx, target, jobs))
+    row = {"threads": threads, "batch_size": batch_size, "members": k, "steps": steps}
+    row.update({f"{name}_model_steps_per_s": round(v, 2) for name, v in best.items()})
+    row["ratio_packed_over_separate"] = round(best["packed"] / best["separate"], 3)
+    if threads > 1:
+        row["ratio_packed_split_over_separate"] = round(best["packed_split"]
+                                                        / best["separate"], 3)
+    return row
 
 
 def update_costs(model, k, batch_size, repeats, device="cpu") -> dict:
@@ -211,6 +233,7 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, nargs="+", default=[60, 12],
                         help="timed updates per member, one per batch size")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved passes, best kept")
     parser.add_argument("--sizes", action="store_true",
                         help="also train the testbed's sizes experiment packed (a GPU check)")
     parser.add_argument("--sizes-steps", type=int, default=2000)
@@ -220,7 +243,7 @@ def main(argv=None) -> None:
     model = "d16-h1-l1-i64" if args.smoke else MODEL
     if args.smoke:
         args.members, args.threads, args.batch_sizes, args.steps = 2, [1], [8], [4]
-        args.warmup, args.sizes_steps = 1, 3
+        args.warmup, args.sizes_steps, args.repeats = 1, 3, 1
     if args.device != "cpu":
         args.threads = [1]
     torch.set_num_threads(1)
@@ -231,7 +254,8 @@ def main(argv=None) -> None:
     rows = []
     for t in args.threads:
         for b, s in zip(args.batch_sizes, args.steps, strict=True):
-            rows.append(compare(args.device, model, args.members, b, s, args.warmup, t))
+            rows.append(compare(args.device, model, args.members, b, s, args.warmup, t,
+                                args.repeats))
             print(json.dumps(rows[-1]), flush=True)
     sizes = sizes_packed(args.device, args.members, args.sizes_steps, args.smoke) \
         if args.sizes else None
