@@ -61,7 +61,7 @@ from flatlm.train.run import (
     start_checkpoint,
 )
 from flatlm.train.sizes import check_fits
-from flatlm.train.state import find_checkpoints, set_aside
+from flatlm.train.state import checkpoint_dir, find_checkpoints, load_state, set_aside
 
 # What every member must share: the fields that make the pack's tensors one shape, or one loop.
 SHARED_FIELDS = ("batch_size", "micro_batch_size", "precision", "world_size")
@@ -100,8 +100,8 @@ def train_pack(
     with contextlib.ExitStack() as stack:
         if not progress:
             stack.enter_context(quiet_transformers_bars())
-        starts = [start_checkpoint(c, mc, d, resume, source)
-                  for c, mc, d in zip(cfgs, model_cfgs, out_dirs, strict=True)]
+        starts = aligned_starts(cfgs, [start_checkpoint(c, mc, d, resume, source) for c, mc, d
+                                       in zip(cfgs, model_cfgs, out_dirs, strict=True)])
         pipelines = []
         stack.callback(lambda: [p.close() for p in pipelines])
         pipelines += [build_pipeline(c, source, device, corpus)[0] for c in cfgs]
@@ -116,6 +116,36 @@ def train_pack(
         with torch.random.fork_rng(devices=cuda):  # a hook may draw; training never does
             Pack(members, device).loop(progress)
     return [m.result() for m in members]
+
+
+def aligned_starts(cfgs, starts):
+    """``start_checkpoint``'s answers, the unfinished members moved back to the step they all
+    reached: a pack stopped while writing one round of checkpoints (a crash, a full disk) has
+    some members one checkpoint ahead. A member goes back to its own checkpoint at that step (it
+    then retrains to the same newer checkpoint, bit for bit), or afresh if that step is the
+    start; a ValueError if it has no checkpoint there (members checkpointed at other steps)."""
+    def step(start):
+        return 0 if start[0] is None else start[0][1].step
+
+    unfinished = [k for k, (c, s) in enumerate(zip(cfgs, starts, strict=True))
+                  if step(s) < c.steps]
+    if len({step(starts[k]) for k in unfinished}) <= 1:
+        return starts
+    target = min(step(starts[k]) for k in unfinished)
+    aligned = list(starts)
+    for k in unfinished:
+        if step(starts[k]) == target:
+            continue
+        ckpt, _ = starts[k][0]
+        older = find_checkpoints(ckpt.parent.parent).get(target)
+        if older is None and target > 0:
+            raise ValueError(f"pack: the unfinished members resume from different steps "
+                             f"({sorted({step(starts[j]) for j in unfinished})}) and "
+                             f"{ckpt.parent.parent} has no checkpoint at step {target}; "
+                             "resume them unpacked, or in packs of one step")
+        aligned[k] = ((older, load_state(older)) if older is not None else None,
+                      starts[k][1])
+    return aligned
 
 
 def check_packable(cfgs: Sequence[TrainConfig], shape: ModelConfig, out_dirs) -> None:
@@ -203,18 +233,29 @@ class MemberRun(Run):
         if self.pack is not None:
             self.pack.ctx.model.load_member(self.index, self.ctx.model)
 
-    def checkpoint_if_due(self) -> None:
-        """``Run.loop``'s checkpoint: the read-out's check, then the files and the hook."""
-        if self.step not in self.cfg.checkpoint_steps or self.step == self.resumed_at:
-            return
+    def checkpoint_due(self) -> bool:
+        return self.step in self.cfg.checkpoint_steps and self.step != self.resumed_at
+
+    def write_due_checkpoint(self) -> None:
+        """``Run.loop``'s checkpoint without its hook: the read-out's check, then the files."""
         self.sync()
         try:
             self.check_window()
         except Diverged as e:
             self.error = e
             return
-        self.checkpoint(self.hook)
+        self.checkpoint(None)
         self.interval_start = (time.perf_counter(), self.step)
+
+    def call_hook(self) -> None:
+        """The hook on the checkpoint just written, the model in eval mode (as ``Run``)."""
+        if self.hook is None or self.error is not None:
+            return
+        self.ctx.model.eval()
+        try:
+            self.hook(self.step, self.ctx.model, checkpoint_dir(self.out_dir, self.step))
+        finally:
+            self.ctx.model.train()
 
     def record(self, metrics: dict[str, torch.Tensor], lr: float) -> None:
         """One update's metrics into the log window, and the read-out when due."""
@@ -268,8 +309,11 @@ class Pack:
                    desc=f"train pack of {len(self.alive)}")
         with bar:
             while self.alive:
-                for m in self.alive:
-                    m.checkpoint_if_due()
+                due = [m for m in self.alive if m.checkpoint_due()]
+                for m in due:  # every member's files first: a hook that stops the process
+                    m.write_due_checkpoint()  # leaves the pack's checkpoints one round
+                for m in due:
+                    m.call_hook()
                 self.retire()
                 if not self.alive:
                     return

@@ -5,6 +5,7 @@ weight decay, dropout and length."""
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -113,14 +114,19 @@ def test_a_diverging_member_stops_and_the_others_go_on(src, tiny_model, tmp_path
     assert history[-1]["step"] == 8
 
 
-def test_a_resumed_pack_equals_one_that_never_stopped(src, tiny_model, tmp_path, stop_at):
-    cfgs = [TrainConfig(steps=8, batch_size=16, warmup_steps=3, checkpoint_steps=(4, 8),
+@pytest.mark.parametrize("crash", ["after-a-round", "mid-round"])
+def test_a_resumed_pack_equals_one_that_never_stopped(crash, src, tiny_model, tmp_path, stop_at):
+    """The process dies after member 0's checkpoint 4 has been measured; "mid-round": member 1's
+    checkpoint 4 never reached the disk, so member 0 goes back to its checkpoint 2."""
+    cfgs = [TrainConfig(steps=8, batch_size=16, warmup_steps=3, checkpoint_steps=(2, 4, 8),
                         log_every=3, seed=s, lr=lr) for s, lr in ((1, 1e-3), (2, 4e-3))]
     straight = train_pack(cfgs, src, tiny_model, [tmp_path / "a0", tmp_path / "a1"],
                           progress=False)
     dirs = [tmp_path / "b0", tmp_path / "b1"]
-    with pytest.raises(stop_at.Stopped):  # the process dies after member 1's checkpoint 4
-        train_pack(cfgs, src, tiny_model, dirs, progress=False, on_checkpoint=[None, stop_at(4)])
+    with pytest.raises(stop_at.Stopped):
+        train_pack(cfgs, src, tiny_model, dirs, progress=False, on_checkpoint=[stop_at(4), None])
+    if crash == "mid-round":
+        shutil.rmtree(dirs[1] / "checkpoints" / "step-4")
     resumed = train_pack(cfgs, src, tiny_model, dirs, progress=False, resume=True)
     for member, never_stopped in zip(resumed, straight, strict=True):
         _assert_same_run(member, never_stopped)
