@@ -16,15 +16,20 @@ repeat the single model's arithmetic (``flatlm.models.packed``, ``packed_optim``
 member's dropout masks come from its own generator in the state of its twin's global RNG. On
 CUDA the twin's fused kernels (dropout, attention, bf16 autocast) sum and draw differently: there
 a member equals its twin in distribution, not bit for bit. A resumed pack equals an uninterrupted
-one bit for bit (tests/train/test_pack.py).
+one bit for bit (tests/train/test_pack.py): at a checkpoint step every member's files are
+written before any hook runs, and a pack stopped in the middle of a round resumes each member
+from the step all of them reached (``aligned_starts``). The pack trains eagerly and without
+unpadding (``train.compile`` and ``train.unpad`` are off for it; both are off on the CPU unless
+asked for).
 
 Members leave the pack when done: after its last update and checkpoint (members may differ in
 ``steps``), or when it diverges (``Diverged``, recorded as its result): the others go on, in a
 smaller pack. What members must share, because it is the pack's shape: the model shape, the
 batch and micro-batch sizes, the masking kind ("one" or a rate), the optimizer (adamw-based or
-sgd-based algorithms), the precision, and, when resuming, the step every unfinished member
-resumes from. Packable algorithms are those with an ``Algorithm.packed_step`` (adamw, sgd, noreg,
-label_noise, sam); the others say why not (``unpacked_reason``).
+sgd-based algorithms), the precision, and the checkpoint steps a resume goes back to.
+Packable algorithms are those with an ``Algorithm.packed_step`` (adamw, sgd, noreg, label_noise,
+sam, adversarial); the others say why not (``unpacked_reason``): grow. Only the post-LN BERT is
+hand-batched (the pre-LN variant and the BiLSTM train unpacked).
 """
 
 from __future__ import annotations
@@ -81,7 +86,8 @@ def train_pack(
 ) -> list[TrainResult | Diverged]:
     """Trains run k = ``train(cfgs[k], source, model_cfg, out_dirs[k], ...)`` for every k, as
     one packed model (module docstring). ``on_checkpoint``: one hook for every member (it gets
-    the member's model and checkpoint directory) or one per member. Returns each member's
+    the member's model and checkpoint directory; all members' checkpoints of a step are on
+    disk before the first hook of that step runs) or one per member. Returns each member's
     ``TrainResult``, or the ``Diverged`` that stopped it. Bad or unpackable configurations
     raise ``ValueError`` before any training."""
     if len(cfgs) != len(out_dirs) or not cfgs:
@@ -104,7 +110,8 @@ def train_pack(
                                        in zip(cfgs, model_cfgs, out_dirs, strict=True)])
         pipelines = []
         stack.callback(lambda: [p.close() for p in pipelines])
-        pipelines += [build_pipeline(c, source, device, corpus)[0] for c in cfgs]
+        built = [build_pipeline(c, source, device, corpus) for c in cfgs]
+        pipelines += [p for p, _ in built]
         for d, (_, unreadable) in zip(out_dirs, starts, strict=True):
             stack.enter_context(writer_lock(d))
             for bad, _ in unreadable:
@@ -112,6 +119,8 @@ def train_pack(
         members = [MemberRun.begin(c, source, mc, d, device, p, s[0], hook)
                    for c, mc, d, p, s, hook in zip(cfgs, model_cfgs, out_dirs, pipelines, starts,
                                                    hooks, strict=True)]
+        for m, (_, n_classes) in zip(members, built, strict=True):
+            m.ctx.n_classes = n_classes  # adversarial: the classes of its probe task
         cuda = [device.index or 0] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):  # a hook may draw; training never does
             Pack(members, device).loop(progress)
@@ -296,7 +305,8 @@ class Pack:
                                    [m.ctx.model for m in training])
         self.ctx = PackContext(cfgs=cfgs, model=model, optimizer=optimizer,
                                generators=[m.generator for m in training],
-                               autocast=training[0].ctx.autocast)
+                               autocast=training[0].ctx.autocast,
+                               n_classes=[m.ctx.n_classes for m in training])
         self.update: Callable = algorithm_named(cfgs[0].algorithm).packed_update()
         for i, m in enumerate(training):
             m.pack, m.index = self, i

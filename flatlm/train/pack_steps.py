@@ -10,13 +10,15 @@ its own learning rate. Metrics are ``(K,)`` tensors, one value per member.
 - ``packed_standard_step`` (adamw, sgd, noreg, label_noise): ``standard_step``.
 - ``packed_sam_step`` (sam): ``sam_step`` with each member's own perturbation
   eps_k = rho_k g_k / ||g_k|| (the norm over the member's parameters alone).
+- ``packed_adversarial_step`` (adversarial): ``adversarial_step``, each member's closed-form
+  head fitted on its own D1 (its own pool and draws), one ``ridge_head_loss`` per member.
 
-The adversarial objective (a closed-form head fitted on each member's own D1 each update) and
-grow (the shape changes mid-run) are not packed: they train unpacked (``Algorithm.packed_step``).
+grow (the shape changes mid-run) is not packed: it trains unpacked (``Algorithm.packed_step``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -25,9 +27,20 @@ import torch
 import torch.nn.functional as F
 
 from flatlm.models.packed import PackedBert
+from flatlm.train.algorithms import ridge_head_loss
 from flatlm.train.config import TrainConfig
-from flatlm.train.data import MLMBatch, StepInputs
+from flatlm.train.data import MLMBatch, ProbeBatch, StepInputs
 from flatlm.train.packed_optim import PackedOptimizer
+
+
+@dataclass(frozen=True)
+class PackedProbe:
+    """K members' D1 + D2 (``ProbeBatch``) stacked: the first ``n1`` of each member are D1."""
+
+    input_ids: torch.Tensor  # (K, n1 + n2, T+2)
+    attention_mask: torch.Tensor  # (K, n1 + n2, T+2)
+    labels: torch.Tensor  # (K, n1 + n2)
+    n1: int
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,7 @@ class PackedBatch:
     attention_mask: torch.Tensor  # (K, n, T+2)
     positions: torch.Tensor  # (K, n) int64, or (K, n, T) bool at a masking rate
     targets: torch.Tensor  # (K, n) or (K, n, T)
+    probe: PackedProbe | None = None  # adversarial: each member's D1 + D2
 
     @classmethod
     def stack(cls, batches: Sequence[MLMBatch]) -> PackedBatch:
@@ -47,6 +61,15 @@ class PackedBatch:
                              "pack trains members whose sentences share one padded length")
         return cls(*(torch.stack([getattr(b, f) for b in batches])
                      for f in ("input_ids", "attention_mask", "positions", "targets")))
+
+    def with_probe(self, probes: Sequence[ProbeBatch]) -> PackedBatch:
+        shapes = {(p.input_ids.shape, p.n1) for p in probes}
+        if len(shapes) > 1:
+            raise ValueError(f"pack: the members' D1 + D2 differ in shape {shapes}; a pack's "
+                             "members share train.adversarial.d1 and d2")
+        probe = PackedProbe(*(torch.stack([getattr(p, f) for p in probes])
+                              for f in ("input_ids", "attention_mask", "labels")), probes[0].n1)
+        return dataclasses.replace(self, probe=probe)
 
     def split(self, size: int) -> list[PackedBatch]:
         """Consecutive sub-batches of ``size`` sentences of every member (``MLMBatch.split``)."""
@@ -65,8 +88,9 @@ class PackedBatch:
 
 
 def stack_inputs(inputs: Sequence[StepInputs]) -> PackedBatch:
-    """The members' update inputs as one ``PackedBatch`` (probe batches are not packed)."""
-    return PackedBatch.stack([x.mlm for x in inputs])
+    """The members' update inputs as one ``PackedBatch``."""
+    batch = PackedBatch.stack([x.mlm for x in inputs])
+    return batch.with_probe([x.probe for x in inputs]) if inputs[0].probe is not None else batch
 
 
 @dataclass
@@ -78,6 +102,8 @@ class PackContext:
     optimizer: PackedOptimizer
     generators: list[torch.Generator]  # each member's dropout stream
     autocast: Callable[[], AbstractContextManager]
+    n_classes: list[int] = dataclasses.field(default_factory=list)  # adversarial: classes of
+    #   each member's downstream task
 
     @property
     def dropout(self) -> list[float]:
@@ -89,6 +115,7 @@ class PackContext:
         self.optimizer.keep(members, list(self.model.params))
         self.cfgs = [self.cfgs[k] for k in members]
         self.generators = [self.generators[k] for k in members]
+        self.n_classes = [self.n_classes[k] for k in members] if self.n_classes else []
 
 
 def member_loss_sums(ctx: PackContext, micro: PackedBatch) -> torch.Tensor:
@@ -150,3 +177,25 @@ def packed_sam_step(ctx: PackContext, batch: PackedBatch,
             p.copy_(saved)
     ctx.optimizer.step(lrs)
     return {"train/loss": loss, "train/sam_loss_perturbed": loss_perturbed}
+
+
+def packed_adversarial_step(ctx: PackContext, batch: PackedBatch,
+                            lrs: Sequence[float]) -> dict[str, torch.Tensor]:
+    """``adversarial_step`` for every member: L_MLM - lambda_k L_D2(phi_hat_k), member k's head
+    fitted in closed form on its own D1 (``batch.probe``)."""
+    probe = batch.probe
+    ctx.optimizer.zero_grad()
+    loss = accumulate_packed(ctx, batch)
+    with ctx.autocast():  # sentence_features per member: (K, n1 + n2, (T+2) d)
+        h = ctx.model.encoder(probe.input_ids, probe.attention_mask, ctx.dropout,
+                              ctx.generators)
+        H = (h * probe.attention_mask[..., None].to(h.dtype)).flatten(2)
+    n1, y = probe.n1, probe.labels
+    heads = [ridge_head_loss(H[k, :n1], y[k, :n1], H[k, n1:], y[k, n1:], ctx.n_classes[k],
+                             c.adversarial.ridge) for k, c in enumerate(ctx.cfgs)]
+    sum(-c.adversarial.lambda_ * d2 for c, (d2, _) in zip(ctx.cfgs, heads, strict=True)
+        ).backward()
+    ctx.optimizer.step(lrs)
+    return {"train/loss": loss,
+            "train/adv_d2_loss": torch.stack([d2.detach() for d2, _ in heads]),
+            "train/adv_d2_acc": torch.stack([acc for _, acc in heads])}

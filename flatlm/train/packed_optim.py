@@ -39,44 +39,57 @@ class PackedOptimizer:
         for p in self.params:
             p.grad = None
 
-    def _per_member(self, values: Sequence[float], p: torch.Tensor) -> torch.Tensor:
-        """(K, 1, ...) float tensor of one value per member, broadcasting against ``p``."""
-        return torch.tensor(values, dtype=p.dtype, device=p.device).view(-1, *[1] * (p.dim() - 1))
-
     @torch.no_grad()
     def step(self, lrs: Sequence[float]) -> None:
         """One update of every member, member k at learning rate ``lrs[k]``."""
         self.step_count += 1
+        scalars = self._scalars(lrs)
+        decay = any(c.weight_decay for c in self.cfgs)
         for i, p in enumerate(self.params):
             if p.grad is None:
                 continue
-            decays = [c.weight_decay if p.dim() >= 3 else 0.0 for c in self.cfgs]  # as
-            # build_optimizer: matrices and embeddings decay, biases and LayerNorms do not
+            shape = (-1,) + (1,) * (p.dim() - 1)  # (K, 1, ...): broadcasts against p
+            value = {name: v.view(shape) for name, v in scalars.items()}
+            # as build_optimizer: matrices and embeddings decay, biases and LayerNorms do not
+            decays = decay and p.dim() >= 3
             if self.kind == "adamw":
-                self._adamw(i, p, lrs, decays)
+                self._adamw(i, p, value, decays)
             else:
-                self._sgd(p, lrs, decays)
+                self._sgd(p, value, decays)
 
-    def _adamw(self, i, p, lrs, decays) -> None:
-        grad, exp_avg, exp_avg_sq, step = p.grad, self.exp_avg[i], self.exp_avg_sq[i], \
-            self.step_count
-        if any(decays):
-            p.mul_(self._per_member([1 - lr * wd for lr, wd in zip(lrs, decays, strict=True)],
-                                    p))
-        exp_avg.lerp_(grad, self._per_member([1 - c.beta1 for c in self.cfgs], p))
-        exp_avg_sq.mul_(self._per_member([c.beta2 for c in self.cfgs], p))
-        exp_avg_sq.addcmul_(self._per_member([1 - c.beta2 for c in self.cfgs], p) * grad, grad)
-        step_size = [lr / (1 - c.beta1 ** step) for lr, c in zip(lrs, self.cfgs, strict=True)]
-        root = [(1 - c.beta2 ** step) ** 0.5 for c in self.cfgs]
-        denom = (exp_avg_sq.sqrt() / self._per_member(root, p))
-        denom.add_(self._per_member([c.eps for c in self.cfgs], p))
-        p.addcdiv_(self._per_member([-s for s in step_size], p) * exp_avg, denom)
+    def _scalars(self, lrs) -> dict[str, torch.Tensor]:
+        """The step's scalars as torch's step forms them (Python floats), one (K,) float tensor
+        each: one host-to-device copy per scalar and step."""
+        cfgs, step = self.cfgs, self.step_count
+        values = {"decay": [c.weight_decay for c in cfgs], "neg_lr": [-lr for lr in lrs],
+                  "shrink": [1 - lr * c.weight_decay for lr, c in zip(lrs, cfgs, strict=True)]}
+        if self.kind == "adamw":
+            values.update({
+                "one_minus_beta1": [1 - c.beta1 for c in cfgs],
+                "beta2": [c.beta2 for c in cfgs], "one_minus_beta2": [1 - c.beta2 for c in cfgs],
+                "root": [(1 - c.beta2 ** step) ** 0.5 for c in cfgs],
+                "eps": [c.eps for c in cfgs],
+                "neg_step_size": [-(lr / (1 - c.beta1 ** step))
+                                  for lr, c in zip(lrs, cfgs, strict=True)]})
+        p = self.params[0]
+        return {k: torch.tensor(v, dtype=p.dtype, device=p.device) for k, v in values.items()}
 
-    def _sgd(self, p, lrs, decays) -> None:
+    def _adamw(self, i, p, value, decays) -> None:
+        grad, exp_avg, exp_avg_sq = p.grad, self.exp_avg[i], self.exp_avg_sq[i]
+        if decays:
+            p.mul_(value["shrink"])  # param.mul_(1 - lr * weight_decay)
+        exp_avg.lerp_(grad, value["one_minus_beta1"])
+        exp_avg_sq.mul_(value["beta2"])
+        exp_avg_sq.addcmul_(value["one_minus_beta2"] * grad, grad)
+        denom = exp_avg_sq.sqrt() / value["root"]
+        denom.add_(value["eps"])
+        p.addcdiv_(value["neg_step_size"] * exp_avg, denom)
+
+    def _sgd(self, p, value, decays) -> None:
         grad = p.grad
-        if any(decays):  # grad.add(param, alpha=wd): the product wd * param, then the sum
-            grad = grad.addcmul(self._per_member(decays, p), p)
-        p.addcmul_(self._per_member([-lr for lr in lrs], p), grad)
+        if decays:  # grad.add(param, alpha=wd): the product wd * param, then the sum
+            grad = grad.addcmul(value["decay"], p)
+        p.addcmul_(value["neg_lr"], grad)
 
     # ------------------------------------------------------------------ members
 

@@ -253,8 +253,7 @@ BUILT_IN = (
     Algorithm(name="adversarial", section="adversarial",
               step="flatlm.train.algorithms:adversarial_step",
               one_process_reason="its closed-form head is fitted on all of D1 at once",
-              unpacked_reason=("each member fits its own closed-form head on its own D1 "
-                               "pool; not batched yet"),
+              packed_step="flatlm.train.pack_steps:packed_adversarial_step",
               probe_pool="flatlm.train.data:adversarial_pool",
               defaults=AlgorithmDefaults(**_PAPER_ADAMW, summary=(
                   "MLM loss minus lambda times the D2 loss of a downstream head fitted in "

@@ -39,6 +39,8 @@ PACK_CASES = {
     "noreg": dict(algorithm="noreg"),  # dropout 0: the fused attention kernel
     "label_noise": dict(algorithm="label_noise"),  # each member's own noise stream
     "sam-accumulated": dict(algorithm="sam", micro_batch_size=4),  # per-member perturbations
+    "adversarial": dict(algorithm="adversarial",  # per-member heads on per-member pools
+                        adversarial=AdversarialConfig(d1=16, d2=16, pool=128)),
 }
 # members differ in what a sweep varies: seed, rate, weight decay
 MEMBERS = (dict(seed=1), dict(seed=2, lr=3e-3, weight_decay=0.05), dict(seed=3, lr=1e-2))
@@ -134,7 +136,7 @@ def test_a_resumed_pack_equals_one_that_never_stopped(crash, src, tiny_model, tm
 
 @pytest.mark.parametrize("change, message", [
     (dict(algorithm="adversarial", adversarial=AdversarialConfig(d1=8, d2=8, pool=64)),
-     "cannot be packed .*closed-form head"),
+     "differ in their update"),
     (dict(algorithm="grow", grow=GrowConfig(steps=(2,), to=("d64-h2-l1-i64",))),
      "cannot be packed .*shape changes"),
     (dict(batch_size=8), r"differ in train\.batch_size"),
