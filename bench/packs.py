@@ -18,9 +18,9 @@ one update of K members, hand-batched (``packed_standard_step``), ``torch.func.v
 single-model updates in a row, in this process at one thread.
 
     python bench/packs.py                         # CPU: bench/results/packs_cpu.json
-    python bench/packs.py --device cuda --sizes   # one GPU: packed vs separate, then the
-                                                  # testbed's sizes experiment packed
-    python bench/packs.py --smoke --out DIR       # seconds; what tests/bench/test_packs.py runs
+    python bench/packs.py --device cuda --sizes   # one GPU (bench/gpu_check.sh packs): packed
+                                                  # vs separate, the sizes experiment packed
+    python bench/packs.py --smoke --out DIR       # toy sizes (bench/gpu_check.sh smoke cpu)
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """bench/packs.py: its update-cost rows and its GPU part (the testbed's sizes experiment packed)
-run on the CPU at toy sizes; the whole script's smoke mode (spawned processes) is slow-marked."""
+run on the CPU at toy sizes; bench/gpu_check.sh's smoke part (spawned processes) is slow-marked."""
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,11 +37,14 @@ def test_the_gpu_part_trains_each_size_of_the_testbed_as_one_pack(bench):
 
 
 @pytest.mark.slow
-def test_smoke_mode_writes_its_json(tmp_path):
-    subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path)], check=True,
-                   capture_output=True, cwd=SCRIPT.parents[1])
+def test_the_gpu_check_s_smoke_part_writes_its_json(tmp_path):
+    """bench/gpu_check.sh smoke cpu: the whole script (spawned processes) at toy sizes."""
+    subprocess.run(["bash", str(SCRIPT.parent / "gpu_check.sh"), "smoke", "cpu"], check=True,
+                   capture_output=True, env={**os.environ, "OUT": str(tmp_path),
+                                             "PYTHON": sys.executable})
     report = json.loads((tmp_path / "packs_smoke.json").read_text())
     assert report["baseline"].startswith("K separate trial processes")
     (row,) = report["rows"]
     assert row["ratio_packed_over_separate"] == pytest.approx(
         row["packed_model_steps_per_s"] / row["separate_model_steps_per_s"], rel=1e-2)
+    assert len(report["sizes_packed"]) == 3
