@@ -18,9 +18,10 @@ CUDA the twin's fused kernels (dropout, attention, bf16 autocast) sum and draw d
 a member equals its twin in distribution, not bit for bit. A resumed pack equals an uninterrupted
 one bit for bit (tests/train/test_pack.py): at a checkpoint step every member's files are
 written before any hook runs, and a pack stopped in the middle of a round resumes each member
-from the step all of them reached (``aligned_starts``). The pack trains eagerly and without
-unpadding (``train.compile`` and ``train.unpad`` are off for it; both are off on the CPU unless
-asked for).
+from the step all of them reached (``aligned_starts``). The pack trains eagerly
+(``train.compile`` is not read) and never cuts a micro-batch to its longest sentence: with
+``train.unpad`` on (CUDA's default; off on the CPU unless asked for) its rows are sorted as the
+twin's, but the twin's shorter micro-batches sum and draw dropout in other shapes.
 
 Members leave the pack when done: after its last update and checkpoint (members may differ in
 ``steps``), or when it diverges (``Diverged``, recorded as its result): the others go on, in a
@@ -92,7 +93,7 @@ def train_pack(
     raise ``ValueError`` before any training."""
     if len(cfgs) != len(out_dirs) or not cfgs:
         raise ValueError(f"pack: {len(cfgs)} configs for {len(out_dirs)} output directories")
-    cfgs = [dataclasses.replace(resolve(c), compile=False, unpad=False) for c in cfgs]
+    cfgs = [resolve(c) for c in cfgs]  # as the twin saves it (compile / unpad: docstring)
     shape = parse_model(model_cfg)
     model_cfgs = [dataclasses.replace(shape, dropout=c.dropout) for c in cfgs]
     out_dirs = [Path(d).absolute() for d in out_dirs]
