@@ -14,6 +14,10 @@
 - ``loop``: ``train(cfg, source, model_cfg, out_dir, *, device, on_checkpoint, ...)``.
 - ``sizes``: ``check_fits``, what a run holds checked against memory before it allocates.
 - ``distributed``: ``train.world_size`` processes sharing every update (``DATA_PARALLEL_STEPS``).
+- ``pack``: ``train_pack(cfgs, source, model_cfg, out_dirs, ...)``, K runs of one shape trained
+  as one model with a member axis (``flatlm.models.packed``), each member its own run, equal to
+  it alone bit for bit on the CPU; ``pack_steps`` (the packed updates, ``Algorithm.packed_step``)
+  and ``packed_optim`` (the members' AdamW / SGD as one step).
 """
 
 from __future__ import annotations

@@ -87,6 +87,9 @@ class Algorithm:
     #   settings against the run's (grow: every growth inside the run), at construction
     model_check: Ref | None = None  # (TrainConfig, ModelConfig) -> None, raising ValueError:
     #   checks against the model before any work (grow: each shape a growth of the one before)
+    packed_step: Ref | None = None  # the same update for K members trained as one model
+    #   (flatlm.train.pack, flatlm.train.pack_steps); None: its members train unpacked ...
+    unpacked_reason: str = "it has no packed update"  # ... and this says why
 
     def __post_init__(self):
         _require(isinstance(self.name, str) and self.name.isidentifier(),
@@ -96,7 +99,7 @@ class Algorithm:
         _require(self.section is None or self.section.isidentifier(),
                  f"{self.name}: section={self.section!r}: name a TrainConfig field, or None")
         for hook in ("step", "data_parallel_step", "batch_transform", "probe_pool",
-                     "config_check", "model_check"):
+                     "config_check", "model_check", "packed_step"):
             ref = getattr(self, hook)
             _require((ref is None and hook != "step") or callable(ref)
                      or (isinstance(ref, str) and ref.count(":") == 1),
@@ -119,6 +122,13 @@ class Algorithm:
     def one_process_message(self) -> str:
         return (f"train.algorithm={self.name!r} runs in one process only "
                 f"({self.one_process_reason}); use train.world_size=1")
+
+    def packed_update(self) -> Callable:
+        """The update of a pack (``flatlm.train.pack``); a ValueError if there is none."""
+        if self.packed_step is None:
+            raise ValueError(f"train.algorithm={self.name!r} cannot be packed "
+                             f"({self.unpacked_reason}); train its trials unpacked")
+        return load_ref(self.packed_step)
 
     def transform(self) -> Callable | None:
         """The batch transform, or None."""
@@ -213,6 +223,7 @@ def _growths_within_run(cfg) -> None:
 
 _STANDARD = "flatlm.train.algorithms:standard_step"
 _DATA_PARALLEL = "flatlm.train.distributed:data_parallel_step"
+_PACKED = "flatlm.train.pack_steps:packed_standard_step"
 _PAPER_ADAMW = {"optimizer": "adamw", "weight_decay": 0.01, "dropout": 0.1,
                 "warmup_steps": 1000}  # A.5
 _PAPER_SGD = {"optimizer": "sgd", "weight_decay": 0.01, "dropout": 0.1,
@@ -221,19 +232,20 @@ _NO_REGULARISER = {"optimizer": "adamw", "weight_decay": 0.0, "dropout": 0.0,
                    "warmup_steps": 1000}
 
 BUILT_IN = (
-    Algorithm(name="adamw", step=_STANDARD, data_parallel_step=_DATA_PARALLEL,
+    Algorithm(name="adamw", step=_STANDARD, data_parallel_step=_DATA_PARALLEL, packed_step=_PACKED,
               defaults=AlgorithmDefaults(**_PAPER_ADAMW, summary=(
                   "the paper's standard pre-training: AdamW, dropout 0.1, weight decay 0.01 "
                   "(A.5)"))),
-    Algorithm(name="sgd", step=_STANDARD, data_parallel_step=_DATA_PARALLEL,
+    Algorithm(name="sgd", step=_STANDARD, data_parallel_step=_DATA_PARALLEL, packed_step=_PACKED,
               defaults=AlgorithmDefaults(**_PAPER_SGD, summary=(
                   "mini-batch SGD without momentum, warmup over 12% of the steps (Section 3, "
                   "F)"))),
-    Algorithm(name="noreg", step=_STANDARD, data_parallel_step=_DATA_PARALLEL,
+    Algorithm(name="noreg", step=_STANDARD, data_parallel_step=_DATA_PARALLEL, packed_step=_PACKED,
               defaults=AlgorithmDefaults(**_NO_REGULARISER, summary=(
                   "AdamW without dropout or weight decay (Tables 1-2, '-dropout-WD')"))),
     Algorithm(name="sam", section="sam", halves_batch=True,
               step="flatlm.train.algorithms:sam_step",
+              packed_step="flatlm.train.pack_steps:packed_sam_step",
               data_parallel_step="flatlm.train.distributed:data_parallel_sam_step",
               defaults=AlgorithmDefaults(**_NO_REGULARISER, summary=(
                   "SAM around AdamW, no dropout or weight decay; perturbation from the first "
@@ -241,6 +253,7 @@ BUILT_IN = (
     Algorithm(name="adversarial", section="adversarial",
               step="flatlm.train.algorithms:adversarial_step",
               one_process_reason="its closed-form head is fitted on all of D1 at once",
+              packed_step="flatlm.train.pack_steps:packed_adversarial_step",
               probe_pool="flatlm.train.data:adversarial_pool",
               defaults=AlgorithmDefaults(**_PAPER_ADAMW, summary=(
                   "MLM loss minus lambda times the D2 loss of a downstream head fitted in "
@@ -248,6 +261,7 @@ BUILT_IN = (
     # the growth itself happens between updates, in any algorithm whose section is grow
     # (flatlm.train.growth.grows); every rank grows alike
     Algorithm(name="grow", section="grow", step=_STANDARD, data_parallel_step=_DATA_PARALLEL,
+              unpacked_reason="the model's shape changes mid-run; a pack has one shape",
               config_check=_growths_within_run,
               model_check="flatlm.train.growth:check_schedule",
               defaults=AlgorithmDefaults(**_PAPER_ADAMW, summary=(
@@ -255,7 +269,7 @@ BUILT_IN = (
                   "depth by zero-output blocks) at train.grow.steps (flatlm.train.growth)"))),
     # on noisy targets, drawn on the whole batch before a rank takes its slice
     Algorithm(name="label_noise", section="label_noise", step=_STANDARD,
-              data_parallel_step=_DATA_PARALLEL,
+              data_parallel_step=_DATA_PARALLEL, packed_step=_PACKED,
               batch_transform="flatlm.train.label_noise:noisy_batch",
               defaults=AlgorithmDefaults(**_PAPER_SGD, summary=(
                   "sgd (its defaults) whose masked-word targets are each replaced, with "

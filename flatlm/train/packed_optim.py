@@ -1,0 +1,130 @@
+"""The optimizers of a pack: K members' AdamW or SGD steps as one step over stacked parameters.
+
+Each stacked parameter ``(K, *shape)`` is updated by one call per operation of torch's
+single-tensor AdamW (``torch.optim.adamw``, which the CPU runs) or SGD (no momentum), with each
+member's own learning rate, weight decay and Adam constants broadcast along the member axis. Every
+operation is the one torch applies with a Python scalar, written so that the member's slice goes
+through the same arithmetic: a scalar ``c`` becomes a float32 ``(K, 1, ...)`` tensor holding the
+same float (``float(c)`` rounded once), and ``x.addcmul_(g, g, value=c)`` becomes
+``x.addcmul_(c * g, g)`` (``c * g`` is the product the kernel forms first). A member's
+parameters and state therefore equal those of ``torch.optim.AdamW`` stepping the member alone,
+bit for bit on the CPU (tests/train/test_pack.py).
+
+A member's state travels as a torch optimizer's ``state_dict`` (``member_state_dict``), so a
+member's checkpoint is the checkpoint its unpacked twin writes, and loads back (``load_member``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from flatlm.train.algorithms import build_optimizer
+
+
+class PackedOptimizer:
+    """K members' optimizer over ``params`` (each ``(K, *shape)``), one config per member."""
+
+    def __init__(self, params: Sequence[nn.Parameter], cfgs: Sequence, kind: str):
+        if kind not in ("adamw", "sgd"):
+            raise ValueError(f"pack: optimizer {kind!r}: use adamw or sgd")
+        self.params, self.cfgs, self.kind = list(params), list(cfgs), kind
+        self.step_count = 0  # updates done (every member does each update)
+        self.exp_avg = [torch.zeros_like(p) for p in self.params] if kind == "adamw" else []
+        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params] if kind == "adamw" else []
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self, lrs: Sequence[float]) -> None:
+        """One update of every member, member k at learning rate ``lrs[k]``."""
+        self.step_count += 1
+        scalars = self._scalars(lrs)
+        decay = any(c.weight_decay for c in self.cfgs)
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            shape = (-1,) + (1,) * (p.dim() - 1)  # (K, 1, ...): broadcasts against p
+            value = {name: v.view(shape) for name, v in scalars.items()}
+            # as build_optimizer: matrices and embeddings decay, biases and LayerNorms do not
+            decays = decay and p.dim() >= 3
+            if self.kind == "adamw":
+                self._adamw(i, p, value, decays)
+            else:
+                self._sgd(p, value, decays)
+
+    def _scalars(self, lrs) -> dict[str, torch.Tensor]:
+        """The step's scalars as torch's step forms them (Python floats), one (K,) float tensor
+        each: one host-to-device copy per scalar and step."""
+        cfgs, step = self.cfgs, self.step_count
+        values = {"decay": [c.weight_decay for c in cfgs], "neg_lr": [-lr for lr in lrs],
+                  "shrink": [1 - lr * c.weight_decay for lr, c in zip(lrs, cfgs, strict=True)]}
+        if self.kind == "adamw":
+            values.update({
+                "one_minus_beta1": [1 - c.beta1 for c in cfgs],
+                "beta2": [c.beta2 for c in cfgs], "one_minus_beta2": [1 - c.beta2 for c in cfgs],
+                "root": [(1 - c.beta2 ** step) ** 0.5 for c in cfgs],
+                "eps": [c.eps for c in cfgs],
+                "neg_step_size": [-(lr / (1 - c.beta1 ** step))
+                                  for lr, c in zip(lrs, cfgs, strict=True)]})
+        p = self.params[0]
+        return {k: torch.tensor(v, dtype=p.dtype, device=p.device) for k, v in values.items()}
+
+    def _adamw(self, i, p, value, decays) -> None:
+        grad, exp_avg, exp_avg_sq = p.grad, self.exp_avg[i], self.exp_avg_sq[i]
+        if decays:
+            p.mul_(value["shrink"])  # param.mul_(1 - lr * weight_decay)
+        exp_avg.lerp_(grad, value["one_minus_beta1"])
+        exp_avg_sq.mul_(value["beta2"])
+        exp_avg_sq.addcmul_(value["one_minus_beta2"] * grad, grad)
+        denom = exp_avg_sq.sqrt() / value["root"]
+        denom.add_(value["eps"])
+        p.addcdiv_(value["neg_step_size"] * exp_avg, denom)
+
+    def _sgd(self, p, value, decays) -> None:
+        grad = p.grad
+        if decays:  # grad.add(param, alpha=wd): the product wd * param, then the sum
+            grad = grad.addcmul(value["decay"], p)
+        p.addcmul_(value["neg_lr"], grad)
+
+    # ------------------------------------------------------------------ members
+
+    def member_state_dict(self, k: int, model: nn.Module) -> dict:
+        """Member k's state as the ``state_dict`` of ``build_optimizer(cfg_k, model)``, ``model``
+        holding member k's parameters (the single model's parameter order is the pack's)."""
+        optimizer = build_optimizer(self.cfgs[k], model)
+        if self.kind == "adamw" and self.step_count:
+            for i, q in enumerate(model.parameters()):
+                optimizer.state[q] = {
+                    "step": torch.tensor(float(self.step_count)),
+                    "exp_avg": self.exp_avg[i][k].detach().clone(),
+                    "exp_avg_sq": self.exp_avg_sq[i][k].detach().clone()}
+        return optimizer.state_dict()
+
+    def load_members(self, states: Sequence[dict], models: Sequence[nn.Module]) -> None:
+        """Restores every member from its ``member_state_dict`` (as a checkpoint stores it)."""
+        steps = set()
+        for k, (state, model) in enumerate(zip(states, models, strict=True)):
+            optimizer = build_optimizer(self.cfgs[k], model)
+            optimizer.load_state_dict(state)
+            for i, q in enumerate(model.parameters()):
+                s = optimizer.state.get(q, {})
+                if "step" in s:
+                    steps.add(int(s["step"]))
+                if self.kind == "adamw" and s:
+                    self.exp_avg[i][k].copy_(s["exp_avg"])
+                    self.exp_avg_sq[i][k].copy_(s["exp_avg_sq"])
+        if len(steps) > 1:
+            raise ValueError(f"pack: the members' optimizers are at different steps {steps}")
+        self.step_count = steps.pop() if steps else 0
+
+    def keep(self, members: Sequence[int], params: Sequence[nn.Parameter]) -> None:
+        """Keeps only ``members`` (indices), over the pack's new ``params``."""
+        index = torch.tensor(list(members), device=params[0].device)
+        self.params, self.cfgs = list(params), [self.cfgs[k] for k in members]
+        self.exp_avg = [s.index_select(0, index) for s in self.exp_avg]
+        self.exp_avg_sq = [s.index_select(0, index) for s in self.exp_avg_sq]

@@ -1,0 +1,50 @@
+"""bench/packs.py: its update-cost rows and its GPU part (the testbed's sizes experiment packed)
+run on the CPU at toy sizes; bench/gpu_check.sh's smoke part (spawned processes) is slow-marked."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parents[2] / "bench" / "packs.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("packs", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_update_costs_time_every_way_of_batching(bench):
+    row = bench.update_costs("d16-h1-l1-i64", 2, 8, repeats=2)
+    for name in ("hand_batched_s", "torch_func_vmap_gradient_s", "k_single_models_s"):
+        assert row[name] > 0, name
+    assert row["speedup_hand_batched"] == pytest.approx(
+        row["k_single_models_s"] / row["hand_batched_s"], rel=1e-2)
+
+
+def test_the_gpu_part_trains_each_size_of_the_testbed_as_one_pack(bench):
+    rows = bench.sizes_packed("cpu", 2, steps=2, smoke=True)
+    assert [r["model"] for r in rows] == ["d64-h4-l2-i256", "d64-h4-l3-i256", "d64-h4-l4-i256"]
+    for r in rows:  # two members, each a finite loss (no Diverged in their place)
+        assert len(r["last_loss"]) == 2 and all(isinstance(x, float) for x in r["last_loss"])
+
+
+@pytest.mark.slow
+def test_the_gpu_check_s_smoke_part_writes_its_json(tmp_path):
+    """bench/gpu_check.sh smoke cpu: the whole script (spawned processes) at toy sizes."""
+    subprocess.run(["bash", str(SCRIPT.parent / "gpu_check.sh"), "smoke", "cpu"], check=True,
+                   capture_output=True, env={**os.environ, "OUT": str(tmp_path),
+                                             "PYTHON": sys.executable})
+    report = json.loads((tmp_path / "packs_smoke.json").read_text())
+    assert report["baseline"].startswith("K separate trial processes")
+    (row,) = report["rows"]
+    assert row["ratio_packed_over_separate"] == pytest.approx(
+        row["packed_model_steps_per_s"] / row["separate_model_steps_per_s"], rel=1e-2)
+    assert len(report["sizes_packed"]) == 3
