@@ -18,7 +18,7 @@ result with each key's layer.
 from __future__ import annotations
 
 from flatlm.core.config import apply_overrides, to_flat_dict
-from flatlm.experiments.paper import _protocol_base, base_of, build
+from flatlm.experiments.paper import base_of, build, protocol_base
 from flatlm.experiments.scales import scale as get_scale
 from flatlm.runs.trial import TrialConfig
 
@@ -32,7 +32,7 @@ def config_layers(scale: str, protocol: str = "paper", source: str | None = None
     ``experiment``, its base and the grid point ``trial`` (a trial name; default: the first)."""
     sc = get_scale(scale)
     layers = [(DEFAULT, TrialConfig()), (f"scale {scale}", sc.base()),
-              (f"protocol {protocol}", _protocol_base(sc, protocol)),
+              (f"protocol {protocol}", protocol_base(sc, protocol)),
               (f"source {source}" if source else "source (the scale's)",
                base_of(scale, protocol, source))]
     if experiment is not None:

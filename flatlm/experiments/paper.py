@@ -92,7 +92,7 @@ def build(name: str, *, scale: str = "tiny", protocol: str = "paper",
         sc = dataclasses.replace(sc, models=tuple(models))
     if not selection_measures:
         sc = dataclasses.replace(sc, selection_what=())
-    base = apply_overrides(_protocol_base(sc, protocol), source_overrides(sc, source))
+    base = apply_overrides(protocol_base(sc, protocol), source_overrides(sc, source))
     base, grid, space = _BUILDERS[name](sc, protocol, base, algorithms)
     seeds = tuple(sc.seeds if seeds is None else seeds)
     if not seeds:
@@ -111,7 +111,7 @@ def base_of(scale: str, protocol: str = "paper", source: str | None = None) -> T
     what every experiment there starts from."""
     parse_protocol(protocol)
     sc = get_scale(scale)
-    return apply_overrides(_protocol_base(sc, protocol), source_overrides(sc, source))
+    return apply_overrides(protocol_base(sc, protocol), source_overrides(sc, source))
 
 
 def base_for(preset: str, source: str | None = None) -> TrialConfig:
@@ -120,7 +120,7 @@ def base_for(preset: str, source: str | None = None) -> TrialConfig:
     return base_of(scale, protocol, source)
 
 
-def _protocol_base(sc: Scale, protocol: str) -> TrialConfig:
+def protocol_base(sc: Scale, protocol: str) -> TrialConfig:
     base = apply_overrides(sc.base(), protocol_overrides(protocol))
     changes = {"model": model_for(sc.model, protocol)}
     switches = parse_protocol(protocol)[1]
