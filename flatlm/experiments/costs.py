@@ -60,7 +60,7 @@ class Estimate:
 def trial_estimate(cfg, device: str = "cpu") -> Estimate:
     """The minutes ``cfg`` (a ``TrialConfig``) takes on ``device`` ("cpu": one thread; "gpu":
     the committed GPU rows), from ``cost_table``."""
-    model = cfg.model if isinstance(cfg.model, str) else str(cfg.model)
+    model = str(cfg.model)  # a preset name or a shape string
     train = _rate(cost_table()["train"], device, model, cfg.train.batch_size,
                   {"algorithm": cfg.train.algorithm, "batch_size": cfg.train.batch_size})
     what = sorted(cfg.measure.what)
