@@ -27,7 +27,7 @@ import pandas as pd
 
 from analysis.checkpoints import RUN, varying_columns
 from flatlm.measure import se_key
-from flatlm.runs.metrics_log import N_PARAMS
+from flatlm.storage.metrics_log import N_PARAMS
 
 KINDS = {"model": "sizes", "train.algorithm": "algorithms", "algorithm": "algorithms"}
 CONTROL = "adamw"  # the algorithms' baseline, first in their order

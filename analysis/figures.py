@@ -53,7 +53,7 @@ from analysis.labels import (
 )
 from analysis.output import write_figure
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, se_key
-from flatlm.runs.metrics_log import N_PARAMS
+from flatlm.storage.metrics_log import N_PARAMS
 
 PANEL_IN = 3.6  # inches per panel
 LOG_KEYS = (LOSS, KL)  # drawn on a log axis when they span more than a decade, as flat/*

@@ -24,7 +24,7 @@ from flatlm.measure import (
     TRACE_HESSIAN,
     TRACE_HESSIAN_GROWN,
 )
-from flatlm.runs.metrics_log import N_PARAMS
+from flatlm.storage.metrics_log import N_PARAMS
 
 NATS = "nats/token"  # the loss, the entropy and the KL are per masked token
 NAMES = {KL: "KL to the truth", LOSS: "pre-training loss", ENTROPY: "entropy of the truth",

@@ -14,7 +14,7 @@ from analysis.claims import acc, final_rows, model_size
 from analysis.figures import panels, save_figure
 from analysis.labels import count_axis, label_axis
 from flatlm.measure import KL, TRACE_FISHER, TRACE_FISHER_GROWN
-from flatlm.runs.metrics_log import N_PARAMS
+from flatlm.storage.metrics_log import N_PARAMS
 
 STEP_KEYS = (KL, TRACE_FISHER, acc("B"), acc("C"))
 SIZE_KEYS = (KL, TRACE_FISHER_GROWN, acc("B"), acc("C"))

@@ -57,7 +57,7 @@ from analysis.store import (  # noqa: E402
 )
 from analysis.tables import summary_markdown, summary_table, table_rule  # noqa: E402
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN  # noqa: E402
-from flatlm.runs.metrics_log import N_PARAMS  # noqa: E402
+from flatlm.storage.metrics_log import N_PARAMS  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -37,7 +37,7 @@ from analysis.checkpoints import (
 from analysis.correlate import saturated, saturation_rule
 from analysis.effects import group_means
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN, probe_key, se_key
-from flatlm.runs.metrics_log import N_PARAMS
+from flatlm.storage.metrics_log import N_PARAMS
 
 SE = " se"  # a shown quantity's standard-error column: "KL se"
 REFERENCES = (("random_init", "random-init"), ("lookup", "lookup table"))

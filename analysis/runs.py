@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from flatlm.runs.metrics_log import METRICS_FILE, N_PARAMS, is_number, parse_metrics
+from flatlm.storage.metrics_log import METRICS_FILE, N_PARAMS, is_number, parse_metrics
 from flatlm.tracking.tracker import (
     TAG_ALGORITHM,
     TAG_PRESET,
@@ -163,7 +163,7 @@ def _no_progress_bar():
 
 def parse_metrics_jsonl(text: str) -> dict[int, dict[str, float]]:
     """step -> {key: value} from ``metrics.jsonl`` text: numeric fields only. Read by the
-    trial's own reader (``flatlm.runs.metrics_log.parse_metrics``): for a step reported twice (a
+    trial's own reader (``flatlm.storage.metrics_log.parse_metrics``): for a step reported twice (a
     resumed trial) the last row wins, as everywhere."""
     return {step: {k: float(v) for k, v in row.items() if k != "step" and is_number(v)}
             for step, row in parse_metrics(text).items()}

@@ -30,8 +30,8 @@ import pandas as pd
 from analysis.runs import ID_COLUMNS as RUN_ID_COLUMNS
 from analysis.runs import TAG_COLUMNS
 from flatlm.core.config import flatten_dict
-from flatlm.runs.diverged import divergence
-from flatlm.runs.metrics_log import METRICS_FILE, is_number, read_metrics
+from flatlm.storage.diverged import divergence
+from flatlm.storage.metrics_log import METRICS_FILE, is_number, read_metrics
 
 CONFIG_FILE = "config.json"
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ import pandas as pd
 from analysis.replication import main as replication_report
 from analysis.trials import copy_records, load_trials
 from flatlm.experiments.grids import EXPERIMENTS
-from flatlm.runs.metrics_log import METRICS_FILE, read_metrics
+from flatlm.storage.metrics_log import METRICS_FILE, read_metrics
 
 # the criteria as the search fixed them before any run (bench/testbed_search.py's CRITERIA, saved
 # with its results)

@@ -19,8 +19,8 @@ TRAIN_LOSS = "train/loss"
 def plot_curves(rows: dict[int, dict], keys: list[str], path: Path, title: str,
                 train_rows: dict[int, dict] | None = None) -> Path | None:
     """One panel per key of ``keys`` present in ``rows`` (step -> metrics, as
-    ``flatlm.runs.metrics_log.read_metrics`` gives), after a first panel of the training loss from
-    ``train_rows`` (``read_train_log``) when given; None when nothing has a value."""
+    ``flatlm.storage.metrics_log.read_metrics`` gives), after a first panel of the training loss
+    from ``train_rows`` (``read_train_log``) when given; None when nothing has a value."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from flatlm.runs.diverged import DIVERGED_FILE, divergence
+from flatlm.storage.diverged import DIVERGED_FILE, divergence
 from flatlm.tracking.ledger import STATE_FILE, read_state
 from flatlm.tracking.tracker import (
     MlflowTracker,

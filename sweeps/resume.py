@@ -8,15 +8,15 @@ import json
 from pathlib import Path
 
 from flatlm.core.config import flatten_dict, to_dict
-from flatlm.runs.dirlock import DirectoryBusyError, writer_lock
 from flatlm.runs.trial import TrialConfig
+from flatlm.storage.dirlock import DirectoryBusyError, writer_lock
 from sweeps.spec import Sweep
 
 
 @contextlib.contextmanager
 def one_driver(trials_dir: Path, name: str):
-    """Holds the sweep's lock (``flatlm.runs.dirlock`` on its trials directory): a second driver of
-    the same sweep, say a second ``--resume``, would run the same trials again beside the first.
+    """Holds the sweep's lock (``flatlm.storage.dirlock`` on its trials directory): a second driver
+    of the same sweep, say a second ``--resume``, would run the same trials again beside the first.
     The kernel drops the lock when a driver dies, so none goes stale."""
     with contextlib.ExitStack() as held:
         try:  # only taking the lock is this error; the sweep's own errors pass through

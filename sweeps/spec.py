@@ -21,8 +21,8 @@ from flatlm.measure import (
 )
 from flatlm.measure.registry import metric_keys
 from flatlm.runs.headline import headline_keys, headline_task
-from flatlm.runs.metrics_log import N_PARAMS
 from flatlm.runs.trial import TrialConfig, measured_tasks, validate_trial
+from flatlm.storage.metrics_log import N_PARAMS
 from flatlm.tracking.tracker import check_tracking_uri as check
 from flatlm.tracking.ui import runs_view_tag
 

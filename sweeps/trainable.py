@@ -24,10 +24,10 @@ from flatlm.core.config import apply_overrides, from_dict
 from flatlm.core.safe_io import write_bytes
 from flatlm.experiments.presets import scale_and_protocol_of
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, probe_keys
-from flatlm.runs.diverged import DIVERGED_FILE, record_divergence
-from flatlm.runs.metrics_log import METRICS_FILE, read_metrics, read_train_log
 from flatlm.runs.trial import TrialConfig, tracked_params
 from flatlm.sources import load
+from flatlm.storage.diverged import DIVERGED_FILE, record_divergence
+from flatlm.storage.metrics_log import METRICS_FILE, read_metrics, read_train_log
 from flatlm.tracking.ledger import STATE_FILE
 from flatlm.tracking.tracker import (
     TAG_ALGORITHM,
@@ -44,7 +44,7 @@ from sweeps.progress import poster
 from sweeps.rayenv import tune
 from sweeps.travel import restore_tracking, save_tracking
 
-# in a diverged trial's directory: {"step", "loss", "message"} (flatlm.runs.diverged)
+# in a diverged trial's directory: {"step", "loss", "message"} (flatlm.storage.diverged)
 #   (loss null when it was not finite: the file stays valid JSON)
 TAG_DIVERGED = "flatlm.diverged"  # MLflow tag of a diverged trial's run: the step
 # Artifacts of a trial's MLflow run: its config, every checkpoint's measurements, its curves.

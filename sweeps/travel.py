@@ -12,7 +12,7 @@ import json
 import shutil
 from pathlib import Path
 
-from flatlm.runs.metrics_log import METRICS_FILE
+from flatlm.storage.metrics_log import METRICS_FILE
 from flatlm.tracking.ledger import STATE_FILE, TRACKER_FILES
 
 TRAVELLING = (*TRACKER_FILES, METRICS_FILE)  # trial files a checkpoint carries to a new node

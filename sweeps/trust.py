@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from flatlm.core.safe_io import write_atomic
-from flatlm.runs.manifest import sha256
+from flatlm.storage.manifest import sha256
 from sweeps.rayenv import tune
 
 # Names of the files Ray unpickles on restore, in the experiment directory (and its trials').

@@ -136,6 +136,33 @@ def test_no_import_cycle():
         visit(module)
 
 
+# The library's packages, lowest first: a package imports only packages of lower layers, so no
+# arrow runs back up (run storage sits below training, which writes run directories; the trial
+# that uses training sits above it).
+LAYERS = [
+    ["core"], ["storage"], ["sources"], ["corpus", "models"], ["measure", "train"], ["runs"],
+    ["experiments", "tracking"], ["commands"], ["cli"], ["__main__"],
+]
+
+
+def test_library_packages_import_only_lower_layers():
+    layer_of = {package: i for i, layer in enumerate(LAYERS) for package in layer}
+    upward = set()
+    for module, edges in _internal_imports().items():
+        parts = module.split(".")
+        if parts[0] != "flatlm" or len(parts) < 2:
+            continue
+        for target, _ in edges:
+            target_parts = target.split(".")
+            if target_parts[0] != "flatlm" or len(target_parts) < 2 or target_parts[1] == parts[1]:
+                continue
+            assert parts[1] in layer_of and target_parts[1] in layer_of, (
+                f"{module} -> {target}: add the package to LAYERS")
+            if layer_of[target_parts[1]] >= layer_of[parts[1]]:
+                upward.add(f"{module} -> {target}")
+    assert not upward, sorted(upward)
+
+
 def test_no_module_imports_another_modules_private_names():
     private = [f"{m}: from {t} import {name}" for m, edges in _internal_imports().items()
                for t, names in edges for name in names

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from flatlm.cli import main as flatlm
-from flatlm.runs.dirlock import DirectoryBusyError, writer_lock
+from flatlm.storage.dirlock import DirectoryBusyError, writer_lock
 
-HOLD = ("import sys, time\nfrom flatlm.runs.dirlock import writer_lock\n"
+HOLD = ("import sys, time\nfrom flatlm.storage.dirlock import writer_lock\n"
         "with writer_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(60)\n")
 
 

@@ -135,7 +135,7 @@ def test_params_tags_and_metrics_by_step(store, tmp_path):
 def test_report_as_the_trials_sink_sends_its_metrics_jsonl_once(store, tmp_path):
     """run_trial writes the row, then calls report(step, metrics, ckpt_dir): the tracker sends
     that row and writes no second copy of it (NaN included); a re-report sends nothing."""
-    from flatlm.runs.metrics_log import append_metrics
+    from flatlm.storage.metrics_log import append_metrics
 
     uri, eid = store
     out = tmp_path / "trial"
@@ -157,7 +157,7 @@ def test_a_report_reads_the_trials_record_once(store, tmp_path, monkeypatch):
     """Issue 22: the tracker sends what the trial reports after reading metrics.jsonl and
     train_log.jsonl once each (it read metrics.jsonl three times); what it sends is unchanged."""
     import flatlm.tracking.tracker as tracker_module
-    from flatlm.runs.metrics_log import append_metrics, write_train_log
+    from flatlm.storage.metrics_log import append_metrics, write_train_log
 
     uri, eid = store
     out = tmp_path / "trial"
@@ -188,7 +188,7 @@ def test_a_report_reads_the_trials_record_once(store, tmp_path, monkeypatch):
 def test_the_training_curve_is_sent_at_its_own_steps(store, tmp_path):
     """train_log.jsonl (rewritten whole at every checkpoint) is mirrored like metrics.jsonl:
     each (step, key) once, the curve's steps between the checkpoints included."""
-    from flatlm.runs.metrics_log import append_metrics, write_train_log
+    from flatlm.storage.metrics_log import append_metrics, write_train_log
 
     uri, eid = store
     out = tmp_path / "trial"

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from flatlm.core.config import apply_overrides
-from flatlm.runs.metrics_log import read_train_log
 from flatlm.runs.trial import TrialConfig, read_metrics, run_trial, tracked_params, validate_trial
+from flatlm.storage.metrics_log import read_train_log
 
 TINY = {
     "source": '{"kind":"pcfg","random":{"vocab":12,"depth":2,"nonterminals_per_level":3,'
@@ -141,7 +141,7 @@ def test_bad_configs_fail_before_any_work(tmp_path, overrides, match):
 
 def test_metrics_log_last_row_of_a_step_wins_and_a_torn_line_is_skipped(tmp_path):
     """The one reader of metrics.jsonl (trial, tracker, sweeps and analysis use it)."""
-    from flatlm.runs.metrics_log import append_metrics, parse_metrics
+    from flatlm.storage.metrics_log import append_metrics, parse_metrics
 
     ckpt = tmp_path / "checkpoints" / "step-1"
     ckpt.mkdir(parents=True)

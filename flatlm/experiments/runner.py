@@ -27,10 +27,6 @@ from pathlib import Path
 from flatlm.core.config import from_dict, to_dict
 from flatlm.core.safe_io import make_fresh_dir, refuse_link, write_atomic
 from flatlm.experiments.paper import Experiment
-from flatlm.runs.dirlock import DirectoryBusyError, writer_lock
-from flatlm.runs.diverged import DIVERGED_FILE, divergence, record_divergence
-from flatlm.runs.manifest import MANIFEST, listed_files, verify_manifest
-from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, TRAIN_LOG_FILE, read_metrics
 from flatlm.runs.progress import Sink
 from flatlm.runs.trial import (
     TRAINED_BY,
@@ -38,6 +34,10 @@ from flatlm.runs.trial import (
     training_identity,
     with_downstream_resolved,
 )
+from flatlm.storage.dirlock import DirectoryBusyError, writer_lock
+from flatlm.storage.diverged import DIVERGED_FILE, divergence, record_divergence
+from flatlm.storage.manifest import MANIFEST, listed_files, verify_manifest
+from flatlm.storage.metrics_log import CHECKPOINT_METRICS_FILE, TRAIN_LOG_FILE, read_metrics
 from flatlm.train.run import Diverged
 from flatlm.train.state import checkpoint_dir, find_checkpoints
 
@@ -101,7 +101,7 @@ def run_experiment(experiment: Experiment, root: str | Path, *, device: str = "c
     False when the budget ran out first or another process holds a trial (then skipped: its
     holder runs it). ``on_trial(name, state)`` hears "skip", "start", "done", "paused" and
     "busy ...", "diverged ..." per trial (a diverged trial is recorded, reported and skipped on
-    reruns: ``flatlm.runs.diverged``). ``on_progress(name)``: the sink of a trial's progress
+    reruns: ``flatlm.storage.diverged``). ``on_progress(name)``: the sink of a trial's progress
     (``run_trial``'s ``on_progress``), asked as the trial starts."""
     budget = budget or Budget()
     root = Path(root).absolute()

@@ -30,8 +30,8 @@ from torch import nn
 from flatlm.models.architectures import architecture
 from flatlm.models.masked_lm import build_model, count_parameters, model_layout, unwrap
 from flatlm.models.presets import ModelConfig, shape_string
-from flatlm.runs.manifest import sha256, verify_manifest
 from flatlm.sources import load
+from flatlm.storage.manifest import sha256, verify_manifest
 
 INFO_NAME = "flatlm.json"
 FORMAT = "flatlm-checkpoint-1"  # bump when the meaning of a flatlm.json field changes

@@ -1,2 +1,2 @@
-"""Run storage and the trial: a run directory's writer lock, manifest and metrics log, and
-``trial`` (train + measure at every checkpoint -> report)."""
+"""The trial (train + measure at every checkpoint -> report) and what it prints: progress, the
+headline and the closing lines. Run storage is ``flatlm.storage``."""

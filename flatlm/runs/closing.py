@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from flatlm.measure import ENTROPY, KL, LOSS, probe_key
-from flatlm.runs.metrics_log import METRICS_FILE
 from flatlm.runs.progress import duration
+from flatlm.storage.metrics_log import METRICS_FILE
 from flatlm.train.state import find_checkpoints
 
 

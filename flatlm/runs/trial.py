@@ -36,11 +36,16 @@ from flatlm.measure.registry import unused_sections as unused_measure_sections
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
 from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, quiet_transformers_bars
 from flatlm.models.presets import ModelSpec, parse_model
-from flatlm.runs.dirlock import writer_lock
 from flatlm.runs.headline import headline_keys, headline_task, short_line
-from flatlm.runs.metrics_log import CHECKPOINT_METRICS_FILE, N_PARAMS, append_metrics, read_metrics
 from flatlm.runs.progress import Sink, TrialProgress
 from flatlm.sources import SourceSpec, load
+from flatlm.storage.dirlock import writer_lock
+from flatlm.storage.metrics_log import (
+    CHECKPOINT_METRICS_FILE,
+    N_PARAMS,
+    append_metrics,
+    read_metrics,
+)
 from flatlm.train.config import SCHEDULING_KEYS, TrainConfig, resolve
 from flatlm.train.loop import TRAINING_INTERVAL
 from flatlm.train.registry import check_before_training
@@ -201,17 +206,18 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
     ``eval_cache``: a directory where the trials of a sweep share their evaluation data and
     reference rows (``flatlm.measure.eval_cache``, ``flatlm.measure.reference_cache``); None
     computes them for this trial alone. ``progress``: console bars for training and measuring.
-    Another process writing to ``out_dir`` is an error (``flatlm.runs.dirlock.DirectoryBusyError``)
-    before any work. ``source``: ``labelled_source(cfg)`` already built by the caller, which
-    then is not built again. ``on_progress``: told where the trial is (``Snapshot``: the step,
-    or the measurement part under way) at least every second while training, and at once when
+    Another process writing to ``out_dir`` is an error
+    (``flatlm.storage.dirlock.DirectoryBusyError``) before any work. ``source``:
+    ``labelled_source(cfg)`` already built by the caller, which then is not built again.
+    ``on_progress``: told where the trial is (``Snapshot``: the step, or the measurement part
+    under way) at least every second while training, and at once when
     a measurement part starts (``flatlm.runs.progress``).
     """
     source, model_cfg = validate_trial(cfg, source)
     cfg = with_downstream_resolved(cfg, source)
     check_fits(cfg.train, model_cfg, source, torch.device(device))  # before the eval data too
     out_dir = Path(out_dir).absolute()
-    with writer_lock(out_dir):  # one writer per trial directory (flatlm.runs.dirlock)
+    with writer_lock(out_dir):  # one writer per trial directory (flatlm.storage.dirlock)
         watch = TrialProgress(cfg.train.steps, cfg.train.checkpoint_steps,
                               on_progress or (lambda snapshot: None))
         return _run_trial(cfg, source, model_cfg, out_dir, report, device, progress, eval_cache,

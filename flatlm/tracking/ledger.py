@@ -1,7 +1,7 @@
 """What of a trial's ``metrics.jsonl`` has reached its MLflow run: the tracker's two files.
 
-The trial's own ``metrics.jsonl`` (``flatlm.runs.metrics_log``) is the only copy of its metrics; the
-tracker (``flatlm.tracking.tracker``) keeps beside it, in the trial directory:
+The trial's own ``metrics.jsonl`` (``flatlm.storage.metrics_log``) is the only copy of its
+metrics; the tracker (``flatlm.tracking.tracker``) keeps beside it, in the trial directory:
 
 * ``sent.jsonl``, the sent ledger: one ``{"step": N, "keys": [...]}`` per batch MLflow accepted
   (or refused for good), written after the send, so a crash in between re-sends at most that
@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from flatlm.core.safe_io import append_bytes, write_atomic
-from flatlm.runs.metrics_log import is_number
+from flatlm.storage.metrics_log import is_number
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ the sweep, scale, protocol, model and algorithm (the tracker's own under ``mlflo
 which the UI hides); figures and measurement files as artifacts.
 
 The tracker mirrors the trial directory's ``metrics.jsonl`` and its training curve
-``train_log.jsonl`` (``flatlm.runs.metrics_log``) into the run; it keeps no copy of the metrics.
+``train_log.jsonl`` (``flatlm.storage.metrics_log``) into the run; it keeps no copy of the metrics.
 Outage tolerance ("a tracking outage neither kills a trial nor loses a metric"):
 
 * what is left to send is ``metrics.jsonl`` minus the sent ledger ``sent.jsonl``
@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from flatlm.core.config import to_flat_dict
-from flatlm.runs.metrics_log import METRICS_FILE, append_metrics, read_metrics, read_train_log
+from flatlm.storage.metrics_log import METRICS_FILE, append_metrics, read_metrics, read_train_log
 from flatlm.tracking.ledger import (
     STATE_FILE,
     TRACKER_FILES,

@@ -41,8 +41,8 @@ import torch.multiprocessing as mp
 
 from flatlm.core.seeds import derive_seed
 from flatlm.models.presets import parse_model
-from flatlm.runs.dirlock import writer_lock
 from flatlm.sources import load
+from flatlm.storage.dirlock import writer_lock
 from flatlm.train.algorithms import StepContext, accumulate_mlm, sam_step
 from flatlm.train.config import TrainConfig, resolve
 from flatlm.train.data import BatchPipeline, MLMBatch, StepInputs, prefetch_depth

@@ -23,8 +23,8 @@ import torch
 
 from flatlm.models.checkpoint import quiet_transformers_bars
 from flatlm.models.presets import ModelConfig, parse_model
-from flatlm.runs.dirlock import writer_lock
 from flatlm.sources.base import Source
+from flatlm.storage.dirlock import writer_lock
 from flatlm.train.config import TrainConfig, resolve
 from flatlm.train.distributed import train_data_parallel
 from flatlm.train.registry import check_before_training

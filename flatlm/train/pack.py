@@ -50,8 +50,8 @@ from flatlm.models.bert import build_model
 from flatlm.models.checkpoint import load_checkpoint, quiet_transformers_bars
 from flatlm.models.packed import PackedBert
 from flatlm.models.presets import ModelConfig, parse_model
-from flatlm.runs.dirlock import writer_lock
 from flatlm.sources.base import Source
+from flatlm.storage.dirlock import writer_lock
 from flatlm.train.algorithms import StepContext, mlm_loss_sum
 from flatlm.train.config import ALGORITHMS, TrainConfig, resolve
 from flatlm.train.pack_steps import PackContext, stack_inputs

@@ -36,8 +36,8 @@ from flatlm.models.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from flatlm.runs.manifest import write_manifest
-from flatlm.runs.metrics_log import write_train_log
+from flatlm.storage.manifest import write_manifest
+from flatlm.storage.metrics_log import write_train_log
 from flatlm.train.algorithms import STEPS, StepContext, build_optimizer
 from flatlm.train.compiled import loss_function
 from flatlm.train.config import TrainConfig

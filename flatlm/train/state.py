@@ -22,7 +22,7 @@ from flatlm.models.checkpoint import (  # defers transformers
     is_model_file,
     load_checkpoint,
 )
-from flatlm.runs.manifest import verify_manifest
+from flatlm.storage.manifest import verify_manifest
 
 STATE_NAME = TRAINING_STATE_NAME
 _STEP_DIR = re.compile(r"step-(\d+)")

@@ -165,7 +165,8 @@ def test_artifact_and_history_sources_agree(store, runs):
 
 
 def test_parse_metrics_jsonl_last_row_of_a_step_wins():
-    """The trial's own rule (flatlm.runs.metrics_log): a step measured again keeps its last row."""
+    """The trial's own rule (flatlm.storage.metrics_log): a step measured again keeps its last
+    row."""
     text = ('{"step": 1, "a": 1.0, "name": "x"}\n{"step": 2, "a": 2.0, "c": 1}\n'
             '{"step": 2, "a": 9.0, "b": 3}\n{"step": 3, "a"')
     assert parse_metrics_jsonl(text) == {1: {"a": 1.0}, 2: {"a": 9.0, "b": 3.0}}

@@ -8,7 +8,7 @@ import pytest
 
 from flatlm.cli import build_parser, main
 from flatlm.commands.replicate import experiments_from_args, worker_arguments
-from flatlm.runs.metrics_log import read_metrics
+from flatlm.storage.metrics_log import read_metrics
 from tests.experiments.fastcfg import fast_set_flags
 
 

@@ -7,8 +7,8 @@ import pytest
 
 from flatlm.cli import main
 from flatlm.experiments.paper import base_of
-from flatlm.runs.metrics_log import read_metrics
 from flatlm.sources import SourceSpec
+from flatlm.storage.metrics_log import read_metrics
 
 TINY = ["--source", "dyck:4", "--set", "model=d16-h1-l1-i32", "--set", "train.steps=4",
         "--set", "train.batch_size=8", "--set", "train.checkpoint_steps=[0,4]",

@@ -8,7 +8,7 @@ import pytest
 from analysis.trials import load_trials  # noqa: E402
 from flatlm.experiments.paper import build  # noqa: E402
 from flatlm.experiments.runner import Budget, run_experiment, trial_dir  # noqa: E402
-from flatlm.runs.metrics_log import read_metrics  # noqa: E402
+from flatlm.storage.metrics_log import read_metrics  # noqa: E402
 from tests.experiments.fastcfg import FAST  # noqa: E402
 
 
@@ -74,7 +74,7 @@ def _hold_lock(directory):
     """Another process holding ``directory``'s writer lock until its stdin closes."""
     import subprocess
     import sys
-    code = ("import sys; from flatlm.runs.dirlock import writer_lock\n"
+    code = ("import sys; from flatlm.storage.dirlock import writer_lock\n"
             f"with writer_lock({str(directory)!r}):\n"
             "    print('held', flush=True); sys.stdin.read()")
     holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
@@ -105,7 +105,7 @@ def test_a_diverged_trial_is_recorded_reported_and_skipped_while_the_others_run(
     trial ran, and every rerun diverged again at the same trial."""
     from dataclasses import replace
 
-    from flatlm.runs.diverged import divergence
+    from flatlm.storage.diverged import divergence
 
     # one experiment whose first trial diverges (lr 1000) and whose second runs (lr 1e-3)
     exp = replace(steps_experiment(), grid={"train.seed": [0], "train.lr": [1000.0, 0.001]})

@@ -13,9 +13,9 @@ from flatlm.experiments.paper import build
 from flatlm.experiments.runner import TRAINED_BY, find_twin, run_experiment, trial_dir
 from flatlm.experiments.scales import scale
 from flatlm.models.presets import parse_model
-from flatlm.runs.metrics_log import read_metrics, read_train_log
 from flatlm.runs.trial import labelled_source, training_identity
 from flatlm.sources import load
+from flatlm.storage.metrics_log import read_metrics, read_train_log
 from flatlm.train.config import resolve
 from flatlm.train.loop import train
 from flatlm.train.run import start_checkpoint

@@ -77,7 +77,7 @@ def test_curves_are_drawn_without_analysis(tmp_path):
     code = (
         "import sys; sys.modules['analysis'] = None; sys.modules['ray'] = None\n"
         "from pathlib import Path\nfrom sweeps.curves import plot_curves\n"
-        "from flatlm.runs.metrics_log import read_metrics\n"
+        "from flatlm.storage.metrics_log import read_metrics\n"
         f"d = Path({str(tmp_path)!r})\n"
         "keys = ['pretrain/loss', 'pretrain/kl', 'flat/trace_fisher', 'probe/task-1/acc_mean']\n"
         "print(plot_curves(read_metrics(d), keys, d / 'curves.png', 't'))\n"

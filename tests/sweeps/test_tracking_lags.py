@@ -12,8 +12,8 @@ pytest.importorskip("ray")
 
 from mlflow import MlflowClient  # noqa: E402
 
-from flatlm.runs.metrics_log import append_metrics  # noqa: E402
 from flatlm.runs.trial import TrialConfig  # noqa: E402
+from flatlm.storage.metrics_log import append_metrics  # noqa: E402
 from flatlm.tracking.tracker import MlflowTracker, default_tracking_uri, ensure_experiment  # noqa: E402
 from sweeps import (
     cli,  # noqa: E402

@@ -12,8 +12,8 @@ import torch
 
 from flatlm.core.config import apply_overrides
 from flatlm.models.checkpoint import load_checkpoint
-from flatlm.runs.metrics_log import read_train_log
 from flatlm.runs.trial import TrialConfig, run_trial, tracked_params
+from flatlm.storage.metrics_log import read_train_log
 from flatlm.train import TrainConfig, resolve, train
 from flatlm.train.algorithms import STEPS
 from flatlm.train.config import ALGORITHMS

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flatlm.models import load_checkpoint
-from flatlm.runs.metrics_log import TRAIN_LOG_FILE
+from flatlm.storage.metrics_log import TRAIN_LOG_FILE
 from flatlm.train import AdversarialConfig, GrowConfig, TrainConfig, train
 from flatlm.train.pack import train_pack
 from flatlm.train.run import Diverged
