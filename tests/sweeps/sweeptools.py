@@ -29,8 +29,11 @@ from flatlm.tracking.ui import mlflow_metric_name
 REPO = Path(__file__).resolve().parents[2]
 SCALING = REPO / "sweeps" / "scaling.py"
 
-# The tiny sweep: 3 trials (sweeps/scaling.py's grid over TINY_MODELS), a few seconds each.
+# The tiny sweep: 3 trials (sweeps/scaling.py's grid over TINY_MODELS), a few seconds each. A
+# batch of 32, not the scale's 256: these tests check the sweep's machinery, not what training
+# reaches, and 400 steps at 256 took a minute a trial on a 2-core machine.
 TINY = {"train.steps": "20", "train.checkpoint_steps": "[10,20]", "train.log_every": "5",
+        "train.batch_size": "32",
         "measure.tasks": '["B"]', "measure.n_eval": "64",
         "measure.n_downstream": "60", "measure.probe.epochs": "5"}
 # What every trial's MLflow run must hold once per checkpoint step (metrics.jsonl names; MLflow
