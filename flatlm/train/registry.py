@@ -33,16 +33,16 @@ that imports no such module (a Ray worker, ``flatlm train``) knows only the buil
 
 from __future__ import annotations
 
-import importlib
 import operator
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-OPTIMIZERS = ("adamw", "sgd")
+from flatlm.core.registry import Ref, Registry, check_ref, load_ref
 
-# A function, or "module:name" for one imported when first used (the module stays unimported
-# until the algorithm runs: the built-ins' updates need torch, the registry must not).
-Ref = Callable | str
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmDefaults", "REGISTRY", "Ref", "algorithm_named",
+           "load_ref", "register_algorithm", "unused_sections"]
+
+OPTIMIZERS = ("adamw", "sgd")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,8 +101,7 @@ class Algorithm:
         for hook in ("step", "data_parallel_step", "batch_transform", "probe_pool",
                      "config_check", "model_check", "packed_step"):
             ref = getattr(self, hook)
-            _require((ref is None and hook != "step") or callable(ref)
-                     or (isinstance(ref, str) and ref.count(":") == 1),
+            _require((ref is None and hook != "step") or check_ref(ref),
                      f"{self.name}: {hook}={ref!r}: give a function or 'module:name'")
 
     @property
@@ -135,14 +134,6 @@ class Algorithm:
         return None if self.batch_transform is None else load_ref(self.batch_transform)
 
 
-def load_ref(ref: Ref) -> Callable:
-    """The function ``ref`` is, or names as ``"module:name"``."""
-    if not isinstance(ref, str):
-        return ref
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(f"algorithm: {message}")
@@ -150,25 +141,21 @@ def _require(ok: bool, message: str) -> None:
 
 # ------------------------------------------------------------------------------ the registry
 
-REGISTRY: dict[str, Algorithm] = {}  # name -> algorithm; add with register_algorithm
+REGISTRY: Registry[Algorithm] = Registry(
+    "algorithm", key="train.algorithm",
+    how_to_add="flatlm.train.registry.register_algorithm in a plug-in module: --plugin MODULE")
 
 
 def register_algorithm(algorithm: Algorithm, *, replace: bool = False) -> Algorithm:
     """Adds ``algorithm`` under its name (``replace``: over one registered before); returns it."""
     if not isinstance(algorithm, Algorithm):
         raise TypeError(f"register_algorithm: expected an Algorithm, got {algorithm!r}")
-    if algorithm.name in REGISTRY and not replace:
-        raise ValueError(f"algorithm {algorithm.name!r} is registered already; choose another "
-                         "name, or pass replace=True")
-    REGISTRY[algorithm.name] = algorithm
-    return algorithm
+    return REGISTRY.register(algorithm.name, algorithm, replace=replace)
 
 
 def algorithm_named(name: str) -> Algorithm:
     """The registered algorithm ``name``; a ValueError naming the known ones."""
-    if name not in REGISTRY:
-        raise ValueError(f"train.algorithm={name!r}: use one of {', '.join(REGISTRY)}")
-    return REGISTRY[name]
+    return REGISTRY.lookup(name)
 
 
 def unused_sections(name: str) -> list[str]:
