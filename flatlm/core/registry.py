@@ -175,20 +175,62 @@ def plugin_modules(given: Iterable[str] = (), env_value: str | None = None) -> t
     return tuple(dict.fromkeys(m.strip() for m in named if m and m.strip()))
 
 
+_LOADED: list[str] = []  # the plug-in modules this process loaded, in order (loaded_plugins)
+
+
 def load_plugins(modules: Iterable[str]) -> tuple[str, ...]:
     """Imports each plug-in module (its import registers its entries) and returns their names;
     a module imported before is not imported again. One that cannot be imported is a ValueError
-    naming it and the fix."""
+    naming it and the fix. Every module loaded is kept in ``loaded_plugins()``, which the
+    processes this one starts (data-parallel ranks, Ray workers) load in turn."""
     modules = tuple(modules)
     for module in modules:
-        if module in sys.modules:
-            continue
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name is None or not module.startswith(e.name):
-                raise  # the plug-in itself imports a module that is missing: its own error
-            raise ValueError(f"plug-in {module!r} cannot be imported ({e}); give an importable "
-                             "module (installed, or on PYTHONPATH in every process of a sweep)"
-                             ) from None
+        if module not in sys.modules:
+            try:
+                importlib.import_module(module)
+            except ModuleNotFoundError as e:
+                if e.name is None or not module.startswith(e.name):
+                    raise  # the plug-in imports a module that is missing: its own error
+                raise ValueError(f"plug-in {module!r} (--plugin, {PLUGINS_ENV}): cannot "
+                                 f"import it ({e}); give an importable module (installed, "
+                                 "or on PYTHONPATH in every process of a sweep)") from None
+        if module not in _LOADED:
+            _LOADED.append(module)
     return modules
+
+
+def loaded_plugins() -> tuple[str, ...]:
+    """The plug-in modules ``load_plugins`` imported in this process, in order."""
+    return tuple(_LOADED)
+
+
+def plugins_in(argv: Iterable[str]) -> list[str]:
+    """The modules of every ``--plugin MODULE`` / ``--plugin=MODULE`` in a command line, read
+    before its parser is built (a plug-in may add choices to it: a scale, an experiment)."""
+    argv, found = list(argv), []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--plugin" and i + 1 < len(argv):
+            found.append(argv[i + 1])
+        elif arg.startswith("--plugin="):
+            found.append(arg.partition("=")[2])
+    return found
+
+
+def load_command_plugins(argv: Iterable[str], environ: MutableMapping[str, str]
+                         ) -> tuple[str, ...]:
+    """What an entry point (``flatlm``, a sweep script) calls before it builds its parser: loads
+    the plug-ins of the installed entry points, of ``environ[FLATLM_PLUGINS]`` and of ``argv``'s
+    ``--plugin`` options, and writes them all to ``environ[FLATLM_PLUGINS]`` (``environ``: the
+    process's ``os.environ``), so that the processes it starts load them too."""
+    loaded = load_plugins(plugin_modules(plugins_in(argv), environ.get(PLUGINS_ENV)))
+    if loaded:
+        environ[PLUGINS_ENV] = ",".join(loaded)
+    return loaded
+
+
+PLUGIN_HELP = ("a module to import first, which registers sources, algorithms, measurements, "
+               "architectures, experiments or scales of its own (repeatable; also "
+               f"{PLUGINS_ENV}=A,B and the {ENTRY_POINT_GROUP!r} entry-point group); every "
+               "process of the run imports it")
