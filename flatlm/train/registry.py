@@ -33,6 +33,7 @@ that imports no such module (a Ray worker, ``flatlm train``) knows only the buil
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -75,8 +76,11 @@ class Algorithm:
     data_parallel_step: Ref | None = None  # the same update on a rank's slice of the batch,
     #   gradients reduced over the ranks; None: train.world_size must be 1 ...
     one_process_reason: str = "it has no data-parallel update"  # ... and this says why
-    section: str | None = None  # the TrainConfig field holding its settings (train.<section>.*),
-    #   logged only when the algorithm runs; None: it has none
+    section: str | None = None  # where its settings are (train.<section>.*), logged only when
+    #   the algorithm runs: a TrainConfig field (the built-ins'), or the section of ``config``;
+    #   None: it has none
+    config: type | None = None  # a plug-in's settings: a frozen dataclass whose defaults are
+    #   its section's (``TrainConfig.settings(section)``); no TrainConfig field is added
     batch_transform: Ref | None = None  # (MLMBatch, cfg, n_words, i) -> MLMBatch: update i's
     #   masked batch changed on the CPU, before it is sorted, split or sliced (label noise)
     halves_batch: bool = False  # the update splits each batch into two halves (sam): the batch
@@ -98,6 +102,10 @@ class Algorithm:
                  f"{self.name}: defaults={self.defaults!r}: use an AlgorithmDefaults")
         _require(self.section is None or self.section.isidentifier(),
                  f"{self.name}: section={self.section!r}: name a TrainConfig field, or None")
+        _require(self.config is None or (dataclasses.is_dataclass(self.config)
+                                         and self.section is not None),
+                 f"{self.name}: config={self.config!r}: give a dataclass of its settings and "
+                 "the section that holds them (section='...')")
         for hook in ("step", "data_parallel_step", "batch_transform", "probe_pool",
                      "config_check", "model_check", "packed_step"):
             ref = getattr(self, hook)
