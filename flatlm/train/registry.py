@@ -8,14 +8,16 @@ names. The tables other modules know are views of this one: ``ALGORITHMS`` (defa
 (``flatlm.train.distributed``) and the sections a trial leaves out of its logged params
 (``unused_sections``).
 
-Layering: this module imports nothing of flatlm, so ``flatlm.train.config``, which is read when
-configs are parsed and imports no torch, checks ``train.algorithm`` against it. A function is
-given as itself or as ``"module:name"``, imported when first used; the built-ins below name
-theirs that way, so neither parsing a config nor the modules of ``flatlm.train`` import each other
-to find a step (``data.py`` no longer imports ``label_noise.py``, which imports it).
+Layering: this module imports only the ground floor (``flatlm.core.registry``: the table and the
+lazy importer every registry shares), so ``flatlm.train.config``, which is read when configs are
+parsed and imports no torch, checks ``train.algorithm`` against it. A function is given as itself
+or as ``"module:name"``, imported when first used; the built-ins below name theirs that way, so
+neither parsing a config nor the modules of ``flatlm.train`` import each other to find a step
+(``data.py`` no longer imports ``label_noise.py``, which imports it).
 
-To add an algorithm, register it from a module imported before the config is built (a script of
-your own, a test):
+To add an algorithm, register it from a plug-in module (``--plugin MODULE`` on the ``flatlm``
+commands and the sweeps, ``FLATLM_PLUGINS``, or the ``flatlm.plugins`` entry-point group), which
+every process of a run imports, Ray workers and data-parallel ranks included:
 
     from flatlm.train.registry import Algorithm, AlgorithmDefaults, register_algorithm
 
@@ -25,10 +27,12 @@ your own, a test):
                                    warmup_steps=0, summary="what it is, in a line")))
 
 ``train.algorithm=sign_sgd`` then trains with it (tests/assets/toy_algorithm.py does exactly this).
-Settings of its own are a small frozen config dataclass added as a ``TrainConfig`` field, named
-by ``section``; a data-parallel update (``data_parallel_step``) runs on every rank, which gets the
-``Algorithm`` object from rank 0 (so its functions must be importable, not lambdas). A process
-that imports no such module (a Ray worker, ``flatlm train``) knows only the built-ins.
+Settings of its own are a small frozen config dataclass given as ``config=`` with its
+``section``: its keys are ``train.<section>.<key>``, checked against that class, and the update
+reads them as ``ctx.cfg.settings(section)``; no ``TrainConfig`` field is added
+(tests/assets/toy_settings_algorithm.py). A data-parallel update (``data_parallel_step``) runs on
+every rank, which gets the ``Algorithm`` object from rank 0 (so its functions must be importable,
+not lambdas).
 """
 
 from __future__ import annotations
