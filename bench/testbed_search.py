@@ -524,10 +524,11 @@ def experiment_trials(sc, experiments, seeds, protocol="paper") -> list[tuple[st
     """(experiment, trial name, config dict) of each trial of ``experiments`` at scale ``sc``,
     built by ``flatlm.experiments.paper.build`` (the scale registered under its name)."""
     from flatlm.core.config import to_dict
-    from flatlm.experiments import scales
     from flatlm.experiments.paper import build
+    from flatlm.experiments.scales import register_scale
 
-    scales.SCALES[sc.name] = sc  # this process only: build() looks scales up by name
+    # build() looks scales up by name; a candidate's settings change between calls of the search
+    register_scale(sc, replace=True)
     out = []
     for name in experiments:
         # the steps run at a constant rate after warmup under every protocol (issue 23, fix 1;

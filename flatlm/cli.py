@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 # Command modules, in the order their commands are listed by --help.
 from flatlm.commands import DIVERGED_EXIT, WRITE_FAILED_EXIT
+from flatlm.core.registry import PLUGIN_HELP, load_command_plugins
 
 COMMAND_MODULES = ("data", "train", "trial", "config", "measure", "grow", "replicate", "ui")
 
@@ -32,11 +34,29 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue  # not built yet
         module.register(sub)
+    _add_plugin_option(parser)
     return parser
+
+
+def _add_plugin_option(parser: argparse.ArgumentParser) -> None:
+    """``--plugin MODULE`` on every command and subcommand (``main`` has read and loaded them
+    before building the parser: this keeps them legal where they are and shows them in help)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in dict.fromkeys(action.choices.values()):  # aliases: once
+                command.add_argument("--plugin", dest="plugins", action="append", default=[],
+                                     metavar="MODULE", help=PLUGIN_HELP)
+                _add_plugin_option(command)
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:  # before the parser: a plug-in's scale or experiment is one of its choices
+        load_command_plugins(argv, os.environ)
+    except ValueError as e:
+        print(f"flatlm: error: {e}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     from flatlm.train.run import CheckpointWriteError, Diverged
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flatlm.core.config import apply_overrides, parse_assignments, refuse_varied
+from flatlm.core.registry import PLUGIN_HELP, load_command_plugins
 from sweeps.delivery import TrackingIncomplete
 
 if TYPE_CHECKING:
@@ -52,10 +53,11 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
                        help="a (scale, protocol) pair: tiny = sweep + paper, a few small CPU "
                             "trials (default); paper = gpu + paper, the paper's settings; "
                             "paper-code = gpu + paper-code, the released code's protocol")
-        p.add_argument("--scale", choices=("sweep", "tiny", "testbed", "gpu"),
+        p.add_argument("--scale",
                        help="where it runs, as in flatlm replicate (replaces the preset's): "
                             "sweep (these CPU sweeps), tiny (the replication's CPU scale), "
-                            "testbed (a CPU scale where the models saturate), gpu")
+                            "testbed (a CPU scale where the models saturate), gpu, or one a "
+                            "--plugin registers")
         p.add_argument("--protocol", help="how it is run and measured, as in flatlm "
                        "replicate (replaces the preset's): paper, paper-code, or "
                        "paper+switch (flatlm.experiments.protocols)")
@@ -74,6 +76,8 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
                             "preset's PCFG")
         p.add_argument("--name", help="the MLflow and Ray experiment name (default: the "
                        "script's, e.g. scaling); letters, digits and . _ + -")
+    p.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="MODULE",
+                   help=PLUGIN_HELP + " (the Ray workers import it before building a trial)")
     p.add_argument("--workdir", default=".", help="where mlflow.db, mlruns/, ray_results/ and "
                    "trials/ go (default: the current directory)")
     p.add_argument("--tracking-uri", help="MLflow tracking server (default: sqlite in workdir)")
@@ -111,6 +115,10 @@ def check_preset(args: argparse.Namespace) -> None:
         from flatlm.experiments.protocols import parse_protocol
 
         parse_protocol(args.protocol)
+    if getattr(args, "scale", None):
+        from flatlm.experiments.scales import scale
+
+        scale(args.scale)  # a registered one: the built-ins, or a plug-in's
 
 
 def resolve_source(args: argparse.Namespace) -> None:
@@ -180,6 +188,11 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
          add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
     """Parses the command line (``doc``: the script's docstring), builds and runs the sweep,
     then prints its summary; returns the exit code."""
+    try:  # before the parser: a sweep script's choices may read the registries
+        load_command_plugins(sys.argv[1:], os.environ)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     p = parser(doc)
     if add_arguments:
         add_arguments(p)

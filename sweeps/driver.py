@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from flatlm.core.registry import loaded_plugins
 from flatlm.measure.eval_cache import remove_stale_temporaries
 from flatlm.tracking.tracker import (
     default_artifact_location,
@@ -104,7 +105,10 @@ def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str |
         experiment_id = ensure_experiment(uri, sweep.name, default_artifact_location(workdir),
                                           tags=runs_view(sweep))
         sweep_info = {"name": sweep.name, "preset": sweep.preset, "tracking_uri": uri,
-                      "experiment_id": experiment_id, "trials_dir": str(trials_dir)}
+                      "experiment_id": experiment_id, "trials_dir": str(trials_dir),
+                      # every worker imports them before it builds its trial (a node's own
+                      # environment does not know the driver's --plugin)
+                      "plugins": list(loaded_plugins())}
         check_resume_settings(sweep, workdir / "ray_results" / sweep.name, resume)
         tuner = build_tuner(sweep, workdir / "ray_results", sweep_info, resume, show, callbacks)
         record_settings(sweep, workdir / "ray_results" / sweep.name)

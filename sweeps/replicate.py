@@ -20,6 +20,7 @@ from pathlib import Path
 
 from analysis import replication
 from flatlm.commands.replicate import add_selection_arguments, experiments_from_args
+from flatlm.core.registry import load_command_plugins
 from flatlm.experiments.scales import scale
 from flatlm.tracking.tracker import default_tracking_uri
 from sweeps.cli import apply_arguments, interrupted, parser
@@ -51,6 +52,11 @@ def build_sweeps(args: argparse.Namespace) -> list[Sweep]:
 
 
 def main(argv=None) -> int:
+    try:  # before the parser: --scale and --experiment may name a plug-in's
+        load_command_plugins(sys.argv[1:] if argv is None else argv, os.environ)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     p = parser(__doc__, trial_options=False)
     add_selection_arguments(p)
     args = p.parse_args(argv)

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from flatlm.core.config import apply_overrides, from_dict
+from flatlm.core.registry import load_plugins
 from flatlm.core.safe_io import write_bytes
 from flatlm.experiments.presets import scale_and_protocol_of
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, probe_keys
@@ -65,6 +66,7 @@ def trainable(config: dict) -> None:
 
     quiet_ray_train()
     sweep = config["sweep"]
+    load_plugins(sweep.get("plugins", ()))  # the driver's plug-ins, before the config names them
     cfg = apply_overrides(from_dict(TrialConfig, config["base"]), config["overrides"])
     source, _ = validate_trial(cfg)  # built once: run_trial takes it
     cfg = with_downstream_resolved(cfg, source)  # the tracked params name the label rule

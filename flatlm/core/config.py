@@ -202,7 +202,7 @@ def refuse_varied(overrides: dict, varied, what: str, fix: str) -> None:
 
 def _names(cls) -> dict[str, str]:
     """key spelling -> field name (both ``lambda`` and ``lambda_`` are accepted)."""
-    fields = [f.name for f in dataclasses.fields(cls)]
+    fields = [f.name for f in dataclasses.fields(cls) if f.name != _open_field(cls)]
     return {**{n: n for n in fields}, **{_external(n): n for n in fields}}
 
 
@@ -210,19 +210,55 @@ def _unknown(cfg, name: str, key: str, prefix: str) -> ConfigError:
     renamed = getattr(type(cfg), "RENAMED_KEYS", {})
     if name in renamed:
         return ConfigError(f"config key {key!r} was renamed: use {prefix + renamed[name]!r}")
-    fields = sorted(_external(f.name) for f in dataclasses.fields(cfg))
+    fields = sorted(_external(f.name) for f in dataclasses.fields(cfg)
+                    if f.name != _open_field(cfg))
+    sections = _open_section_names(cfg)
+    plugged = f"; sections of registered components: {', '.join(sections)}" if sections else ""
     return ConfigError(f"unknown config key {key!r}: {type(cfg).__name__} has "
-                       f"{', '.join(fields)}")
+                       f"{', '.join(fields)}{plugged}")
+
+
+# Open sections. A config class may leave room for the settings of components registered later
+# (a plug-in algorithm's ``train.<section>.*``), so that adding one edits no dataclass: it names
+# a field in ``OPEN_SECTIONS`` holding ((section, settings), ...) and has a classmethod
+# ``section_class(name)`` -> the component's settings dataclass, or None. Keys, flat dicts and
+# saved dicts spell such a section as if it were a field (``train.toy.scale``); a config none
+# of whose open sections is set writes exactly what it wrote before they existed.
+
+def _open_field(cfg) -> str | None:
+    return getattr(type(cfg) if not isinstance(cfg, type) else cfg, "OPEN_SECTIONS", None)
+
+
+def _open_section_names(cfg) -> list[str]:
+    names = getattr(type(cfg), "open_section_names", None)
+    return list(names()) if names else []
+
+
+def _open_section(cfg, given: str, value, key: str):
+    """The new settings of the open section ``given`` (changes ``value``), or None when ``cfg``
+    has no open section of that name."""
+    field = _open_field(cfg)
+    cls = type(cfg).section_class(given) if field else None
+    if cls is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}={value!r}: {key} is a section; set its keys ({key}.<key>)")
+    current = dict(getattr(cfg, field)).get(given) or cls()
+    return _apply_nested(current, value, key + ".")
 
 
 def _apply_nested(cfg, changes: dict, prefix: str):
     names = _names(type(cfg))
     types_ = _field_types(type(cfg))
-    new = {}
+    new, opened = {}, {}
     for given, value in changes.items():
         key = prefix + given
         if given not in names:
-            raise _unknown(cfg, given, key, prefix)
+            section = _open_section(cfg, given, value, key)
+            if section is None:
+                raise _unknown(cfg, given, key, prefix)
+            opened[given] = section
+            continue
         name = names[given]
         current = getattr(cfg, name)
         if dataclasses.is_dataclass(current) and isinstance(value, dict):
@@ -234,6 +270,9 @@ def _apply_nested(cfg, changes: dict, prefix: str):
             new[name] = _coerce(key, value, types_[name])
     # fields that follow a change the overrides did not give (a config's ``followers``, e.g.
     # the checkpoints of a shortened run): given values always win
+    if opened:
+        field = _open_field(cfg)
+        new[field] = tuple(sorted({**dict(getattr(cfg, field)), **opened}.items()))
     follow = getattr(cfg, "followers", None)
     new = {**(follow(new) if follow else {}), **new}
     try:
@@ -250,7 +289,10 @@ def to_flat_dict(cfg, prefix: str = "") -> dict[str, Any]:
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         key = f"{prefix}{_external(f.name)}"
-        if dataclasses.is_dataclass(value):
+        if f.name == _open_field(cfg):
+            for section, settings in value:
+                out.update(to_flat_dict(settings, f"{prefix}{section}."))
+        elif dataclasses.is_dataclass(value):
             out.update(to_flat_dict(value, key + "."))
         elif isinstance(value, ConfigValue):
             out[key] = str(value)
@@ -286,7 +328,12 @@ def _plain(value: Any) -> Any:
 
 def to_dict(cfg) -> dict:
     """Nested plain dict (JSON-ready) of a dataclass config; ``from_dict`` reads it back."""
-    return {_external(f.name): _plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    out = {_external(f.name): _plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+           if f.name != _open_field(cfg)}
+    if _open_field(cfg):
+        out.update((section, to_dict(settings))
+                   for section, settings in getattr(cfg, _open_field(cfg)))
+    return out
 
 
 def from_dict(cls, data: dict):
@@ -374,7 +421,7 @@ def _add_fields(parser, cls, path: str, prefix: str, exclude: set) -> None:
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         key = path + _external(f.name)
-        if key in exclude:
+        if key in exclude or f.name == _open_field(cls):  # open sections: --set keys only
             continue
         tp = types_[f.name]
         default = f.default if f.default is not dataclasses.MISSING else (

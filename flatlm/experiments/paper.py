@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from flatlm.core.config import apply_overrides, refuse_varied
+from flatlm.core.registry import Registry
 from flatlm.experiments.grids import (
     ALGORITHMS,
     EXPERIMENTS,
@@ -55,7 +57,7 @@ class Experiment:
     """Trials = ``base`` with each point of ``grid`` (dotted key -> values; their product);
     ``space`` holds a search's distributions (``SEARCH_SPACE``'s form), drawn by a searcher."""
 
-    name: str  # one of EXPERIMENTS or EXTRA_EXPERIMENTS
+    name: str  # a registered experiment (EXPERIMENT_BUILDERS)
     protocol: str  # e.g. "paper", "paper-code", "paper+inside-labels"
     scale: str  # "sweep", "tiny" or "gpu"
     base: TrialConfig
@@ -81,9 +83,7 @@ def build(name: str, *, scale: str = "tiny", protocol: str = "paper",
     ``selection_measures=False`` leaves out the scale's ``selection_what``; ``source``
     (``--source``) brings its kind's settings (``presets.source_overrides``); ``overrides``
     (``--set``) come last. Every trial's name has its seed, one seed or several."""
-    if name not in (*EXPERIMENTS, *EXTRA_EXPERIMENTS):
-        raise ValueError(f"experiment {name!r}: use one of "
-                         f"{', '.join((*EXPERIMENTS, *EXTRA_EXPERIMENTS))}")
+    builder = EXPERIMENT_BUILDERS.lookup(name)
     parse_protocol(protocol)
     sc = get_scale(scale)
     if source_kind(source) == "hmm":  # the sizes grid of an HMM is BiLSTMs (A.4)
@@ -93,7 +93,7 @@ def build(name: str, *, scale: str = "tiny", protocol: str = "paper",
     if not selection_measures:
         sc = dataclasses.replace(sc, selection_what=())
     base = apply_overrides(protocol_base(sc, protocol), source_overrides(sc, source))
-    base, grid, space = _BUILDERS[name](sc, protocol, base, algorithms)
+    base, grid, space = builder(sc, protocol, base, algorithms)
     seeds = tuple(sc.seeds if seeds is None else seeds)
     if not seeds:
         raise ValueError("seeds: give at least one training seed")
@@ -215,5 +215,24 @@ def _search(sc, protocol, base, algorithms):
     return base, {}, dict(SEARCH_SPACE)
 
 
-_BUILDERS = {"steps": _steps, "sizes": _sizes, "algorithms": _algorithms, "sgd": _sgd,
-             "selection": _selection, "search": _search}
+# name -> (scale, protocol, base, algorithms or None) -> (base, grid, search space): what an
+# experiment changes in the protocol's base and what it varies
+Builder = Callable[[Scale, str, TrialConfig, "tuple[str, ...] | None"],
+                   tuple[TrialConfig, dict, dict]]
+EXPERIMENT_BUILDERS: Registry[Builder] = Registry(
+    "experiment", key="experiment",
+    how_to_add="flatlm.experiments.paper.register_experiment in a plug-in module: --plugin "
+               "MODULE")
+
+
+def register_experiment(name: str, builder: Builder, *, replace: bool = False) -> Builder:
+    """Adds the experiment ``name``, built by ``builder`` (see ``Builder``), for ``build``."""
+    if not callable(builder):
+        raise ValueError(f"register_experiment({name!r}): builder={builder!r}: give a function "
+                         "(scale, protocol, base, algorithms) -> (base, grid, space)")
+    return EXPERIMENT_BUILDERS.register(name, builder, replace=replace)
+
+
+for _name, _builder in zip((*EXPERIMENTS, *EXTRA_EXPERIMENTS),
+                           (_steps, _sizes, _algorithms, _sgd, _selection, _search), strict=True):
+    register_experiment(_name, _builder)

@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass, field, replace
 
 from flatlm.core.config import apply_overrides
+from flatlm.core.registry import Registry
 from flatlm.runs.trial import TrialConfig
 
 # A small random PCFG of the paper's layered shape: 30 words, sentences of 2..8 words. Its truth
@@ -250,10 +251,22 @@ SWEEP = replace(
     # task measured (a sweep's --source may be an HMM or Dyck)
     adversarial={k: v for k, v in TESTBED.adversarial.items() if k != "train.adversarial.task"})
 
-SCALES = {s.name: s for s in (SWEEP, TINY, GPU, TESTBED)}
+SCALES: Registry[Scale] = Registry(
+    "scale", key="scale",
+    how_to_add="flatlm.experiments.scales.register_scale in a plug-in module: --plugin MODULE")
+
+
+def register_scale(sc: Scale, *, replace: bool = False) -> Scale:
+    """Adds ``sc`` under its name (``replace``: over a scale registered before); returns it."""
+    if not isinstance(sc, Scale):
+        raise TypeError(f"register_scale: expected a Scale, got {sc!r}")
+    return SCALES.register(sc.name, sc, replace=replace)
+
+
+for _scale in (SWEEP, TINY, GPU, TESTBED):
+    register_scale(_scale)
 
 
 def scale(name: str) -> Scale:
-    if name not in SCALES:
-        raise ValueError(f"scale {name!r}: use one of {', '.join(SCALES)}")
-    return SCALES[name]
+    """The registered scale ``name``; a ValueError naming the known ones."""
+    return SCALES.lookup(name)

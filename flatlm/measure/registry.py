@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from flatlm.core.registry import Registry
 from flatlm.measure import (
     ENTROPY,
     HESSIAN_FISHER_GAP,
@@ -125,19 +126,25 @@ class Measurement:
         return self.keys(tuple(tasks)) if callable(self.keys) else self.keys
 
 
-MEASUREMENTS: dict[str, Measurement] = {}
-
-
-def register_measurement(measurement: Measurement) -> Measurement:
-    """Adds ``measurement`` after those registered (it runs after them). A name taken, or an
-    implied measurement not registered, is a ValueError."""
-    if measurement.name in MEASUREMENTS:
-        raise ValueError(f"measurement {measurement.name!r} is registered already")
-    unknown = [name for name in measurement.implies if name not in MEASUREMENTS]
+def _check_implied(name: str, measurement: Measurement) -> None:
+    unknown = [implied for implied in measurement.implies if implied not in MEASUREMENTS]
     if unknown:
-        raise ValueError(f"measurement {measurement.name!r} implies {unknown}, not registered")
-    MEASUREMENTS[measurement.name] = measurement
-    return measurement
+        raise ValueError(f"measurement {name!r} implies {unknown}, not registered")
+
+
+MEASUREMENTS: Registry[Measurement] = Registry(
+    "measurement", key="measure.what", check=_check_implied,
+    how_to_add="flatlm.measure.registry.register_measurement in a plug-in module: --plugin "
+               "MODULE")
+
+
+def register_measurement(measurement: Measurement, *, replace: bool = False) -> Measurement:
+    """Adds ``measurement`` after those registered (it runs after them; ``replace``: in the
+    place of one registered before). A name taken, or an implied measurement not registered, is
+    a ValueError."""
+    if not isinstance(measurement, Measurement):
+        raise TypeError(f"register_measurement: expected a Measurement, got {measurement!r}")
+    return MEASUREMENTS.register(measurement.name, measurement, replace=replace)
 
 
 def measurement_names() -> tuple[str, ...]:
@@ -245,4 +252,5 @@ BUILT_IN = (
     # GLUE fine-tuning with finetune's settings, on the GLUE tasks of a text or LM source
     Measurement(name="glue", run=run_glue, sections=("finetune",), check=check_glue_source),
 )
-MEASUREMENTS.update((m.name, m) for m in BUILT_IN)
+for _measurement in BUILT_IN:
+    register_measurement(_measurement)

@@ -26,26 +26,29 @@ after which ``parse_model("toy-d16-l1")``, ``build_model``, ``word_logits``, che
 and every measurement work on it. The model needs ``encode(input_ids, attention_mask)`` -> (n, T+2,
 d), ``head(hidden)`` -> (..., V+4) and a ``layout`` (``flatlm.core.tokens.TokenLayout``), or the
 ``parts`` and ``layout`` hooks; Tr(F) then runs the per-example loop, Tr(H) differentiates
-``word_logits``. Register in a module the process imports before it reads a config naming the
-architecture (a Ray worker too).
+``word_logits``. Register in a plug-in module (``--plugin MODULE`` on the ``flatlm`` commands and
+the sweeps, ``FLATLM_PLUGINS``, or the ``flatlm.plugins`` entry-point group:
+``flatlm.core.registry``), which every process imports before it reads a config naming the
+architecture, Ray workers included.
 
 Why hooks may be strings: a hook is a function or ``"module:name"``, imported on its first call.
-This module imports nothing of flatlm, so ``models.presets`` (torch-free: sweep configs are parsed
-without importing torch) validates a ``ModelConfig`` against the registry, while the built-in
-hooks live next to what they build (``models.bert``, ``models.lstm``, ``models.growth``) and import
-transformers only when called. No hook names the measure layer: the second-order logits of the
-BiLSTM are model code (``models.lstm_unrolled``), and the Tr(F) method is a name that
-``measure.fisher`` looks up in its own table; so measure imports models, never the reverse.
+This module imports only the ground floor (``flatlm.core``), so ``models.presets`` (torch-free:
+sweep configs are parsed without importing torch) validates a ``ModelConfig`` against the registry,
+while the built-in hooks live next to what they build (``models.bert``, ``models.lstm``,
+``models.growth``) and import transformers only when called. No hook names the measure layer: the
+second-order logits of the BiLSTM are model code (``models.lstm_unrolled``), and the Tr(F) method is
+a name that ``measure.fisher`` looks up in its own table; so measure imports models, never the
+reverse.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
 import string
 from collections.abc import Callable
-from typing import Any
+
+from flatlm.core.registry import LazyRef, Registry
 
 # The ModelConfig size fields an architecture may read (besides n_layers, which all read); the
 # others stay None. A new architecture reuses these: ModelConfig has no other size fields.
@@ -54,32 +57,6 @@ SIZES = ("d_model", "n_heads", "d_inter", "d_hidden")
 Hook = Callable | str  # a function, or "module:name" imported on its first call
 # The default parameter count: build the model and count (an architecture without a closed form)
 COUNT_BY_BUILDING = "flatlm.models.masked_lm:count_by_building"
-
-
-class _Lazy:
-    """The function at ``"module:name"``, imported when first called (see the module docstring)."""
-
-    def __init__(self, where: str):
-        module, _, name = where.partition(":")
-        if not module or not name:
-            raise ValueError(f"hook {where!r}: write 'module:name'")
-        self.where = where
-
-    def resolve(self) -> Callable:
-        module, _, name = self.where.partition(":")
-        return getattr(importlib.import_module(module), name)
-
-    def __call__(self, *args, **kwargs) -> Any:
-        return self.resolve()(*args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"hook({self.where!r})"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _Lazy) and other.where == self.where
-
-    def __hash__(self) -> int:
-        return hash(self.where)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -116,7 +93,7 @@ class Architecture:
         for field in dataclasses.fields(self):  # field.type is the annotation's text
             value = getattr(self, field.name)
             if field.type.startswith("Hook") and isinstance(value, str):
-                object.__setattr__(self, field.name, _Lazy(value))
+                object.__setattr__(self, field.name, LazyRef(value))
         unknown = set(self.sizes) - set(SIZES)
         if unknown:
             raise ValueError(f"architecture {self.name!r}: sizes {sorted(unknown)} are not "
@@ -143,32 +120,29 @@ def _shape_pattern(shape: str, name: str) -> re.Pattern:
     return re.compile(prefix + "".join(parts))
 
 
-_REGISTRY: dict[str, Architecture] = {}
+ARCHITECTURES: Registry[Architecture] = Registry(
+    "architecture", key="model.arch",
+    how_to_add="flatlm.models.register_architecture in a plug-in module: --plugin MODULE")
 
 
-def register_architecture(arch: Architecture) -> Architecture:
-    """Adds ``arch`` under ``arch.name`` and returns it; a name is registered once."""
+def register_architecture(arch: Architecture, *, replace: bool = False) -> Architecture:
+    """Adds ``arch`` under ``arch.name`` and returns it (``replace``: over one registered
+    before); a name is registered once, and the same architecture again is a no-op."""
     if not isinstance(arch, Architecture):
         raise TypeError(f"register_architecture takes an Architecture, got {type(arch).__name__}")
-    if _REGISTRY.get(arch.name, arch) != arch:
-        raise ValueError(f"architecture {arch.name!r} is registered already")
-    _REGISTRY[arch.name] = arch
-    return arch
+    return ARCHITECTURES.register(arch.name, arch, replace=replace)
 
 
 def architecture(arch) -> Architecture:
     """The registered architecture of a ``ModelConfig`` or of an ``arch`` name."""
     if isinstance(arch, Architecture):
         return arch
-    name = getattr(arch, "arch", arch)
-    if name not in _REGISTRY:
-        raise ValueError(f"model.arch={name!r}: use one of {tuple(_REGISTRY)}")
-    return _REGISTRY[name]
+    return ARCHITECTURES.lookup(getattr(arch, "arch", arch))
 
 
 def all_architectures() -> tuple[Architecture, ...]:
     """Every registered architecture, in registration order (built-ins first)."""
-    return tuple(_REGISTRY.values())
+    return tuple(ARCHITECTURES.values())
 
 
 def can_grow(arch) -> bool:
@@ -179,12 +153,12 @@ def can_grow(arch) -> bool:
 def counts_by_building(arch) -> bool:
     """Whether an architecture (or a ``ModelConfig``'s) counts its parameters only by building
     the model (no ``parameter_count`` of its own): a size check before allocation cannot ask it."""
-    return architecture(arch).parameter_count == _Lazy(COUNT_BY_BUILDING)
+    return architecture(arch).parameter_count == LazyRef(COUNT_BY_BUILDING)
 
 
 def labels_where(test: Callable[[Architecture], bool]) -> str:
     """The labels of the architectures passing ``test``, for messages: "BERT", "BERT or X"."""
-    return " or ".join(a.label for a in _REGISTRY.values() if test(a)) or "no architecture"
+    return " or ".join(a.label for a in ARCHITECTURES.values() if test(a)) or "no architecture"
 
 
 BERT = register_architecture(Architecture(

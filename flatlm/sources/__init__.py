@@ -21,12 +21,12 @@ A spec is a dict with a ``kind`` and that kind's fields, a JSON object string, o
 from __future__ import annotations
 
 from flatlm.sources.base import PAD, Source, SourceError
-from flatlm.sources.spec import KINDS, SourceSpec, parse_spec, source_classes
+from flatlm.sources.spec import SourceSpec, parse_spec, register_source, source_class
 
-__all__ = ["PAD", "Source", "SourceError", "SourceSpec", "load", "parse_spec", "KINDS"]
+__all__ = ["PAD", "Source", "SourceError", "SourceSpec", "load", "parse_spec", "register_source"]
 
 
 def load(spec: str | dict | SourceSpec) -> Source:
     """Builds the source a spec describes (see the module docstring for the forms)."""
     spec = parse_spec(spec)
-    return source_classes()[spec["kind"]].from_spec(spec)
+    return source_class(spec["kind"]).from_spec(spec)

@@ -23,40 +23,60 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib
 import json
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from flatlm.core.config import ConfigValue, nest, parse_scalar
+from flatlm.core.registry import Ref, Registry, check_ref, load_ref
 from flatlm.sources.base import SourceError
 
-# The registry: kind -> ("module:Class", the field a bare short-form value fills). A new source
-# is a module with a ``Source`` subclass (with ``from_spec``), one line here, and its tests.
-REGISTRY = {
-    "pcfg": ("flatlm.sources.pcfg:PCFG", "grammar"),
-    "hmm": ("flatlm.sources.hmm:HMM", "file"),
-    "dyck": ("flatlm.sources.dyck:Dyck", "length"),
-    "lm": ("flatlm.sources.lm:CausalLM", "model"),
-    "text": ("flatlm.sources.text:TextCorpus", "files"),
-}
-KINDS = tuple(REGISTRY)
+
+class SourceKind(NamedTuple):
+    """A registered source kind: its ``Source`` subclass (with ``from_spec``), as itself or as
+    ``"module:Class"`` imported when first built, and the field a bare short-form value fills."""
+
+    cls: Ref
+    bare: str
 
 
-def source_classes() -> dict[str, type]:
-    """kind -> Source class. Imported lazily so that ``flatlm.sources`` stays cheap to import."""
-    classes = {}
-    for kind, (where, _) in REGISTRY.items():
-        module, _, name = where.partition(":")
-        classes[kind] = getattr(importlib.import_module(module), name)
-    return classes
+# kind -> SourceKind. A new source is a module with a ``Source`` subclass, one
+# ``register_source`` call (in a plug-in module for a source of your own: --plugin MODULE) and
+# its tests (tests/assets/toy_source.py).
+REGISTRY: Registry[SourceKind] = Registry(
+    "source kind", key="source",
+    how_to_add="flatlm.sources.register_source in a plug-in module: --plugin MODULE")
+
+
+def register_source(kind: str, cls: Ref, bare: str, *, replace: bool = False) -> SourceKind:
+    """Registers the source ``kind``: ``cls`` a ``Source`` subclass or ``"module:Class"``,
+    ``bare`` the spec field a short form's bare value fills (``dyck:8`` -> length 8)."""
+    if not check_ref(cls):
+        raise ValueError(f"register_source({kind!r}): cls={cls!r}: give a Source subclass or "
+                         "'module:Class'")
+    if not (isinstance(kind, str) and kind.replace("_", "").replace("-", "").isalnum()):
+        raise ValueError(f"register_source: kind={kind!r}: use a word such as 'uniform'")
+    return REGISTRY.register(kind, SourceKind(cls, bare), replace=replace)
+
+
+register_source("pcfg", "flatlm.sources.pcfg:PCFG", "grammar")
+register_source("hmm", "flatlm.sources.hmm:HMM", "file")
+register_source("dyck", "flatlm.sources.dyck:Dyck", "length")
+register_source("lm", "flatlm.sources.lm:CausalLM", "model")
+register_source("text", "flatlm.sources.text:TextCorpus", "files")
+
+
+def source_class(kind: str) -> type:
+    """The ``Source`` subclass of a registered kind (imported now if named as a string)."""
+    _check_kind(kind)
+    return load_ref(REGISTRY[kind].cls)
 
 
 def _check_kind(kind) -> None:
     if kind not in REGISTRY:
         raise SourceError(
             f"source kind {kind!r} is unknown; use one of {', '.join(REGISTRY)} "
-            "(e.g. 'pcfg:paper', 'hmm:seed=0', 'dyck:8')"
+            f"(e.g. 'pcfg:paper', 'hmm:seed=0', 'dyck:8'; add one with {REGISTRY.how_to_add})"
         )
 
 
@@ -69,8 +89,8 @@ def _parse_short(spec: str) -> dict:
         if "=" in part:
             key, _, value = part.partition("=")
             flat[key.strip()] = parse_scalar(value.strip())
-        elif REGISTRY[kind][1] not in flat:
-            flat[REGISTRY[kind][1]] = parse_scalar(part)
+        elif REGISTRY[kind].bare not in flat:
+            flat[REGISTRY[kind].bare] = parse_scalar(part)
         else:
             raise SourceError(f"source {spec!r}: cannot read {part!r}; write key=value")
     try:
@@ -109,7 +129,7 @@ def _normalised(spec_json: str, cwd: str) -> str:
     the cache key because relative paths become absolute."""
     spec = json.loads(spec_json)
     try:
-        source = source_classes()[spec["kind"]].from_spec(spec)
+        source = source_class(spec["kind"]).from_spec(spec)
     except (OSError, TypeError) as e:  # an unreadable file, a field of the wrong type
         raise SourceError(f"{spec['kind']} spec: {e}") from None
     return json.dumps(source.spec)
@@ -132,7 +152,7 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
 def short_form(spec: dict) -> str:
     """``KIND:VALUE,key=value`` if that reads back as ``spec`` exactly, else compact JSON."""
     fields = _flat({k: v for k, v in spec.items() if k != "kind"})
-    bare = REGISTRY[spec["kind"]][1]
+    bare = REGISTRY[spec["kind"]].bare
     parts = [_text(fields.pop(bare))] if bare in fields else []
     parts += [f"{k}={_text(v)}" for k, v in fields.items()]
     text = f"{spec['kind']}:{','.join(parts)}"

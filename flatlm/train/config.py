@@ -31,11 +31,17 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from flatlm.core.schedules import SCHEDULES
 from flatlm.models.constructions import check_construction
-from flatlm.train.registry import ALGORITHMS, AlgorithmDefaults, algorithm_named, load_ref
+from flatlm.train.registry import (
+    ALGORITHMS,
+    REGISTRY,
+    AlgorithmDefaults,
+    algorithm_named,
+    load_ref,
+)
 
 __all__ = ["ALGORITHMS", "AlgorithmDefaults", "AdversarialConfig", "GrowConfig", "LabelNoiseConfig",
            "SamConfig", "TrainConfig", "resolve", "switch_on"]
@@ -157,6 +163,9 @@ class TrainConfig:
     """One pre-training run. Validated on construction: a bad field raises ``ValueError``."""
 
     RENAMED_KEYS: ClassVar[dict[str, str]] = _RENAMED  # old key -> new (override errors)
+    # the settings of algorithms registered with their own ``Algorithm.config`` (a plug-in's):
+    # keys train.<section>.*, as if each were a field (flatlm.core.config, "Open sections")
+    OPEN_SECTIONS: ClassVar[str] = "plugin_sections"
 
     algorithm: str = "adamw"  # a registered algorithm (flatlm.train.registry): adamw, sgd,
     #   noreg, sam, adversarial, grow, label_noise
@@ -196,6 +205,9 @@ class TrainConfig:
     adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)  # adversarial only
     grow: GrowConfig = field(default_factory=GrowConfig)  # grow only
     label_noise: LabelNoiseConfig = field(default_factory=LabelNoiseConfig)  # label_noise only
+    plugin_sections: tuple[tuple[str, Any], ...] = ()  # (section, settings) of plug-in
+    #   algorithms given a value (train.<section>.<key>); one not given reads its defaults
+    #   (``settings``)
     checkpoint_steps: tuple[int, ...] = ()  # updates after which to save (0 = the initial
     #   model); each in 0..steps; stored sorted and unique
     seed: int = 0  # initialisation, data order, masking and dropout all derive from it
@@ -216,6 +228,26 @@ class TrainConfig:
     world_size: int = 1  # data-parallel processes, each taking an equal slice of every batch
     #   (one GPU each on CUDA, gloo processes on the CPU; flatlm.train.distributed); >= 1,
     #   dividing batch_size (sam: each half); adversarial runs in one process only
+
+    @classmethod
+    def section_class(cls, name: str) -> type | None:
+        """The settings class of a registered algorithm's own section ``name`` (not a field)."""
+        return next((a.config for a in REGISTRY.values()
+                     if a.section == name and a.config is not None), None)
+
+    @classmethod
+    def open_section_names(cls) -> list[str]:
+        return [a.section for a in REGISTRY.values() if a.config is not None]
+
+    def settings(self, section: str):
+        """An algorithm's settings: a built-in's field (``sam``), or a plug-in's section as given
+        (``train.<section>.*``) over its config's defaults."""
+        if section in _sections():
+            return getattr(self, section)
+        cls = self.section_class(section)
+        if cls is None:
+            raise ValueError(f"train.{section}: no registered algorithm has this section")
+        return dict(self.plugin_sections).get(section) or cls()
 
     @property
     def sentences_per_pass(self) -> int:
@@ -341,10 +373,15 @@ class TrainConfig:
         for name, cls in sections.items():
             value = getattr(self, name)
             _check(isinstance(value, cls), name, value, f"use a {cls.__name__}")
+        for name, value in self.plugin_sections:
+            cls = self.section_class(name)
+            _check(cls is not None and isinstance(value, cls), name, value,
+                   "set a registered algorithm's own section, train.<section>.<key>")
         algorithm = algorithm_named(self.algorithm)
-        _check(algorithm.section is None or algorithm.section in sections, "algorithm",
-               self.algorithm, f"its section {algorithm.section!r} is not a TrainConfig field; "
-               "add its config class there (flatlm.train.registry)")
+        _check(algorithm.section is None or algorithm.section in sections
+               or algorithm.config is not None, "algorithm", self.algorithm,
+               f"its section {algorithm.section!r} is neither a TrainConfig field nor given a "
+               "config class (Algorithm.config, flatlm.train.registry)")
         if algorithm.config_check is not None:
             load_ref(algorithm.config_check)(self)
 

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from flatlm.core.registry import load_plugins, loaded_plugins
 from flatlm.core.seeds import derive_seed
 from flatlm.models.presets import parse_model
 from flatlm.sources import load
@@ -83,7 +84,8 @@ def train_data_parallel(cfg: TrainConfig, source, model_cfg, out_dir, *, device=
     job = {"cfg": cfg, "source": source.spec, "model_cfg": model_cfg, "out_dir": out_dir,
            "device": str(device), "ckpt": start[0] if start else None, "corpus": corpus,
            "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
-           "algorithm": algorithm_named(cfg.algorithm)}  # one registered outside flatlm too
+           "algorithm": algorithm_named(cfg.algorithm),  # one registered outside flatlm too
+           "plugins": loaded_plugins()}  # a fresh rank registers what this process did
     try:
         with writer_lock(out_dir), _ranks(job, cfg.world_size, device):
             for bad, _ in unreadable:  # no rank reads them: each loads job["ckpt"]
@@ -304,6 +306,7 @@ def _helper(rank, world_size, port, job, errors, parent_pid) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     _see_gpus(job.get("gpus"))
     try:
+        load_plugins(job["plugins"])  # before the source spec names a plug-in's kind
         _register_if_missing(job.get("algorithm"))
         device = rank_device(torch.device(job["device"]), rank, world_size)
         store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=TIMEOUT)

@@ -8,14 +8,16 @@ names. The tables other modules know are views of this one: ``ALGORITHMS`` (defa
 (``flatlm.train.distributed``) and the sections a trial leaves out of its logged params
 (``unused_sections``).
 
-Layering: this module imports nothing of flatlm, so ``flatlm.train.config``, which is read when
-configs are parsed and imports no torch, checks ``train.algorithm`` against it. A function is
-given as itself or as ``"module:name"``, imported when first used; the built-ins below name
-theirs that way, so neither parsing a config nor the modules of ``flatlm.train`` import each other
-to find a step (``data.py`` no longer imports ``label_noise.py``, which imports it).
+Layering: this module imports only the ground floor (``flatlm.core.registry``: the table and the
+lazy importer every registry shares), so ``flatlm.train.config``, which is read when configs are
+parsed and imports no torch, checks ``train.algorithm`` against it. A function is given as itself
+or as ``"module:name"``, imported when first used; the built-ins below name theirs that way, so
+neither parsing a config nor the modules of ``flatlm.train`` import each other to find a step
+(``data.py`` no longer imports ``label_noise.py``, which imports it).
 
-To add an algorithm, register it from a module imported before the config is built (a script of
-your own, a test):
+To add an algorithm, register it from a plug-in module (``--plugin MODULE`` on the ``flatlm``
+commands and the sweeps, ``FLATLM_PLUGINS``, or the ``flatlm.plugins`` entry-point group), which
+every process of a run imports, Ray workers and data-parallel ranks included:
 
     from flatlm.train.registry import Algorithm, AlgorithmDefaults, register_algorithm
 
@@ -25,24 +27,27 @@ your own, a test):
                                    warmup_steps=0, summary="what it is, in a line")))
 
 ``train.algorithm=sign_sgd`` then trains with it (tests/assets/toy_algorithm.py does exactly this).
-Settings of its own are a small frozen config dataclass added as a ``TrainConfig`` field, named
-by ``section``; a data-parallel update (``data_parallel_step``) runs on every rank, which gets the
-``Algorithm`` object from rank 0 (so its functions must be importable, not lambdas). A process
-that imports no such module (a Ray worker, ``flatlm train``) knows only the built-ins.
+Settings of its own are a small frozen config dataclass given as ``config=`` with its
+``section``: its keys are ``train.<section>.<key>``, checked against that class, and the update
+reads them as ``ctx.cfg.settings(section)``; no ``TrainConfig`` field is added
+(tests/assets/toy_settings_algorithm.py). A data-parallel update (``data_parallel_step``) runs on
+every rank, which gets the ``Algorithm`` object from rank 0 (so its functions must be importable,
+not lambdas).
 """
 
 from __future__ import annotations
 
-import importlib
+import dataclasses
 import operator
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-OPTIMIZERS = ("adamw", "sgd")
+from flatlm.core.registry import Ref, Registry, check_ref, load_ref
 
-# A function, or "module:name" for one imported when first used (the module stays unimported
-# until the algorithm runs: the built-ins' updates need torch, the registry must not).
-Ref = Callable | str
+__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmDefaults", "REGISTRY", "Ref", "algorithm_named",
+           "load_ref", "register_algorithm", "unused_sections"]
+
+OPTIMIZERS = ("adamw", "sgd")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,8 +80,11 @@ class Algorithm:
     data_parallel_step: Ref | None = None  # the same update on a rank's slice of the batch,
     #   gradients reduced over the ranks; None: train.world_size must be 1 ...
     one_process_reason: str = "it has no data-parallel update"  # ... and this says why
-    section: str | None = None  # the TrainConfig field holding its settings (train.<section>.*),
-    #   logged only when the algorithm runs; None: it has none
+    section: str | None = None  # where its settings are (train.<section>.*), logged only when
+    #   the algorithm runs: a TrainConfig field (the built-ins'), or the section of ``config``;
+    #   None: it has none
+    config: type | None = None  # a plug-in's settings: a frozen dataclass whose defaults are
+    #   its section's (``TrainConfig.settings(section)``); no TrainConfig field is added
     batch_transform: Ref | None = None  # (MLMBatch, cfg, n_words, i) -> MLMBatch: update i's
     #   masked batch changed on the CPU, before it is sorted, split or sliced (label noise)
     halves_batch: bool = False  # the update splits each batch into two halves (sam): the batch
@@ -98,11 +106,14 @@ class Algorithm:
                  f"{self.name}: defaults={self.defaults!r}: use an AlgorithmDefaults")
         _require(self.section is None or self.section.isidentifier(),
                  f"{self.name}: section={self.section!r}: name a TrainConfig field, or None")
+        _require(self.config is None or (dataclasses.is_dataclass(self.config)
+                                         and self.section is not None),
+                 f"{self.name}: config={self.config!r}: give a dataclass of its settings and "
+                 "the section that holds them (section='...')")
         for hook in ("step", "data_parallel_step", "batch_transform", "probe_pool",
                      "config_check", "model_check", "packed_step"):
             ref = getattr(self, hook)
-            _require((ref is None and hook != "step") or callable(ref)
-                     or (isinstance(ref, str) and ref.count(":") == 1),
+            _require((ref is None and hook != "step") or check_ref(ref),
                      f"{self.name}: {hook}={ref!r}: give a function or 'module:name'")
 
     @property
@@ -135,14 +146,6 @@ class Algorithm:
         return None if self.batch_transform is None else load_ref(self.batch_transform)
 
 
-def load_ref(ref: Ref) -> Callable:
-    """The function ``ref`` is, or names as ``"module:name"``."""
-    if not isinstance(ref, str):
-        return ref
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(f"algorithm: {message}")
@@ -150,25 +153,21 @@ def _require(ok: bool, message: str) -> None:
 
 # ------------------------------------------------------------------------------ the registry
 
-REGISTRY: dict[str, Algorithm] = {}  # name -> algorithm; add with register_algorithm
+REGISTRY: Registry[Algorithm] = Registry(
+    "algorithm", key="train.algorithm",
+    how_to_add="flatlm.train.registry.register_algorithm in a plug-in module: --plugin MODULE")
 
 
 def register_algorithm(algorithm: Algorithm, *, replace: bool = False) -> Algorithm:
     """Adds ``algorithm`` under its name (``replace``: over one registered before); returns it."""
     if not isinstance(algorithm, Algorithm):
         raise TypeError(f"register_algorithm: expected an Algorithm, got {algorithm!r}")
-    if algorithm.name in REGISTRY and not replace:
-        raise ValueError(f"algorithm {algorithm.name!r} is registered already; choose another "
-                         "name, or pass replace=True")
-    REGISTRY[algorithm.name] = algorithm
-    return algorithm
+    return REGISTRY.register(algorithm.name, algorithm, replace=replace)
 
 
 def algorithm_named(name: str) -> Algorithm:
     """The registered algorithm ``name``; a ValueError naming the known ones."""
-    if name not in REGISTRY:
-        raise ValueError(f"train.algorithm={name!r}: use one of {', '.join(REGISTRY)}")
-    return REGISTRY[name]
+    return REGISTRY.lookup(name)
 
 
 def unused_sections(name: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""A toy source written as a user would add one: this file and one registry entry.
+"""A toy source written as a user would add one: this file, registered through the public API
+when it is imported (``--plugin tests.assets.toy_source``), and nothing else.
 
 Sentences of L i.i.d. uniform words out of V; the truth at every position is uniform; task
 "first" labels a sentence by its first word (V classes), under one rule.
@@ -7,6 +8,7 @@ Sentences of L i.i.d. uniform words out of V; the truth at every position is uni
 import numpy as np
 import torch
 
+from flatlm.sources import register_source
 from flatlm.sources.base import Source, SourceError
 
 
@@ -45,3 +47,6 @@ class Uniform(Source):
 
     def _fingerprint_arrays(self):
         return [np.array([self.V, self.max_length])]
+
+
+register_source("uniform", Uniform, "vocab")

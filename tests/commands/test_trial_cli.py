@@ -40,7 +40,7 @@ def test_the_trial_starts_from_the_scale_and_protocol_base(tmp_path, monkeypatch
 
 @pytest.mark.parametrize(("argv", "match"), [
     (["trial", "--out", "x", "--set", "lr=0.1"], "lr"),
-    (["trial", "--out", "x", "--scale", "huge"], "scale 'huge'"),
+    (["trial", "--out", "x", "--scale", "huge"], "scale='huge': use one of sweep"),
     (["train", "--model", "d16-h1-l1-i32", "--out", "x", "--set", "sam.rho=0.1"],
      "write train.sam.rho=..."),
 ])

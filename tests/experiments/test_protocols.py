@@ -239,7 +239,7 @@ def test_overrides_come_last_and_are_checked():
     exp = build("steps", protocol="paper", overrides={"train.steps": 40,
                                                       "train.checkpoint_steps": [0, 40]})
     assert exp.base.train.steps == 40
-    with pytest.raises(ValueError, match="experiment 'bogus'"):
+    with pytest.raises(ValueError, match="experiment='bogus': use one of steps, sizes"):
         build("bogus")
     with pytest.raises(ValueError, match="train.nonsense"):
         build("steps", overrides={"train.nonsense": 1})

@@ -32,11 +32,15 @@ def toy(monkeypatch):
     """The toy module, imported (so registered) on a copy of the registry, undone after."""
     # Without the toy's own entries: whatever imported the module before (a collector, another
     # test) must not make this import a second registration.
-    builtin = {name: m for name, m in measure_registry.MEASUREMENTS.items()
-               if getattr(m.run, "__module__", None) != TOY}
-    monkeypatch.setattr(measure_registry, "MEASUREMENTS", builtin)
+    registry = measure_registry.MEASUREMENTS
+    saved = dict(registry)
+    for name, m in saved.items():
+        if getattr(m.run, "__module__", None) == TOY:
+            del registry[name]
     sys.modules.pop(TOY, None)
     yield importlib.import_module(TOY)
+    registry.clear()
+    registry.update(saved)
     sys.modules.pop(TOY, None)
 
 

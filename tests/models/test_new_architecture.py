@@ -71,7 +71,7 @@ def test_the_registry_derives_shapes_counts_and_messages():
         parse_model(SHAPE + "-pre")
     with pytest.raises(ValueError, match="'toy-d{d_model}-l{n_layers}' \\(toy MLM\\)"):
         parse_model("toy-16")
-    with pytest.raises(ValueError, match="use one of .*'toy'"):
+    with pytest.raises(ValueError, match="model.arch='gpt': use one of bert, lstm, toy \\(add"):
         ModelConfig(arch="gpt", n_layers=1)
     with pytest.raises(ValueError, match="model.arch='toy': the paper quotes .* only for BERTs"):
         paper_parameter_count(cfg)

@@ -1,7 +1,8 @@
-"""A new source is one file and one registry entry: the toy in tests/assets/toy_source.py, added
-to ``flatlm.sources.spec.REGISTRY`` and nothing else, runs a whole trial (train, loss, Tr(F),
-probes with their reference rows) and gets a corpus."""
+"""A new source is one file: the toy in tests/assets/toy_source.py, registered through
+``flatlm.sources.register_source`` when imported and nothing else, runs a whole trial (train,
+loss, Tr(F), probes with their reference rows) and gets a corpus."""
 
+import importlib
 import sys
 
 import pytest
@@ -10,12 +11,19 @@ from flatlm.core.config import apply_overrides
 from flatlm.runs.trial import TrialConfig, run_trial
 from flatlm.sources import load, spec
 
+TOY = "tests.assets.toy_source"
+
 
 @pytest.fixture
-def uniform_kind(monkeypatch):
-    monkeypatch.setitem(spec.REGISTRY, "uniform", ("tests.assets.toy_source:Uniform", "vocab"))
+def uniform_kind():
+    """The toy, registered by importing its module as a plug-in; the registry is put back after."""
+    saved = dict(spec.REGISTRY)
+    sys.modules.pop(TOY, None)
+    importlib.import_module(TOY)
     yield
-    sys.modules.pop("tests.assets.toy_source", None)
+    spec.REGISTRY.clear()
+    spec.REGISTRY.update(saved)
+    sys.modules.pop(TOY, None)
 
 
 def test_a_registered_toy_source_runs_a_trial(uniform_kind, tmp_path):

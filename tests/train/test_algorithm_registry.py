@@ -121,9 +121,11 @@ def test_an_unknown_algorithm_names_the_field_and_the_known_ones(sign_sgd):
 
 
 def test_a_name_is_registered_once_and_an_algorithm_is_checked_when_made(sign_sgd):
+    assert register_algorithm(sign_sgd) is sign_sgd  # the same object again: a no-op
+    other = dataclasses.replace(sign_sgd, one_process_reason="another")
     with pytest.raises(ValueError, match="'sign_sgd' is registered already"):
-        register_algorithm(sign_sgd)
-    assert register_algorithm(sign_sgd, replace=True) is REGISTRY["sign_sgd"]
+        register_algorithm(other)
+    assert register_algorithm(other, replace=True) is REGISTRY["sign_sgd"] is other
     defaults = sign_sgd.defaults
     with pytest.raises(ValueError, match="name='sign-sgd': use an identifier"):
         Algorithm(name="sign-sgd", defaults=defaults, step=sign_sgd.step)
@@ -138,5 +140,6 @@ def test_a_name_is_registered_once_and_an_algorithm_is_checked_when_made(sign_sg
 def test_an_algorithm_whose_section_is_not_a_field_is_refused_by_name(sign_sgd):
     register_algorithm(dataclasses.replace(sign_sgd, name="sign_sgd_tuned", section="sign"))
     with pytest.raises(ValueError, match=r"train\.algorithm='sign_sgd_tuned': its section "
-                                         r"'sign' is not a TrainConfig field"):
+                                         r"'sign' is neither a TrainConfig field nor given a "
+                                         r"config class \(Algorithm.config"):
         TrainConfig(algorithm="sign_sgd_tuned")
