@@ -92,8 +92,8 @@ def train_pack(
     the member's model and checkpoint directory; all members' checkpoints of a step are on
     disk before the first hook of that step runs) or one per member. Returns each member's
     ``TrainResult``, or the ``Diverged`` that stopped it. ``on_step(step)``: told the pack's
-    step where it starts and after every update (a progress line's, as ``train``'s). Bad or unpackable configurations
-    raise ``ValueError`` before any training."""
+    step where it starts and after every update (a progress line's, as ``train``'s). Bad or
+    unpackable configurations raise ``ValueError`` before any training."""
     if len(cfgs) != len(out_dirs) or not cfgs:
         raise ValueError(f"pack: {len(cfgs)} configs for {len(out_dirs)} output directories")
     cfgs = [resolve(c) for c in cfgs]  # as the twin saves it (compile / unpad: docstring)

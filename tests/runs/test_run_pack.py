@@ -74,7 +74,7 @@ def test_each_member_measures_as_its_trial_alone(tmp_path):
         _assert_same_directory(tmp_path / f"m{k}", tmp_path / f"alone{k}")
 
 
-class Stop(Exception):
+class StopError(Exception):
     pass
 
 
@@ -86,10 +86,10 @@ def test_a_resumed_pack_equals_one_that_never_stopped(tmp_path):
 
     def stop_at_2(step, metrics, ckpt):
         if step == 2:
-            raise Stop
+            raise StopError
 
     dirs = [tmp_path / "b0", tmp_path / "b1"]
-    with pytest.raises(Stop):
+    with pytest.raises(StopError):
         run_pack(cfgs, dirs, [stop_at_2, None])
     assert sorted(read_metrics(dirs[1])) == [0]  # its step 2 left unmeasured
     resumed = run_pack(cfgs, dirs)
