@@ -106,6 +106,37 @@ def check_pack_size(size) -> None:
                          "as one model; 1 trains every trial alone)")
 
 
+# The default pack size where the device is CUDA. A GPU running one small trial is bound by
+# kernel launches, not arithmetic (15 testbed trials time-slicing an H200 ran no faster than one
+# CPU core each: bench/results/gpu_replication_h200.md), and a pack's update costs about one
+# trial's launches; 16 holds those 15 in one pack. No GPU measurement chose 16 over another K.
+CUDA_PACK = 16
+# On a CPU packing is off by default: bench/results/packs_cpu.json shows no gain at the
+# testbed's batch with 2 threads (1 thread, batch 16: 2.18x; batch 256 or 2 threads: none).
+DEFAULT_RULE = (f"default: 1 (off) on a CPU, where bench/packs.py measured no gain at the "
+                f"testbed's batch; {CUDA_PACK} on CUDA")
+
+
+def default_pack_size(device: str | torch.device) -> int:
+    """``--pack``'s default on ``device``: ``DEFAULT_RULE``."""
+    return CUDA_PACK if torch.device(device).type == "cuda" else 1
+
+
+def check_pack_request(cfgs: Sequence[TrialConfig], size) -> None:
+    """A ``--pack`` the user gave: a whole number >= 1, and with ``size`` > 1 no trial of an
+    algorithm that cannot be packed (a ValueError naming it and the way out). A trial whose
+    model cannot be packed (an LSTM, a pre-LN BERT) is not an error: it runs alone."""
+    check_pack_size(size)
+    if size == 1:
+        return
+    for cfg in cfgs:
+        algorithm = algorithm_named(cfg.train.algorithm)
+        if algorithm.packed_step is None:
+            raise ValueError(f"--pack {size}: train.algorithm={algorithm.name} cannot be packed "
+                             f"({algorithm.unpacked_reason}); leave {algorithm.name} out of "
+                             "the trials, or pass --pack 1")
+
+
 def run_pack(cfgs: Sequence[TrialConfig], out_dirs: Sequence[str | Path],
              reports: Sequence[Report | None] | None = None, *,
              device: str | torch.device = "cpu", progress: bool = False,
