@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from flatlm.core.config import apply_overrides
-from flatlm.runs.pack import group_packs, run_pack, unpacked_reason
+from flatlm.runs.pack import check_pack_request, group_packs, run_pack, unpacked_reason
 from flatlm.runs.trial import TrialConfig, run_trial
 from flatlm.storage.diverged import DIVERGED_FILE, divergence
 from flatlm.storage.metrics_log import TRAIN_LOG_FILE, read_metrics
@@ -129,6 +129,10 @@ def test_an_unpackable_trial_runs_alone_with_its_reason_logged(tmp_path, caplog)
     assert "g runs unpacked: train.algorithm=grow" in caplog.text
     alone = run_trial(grow, tmp_path / "alone")
     assert _untimed(packed[1]) == _untimed(alone)
+    check_pack_request([plain, grow], 1)  # no packing asked for: nothing to refuse
+    with pytest.raises(ValueError, match=r"--pack 2: train.algorithm=grow cannot be packed "
+                                         r"\(the model's shape changes.*--pack 1"):
+        check_pack_request([plain, grow], 2)
 
 
 def test_packs_group_one_shape_at_most_k_and_refuse_a_bad_k():
