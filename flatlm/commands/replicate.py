@@ -42,7 +42,8 @@ from flatlm.experiments.protocols import describe, diagnosis_protocols
 from flatlm.experiments.runner import DIVERGED
 from flatlm.experiments.scales import SCALES
 from flatlm.runs.console import Console
-from flatlm.runs.pack import DEFAULT_RULE, check_pack_request, default_pack_size
+from flatlm.runs.pack import check_pack_request
+from flatlm.runs.pack_size import DEFAULT_RULE, default_pack_size
 from flatlm.train.config import ALGORITHMS  # every registered algorithm
 
 OUT_OF_TIME_EXIT = 4

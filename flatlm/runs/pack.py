@@ -23,13 +23,14 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from flatlm.core.config import to_dict
 from flatlm.models.presets import parse_model
+from flatlm.runs.pack_size import check_pack_size
 from flatlm.runs.progress import Sink, TrialProgress
 from flatlm.runs.trial import (
     Report,
@@ -100,28 +101,6 @@ def group_packs(cfgs: Sequence[TrialConfig], size: int) -> list[list[int]]:
     return packs
 
 
-def check_pack_size(size) -> None:
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"--pack {size!r}: give a whole number >= 1 (the most trials trained "
-                         "as one model; 1 trains every trial alone)")
-
-
-# The default pack size where the device is CUDA. A GPU running one small trial is bound by
-# kernel launches, not arithmetic (15 testbed trials time-slicing an H200 ran no faster than one
-# CPU core each: bench/results/gpu_replication_h200.md), and a pack's update costs about one
-# trial's launches; 16 holds those 15 in one pack. No GPU measurement chose 16 over another K.
-CUDA_PACK = 16
-# On a CPU packing is off by default: bench/results/packs_cpu.json shows no gain at the
-# testbed's batch with 2 threads (1 thread, batch 16: 2.18x; batch 256 or 2 threads: none).
-DEFAULT_RULE = (f"default: 1 (off) on a CPU, where bench/packs.py measured no gain at the "
-                f"testbed's batch; {CUDA_PACK} on CUDA")
-
-
-def default_pack_size(device: str | torch.device) -> int:
-    """``--pack``'s default on ``device``: ``DEFAULT_RULE``."""
-    return CUDA_PACK if torch.device(device).type == "cuda" else 1
-
-
 def check_pack_request(cfgs: Sequence[TrialConfig], size) -> None:
     """A ``--pack`` the user gave: a whole number >= 1, and with ``size`` > 1 no trial of an
     algorithm that cannot be packed (a ValueError naming it and the way out). A trial whose
@@ -140,14 +119,16 @@ def check_pack_request(cfgs: Sequence[TrialConfig], size) -> None:
 def run_pack(cfgs: Sequence[TrialConfig], out_dirs: Sequence[str | Path],
              reports: Sequence[Report | None] | None = None, *,
              device: str | torch.device = "cpu", progress: bool = False,
-             eval_cache: str | Path | None = None,
-             on_progress: Sink | None = None) -> list[MemberResult]:
+             eval_cache: str | Path | None = None, on_progress: Sink | None = None,
+             on_round: Callable[[], None] | None = None) -> list[MemberResult]:
     """Runs (or resumes) the trials ``cfgs`` into ``out_dirs``, the packable ones as one pack;
     ``reports[k]``: member k's report sink (``run_trial``'s ``report``). Returns, per member,
     step -> metrics of every checkpoint, or the ``Diverged`` that stopped it (recorded in its
     ``diverged.json``; a member that has one already is not trained again). The packable
     members must share a ``pack_key`` (a ValueError before any work). ``on_progress``: the
-    pack's progress (its step; the member measured)."""
+    pack's progress (its step; the member measured). ``on_round()``: called after each round
+    of the pack's reports (the checkpoints a resume measured or re-reported; then every
+    checkpoint step's), for a sink that reports the members together (the Ray sweeps)."""
     if len(cfgs) != len(out_dirs) or not cfgs:
         raise ValueError(f"run_pack: {len(cfgs)} configs for {len(out_dirs)} directories")
     reports = list(reports) if reports is not None else [None] * len(cfgs)
@@ -174,7 +155,7 @@ def run_pack(cfgs: Sequence[TrialConfig], out_dirs: Sequence[str | Path],
     if packed:
         trained = _train_measured([cfgs[k] for k in packed], [out_dirs[k] for k in packed],
                                   [reports[k] for k in packed], device, progress, eval_cache,
-                                  on_progress)
+                                  on_progress, on_round)
         for k, result in zip(packed, trained, strict=True):
             results[k] = result
     return results
@@ -196,8 +177,8 @@ def _alone(cfg, out_dir, report, device, progress, eval_cache, on_progress) -> M
         return e
 
 
-def _train_measured(cfgs, out_dirs, reports, device, progress, eval_cache,
-                    on_progress) -> list[MemberResult]:
+def _train_measured(cfgs, out_dirs, reports, device, progress, eval_cache, on_progress,
+                    on_round) -> list[MemberResult]:
     """The pack: every member validated and its measuring side built, then trained together."""
     source, model_cfg = validate_trial(cfgs[0])
     cfgs = [with_downstream_resolved(c, source) for c in cfgs]
@@ -213,9 +194,12 @@ def _train_measured(cfgs, out_dirs, reports, device, progress, eval_cache,
                                eval_cache, watch)
         for m in measurers:
             m.catch_up()
+        if on_round is not None:
+            on_round()
         trained = train_pack([c.train for c in cfgs], source, model_cfg, out_dirs,
                              device=device, on_checkpoint=measurers, progress=progress,
-                             resume=True, on_step=watch.stepped)
+                             resume=True, on_step=watch.stepped,
+                             on_round=None if on_round is None else lambda step: on_round())
     results: list[MemberResult] = []
     for d, m, outcome in zip(out_dirs, measurers, trained, strict=True):
         if isinstance(outcome, Diverged):

@@ -86,13 +86,16 @@ def train_pack(
     resume: bool = False,
     corpus: tuple[torch.Tensor, torch.Tensor] | None = None,
     on_step: StepHook | None = None,
+    on_round: Callable[[int], None] | None = None,
 ) -> list[TrainResult | Diverged]:
     """Trains run k = ``train(cfgs[k], source, model_cfg, out_dirs[k], ...)`` for every k, as
     one packed model (module docstring). ``on_checkpoint``: one hook for every member (it gets
     the member's model and checkpoint directory; all members' checkpoints of a step are on
     disk before the first hook of that step runs) or one per member. Returns each member's
     ``TrainResult``, or the ``Diverged`` that stopped it. ``on_step(step)``: told the pack's
-    step where it starts and after every update (a progress line's, as ``train``'s). Bad or
+    step where it starts and after every update (a progress line's, as ``train``'s).
+    ``on_round(step)``: told after the hooks of the members checkpointed at ``step`` (a sink
+    that reports once per round: the Ray sweeps' packs). Bad or
     unpackable configurations raise ``ValueError`` before any training."""
     if len(cfgs) != len(out_dirs) or not cfgs:
         raise ValueError(f"pack: {len(cfgs)} configs for {len(out_dirs)} output directories")
@@ -127,7 +130,7 @@ def train_pack(
             m.ctx.n_classes = n_classes  # adversarial: the classes of its probe task
         cuda = [device.index or 0] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):  # a hook may draw; training never does
-            Pack(members, device).loop(progress, on_step)
+            Pack(members, device).loop(progress, on_step, on_round)
     return [m.result() for m in members]
 
 
@@ -316,7 +319,8 @@ class Pack:
             m.pack, m.index = self, i
         self.alive = training
 
-    def loop(self, progress: bool, on_step: StepHook | None = None) -> None:
+    def loop(self, progress: bool, on_step: StepHook | None = None,
+             on_round: Callable[[int], None] | None = None) -> None:
         on_step = on_step or (lambda step: None)
         total = max((m.cfg.steps for m in self.members), default=0)
         start = self.alive[0].step if self.alive else total
@@ -330,6 +334,8 @@ class Pack:
                     m.write_due_checkpoint()  # leaves the pack's checkpoints one round
                 for m in due:
                     m.call_hook()
+                if due and on_round is not None:
+                    on_round(due[0].step)
                 self.retire()
                 if not self.alive:
                     return

@@ -135,7 +135,7 @@ def test_a_bad_pack_is_refused_before_any_work(tmp_path):
 
 
 def test_pack_defaults_to_off_on_a_cpu_and_on_on_cuda_and_help_says_so(capsys):
-    from flatlm.runs.pack import CUDA_PACK, default_pack_size
+    from flatlm.runs.pack_size import CUDA_PACK, default_pack_size
 
     assert (default_pack_size("cpu"), default_pack_size("cuda:0")) == (1, CUDA_PACK)
     with pytest.raises(SystemExit):
