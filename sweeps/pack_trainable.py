@@ -32,15 +32,29 @@ from sweeps.trainable import (
     end_diverged,
     finish_trial,
     plot_trial,
+    quiet_ray_train,
     tracker_for,
+    trainable,
 )
 from sweeps.travel import restore_tracking, save_tracking
 
 ROUNDS_DIR = "rounds"  # under the pack's directory: the round handed to Tune, then removed
 
 
+def any_trial(config: dict) -> None:
+    """The sweeps' Tune function trainable: a trial (``overrides``: ``sweeps.trainable``), a
+    pack of one (its trial), or a pack (``pack_trainable``)."""
+    pack = config.get("pack")
+    if pack is None:
+        return trainable(config)
+    if len(pack) == 1:
+        return trainable({**config, "overrides": pack[0]})
+    return pack_trainable(config)
+
+
 def pack_trainable(config: dict) -> None:
     """``config``: ``base``, ``pack`` (each member's point of the grid) and ``sweep``."""
+    quiet_ray_train()
     sweep = config["sweep"]
     trials_dir = Path(sweep["trials_dir"])
     pack_id = tune.get_context().get_trial_id()

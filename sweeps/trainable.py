@@ -64,12 +64,6 @@ def trainable(config: dict) -> None:
     from flatlm.runs.trial import run_trial, validate_trial, with_downstream_resolved
 
     quiet_ray_train()
-    if config.get("pack") is not None:  # --pack: this Ray trial is a pack's (sweeps.spec.packs)
-        if len(config["pack"]) > 1:
-            from sweeps.pack_trainable import pack_trainable
-
-            return pack_trainable(config)
-        config = {**config, "overrides": config["pack"][0]}  # a pack of one: its trial
     sweep = config["sweep"]
     cfg = apply_overrides(from_dict(TrialConfig, config["base"]), config["overrides"])
     source, _ = validate_trial(cfg)  # built once: run_trial takes it

@@ -8,17 +8,17 @@ from pathlib import Path
 
 from flatlm.core.config import to_dict
 from sweeps.console import OneLinePerResult, trial_label
+from sweeps.pack_trainable import any_trial
 from sweeps.progress import ProgressLines
 from sweeps.rayenv import ray, tune
 from sweeps.signals import RecordSignals
 from sweeps.spec import Sweep, objectives, packs, ray_trials
-from sweeps.trainable import trainable
 from sweeps.trust import StateDigests, record_digest
 
 
 def build_tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, show: tuple[str, ...],
            callbacks: Sequence[tune.Callback]) -> tune.Tuner:
-    trainable_ = tune.with_resources(trainable, {"cpu": sweep.cpus_per_trial,
+    trainable_ = tune.with_resources(any_trial, {"cpu": sweep.cpus_per_trial,
                                                  "gpu": sweep.gpus_per_trial})
     path = storage / sweep.name
     if resume and tune.Tuner.can_restore(str(path)):  # its state verified (check_state)
