@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from flatlm.core.config import apply_overrides, parse_assignments, refuse_varied
 from flatlm.core.registry import PLUGIN_HELP, load_command_plugins
+from flatlm.runs.pack_size import CUDA_PACK
 from sweeps.delivery import TrackingIncomplete
 
 if TYPE_CHECKING:
@@ -90,6 +91,12 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-trial", type=float,
                    help="GPUs per trial; a fraction packs several small trials on one GPU, "
                         "a whole N > 1 trains each trial data-parallel on N (train.world_size)")
+    p.add_argument("--pack", type=int, metavar="K",
+                   help="train up to K grid points of one shape as one model in one Ray trial, "
+                        "each still its own MLflow run (flatlm.runs.pack; 1: each alone); "
+                        f"default: 1 (off) without GPUs, {CUDA_PACK} where --gpus-per-trial > "
+                        "0 (a GPU is launch-bound on small trials; bench/packs.py found no gain "
+                        "on a CPU at the testbed's batch)")
     p.add_argument("--max-failures", type=int,
                    help="retries of a failed trial from its last checkpoint (default 3)")
     p.add_argument("--verbose", action="store_true",
@@ -160,11 +167,27 @@ def apply_arguments(sweep: Sweep, args: argparse.Namespace) -> Sweep:
                                          ("kl_threshold", args.kl_threshold),
                                          ("loss_tolerance", getattr(args, "loss_tolerance", None)))
                        if v is not None})
+    pack = getattr(args, "pack", None)
+    sweep = replace(sweep, pack=default_pack(sweep) if pack is None else pack)
     if set(overrides) & set(sweep.space):  # the search space would replace the value
         validate_trial(sweep.base)  # a bad value is named as such first
         refuse_varied(overrides, sweep.space, "this sweep (its search space)",
                       "or use a sweep script that does not vary it")
     return with_ranks_per_gpu(sweep, overrides)
+
+
+def default_pack(sweep: Sweep) -> int:
+    """``--pack``'s default (``flatlm.runs.pack.DEFAULT_RULE``): ``CUDA_PACK`` where the trials
+    get a GPU and the sweep is a grid whose algorithms all pack; else 1."""
+    from sweeps.spec import check_pack, grid_points
+
+    if sweep.gpus_per_trial <= 0:
+        return 1
+    try:
+        check_pack(replace(sweep, pack=CUDA_PACK), grid_points(sweep))
+    except ValueError:  # a searcher, a distribution or an unpackable algorithm: unpacked
+        return 1
+    return CUDA_PACK
 
 
 def with_ranks_per_gpu(sweep: Sweep, overrides: dict) -> Sweep:

@@ -21,6 +21,7 @@ from flatlm.measure import (
 )
 from flatlm.measure.registry import metric_keys
 from flatlm.runs.headline import headline_keys, headline_task
+from flatlm.runs.pack import check_pack_request, check_pack_size, group_packs
 from flatlm.runs.trial import TrialConfig, measured_tasks, validate_trial
 from flatlm.storage.metrics_log import N_PARAMS
 from flatlm.tracking.tracker import check_tracking_uri as check
@@ -53,6 +54,8 @@ class Sweep:
     #   of the entropy, or, for a source without a truth (real text), of the lowest loss reached
     selection: bool = False  # the summary prints the whole model-selection table
     #   (analysis/selection.py), not only its verdict
+    pack: int = 1  # the most grid points of one shape trained as one model in one Ray trial
+    #   (flatlm.runs.pack), each still its own MLflow run; 1 = every trial alone
 
 
 def sweep_task(sweep: Sweep) -> str:
@@ -101,6 +104,32 @@ def shown_metrics(sweep: Sweep) -> tuple[str, ...]:
     return headline_keys(sweep_task(sweep))
 
 
+def grid_points(sweep: Sweep) -> list[dict]:
+    """Every point of the sweep's grid (its grid searches' product) as overrides, the last key
+    varying fastest."""
+    grid = {k: v["grid_search"] for k, v in sweep.space.items()
+            if isinstance(v, dict) and "grid_search" in v}
+    points = [{}]
+    for key, values in grid.items():
+        points = [{**p, key: v} for p in points for v in values]
+    return points
+
+
+def packs(sweep: Sweep) -> list[list[dict]]:
+    """The grid's points cut into packs (``flatlm.runs.pack.group_packs``, at most
+    ``sweep.pack`` points of one shape each): one Ray trial per pack."""
+    points = grid_points(sweep)
+    cfgs = [apply_overrides(sweep.base, p) for p in points]
+    return [[points[k] for k in pack] for pack in group_packs(cfgs, sweep.pack)]
+
+
+def ray_trials(sweep: Sweep) -> int:
+    """How many Ray trials the sweep runs: its trials, or its packs' count with ``--pack``."""
+    if sweep.pack == 1:
+        return planned_trials(sweep)
+    return len(packs(sweep)) * sweep.num_samples
+
+
 def planned_trials(sweep: Sweep) -> int:
     """How many trials the sweep runs: the grid's points times ``num_samples`` (a searcher's
     or a distribution's draws: ``num_samples``)."""
@@ -140,6 +169,20 @@ def objectives(sweep: Sweep) -> tuple[tuple[str, str], ...]:
     return sweep.objectives or ((accuracy_key(sweep), "max"),)
 
 
+def check_pack(sweep: Sweep, points: list[dict]) -> None:
+    """``--pack K``: a whole number >= 1; above 1, a grid (a searcher's or a distribution's
+    trials are drawn one at a time) and no algorithm that cannot be packed."""
+    check_pack_size(sweep.pack)
+    if sweep.pack == 1:
+        return
+    drawn = [k for k, v in sweep.space.items() if not (isinstance(v, dict) and "grid_search" in v)]
+    if sweep.searcher is not None or drawn:
+        raise ValueError(f"--pack {sweep.pack}: packs group a grid's points, and this sweep "
+                         f"draws its trials ({'a searcher' if sweep.searcher else ''}"
+                         f"{', '.join(drawn)}); pass --pack 1")
+    check_pack_request([apply_overrides(sweep.base, p) for p in points], sweep.pack)
+
+
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")  # a sweep name: one directory level
 
 
@@ -163,13 +206,10 @@ def check_sweep(sweep: Sweep) -> None:
     if sweep.max_failures < 0:
         raise ValueError(f"--max-failures {sweep.max_failures}: use 0 or more (Ray reads a "
                          "negative value as unlimited retries)")
-    grid = {k: v["grid_search"] for k, v in sweep.space.items()
-            if isinstance(v, dict) and "grid_search" in v}
-    points = [{}]
-    for key, values in grid.items():
-        points = [{**p, key: v} for p in points for v in values]
+    points = grid_points(sweep)
     for point in points:
         validate_trial(apply_overrides(sweep.base, point))
+    check_pack(sweep, points)
     if sweep.cpus_per_trial <= 0 or sweep.gpus_per_trial < 0:
         raise ValueError("--cpus-per-trial must be > 0 and --gpus-per-trial >= 0")
     sweep_task(sweep)

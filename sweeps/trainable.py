@@ -95,7 +95,7 @@ def trainable(config: dict) -> None:
         tracker.finish("FAILED")
         raise
     try:
-        _plot_trial(out_dir, name, cfg)
+        plot_trial(out_dir, name, cfg)
     except Exception as e:  # noqa: BLE001 - a figure is not worth failing a finished trial
         print(f"trial {name}: could not plot its curves: {e}", file=sys.stderr, flush=True)
     tracker.sync_artifacts(out_dir, patterns=TRIAL_ARTIFACTS, folders=ARTIFACT_FOLDERS)
@@ -130,6 +130,12 @@ def _tracker(cfg: TrialConfig, sweep: dict, name: str, out_dir: Path):
     if ckpt is not None:
         with ckpt.as_directory() as d:
             run_id = restore_tracking(Path(d), out_dir)
+    return tracker_for(cfg, sweep, name, out_dir, run_id)
+
+
+def tracker_for(cfg: TrialConfig, sweep: dict, name: str, out_dir: Path, run_id: str | None):
+    """The trial's tracker on MLflow run ``run_id`` (a restored checkpoint's), else on that of
+    its earlier attempt on this node, of its name (a retry before any checkpoint), or new."""
     if run_id is None and not (out_dir / STATE_FILE).exists():
         run_id = find_run(sweep["tracking_uri"], sweep["experiment_id"], name)
     return MlflowTracker(sweep["tracking_uri"], out_dir, experiment_id=sweep["experiment_id"],
@@ -153,7 +159,7 @@ def curve_keys(tasks: tuple[str, ...]) -> list[str]:
     return [LOSS, KL, TRACE_FISHER, TRACE_HESSIAN, *(probe_keys(t)[0] for t in tasks)]
 
 
-def _plot_trial(out_dir: Path, name: str, cfg: TrialConfig) -> None:
+def plot_trial(out_dir: Path, name: str, cfg: TrialConfig) -> None:
     """``curves.png``: the trial's training loss and measurements over training steps (a figure
     to look at in the MLflow UI), and ``trial_config.json`` (a copy of config.json under an
     unambiguous name)."""

@@ -8,17 +8,17 @@ from pathlib import Path
 
 from flatlm.core.config import to_dict
 from sweeps.console import OneLinePerResult, trial_label
+from sweeps.pack_trainable import any_trial
 from sweeps.progress import ProgressLines
 from sweeps.rayenv import ray, tune
 from sweeps.signals import RecordSignals
-from sweeps.spec import Sweep, objectives, planned_trials
-from sweeps.trainable import trainable
+from sweeps.spec import Sweep, objectives, packs, ray_trials
 from sweeps.trust import StateDigests, record_digest
 
 
 def build_tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, show: tuple[str, ...],
            callbacks: Sequence[tune.Callback]) -> tune.Tuner:
-    trainable_ = tune.with_resources(trainable, {"cpu": sweep.cpus_per_trial,
+    trainable_ = tune.with_resources(any_trial, {"cpu": sweep.cpus_per_trial,
                                                  "gpu": sweep.gpus_per_trial})
     path = storage / sweep.name
     if resume and tune.Tuner.can_restore(str(path)):  # its state verified (check_state)
@@ -31,16 +31,23 @@ def build_tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, sho
                          "--resume to continue it, or --name to start another")
     tuner = tune.Tuner(
         trainable_,
-        param_space={"base": to_dict(sweep.base), "overrides": dict(sweep.space),
-                     "sweep": sweep_info},
+        param_space={"base": to_dict(sweep.base), **trial_space(sweep), "sweep": sweep_info},
         tune_config=tune_config(sweep),
         run_config=tune.RunConfig(
             name=sweep.name, storage_path=str(storage), verbose=0,
             failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
             callbacks=[RecordSignals(), StateDigests(), OneLinePerResult(show),
-                       ProgressLines(planned_trials(sweep)), *callbacks]))
+                       ProgressLines(ray_trials(sweep)), *callbacks]))
     record_digest(path)  # Tune wrote tuner.pkl as it built the Tuner
     return tuner
+
+
+def trial_space(sweep: Sweep) -> dict:
+    """What each Ray trial is: ``overrides`` (a point of the search space), or with ``--pack``
+    a ``pack`` (the points of one pack, ``sweeps.spec.packs``; ``sweeps.pack_trainable``)."""
+    if sweep.pack == 1:
+        return {"overrides": dict(sweep.space)}
+    return {"pack": tune.grid_search(packs(sweep))}
 
 
 def tune_config(sweep: Sweep) -> tune.TuneConfig:

@@ -53,7 +53,7 @@ def test_each_trial_example_builds_a_valid_trial():
         trial_config(args)  # raises ValueError naming the field on a bad example
 
 
-@pytest.mark.parametrize("i", range(4))
+@pytest.mark.parametrize("i", range(5))
 def test_each_replicate_example_runs_as_a_dry_run(tmp_path, i):
     replicate = list(dict.fromkeys(c for _, c in help_examples() if c.words[1] == "replicate"
                                    and "--out" in c.words))

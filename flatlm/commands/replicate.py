@@ -4,7 +4,11 @@
     flatlm replicate --experiment steps,sizes --protocol paper,paper-code --out repl/
     flatlm replicate --scale gpu --device cuda --minutes 9 --out repl/   # call again to go on
     flatlm replicate --diagnose --experiment steps,sizes --out repl/     # one switch at a time
+    flatlm replicate --experiment algorithms --pack 4 --out repl/  # 4 trials as one model
     python analysis/replication.py --trials repl/ --out repl/report/     # the verdicts
+
+``--pack K`` trains up to K trials of one shape together as one model, each measured and
+recorded as it would be alone (``flatlm.runs.pack``); default 1 on a CPU, 16 on CUDA.
 
 Trials go to ``OUT/<protocol>/<experiment>/<trial>/`` and share their evaluation data in
 ``OUT/eval_cache/``. Running the same command again resumes: finished trials are skipped and an
@@ -38,6 +42,8 @@ from flatlm.experiments.protocols import describe, diagnosis_protocols
 from flatlm.experiments.runner import DIVERGED
 from flatlm.experiments.scales import SCALES
 from flatlm.runs.console import Console
+from flatlm.runs.pack import check_pack_request
+from flatlm.runs.pack_size import DEFAULT_RULE, default_pack_size
 from flatlm.train.config import ALGORITHMS  # every registered algorithm
 
 OUT_OF_TIME_EXIT = 4
@@ -59,6 +65,9 @@ def register(subparsers) -> None:
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes sharing the trials, one torch thread each on a "
                         "CPU (default: 1)")
+    p.add_argument("--pack", type=int, default=None, metavar="K",
+                   help="train up to K trials of one shape together as one model (flatlm.runs"
+                        f".pack; 1: each alone); {DEFAULT_RULE}")
     p.add_argument("--dry-run", action="store_true", help="list the trials and stop")
     p.set_defaults(run=run)
 
@@ -136,6 +145,9 @@ def _seeds(args, experiment: str) -> tuple[int, ...] | None:
 def run(args) -> int:
     device = str(resolve_device(args.device))
     experiments = experiments_from_args(args)
+    if args.pack is not None:  # a K given: checked against every trial before any work
+        check_pack_request([cfg for exp in experiments for _, cfg in exp.trials()], args.pack)
+    args.pack = default_pack_size(device) if args.pack is None else args.pack
     for protocol in dict.fromkeys(exp.protocol for exp in experiments):
         print(f"{protocol}: {describe(protocol)}")
         for exp in (e for e in experiments if e.protocol == protocol):
@@ -204,7 +216,8 @@ def _run_here(args, experiments, device: str) -> int:
             return console.show
         with console.ticking():
             done = run_experiment(exp, args.out, device=device, budget=budget,
-                                  on_trial=tell, on_progress=progress_of) and done
+                                  on_trial=tell, on_progress=progress_of,
+                                  pack=args.pack) and done
         if budget.spent():
             print(f"time budget of {args.minutes} min spent; run the same command again to "
                   "continue", file=sys.stderr)
@@ -240,7 +253,8 @@ def worker_arguments(args) -> list[str]:
     if args.without_selection_measures:
         out.append("--without-selection-measures")
     for flag, value in (("--seeds", args.seeds), ("--models", args.models),
-                        ("--algorithms", args.algorithms), ("--minutes", args.minutes)):
+                        ("--algorithms", args.algorithms), ("--minutes", args.minutes),
+                        ("--pack", args.pack)):
         if value is not None:
             out += [flag, str(value)]
     for assignment in args.overrides:

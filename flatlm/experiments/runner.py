@@ -27,6 +27,7 @@ from pathlib import Path
 from flatlm.core.config import from_dict, to_dict
 from flatlm.core.safe_io import make_fresh_dir, refuse_link, write_atomic
 from flatlm.experiments.paper import Experiment
+from flatlm.runs.pack import check_pack_size, group_packs, run_pack, unpacked_reason
 from flatlm.runs.progress import Sink
 from flatlm.runs.trial import (
     TRAINED_BY,
@@ -96,53 +97,133 @@ def _as_current(saved: dict, cfg) -> dict:
 def run_experiment(experiment: Experiment, root: str | Path, *, device: str = "cpu",
                    budget: Budget | None = None, progress: bool = False,
                    on_trial: Callable[[str, str], None] | None = None,
-                   on_progress: Callable[[str], Sink | None] | None = None) -> bool:
+                   on_progress: Callable[[str], Sink | None] | None = None,
+                   pack: int = 1) -> bool:
     """Runs (or resumes) every trial of ``experiment`` under ``root``; True when all are done,
     False when the budget ran out first or another process holds a trial (then skipped: its
     holder runs it). ``on_trial(name, state)`` hears "skip", "start", "done", "paused" and
     "busy ...", "diverged ..." per trial (a diverged trial is recorded, reported and skipped on
     reruns: ``flatlm.storage.diverged``). ``on_progress(name)``: the sink of a trial's progress
-    (``run_trial``'s ``on_progress``), asked as the trial starts."""
+    (``run_trial``'s ``on_progress``), asked as the trial starts (a pack's first member's).
+    ``pack``: the most trials of one shape trained together as one model
+    (``flatlm.runs.pack``); 1 trains each alone."""
     budget = budget or Budget()
     root = Path(root).absolute()
-    busy = False
+    check_pack_size(pack)
     trials = experiment.trials()
     for name, cfg in trials:  # every config checked before any work
         check_same_config(trial_dir(root, experiment, name), cfg)
+    pending = []
     for name, cfg in trials:
         out = trial_dir(root, experiment, name)
         if finished(out, cfg):
             _tell(on_trial, name, "skip")
-            continue
-        if (record := divergence(out)) is not None:  # the same seed would diverge again
+        elif (record := divergence(out)) is not None:  # the same seed would diverge again
             _tell(on_trial, name, f"{DIVERGED} at step {record['step']} (recorded in "
                                   f"{DIVERGED_FILE}; delete the directory to run it again)")
-            continue
+        else:
+            pending.append((name, cfg))
+    run = _Runner(experiment, root, device, budget, progress, on_trial, on_progress)
+    busy = False
+    for unit in _units(pending, pack, root, experiment):
         if budget.spent():
-            _tell(on_trial, name, "paused")
+            for name, _ in unit:
+                _tell(on_trial, name, "paused")
             return False
-        twin = None if find_checkpoints(out) else find_twin(root, experiment.protocol, out, cfg)
-        _tell(on_trial, name, "start" if twin is None else
-              f"start (its training is {twin.name(root)}'s: measuring those checkpoints)")
+        state = run.alone(*unit[0], pack > 1) if len(unit) == 1 else run.packed(unit)
+        if state == "paused":
+            return False
+        busy = busy or state == "busy"
+    return not busy
+
+
+def _units(pending: list, pack: int, root: Path, experiment: Experiment) -> list[list]:
+    """``pending`` (name, config) cut into what runs at once: each trial alone when ``pack`` is
+    1; else first the trials measured from a twin's checkpoints (``find_twin``), then packs of
+    at most ``pack`` (``flatlm.runs.pack.group_packs``), then the trials whose training an
+    earlier pending trial does (alone, after it: they find it as their twin)."""
+    if pack == 1:
+        return [[t] for t in pending]
+    twins, packable, later, identities = [], [], [], set()
+    for name, cfg in pending:
+        out = trial_dir(root, experiment, name)
+        if not find_checkpoints(out) and find_twin(root, experiment.protocol, out, cfg):
+            twins.append([(name, cfg)])
+            continue
+        identity = json.dumps(training_identity(cfg), sort_keys=True)
+        (later if identity in identities else packable).append((name, cfg))
+        identities.add(identity)
+    packs = group_packs([cfg for _, cfg in packable], pack)
+    return [*twins, *[[packable[k] for k in p] for p in packs], *[[t] for t in later]]
+
+
+@dataclass
+class _Runner:
+    """Runs one trial alone, or a pack of them, and tells ``on_trial`` how each went."""
+
+    experiment: Experiment
+    root: Path
+    device: str
+    budget: Budget
+    progress: bool
+    on_trial: Callable[[str, str], None] | None
+    on_progress: Callable[[str], Sink | None] | None
+
+    def sink(self, name: str):
+        return self.on_progress(name) if self.on_progress else None
+
+    def alone(self, name: str, cfg, packing: bool) -> str:
+        """"done", "paused", "busy" or "diverged"; ``packing``: say why it is not in a pack."""
+        root, on_trial = self.root, self.on_trial
+        out = trial_dir(root, self.experiment, name)
+        twin = None if find_checkpoints(out) else find_twin(root, self.experiment.protocol, out,
+                                                            cfg)
+        reason = unpacked_reason(cfg) if packing else None
+        _tell(on_trial, name, f"start (its training is {twin.name(root)}'s: measuring those "
+                              "checkpoints)" if twin is not None else
+                              f"start (unpacked: {reason})" if reason else "start")
         try:
             if twin is not None:
                 carry_training(twin, out, root)
-            run_trial(cfg, out, _stop_when(budget), device=device, progress=progress,
-                      eval_cache=root / "eval_cache",
-                      on_progress=on_progress(name) if on_progress else None)
+            run_trial(cfg, out, _stop_when(self.budget), device=self.device,
+                      progress=self.progress, eval_cache=root / "eval_cache",
+                      on_progress=self.sink(name))
         except OutOfTime:
             _tell(on_trial, name, "paused")
-            return False
+            return "paused"
         except DirectoryBusyError:  # another worker runs it (flatlm replicate --jobs)
             _tell(on_trial, name, "busy (another process runs it)")
-            busy = True
-            continue
+            return "busy"
         except Diverged as e:  # recorded and reported; the other trials go on
             record_divergence(out, e)
             _tell(on_trial, name, f"{DIVERGED}: {e}")
-            continue
+            return DIVERGED
         _tell(on_trial, name, "done")
-    return not busy
+        return "done"
+
+    def packed(self, unit: list) -> str:
+        """The trials of ``unit`` as one pack (``flatlm.runs.pack.run_pack``)."""
+        names = [name for name, _ in unit]
+        for name in names:
+            _tell(self.on_trial, name, f"start (a pack of {len(unit)}: {', '.join(names)})")
+        outs = [trial_dir(self.root, self.experiment, name) for name in names]
+        try:
+            results = run_pack([cfg for _, cfg in unit], outs,
+                               [_stop_when(self.budget)] * len(unit), device=self.device,
+                               progress=self.progress, eval_cache=self.root / "eval_cache",
+                               on_progress=self.sink(names[0]))
+        except OutOfTime:
+            for name in names:
+                _tell(self.on_trial, name, "paused")
+            return "paused"
+        except DirectoryBusyError as e:  # another worker holds one of them
+            for name in names:
+                _tell(self.on_trial, name, f"busy (another process runs {e.directory.name})")
+            return "busy"
+        for name, result in zip(names, results, strict=True):
+            _tell(self.on_trial, name, f"{DIVERGED}: {result}"
+                  if isinstance(result, Diverged) else "done")
+        return "done"
 
 
 @dataclass(frozen=True)

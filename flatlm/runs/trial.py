@@ -228,31 +228,52 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
                eval_cache, watch: TrialProgress) -> dict[int, dict]:
     from flatlm.train.loop import train
 
-    write_text(out_dir / "config.json", json.dumps(to_dict(cfg), indent=2) + "\n")
-    watch.preparing("preparing the evaluation data")
-    data = eval_data(source, cfg.measure, model_cfg, device=device, cache_dir=eval_cache)
-    done = read_metrics(out_dir)
-
-    trained_here = not (out_dir / TRAINED_BY).exists()  # else: another trial trained it
-
-    def on_checkpoint(step: int, model, ckpt_dir: Path) -> None:
-        start = time.perf_counter()
-        measured = measure_model(model, source, data, cfg.measure, device, artifact_dir=ckpt_dir,
-                                 progress=progress,
-                                 on_part=lambda part: watch.measuring(step, part))
-        metrics = {N_PARAMS: float(sum(p.numel() for p in model.parameters())), **measured,
-                   **measurement_cost(time.perf_counter() - start, ckpt_dir, trained_here)}
-        _record(out_dir, ckpt_dir, step, metrics)
-        done[step] = {"step": step, **metrics}
-        if report is not None:
-            report(step, metrics, Path(ckpt_dir))
-        watch.measured(step, time.perf_counter() - start)  # with its report: the time it takes
-
-    with contextlib.nullcontext() if progress else quiet_transformers_bars():  # its loads
-        _catch_up(out_dir, done, on_checkpoint, report, device, cfg.train.checkpoint_steps)
-    train(cfg.train, source, model_cfg, out_dir, device=device, on_checkpoint=on_checkpoint,
+    measurer = TrialMeasurer(cfg, source, model_cfg, out_dir, report, device=device,
+                             progress=progress, eval_cache=eval_cache, watch=watch)
+    measurer.catch_up()
+    train(cfg.train, source, model_cfg, out_dir, device=device, on_checkpoint=measurer,
           progress=progress, resume=True, on_step=watch.stepped)
-    return done
+    return measurer.done
+
+
+class TrialMeasurer:
+    """A trial's measuring side, the ``on_checkpoint`` hook of its training: writes
+    ``config.json``, prepares the evaluation data, and at each checkpoint measures the model,
+    records the row (``metrics.jsonl``, the checkpoint's ``metrics.json``) and reports it.
+    ``run_trial`` hands one to ``train``; ``flatlm.runs.pack.run_pack`` one per member to
+    ``train_pack``. ``done``: step -> metrics of every checkpoint measured so far.
+    ``data``: the evaluation data already built (members of a pack measured alike share it)."""
+
+    def __init__(self, cfg: TrialConfig, source, model_cfg, out_dir: Path, report, *, device,
+                 progress: bool, eval_cache, watch: TrialProgress, data: EvalData | None = None):
+        self.cfg, self.source, self.out_dir, self.report = cfg, source, out_dir, report
+        self.device, self.progress, self.watch = device, progress, watch
+        write_text(out_dir / "config.json", json.dumps(to_dict(cfg), indent=2) + "\n")
+        if data is None:
+            watch.preparing("preparing the evaluation data")
+            data = eval_data(source, cfg.measure, model_cfg, device=device, cache_dir=eval_cache)
+        self.data = data
+        self.done = read_metrics(out_dir)
+        self.trained_here = not (out_dir / TRAINED_BY).exists()  # else: another trial trained it
+
+    def __call__(self, step: int, model, ckpt_dir: Path) -> None:
+        start = time.perf_counter()
+        measured = measure_model(model, self.source, self.data, self.cfg.measure, self.device,
+                                 artifact_dir=ckpt_dir, progress=self.progress,
+                                 on_part=lambda part: self.watch.measuring(step, part))
+        metrics = {N_PARAMS: float(sum(p.numel() for p in model.parameters())), **measured,
+                   **measurement_cost(time.perf_counter() - start, ckpt_dir, self.trained_here)}
+        _record(self.out_dir, ckpt_dir, step, metrics)
+        self.done[step] = {"step": step, **metrics}
+        if self.report is not None:
+            self.report(step, metrics, Path(ckpt_dir))
+        self.watch.measured(step, time.perf_counter() - start)  # with its report: its time
+
+    def catch_up(self) -> None:
+        """``_catch_up``: the checkpoints a crash (or ``carry_training``) left unmeasured."""
+        with contextlib.nullcontext() if self.progress else quiet_transformers_bars():
+            _catch_up(self.out_dir, self.done, self, self.report, self.device,
+                      self.cfg.train.checkpoint_steps)
 
 
 def measurement_cost(seconds: float, ckpt_dir: Path,
@@ -320,6 +341,6 @@ def printer(step: int, metrics: dict, ckpt_dir: Path, *, task: str | None = None
         say(line)
 
 
-__all__ = ["EvalData", "Report", "TrialConfig", "labelled_source", "measured_tasks", "printer",
-           "read_metrics", "run_trial",
-           "tracked_params", "training_identity", "validate_trial"]
+__all__ = ["EvalData", "Report", "TrialConfig", "TrialMeasurer", "labelled_source",
+           "measured_tasks", "printer", "read_metrics", "run_trial", "tracked_params",
+           "training_identity", "validate_trial"]

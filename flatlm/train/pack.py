@@ -61,6 +61,7 @@ from flatlm.train.run import (
     CheckpointHook,
     Diverged,
     Run,
+    StepHook,
     TrainResult,
     autocast_for,
     build_pipeline,
@@ -84,13 +85,18 @@ def train_pack(
     progress: bool = True,
     resume: bool = False,
     corpus: tuple[torch.Tensor, torch.Tensor] | None = None,
+    on_step: StepHook | None = None,
+    on_round: Callable[[int], None] | None = None,
 ) -> list[TrainResult | Diverged]:
     """Trains run k = ``train(cfgs[k], source, model_cfg, out_dirs[k], ...)`` for every k, as
     one packed model (module docstring). ``on_checkpoint``: one hook for every member (it gets
     the member's model and checkpoint directory; all members' checkpoints of a step are on
     disk before the first hook of that step runs) or one per member. Returns each member's
-    ``TrainResult``, or the ``Diverged`` that stopped it. Bad or unpackable configurations
-    raise ``ValueError`` before any training."""
+    ``TrainResult``, or the ``Diverged`` that stopped it. ``on_step(step)``: told the pack's
+    step where it starts and after every update (a progress line's, as ``train``'s).
+    ``on_round(step)``: told after the hooks of the members checkpointed at ``step`` (a sink
+    that reports once per round: the Ray sweeps' packs). Bad or
+    unpackable configurations raise ``ValueError`` before any training."""
     if len(cfgs) != len(out_dirs) or not cfgs:
         raise ValueError(f"pack: {len(cfgs)} configs for {len(out_dirs)} output directories")
     cfgs = [resolve(c) for c in cfgs]  # as the twin saves it (compile / unpad: docstring)
@@ -124,7 +130,7 @@ def train_pack(
             m.ctx.n_classes = n_classes  # adversarial: the classes of its probe task
         cuda = [device.index or 0] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):  # a hook may draw; training never does
-            Pack(members, device).loop(progress)
+            Pack(members, device).loop(progress, on_step, on_round)
     return [m.result() for m in members]
 
 
@@ -313,18 +319,23 @@ class Pack:
             m.pack, m.index = self, i
         self.alive = training
 
-    def loop(self, progress: bool) -> None:
+    def loop(self, progress: bool, on_step: StepHook | None = None,
+             on_round: Callable[[int], None] | None = None) -> None:
+        on_step = on_step or (lambda step: None)
         total = max((m.cfg.steps for m in self.members), default=0)
         start = self.alive[0].step if self.alive else total
         bar = tqdm(total=total, initial=start, disable=not progress, unit="step",
                    desc=f"train pack of {len(self.alive)}")
         with bar:
+            on_step(start)
             while self.alive:
                 due = [m for m in self.alive if m.checkpoint_due()]
                 for m in due:  # every member's files first: a hook that stops the process
                     m.write_due_checkpoint()  # leaves the pack's checkpoints one round
                 for m in due:
                     m.call_hook()
+                if due and on_round is not None:
+                    on_round(due[0].step)
                 self.retire()
                 if not self.alive:
                     return
@@ -335,6 +346,7 @@ class Pack:
                 for k, (m, lr) in enumerate(zip(self.alive, lrs, strict=True)):
                     m.record({name: v[k] for name, v in metrics.items()}, lr)
                 bar.update()
+                on_step(step + 1)
 
     def retire(self) -> None:
         """Members that finished or diverged leave the pack (their models synced first)."""

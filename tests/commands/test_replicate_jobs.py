@@ -39,7 +39,7 @@ def test_a_worker_gets_every_option_back():
     argv = ["replicate", "--out", "o", "--experiment", "sizes", "--protocol", "paper",
             "--scale", "testbed", "--seeds", "2", "--models", "a,b", "--minutes", "3",
             "--algorithms", "adamw,sam", "--without-selection-measures",
-            "--set", "train.lr=0.1", "--jobs", "4"]
+            "--set", "train.lr=0.1", "--jobs", "4", "--pack", "3"]
     args = build_parser().parse_args(argv)
     again = build_parser().parse_args(["replicate", *worker_arguments(args)])
     assert {**vars(again), "jobs": 4} == vars(args)
@@ -123,3 +123,22 @@ def test_each_trial_says_where_it_is_among_all_of_the_command(tmp_path, capfd):
         assert any(line.startswith(f"trial {n} of 2  measuring step 0: ") for line in err)
         assert any(re.match(rf"trial {n} of 2  step \d+/\d+  [\d.]+ steps/s  ", line)
                    for line in err)
+
+
+def test_a_bad_pack_is_refused_before_any_work(tmp_path):
+    from flatlm.commands.replicate import run
+
+    args = build_parser().parse_args(["replicate", "--out", str(tmp_path / "o"), "--pack", "0"])
+    with pytest.raises(ValueError, match=r"--pack 0: give a whole number >= 1"):
+        run(args)
+    assert not (tmp_path / "o").exists()
+
+
+def test_pack_defaults_to_off_on_a_cpu_and_on_on_cuda_and_help_says_so(capsys):
+    from flatlm.runs.pack_size import CUDA_PACK, default_pack_size
+
+    assert (default_pack_size("cpu"), default_pack_size("cuda:0")) == (1, CUDA_PACK)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["replicate", "--help"])
+    words = " ".join(capsys.readouterr().out.split())
+    assert "default: 1 (off) on a CPU" in words and f"{CUDA_PACK} on CUDA" in words

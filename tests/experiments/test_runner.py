@@ -118,3 +118,21 @@ def test_a_diverged_trial_is_recorded_reported_and_skipped_while_the_others_run(
     states.clear()
     run_experiment(exp, tmp_path, on_trial=lambda name, state: states.append(state))
     assert states[0].startswith("diverged at step") and states[1] == "skip"
+
+
+def test_packed_trials_measure_as_unpacked_ones_and_say_so(tmp_path):
+    """``pack=3``: four trials (adamw and noreg, two seeds, one shape) run as a pack of three
+    and one alone; every trial's measurements equal the unpacked run's bit for bit (CPU)."""
+    exp = build("algorithms", protocol="paper", seeds=(0, 1), algorithms=("adamw", "noreg"),
+                overrides=FAST, selection_measures=False)
+    states = {}
+    assert run_experiment(exp, tmp_path / "packed", pack=3,
+                          on_trial=lambda name, state: states.setdefault(name, []).append(state))
+    assert run_experiment(exp, tmp_path / "alone")
+    packed = [n for n, s in states.items() if s[0].startswith("start (a pack of 3")]
+    assert len(packed) == 3 and all(s[-1] == "done" for s in states.values())
+    for name, _ in exp.trials():
+        assert measured(trial_dir(tmp_path / "packed", exp, name)) == measured(
+            trial_dir(tmp_path / "alone", exp, name)) != {}
+    with pytest.raises(ValueError, match="--pack 0"):
+        run_experiment(exp, tmp_path / "packed", pack=0)

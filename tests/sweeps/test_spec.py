@@ -455,3 +455,44 @@ def test_quick_measures_the_loss_only_and_a_later_set_replaces_it():
     assert built(True) == ("loss",)
     assert built(True, 'measure.what=["loss","probe"]') == ("loss", "probe")
     assert "probe" in built(False)
+
+
+def _seed_grid(**fields) -> Sweep:
+    return replace(tiny_sweep(), space={"train.seed": {"grid_search": [0, 1, 2]},
+                                        "model": {"grid_search": ["d16-h1-l1-i64",
+                                                                  "lstm-h16-l1"]}}, **fields)
+
+
+def test_packs_cut_the_grid_by_shape_and_k():
+    from sweeps.spec import packs, planned_trials, ray_trials
+
+    sweep = _seed_grid(pack=2)
+    got = packs(sweep)  # the BERT's three seeds in packs of 2; each LSTM trial alone
+    assert [len(p) for p in got] == [2, 1, 1, 1, 1]
+    assert {p["model"] for p in got[0]} == {"d16-h1-l1-i64"}
+    assert (planned_trials(sweep), ray_trials(sweep), ray_trials(replace(sweep, pack=1))) == (
+        6, 5, 6)
+    check_sweep(sweep)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"pack": 0}, r"--pack 0: give a whole number >= 1"),
+    ({"pack": 2, "searcher": "optuna"}, r"--pack 2: packs group a grid's points.*--pack 1"),
+    ({"pack": 2, "base": apply_overrides(base_for("tiny"), {
+        "train.algorithm": "grow", "train.grow.steps": [2],
+        "train.grow.to": ["d64-h4-l2-i256"]})}, r"train.algorithm=grow cannot be packed"),
+])
+def test_a_bad_pack_is_refused_before_ray_starts(fields, message):
+    sweep = replace(tiny_sweep(), space={"train.seed": {"grid_search": [0, 1]}})
+    with pytest.raises(ValueError, match=message):
+        check_sweep(replace(sweep, **fields))
+
+
+def test_pack_defaults_to_on_only_where_trials_get_a_gpu():
+    from flatlm.runs.pack_size import CUDA_PACK
+    from sweeps.cli import default_pack
+
+    sweep = replace(tiny_sweep(), space={"train.seed": {"grid_search": [0, 1]}})
+    assert default_pack(sweep) == 1
+    assert default_pack(replace(sweep, gpus_per_trial=0.5)) == CUDA_PACK
+    assert default_pack(replace(sweep, gpus_per_trial=1, searcher="optuna")) == 1

@@ -1,0 +1,56 @@
+"""``--pack`` through real Ray and MLflow: the steps experiment's two seeds (one shape) as one
+Ray trial, reported as one MLflow run per member, each with the same params and every metric
+but the timings equal (every step, bit for bit on the CPU) to the unpacked sweep's runs."""
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("mlflow")
+
+from tests.experiments.fastcfg import fast_set_flags  # noqa: E402
+from tests.sweeps.sweeptools import REPO, Sweep, kill_own, sweep_env  # noqa: E402
+
+ARGS = ["--experiment", "steps", "--protocol", "paper", "--seeds", "2", *fast_set_flags()]
+
+
+def _runs_by_seed(workdir):
+    """seed -> (run name, params, {metric: [(step, value)]}) of the sweep's MLflow runs."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("replicate.paper.steps")
+    out = {}
+    for run in client.search_runs([exp.experiment_id]):
+        history = {key: sorted((m.step, m.value) for m in client.get_metric_history(
+            run.info.run_id, key)) for key in run.data.metrics if not key.startswith("time/")}
+        out[run.data.params["train.seed"]] = (run.info.run_name, run.data.params, history,
+                                              run.info.status)
+    return out
+
+
+@pytest.mark.slow
+def test_a_packed_sweep_logs_one_run_per_member_equal_to_the_unpacked_sweep(tmp_path,
+                                                                            ray_tmpdir):
+    runs = {}
+    for pack in ("2", "1"):
+        workdir = tmp_path / f"pack{pack}"
+        workdir.mkdir()
+        sweep = Sweep([*ARGS, "--pack", pack], workdir, sweep_env(ray_tmpdir),
+                      script=REPO / "sweeps" / "replicate.py")
+        try:
+            rc = sweep.wait(timeout=500)
+        finally:
+            kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
+        assert rc == 0, sweep.tail()
+        runs[pack] = _runs_by_seed(workdir)
+        if pack == "2":
+            assert "pack2_" in sweep.stdout  # one Ray trial for both seeds
+    packed, alone = runs["2"], runs["1"]
+    assert sorted(packed) == sorted(alone) == ["0", "1"]
+    for seed in ("0", "1"):
+        name, params, history, status = packed[seed]
+        assert name.startswith(f"seed{seed}_") and name.endswith(f"-{seed}"), name
+        assert status == alone[seed][3] == "FINISHED"
+        assert params == alone[seed][1]
+        assert history == alone[seed][2] and "pretrain/kl" in history
+        assert [s for s, _ in history["pretrain/kl"]] == [0, 3, 6]
