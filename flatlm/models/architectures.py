@@ -44,6 +44,7 @@ import dataclasses
 import importlib
 import re
 import string
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -67,7 +68,10 @@ class _Lazy:
 
     def resolve(self) -> Callable:
         module, _, name = self.where.partition(":")
-        return getattr(importlib.import_module(module), name)
+        # an imported module from sys.modules: torch.compile traces that lookup, but breaks the
+        # graph at import_module (word_logits asks the registry inside the compiled loss)
+        loaded = sys.modules.get(module)
+        return getattr(loaded if loaded is not None else importlib.import_module(module), name)
 
     def __call__(self, *args, **kwargs) -> Any:
         return self.resolve()(*args, **kwargs)

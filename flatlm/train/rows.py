@@ -105,6 +105,22 @@ class RowBatch:
             for f in dataclasses.fields(self) if isinstance(getattr(self, f.name), torch.Tensor)})
 
 
+def check_rows(cfg, model_cfg, max_length: int) -> None:
+    """Refuses ``train.sequence_packing="rows"`` (``cfg`` a TrainConfig) where rows cannot run:
+    a model other than BERT (rows need position ids and an attention mask as inputs), or rows
+    shorter than the source's longest sentence (``max_length`` words + [CLS] + [SEP])."""
+    if cfg.sequence_packing != "rows":
+        return
+    if model_cfg.arch != "bert":
+        raise ValueError(f"train.sequence_packing='rows': model.arch={model_cfg.arch!r} reads "
+                         "no position ids or attention mask; rows are for BERT, use 'padded' "
+                         "or 'unpadded' (or 'auto')")
+    if cfg.row_length < max_length + 2:
+        raise ValueError(f"train.row_length={cfg.row_length}: the source's sentences take up to "
+                         f"{max_length + 2} positions ([CLS], {max_length} words, [SEP]); use "
+                         f"a row_length >= {max_length + 2}")
+
+
 def row_loss_sum(model: nn.Module, batch: RowBatch) -> torch.Tensor:
     """Summed cross-entropy (nats) of the masked words of ``batch`` (``mlm_loss_sum``'s
     quantity): the encoder over every row, the head only at the masked slots."""
@@ -115,14 +131,18 @@ def row_loss_sum(model: nn.Module, batch: RowBatch) -> torch.Tensor:
                            reduction="sum")
 
 
-def bucketed(count: int) -> int:
-    """``count`` rounded up to a multiple of the largest power of two <= count / 16: at most
-    1/16 more, and few distinct values across batches (each a shape a compiled loss sees).
+def bucketed(count: int, share: int = 16) -> int:
+    """``count`` rounded up to a multiple of the largest power of two <= count / ``share``: at
+    most 1/share more, and few distinct values across batches (each a shape a compiled loss
+    sees). Rows use share 16 (their slots are the encoder's work), masked slots 4 (the head's
+    work per slot is small, and their count varies more at a masking rate).
 
     >>> [bucketed(n) for n in (0, 5, 17, 31, 32, 100, 404, 410)]
     [0, 5, 17, 31, 32, 100, 416, 416]
+    >>> [bucketed(n, share=4) for n in (480, 500, 544)]
+    [512, 512, 640]
     """
-    step = 1 << max(0, (count // 16).bit_length() - 1)
+    step = 1 << max(0, (count // share).bit_length() - 1)
     return -(-count // step) * step
 
 
@@ -190,7 +210,7 @@ def into_rows(batch, row_length: int, sentences: int) -> RowBatch:
         word_slots, words = _masked_slots(batch.positions[part], batch.targets[part], start)
         slots.append(word_slots)
         targets.append(words)
-    P = sentences if batch.positions.dtype != torch.bool else bucketed(max(map(len, slots)))
+    P = sentences if batch.positions.dtype != torch.bool else bucketed(max(map(len, slots)), 4)
     masked_slots = torch.zeros(C, P, dtype=torch.int64)
     masked_targets = torch.full((C, P), IGNORED, dtype=torch.int64)
     for c, (word_slots, words) in enumerate(zip(slots, targets, strict=True)):
