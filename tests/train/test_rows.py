@@ -25,6 +25,7 @@ from flatlm.train.algorithms import (
 from flatlm.train.compiled import loss_function
 from flatlm.train.config import sequence_packing_for
 from flatlm.train.data import BatchPipeline, FreshSamples, StepInputs, generator, mask_batch
+from flatlm.train.pack import train_pack
 from flatlm.train.rows import RowBatch, into_rows, row_loss_sum
 
 MODELS = ["d16-h2-l1-i32", "d16-h2-l2-i32-pre"]  # post-LN BERT, pre-LN RoBERTa
@@ -251,3 +252,9 @@ def test_the_setting_names_its_field_and_fix(paper, tmp_path):
     lstm = TrainConfig(steps=1, batch_size=8, sequence_packing="rows")
     with pytest.raises(ValueError, match=r"model\.arch='lstm'.*rows are for BERT"):
         train(lstm, paper, "lstm-h8-l1", tmp_path / "b", progress=False)
+
+
+def test_a_trial_pack_refuses_rows(paper, tmp_path):
+    cfgs = [TrainConfig(steps=1, batch_size=8, sequence_packing="rows", seed=s) for s in (0, 1)]
+    with pytest.raises(ValueError, match=r"pack: train\.sequence_packing='rows'"):
+        train_pack(cfgs, paper, MODELS[0], [tmp_path / "a", tmp_path / "b"], progress=False)
