@@ -3,22 +3,27 @@
 For each preset, in the same run, on the same masked batches of the paper's PCFG (one masked word
 per sentence, V = 200 words, 18 input positions, about 70% of them real tokens):
 
-- flatlm: what ``flatlm.train`` runs (``BatchPipeline.cpu_inputs`` then ``standard_step``, the
-  adamw update): each pass's sentences sorted by length into micro-batches cut to their longest
-  sentence (``train.unpad``), the MLM head only at the masked words, SDPA attention, AdamW; on
-  CUDA also bf16 autocast, the fused AdamW kernel and torch.compile (``train.compile=auto``).
+- flatlm, in each layout of ``--variants`` (``train.sequence_packing``): what ``flatlm.train``
+  runs (``BatchPipeline.cpu_inputs`` then ``standard_step``, the adamw update), the MLM head only
+  at the masked words, SDPA attention, AdamW; on CUDA also bf16 autocast, the fused AdamW kernel
+  and torch.compile (``train.compile=auto``). ``padded``: every sentence at all 18 positions;
+  ``unpadded`` (the default variant): each pass's sentences sorted by length into four
+  micro-batches, each cut to its longest sentence; ``rows``: sentences end to end in rows of
+  ``--row-length`` slots, one micro-batch (``flatlm.train.rows``).
 - ``hf-fp32``: ``transformers.BertForMaskedLM`` as it used to be trained: float32, eager
   attention, logits at every position over the whole vocabulary, the loss through ``labels=``
   (-100 off the masked words), for-loop AdamW.
 - ``hf-bf16``: the same model as transformers 5 trains it by default: SDPA attention, bf16
   autocast, torch's default (foreach) AdamW. The fair comparison for flatlm's bf16.
-- ``flatlm-padded``: flatlm's update on the same batches without unpadding: what it alone gains.
+- ``flatlm-padded``: flatlm's update on the same batches without unpadding: what it alone gains
+  (the same as the ``padded`` variant; kept for the earlier commands).
 
 Every side accumulates gradients over micro-batches as training does: each starts at
 ``--micro-batch-size`` (default: the whole batch on CUDA; flatlm: a quarter of it, four length
 groups each cut to its longest sentence) and halves it after an out-of-memory error, so the
 paper's batch 4096 runs for every preset on one GPU; the micro-batch each side used is
-recorded. Same shape, dropout (0.1) and initialisation on every side.
+recorded. Same shape, dropout (0.1) and initialisation on every side. ``first_step_s``: each
+side's seconds from building its model to the end of its first update (compiling included).
 
 Throughput is the best of ``--repeats`` interleaved passes over ``--batches`` batches, counted
 two ways: real tokens ([CLS], the words, [SEP]: what the step must compute) and input positions
@@ -31,6 +36,7 @@ second row divides by process CPU time instead of wall time, which other process
 machine disturb less; ``load_avg_1m`` records how shared it was.
 
     python bench/train.py             # CPU, small presets: bench/results/train_cpu.json
+    python bench/train.py --variants padded,unpadded,rows --baselines hf-bf16  # each layout
     for p in bert-12.8m bert-41m bert-110m bert-234m bert-950m; do       # batch 4096
         python bench/train.py --device cuda --presets $p --merge; done   # -> train_cuda.json
 
@@ -80,29 +86,35 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def train_config(args, micro: int) -> TrainConfig:
+VARIANTS = ("padded", "unpadded", "rows")  # train.sequence_packing, as flatlm sides
+
+
+def train_config(args, micro: int | None, layout: str = "unpadded") -> TrainConfig:
     """flatlm's settings for the bench: the adamw update, constant rate, no warmup."""
     return resolve(TrainConfig(batch_size=args.batch_size, micro_batch_size=micro,
-                               precision=args.dtype, compile=args.compile, unpad=args.unpad,
+                               precision=args.dtype, compile=args.compile,
+                               sequence_packing=layout, row_length=args.row_length,
                                warmup_steps=0))
 
 
-def batches(src, args, device: torch.device) -> list[StepInputs]:
-    """``--batches`` masked batches of fresh sentences, prepared as training prepares them."""
-    cfg = train_config(args, None)
+def batches(src, args, device: torch.device, layout: str = "padded",
+            micro: int | None = None) -> list[StepInputs]:
+    """``--batches`` masked batches of fresh sentences, prepared as training prepares them in
+    ``layout`` (the same sentences and masks in every layout)."""
+    cfg = train_config(args, micro, layout)
     pipeline = BatchPipeline(cfg, FreshSamples(src, args.batch_size, seed=1000), device)
     return [pipeline.cpu_inputs(i).to(device) for i in range(args.batches)]
 
 
-def flatlm_step(model_cfg, src, device, args, micro: int, *, padded: bool = False):
-    """flatlm's update; ``padded``: on the batches with their lengths dropped, so that no
-    micro-batch is cut (the same sentences and order as the unpadded side)."""
-    cfg = train_config(args, micro)
+def flatlm_step(model_cfg, src, device, args, micro: int, layout: str = "unpadded"):
+    """flatlm's update in ``layout`` (padded: the stock sides' batches, their lengths unknown,
+    so that no micro-batch is cut)."""
+    cfg = train_config(args, micro, layout)
     model = build_model(model_cfg, src.V, src.max_length, seed=0).to(device).train()
     ctx = StepContext(cfg=cfg, model=model,
                       optimizer=build_optimizer(cfg, model, fused=device.type == "cuda"),
                       autocast=autocast_for(cfg, device), mlm_loss=loss_function(cfg, device))
-    if padded:
+    if layout == "padded":
         return model, lambda inputs: standard_step(
             ctx, StepInputs(dataclasses.replace(inputs.mlm, lengths=None)))
     return model, lambda inputs: standard_step(ctx, inputs)
@@ -159,20 +171,28 @@ def seconds_per_step(step, data, device, warmup: int) -> tuple[float, float]:
     return (time.perf_counter() - wall) / len(data), (time.process_time() - cpu) / len(data)
 
 
-def fitting_side(build, data, device, args, micro: int):
-    """(step, micro-batch, parameters) of the side ``build(micro)`` makes, at the largest
-    micro-batch from ``micro`` down (halving) whose warm-up steps fit in memory."""
+def fitting_side(side, device, args, micro: int):
+    """(step, its batches, (micro-batch, parameters, seconds to the first step)) of the side
+    ``side = (build, data)`` (``build(micro)`` -> (model, step), ``data(micro)`` -> batches), at
+    the largest micro-batch from ``micro`` down (halving) whose warm-up steps fit in memory."""
+    build, data_for = side
     while True:
         try:
-            model, step = build(micro)
-            for i in range(args.warmup):
-                step(data[i % len(data)])
+            data = data_for(micro)
             _sync(device)
-            return step, micro, count_parameters(model)
+            start = time.perf_counter()
+            model, step = build(micro)
+            for i in range(max(1, args.warmup)):
+                step(data[i % len(data)])
+                if i == 0:
+                    _sync(device)
+                    first = time.perf_counter() - start
+            _sync(device)
+            return step, data, (micro, count_parameters(model), first)
         except torch.OutOfMemoryError:
             if micro % 2 or micro == 1:
                 raise
-        model = step = None  # out of the handler: its traceback no longer holds the tensors
+        model = step = data = None  # out of the handler: its traceback no longer holds them
         gc.collect()
         torch.cuda.empty_cache()
         micro //= 2
@@ -185,28 +205,28 @@ def device_name(device: torch.device) -> str:
     return f"cpu {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
 
 
-def interleaved(builders, start, data, device, args):
-    """({side: [(wall, cpu) per pass]}, {side: (micro-batch, parameters)}), every side built
-    first and their passes interleaved, so that drifts in a shared machine's load hit all alike."""
-    sides = {name: fitting_side(build, data, device, args, start[name])
-             for name, build in builders.items()}
+def interleaved(builders, start, device, args):
+    """({side: [(wall, cpu) per pass]}, {side: (micro-batch, parameters, first step s)}), every
+    side built first and their passes interleaved, so that drifts in a shared machine's load
+    hit all alike."""
+    sides = {name: fitting_side(side, device, args, start[name])
+             for name, side in builders.items()}
     times = {name: [] for name in sides}
     for _ in range(args.repeats):
-        for name, (step, _, _) in sides.items():
+        for name, (step, data, _) in sides.items():
             times[name].append(seconds_per_step(step, data, device, 0))
-    return times, {name: s[1:] for name, s in sides.items()}
+    return times, {name: s[2] for name, s in sides.items()}
 
 
-def one_at_a_time(builders, start, data, device, args):
+def one_at_a_time(builders, start, device, args):
     """As ``interleaved``, one side after the other, each freed before the next is built: a
     GPU is not shared, and four copies of bert-950m's AdamW state would not fit beside each
     other."""
     times, sides = {}, {}
-    for name, build in builders.items():
-        step, micro, n_params = fitting_side(build, data, device, args, start[name])
+    for name, side in builders.items():
+        step, data, sides[name] = fitting_side(side, device, args, start[name])
         times[name] = [seconds_per_step(step, data, device, 0) for _ in range(args.repeats)]
-        sides[name] = (micro, n_params)
-        del step
+        del step, data
         fresh_device(device)
     return times, sides
 
@@ -220,61 +240,98 @@ def fresh_device(device: torch.device) -> None:
         torch._dynamo.reset()
 
 
+def side_builders(model_cfg, src, device, args) -> tuple[dict, dict]:
+    """({side: (build(micro), data(micro))}, {side: the micro-batch it starts from}): flatlm in
+    each of ``--variants`` (``flatlm-<layout>``), then each of ``--baselines`` on the padded
+    batches."""
+    padded = batches(src, args, device)
+    builders, start = {}, {}
+    for layout in args.variants:
+        builders[f"flatlm-{layout}"] = (
+            lambda m, layout=layout: flatlm_step(model_cfg, src, device, args, m, layout),
+            (lambda m: padded) if layout == "padded" else
+            (lambda m, layout=layout: batches(src, args, device, layout, m)))
+        start[f"flatlm-{layout}"] = args.flatlm_micro[layout]
+    for name in args.baselines:
+        if name == "flatlm-padded":
+            builders[name] = (lambda m: flatlm_step(model_cfg, src, device, args, m, "padded"),
+                              lambda m: padded)
+            start[name] = args.flatlm_micro["padded"]
+        else:
+            builders[name] = (lambda m, name=name: stock_step(model_cfg, src, device, name, m),
+                              lambda m: padded)
+            start[name] = args.micro_batch_size
+    return builders, start
+
+
+def positions_computed(src, args, layout: str, micro: int) -> float:
+    """Input positions a flatlm variant computes per batch: padded 18 a sentence, unpadded its
+    micro-batches cut to their longest sentence, rows every slot of every row."""
+    data = batches(src, args, torch.device("cpu"), layout, micro)
+    if layout == "padded":
+        return float(data[0].mlm.input_ids.numel())
+    return sum(m.trimmed().input_ids.numel() for b in data for m in b.mlm.split(micro)) / len(data)
+
+
 def bench_preset(preset, src, device, args) -> list[dict]:
     fresh_device(device)
     model_cfg = dataclasses.replace(parse_model(preset), dropout=0.1)
-    data = batches(src, args, device)
-    builders = {"flatlm": lambda m: flatlm_step(model_cfg, src, device, args, m)}
-    for name in args.baselines:
-        if name == "flatlm-padded":
-            builders[name] = lambda m: flatlm_step(model_cfg, src, device, args, m, padded=True)
-        else:
-            builders[name] = lambda m, name=name: stock_step(model_cfg, src, device, name, m)
-    start = {name: args.flatlm_micro if name.startswith("flatlm") else args.micro_batch_size
-             for name in builders}
+    builders, start = side_builders(model_cfg, src, device, args)
     measure = interleaved if device.type == "cpu" else one_at_a_time
-    times, sides = measure(builders, start, data, device, args)
-    assert len({n for _, n in sides.values()}) == 1  # the same model on every side
+    times, sides = measure(builders, start, device, args)
+    assert len({s[1] for s in sides.values()}) == 1  # the same model on every side
     wall = {name: min(t[0] for t in ts) for name, ts in times.items()}
     cpu = {name: min(t[1] for t in ts) for name, ts in times.items()}
+    data = batches(src, args, torch.device("cpu"))
     real = sum(int(b.mlm.attention_mask.sum()) for b in data) / len(data)  # per batch
-    computed = sum(m.trimmed().input_ids.numel() for b in data
-                   for m in b.mlm.split(sides["flatlm"][0])) / len(data)  # flatlm's positions
     positions = args.batch_size * (src.max_length + 2)
-    n_params, cfg = sides["flatlm"][1], train_config(args, None)
+    n_params, cfg = next(iter(sides.values()))[1], train_config(args, None)
     common = {
         "device": device_name(device), "command": args.command, "torch": torch.__version__,
         "preset": preset,
         "params": n_params, "batch": args.batch_size, "positions": src.max_length + 2,
-        "real_tokens_per_batch": real, "real_fraction": real / positions,
-        "flatlm_positions_per_batch": computed, "vocab": src.V,
+        "real_tokens_per_batch": real, "real_fraction": real / positions, "vocab": src.V,
         "dtype": "bf16" if isinstance(autocast_for(cfg, device)(), torch.autocast) else "fp32",
-        "compile": switch_on(cfg.compile, device.type),
-        "unpad": switch_on(cfg.unpad, device.type), "batches": args.batches,
-        "repeats": args.repeats, "micro_batch": {name: s[0] for name, s in sides.items()}}
+        "compile": switch_on(cfg.compile, device.type), "row_length": args.row_length,
+        "batches": args.batches, "repeats": args.repeats,
+        "micro_batch": {name: s[0] for name, s in sides.items()},
+        "first_step_s": {name: s[2] for name, s in sides.items()}}
     rows = []
-    for name in args.baselines:
-        base = {**common, "baseline_name": f"{name}: {BASELINES[name]}"}
-        rows.append({"metric": "train_tokens_per_s", "flatlm": real / wall["flatlm"],
-                     "baseline": real / wall[name], "ratio": wall[name] / wall["flatlm"],
-                     "flatlm_positions_per_s": positions / wall["flatlm"],
-                     "baseline_positions_per_s": positions / wall[name], **base})
-        if device.type == "cpu":
-            rows.append({"metric": "train_tokens_per_cpu_s", "flatlm": real / cpu["flatlm"],
-                         "baseline": real / cpu[name], "ratio": cpu[name] / cpu["flatlm"],
-                         "load_avg_1m": round(os.getloadavg()[0], 2), **base})
-        else:
-            mfu = {k: 6 * n_params * real / wall[k] / args.peak_flops for k in ("flatlm", name)}
-            rows.append({"metric": "mfu", "flatlm": mfu["flatlm"], "baseline": mfu[name],
-                         "ratio": mfu["flatlm"] / mfu[name],
-                         "mfu_positions": {k: v * positions / real for k, v in mfu.items()},
-                         "peak_flops": args.peak_flops, "peak_name": args.peak_name, **base})
+    for layout in args.variants:
+        side = f"flatlm-{layout}"
+        computed = positions_computed(src, args, layout, sides[side][0])
+        for name in [b for b in args.baselines if b != side]:
+            base = {**common, "variant": layout, "flatlm_positions_per_batch": computed,
+                    "baseline_name": f"{name}: {BASELINES[name]}"}
+            rows += metric_rows(side, name, wall, cpu, real, positions, n_params, device, args,
+                                base)
+    return rows
+
+
+def metric_rows(side, name, wall, cpu, real, positions, n_params, device, args, base):
+    """Throughput of ``side`` against baseline ``name``: tokens/s; on the CPU also per CPU
+    second, on CUDA model FLOPs utilisation."""
+    rows = [{"metric": "train_tokens_per_s", "flatlm": real / wall[side],
+             "baseline": real / wall[name], "ratio": wall[name] / wall[side],
+             "flatlm_positions_per_s": positions / wall[side],
+             "baseline_positions_per_s": positions / wall[name], **base}]
+    if device.type == "cpu":
+        rows.append({"metric": "train_tokens_per_cpu_s", "flatlm": real / cpu[side],
+                     "baseline": real / cpu[name], "ratio": cpu[name] / cpu[side],
+                     "load_avg_1m": round(os.getloadavg()[0], 2), **base})
+    else:
+        mfu = {k: 6 * n_params * real / wall[k] / args.peak_flops for k in (side, name)}
+        rows.append({"metric": "mfu", "flatlm": mfu[side], "baseline": mfu[name],
+                     "ratio": mfu[side] / mfu[name],
+                     "mfu_positions": {k: v * positions / real for k, v in mfu.items()},
+                     "peak_flops": args.peak_flops, "peak_name": args.peak_name, **base})
     return rows
 
 
 def print_rows(rows: list[dict]) -> None:
     for r in rows:
-        print(f"{r['preset']:>10} {r['metric']:>22} vs {r['baseline_name'].split(':')[0]}: "
+        print(f"{r['preset']:>10} {r['variant']:>8} {r['metric']:>22} vs "
+              f"{r['baseline_name'].split(':')[0]}: "
               f"flatlm {r['flatlm']:,.4g}  baseline {r['baseline']:,.4g}  "
               f"ratio {r['ratio']:.2f}x", flush=True)
 
@@ -289,13 +346,18 @@ def parse_args(argv):
                    help="sentences per pass the baselines start from, halved on out-of-memory "
                         "(default: the whole batch on CUDA, 64 on the CPU)")
     p.add_argument("--flatlm-micro-batch-size", type=int, default=None,
-                   help="the same for flatlm (and flatlm-padded); default: a quarter of the "
-                        "batch with unpadding (four length groups, each cut to its longest "
-                        "sentence), else as --micro-batch-size")
+                   help="the same for flatlm's variants (and flatlm-padded); default: a "
+                        "quarter of the batch unpadded (four length groups, each cut to its "
+                        "longest sentence), the whole batch in rows (one pass), else as "
+                        "--micro-batch-size")
+    p.add_argument("--variants", default="unpadded",
+                   help=f"flatlm's layouts (train.sequence_packing), comma-separated, of "
+                        f"{', '.join(VARIANTS)}")
+    p.add_argument("--row-length", type=int, default=TrainConfig.row_length,
+                   help="train.row_length of the rows variant")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
                    help="flatlm's precision (train.precision; auto: bf16 on CUDA)")
     p.add_argument("--compile", default="auto", help="train.compile: true, false, auto")
-    p.add_argument("--unpad", default="true", help="train.unpad: true, false, auto")
     p.add_argument("--baselines", default="hf-fp32,hf-bf16,flatlm-padded",
                    help=f"comma-separated, of {', '.join(BASELINES)}")
     p.add_argument("--source", default="pcfg:paper")
@@ -318,10 +380,14 @@ def parse_args(argv):
     args.batch_size = args.batch_size or (4096 if cuda else 256)
     if args.micro_batch_size is None:
         args.micro_batch_size = args.batch_size if cuda else min(64, args.batch_size)
-    unpad = switch_on(train_config(args, None).unpad, "cuda" if cuda else "cpu")
-    args.flatlm_micro = args.flatlm_micro_batch_size or (
-        min(args.micro_batch_size, args.batch_size // 4)
-        if unpad and args.batch_size % 4 == 0 else args.micro_batch_size)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not args.variants or set(args.variants) - set(VARIANTS):
+        p.error(f"--variants {','.join(args.variants)}: use some of {', '.join(VARIANTS)}")
+    quarter = (min(args.micro_batch_size, args.batch_size // 4) if args.batch_size % 4 == 0
+               else args.micro_batch_size)
+    args.flatlm_micro = {layout: args.flatlm_micro_batch_size or {
+        "unpadded": quarter, "rows": args.batch_size}.get(layout, args.micro_batch_size)
+        for layout in VARIANTS}
     args.baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
     unknown = [b for b in args.baselines if b not in BASELINES]
     if unknown:
@@ -329,7 +395,8 @@ def parse_args(argv):
     args.peak_name = PEAK_NAME if args.peak_flops == PEAK_FLOPS else "--peak-flops"
     args.command = " ".join(["python", "bench/train.py", *(argv if argv is not None
                                                            else sys.argv[1:])])
-    train_config(args, args.flatlm_micro)  # bad settings: the config's message, now
+    for layout in args.variants:  # bad settings: the config's message, now
+        train_config(args, args.flatlm_micro[layout], layout)
     return args
 
 

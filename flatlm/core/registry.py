@@ -52,8 +52,11 @@ def load_ref(ref: Ref) -> Any:
     if not isinstance(ref, str):
         return ref
     module, name = _split(ref)
+    # an imported module from sys.modules: torch.compile traces that lookup, but breaks the graph
+    # at import_module (word_logits asks the architecture registry inside the compiled loss)
+    loaded = sys.modules.get(module)
     try:
-        return getattr(importlib.import_module(module), name)
+        return getattr(loaded if loaded is not None else importlib.import_module(module), name)
     except AttributeError:
         raise ValueError(f"{ref!r}: module {module} has no {name!r}") from None
 

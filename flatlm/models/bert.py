@@ -5,7 +5,8 @@
 (``flatlm.core.tokens``): V + 4 token ids, T + 2 positions, one token type, decoder tied to the
 token embeddings, no pooler. The rest are the hooks the registry calls (``bert_parts``,
 ``bert_layout``, ``load_bert``, ``transformer_classes``) and what BERT-only code reads
-(``transformer_parts``, ``position_ids``, ``ln_mode``). Architecture-agnostic helpers
+(``transformer_parts``, ``position_ids``, ``ln_mode``, ``row_word_logits``: sentences packed
+end to end into rows, ``train.sequence_packing="rows"``). Architecture-agnostic helpers
 (``build_model``, ``word_logits``, ...) live in ``flatlm.models.masked_lm``.
 """
 
@@ -138,3 +139,27 @@ def bert_layout(model: nn.Module) -> TokenLayout:
     extra = PRE_LN_EXTRA_POSITIONS if ln_mode(model) == "pre" else 0
     return token_layout(config.vocab_size - WORD_OFFSET,
                         config.max_position_embeddings - 2 - extra)
+
+
+def row_word_logits(model: nn.Module, input_ids: torch.Tensor, attend: torch.Tensor,
+                    within: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Logits over the V words (k, V) at ``slots`` of sentences packed end to end into rows.
+
+    ``input_ids`` (R, L): several ``encode``d sentences per row, each [CLS] .. [SEP];
+    ``attend`` (R, L, L) bool: query slot i may read key slot j (block-diagonal: a sentence
+    reads only itself); ``within`` (R, L): each slot's position in its own sentence, 0 at its
+    [CLS]; ``slots`` (k,): flat indices into the R * L slots where the head runs. Each sentence's
+    states equal those it gets alone in a padded row (the same position ids, the same keys), up
+    to the order of float sums. Attention dropout stays: SDPA takes the mask and ``dropout_p``
+    (on CUDA its memory-efficient kernel, which supports both); under eager attention the mask
+    is made additive.
+    """
+    base, head = transformer_parts(model)
+    offset = PAD_ID + 1 if ln_mode(model) == "pre" else 0  # RoBERTa's ids start past padding
+    mask = attend[:, None]  # (R, 1, L, L): one mask for every head
+    if unwrap(model).config._attn_implementation != "sdpa":
+        mask = torch.zeros(mask.shape, dtype=base.embeddings.word_embeddings.weight.dtype,
+                           device=mask.device).masked_fill(~mask, torch.finfo(torch.float32).min)
+    hidden = base(input_ids=input_ids, attention_mask=mask,
+                  position_ids=within + offset).last_hidden_state  # (R, L, d)
+    return head(hidden.flatten(0, 1)[slots])[..., WORD_OFFSET:]  # (k, V)

@@ -1,4 +1,6 @@
-"""The loss function an update calls: ``mlm_loss_sum``, compiled where that pays.
+"""The loss function an update calls: ``mlm_loss_sum`` (or ``row_loss_sum`` when sentences are
+laid out in rows, ``train.sequence_packing="rows"``), compiled where that pays. Either compiles
+to one graph, forward and backward (tests/train/test_compiled_graph.py).
 
 ``train.compile="auto"`` compiles on CUDA (small per-step work, where launch overhead dominates)
 and not on the CPU (compiling takes longer than the tiny CPU runs it would speed up). A compile
@@ -14,19 +16,23 @@ from collections.abc import Callable
 import torch
 
 from flatlm.train.algorithms import mlm_loss_sum
-from flatlm.train.config import TrainConfig, switch_on
+from flatlm.train.config import TrainConfig, sequence_packing_for, switch_on
+from flatlm.train.rows import row_loss_sum
 
 
 def loss_function(cfg: TrainConfig, device: torch.device | str, *,
                   backend: str = "inductor") -> Callable:
-    """``mlm_loss_sum``, compiled (with an eager fallback) when ``cfg.compile`` says so."""
-    if not switch_on(cfg.compile, torch.device(device).type):
-        return mlm_loss_sum
+    """The summed MLM loss of the run's layout (``row_loss_sum`` for rows, else
+    ``mlm_loss_sum``), compiled (with an eager fallback) when ``cfg.compile`` says so."""
+    device_type = torch.device(device).type
+    loss = row_loss_sum if sequence_packing_for(cfg, device_type) == "rows" else mlm_loss_sum
+    if not switch_on(cfg.compile, device_type):
+        return loss
     # Dynamo caches compiled graphs per code object, one per shape and dropout rate, and past
     # its recompile limit (8) runs the function eagerly without a word: a process that trains
     # many runs (the replication runner) would silently stop compiling. Each run starts afresh.
     torch._dynamo.reset()
-    return EagerFallback(mlm_loss_sum, backend=backend)
+    return EagerFallback(loss, backend=backend)
 
 
 class EagerFallback:

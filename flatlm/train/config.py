@@ -44,10 +44,13 @@ from flatlm.train.registry import (
 )
 
 __all__ = ["ALGORITHMS", "AlgorithmDefaults", "AdversarialConfig", "GrowConfig", "LabelNoiseConfig",
-           "SamConfig", "TrainConfig", "resolve", "switch_on"]
+           "SEQUENCE_PACKINGS", "SamConfig", "TrainConfig", "resolve", "sequence_packing_for",
+           "switch_on"]
 
 PRECISIONS = ("auto", "fp32", "bf16")
 MASK_COUNTS = ("fixed", "bernoulli")  # train.mask_count (flatlm.train.data.mask_batch)
+# train.sequence_packing: how a pass's sentences meet the model ("auto": as train.unpad says)
+SEQUENCE_PACKINGS = ("auto", "padded", "unpadded", "rows")
 _SWITCH_WORDS = {"true": True, "on": True, "false": False, "off": False, "auto": "auto"}
 
 
@@ -55,6 +58,15 @@ def switch_on(value: bool | str, device_type: str) -> bool:
     """Whether a True / False / "auto" switch (``compile``, ``unpad``) is on for a device type
     ("cuda", "cpu"): "auto" is on for CUDA only."""
     return device_type == "cuda" if value == "auto" else bool(value)
+
+
+def sequence_packing_for(cfg: TrainConfig, device_type: str) -> str:
+    """The layout a run uses on a device type: "padded", "unpadded" or "rows" (``"auto"``
+    follows ``train.unpad``: unpadded on CUDA, padded on the CPU, what runs before the setting
+    existed used)."""
+    if cfg.sequence_packing != "auto":
+        return cfg.sequence_packing
+    return "unpadded" if switch_on(cfg.unpad, device_type) else "padded"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,7 +233,16 @@ class TrainConfig:
     #   True, False or "auto" (on for CUDA; off on the CPU, which keeps CPU runs bit for bit).
     #   It removes padding only between micro-batches: with micro_batch_size None (one pass
     #   per batch) the one micro-batch is cut to the batch's longest sentence; the GPU scale
-    #   sets micro_batch_size=1024 of 4096
+    #   sets micro_batch_size=1024 of 4096. Read only when sequence_packing is "auto"
+    sequence_packing: str = "auto"  # how each pass's sentences meet the model: "padded" (one
+    #   sentence a row of the source's T + 2 positions), "unpadded" (train.unpad=true), "rows"
+    #   (sentences end to end in rows of row_length slots, block-diagonal attention, position
+    #   ids restarting per sentence, the head only at masked words, static shapes; BERT only,
+    #   world_size 1: flatlm.train.rows), or "auto" (as train.unpad says: padded on the CPU,
+    #   unpadded on CUDA, the default, so that earlier runs rerun bit for bit). Not the trial
+    #   packs of flatlm.train.pack
+    row_length: int = 64  # slots per row under sequence_packing="rows"; >= the source's
+    #   max_length + 2 (checked when training starts); 64 holds 3 to 21 PCFG sentences
     divergence_factor: float | None = 10.0  # stop the run (``Diverged``) when a logged loss
     #   exceeds this times the initial loss log V or the first logged loss; > 1; None = off
     #   (a non-finite loss always stops it)
@@ -347,9 +368,23 @@ class TrainConfig:
             _check(flag is True or flag is False or flag == "auto", name, value,
                    "use true, false or auto (on for CUDA, off on the CPU)")
             object.__setattr__(self, name, flag)
+        self._check_sequence_packing()
         _check(self.divergence_factor is None or self.divergence_factor > 1,
                "divergence_factor", self.divergence_factor, "use a factor > 1, or None (off)")
         self._check_world_size()
+
+    def _check_sequence_packing(self) -> None:
+        _check(self.sequence_packing in SEQUENCE_PACKINGS, "sequence_packing",
+               self.sequence_packing, f"use one of {', '.join(SEQUENCE_PACKINGS)}")
+        _check(self.sequence_packing == "auto" or self.unpad == "auto", "unpad", self.unpad,
+               f"train.sequence_packing={self.sequence_packing!r} says the layout; leave "
+               "train.unpad at auto (sequence_packing 'unpadded' is unpad=true, 'padded' is "
+               "unpad=false)")
+        _check(_is_int(self.row_length) and self.row_length >= 3, "row_length", self.row_length,
+               "use an integer >= 3 (>= the source's max_length + 2)")
+        _check(self.sequence_packing != "rows" or self.world_size == 1, "sequence_packing",
+               self.sequence_packing, "rows run in one process; use train.world_size=1, or "
+               "'unpadded' data-parallel")
 
     def _check_world_size(self) -> None:
         _check(_is_int(self.world_size) and self.world_size >= 1, "world_size", self.world_size,

@@ -15,9 +15,10 @@ run would have:
 - ``DownstreamPool``: labelled sentences D for the adversarial algorithm, with disjoint D1, D2
   (``adversarial_pool``).
 - ``BatchPipeline``: update i -> ``StepInputs`` on the device, optionally prepared a few steps
-  ahead in background threads (CUDA), which changes nothing but the timing; with ``train.unpad``
-  (on for CUDA) each pass's sentences are sorted by length, so that micro-batches are cut to
-  their longest sentence.
+  ahead in background threads (CUDA), which changes nothing but the timing; laid out as
+  ``train.sequence_packing`` says: padded, unpadded (each pass's sentences sorted by length, so
+  that micro-batches are cut to their longest sentence; ``train.unpad``, on for CUDA) or in rows
+  (``flatlm.train.rows``: each micro-batch's sentences end to end in fixed-length rows).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ import torch
 from flatlm.core.seeds import derive_seed, generator
 from flatlm.core.tokens import MASK_ID, WORD_OFFSET, encode, uniform_positions
 from flatlm.sources.base import Source
-from flatlm.train.config import TrainConfig, switch_on
+from flatlm.train.config import TrainConfig, sequence_packing_for
 from flatlm.train.registry import algorithm_named
+from flatlm.train.rows import RowBatch, into_rows
 
 # ------------------------------------------------------------------------------ sentence streams
 
@@ -340,7 +342,7 @@ def adversarial_pool(cfg: TrainConfig, source: Source, device) -> DownstreamPool
 class StepInputs:
     """Everything one update reads: the MLM batch and, for the adversarial algorithm, D1 + D2."""
 
-    mlm: MLMBatch
+    mlm: MLMBatch | RowBatch  # RowBatch under train.sequence_packing="rows"
     probe: ProbeBatch | None = None
 
     def to(self, device: torch.device) -> StepInputs:
@@ -348,7 +350,8 @@ class StepInputs:
 
     def pin_memory(self) -> StepInputs:
         pin = torch.Tensor.pin_memory
-        return StepInputs(_map(self.mlm, pin), _map(self.probe, pin) if self.probe else None)
+        mlm = self.mlm.pin_memory() if isinstance(self.mlm, RowBatch) else _map(self.mlm, pin)
+        return StepInputs(mlm, _map(self.probe, pin) if self.probe else None)
 
 
 def prefetch_depth(device: torch.device) -> int:
@@ -383,8 +386,12 @@ class BatchPipeline:
                          max_predictions=self.cfg.max_predictions, count=self.cfg.mask_count)
         if self.transform is not None:  # label_noise: its own random stream, the rest as sgd
             mlm = self.transform(mlm, self.cfg, self.sentences.n_words, i)
-        if switch_on(self.cfg.unpad, self.device.type):
+        layout = sequence_packing_for(self.cfg, self.device.type)
+        if layout == "unpadded":
             mlm = mlm.grouped_by_length(lengths, self.cfg.sentences_per_pass)
+        elif layout == "rows":  # one micro-batch's sentences share rows, never two
+            mlm = into_rows(mlm, self.cfg.row_length,
+                            self.cfg.micro_batch_size or self.cfg.sentences_per_pass)
         inputs = StepInputs(mlm, self.pool.draw(i) if self.pool is not None else None)
         return inputs.pin_memory() if self.device.type == "cuda" else inputs
 

@@ -28,6 +28,7 @@ from flatlm.storage.dirlock import writer_lock
 from flatlm.train.config import TrainConfig, resolve
 from flatlm.train.distributed import train_data_parallel
 from flatlm.train.registry import check_before_training
+from flatlm.train.rows import check_rows
 from flatlm.train.run import (
     TRAINING_INTERVAL,
     CheckpointHook,
@@ -80,6 +81,7 @@ def train(
     cfg = resolve(cfg)
     model_cfg = dataclasses.replace(parse_model(model_cfg), dropout=cfg.dropout)
     check_before_training(cfg, model_cfg)  # grow: every shape a growth of the one before it
+    check_rows(cfg, model_cfg, source.max_length)  # rows: BERT, long enough for a sentence
     device = torch.device(device)
     out_dir = Path(out_dir).absolute()
     check_fits(cfg, model_cfg, source, device)  # before any allocation: sizes vs memory

@@ -178,6 +178,10 @@ def check_packable(cfgs: Sequence[TrainConfig], shape: ModelConfig, out_dirs) ->
         if len(values) > 1:
             raise ValueError(f"pack: the members differ in train.{field} {sorted(values, key=str)}"
                              "; a pack's members share it")
+    if any(c.sequence_packing == "rows" for c in cfgs):
+        raise ValueError("pack: train.sequence_packing='rows' lays out one run's sentences in "
+                         "rows; a trial pack stacks its members' padded batches: use 'padded', "
+                         "'unpadded' or 'auto' (or train these trials unpacked)")
     if cfgs[0].world_size != 1:
         raise ValueError("pack: train.world_size must be 1 (a pack is one process)")
     kinds = {("one" if c.mask == "one" else "rate") for c in cfgs}

@@ -70,7 +70,7 @@ StepHook = Callable[[int], None]  # told the step after every update (a progress
 TRAINING_INTERVAL = "training_interval"
 # Fields a resumed run may change: how long it runs and what it saves, not what it computes.
 RESUMABLE_CHANGES = ("steps", "checkpoint_steps", "log_every", "compile", "precision",
-                     "divergence_factor", "unpad")
+                     "divergence_factor", "unpad", "sequence_packing", "row_length")
 
 
 class CheckpointWriteError(OSError):
