@@ -43,12 +43,43 @@ def is_accuracy(key: str) -> bool:
     return len(parts) == 3 and parts[0] in ACCURACY_STAGES and parts[2] == "acc_mean"
 
 
+# The measures beyond the traces (flatlm.measure's docstring defines each), in words
+MORE_NAMES = {
+    "flat/top_eig_hessian": "top eigenvalue of H", "flat/top_eig_fisher": "top eigenvalue of F",
+    "flat/slq_trace_hessian": "Tr(H) by Lanczos quadrature",
+    "flat/hessian_fisher_gap": "Tr(H) - Tr(F)", "flat/sharpness_avg": "average sharpness",
+    "flat/critical_sharpness": "critical sharpness, 2 / critical rate",
+    "flat/precond_sharpness": "preconditioned sharpness (Adam)",
+    "flat/update_curvature": "curvature along the update",
+    "llc/mean": "local learning coefficient", "cka/truth": "CKA to the truth, per sentence",
+    "cka/truth_token": "CKA to the truth, per word",
+}
+NORMS = {"l2": "L2", "linf": "L-inf"}
+GROWN = {"flat/trace_fisher_grown_": "grown Tr(F)", "flat/trace_hessian_grown_": "grown Tr(H)"}
+
+
 def plain_name(key: str) -> str:
-    """A metric's name in words (the key itself when it has none)."""
+    """A metric's name in words (the key itself when it has none).
+
+    >>> plain_name("flat/sharpness_worst_linf"), plain_name("noise/loss_delta_0.03")
+    ('worst-case sharpness, L-inf', 'loss rise under weight noise 0.03')
+    >>> plain_name("flat/trace_fisher_grown_head_norm"), plain_name("made/up")
+    ('grown Tr(F), head_norm construction', 'made/up')
+    """
     if is_accuracy(key):
         stage, task, _ = key.split("/")
         return f"task {task} {ACCURACY_STAGES[stage]}"
-    return NAMES.get(key, key)
+    if key in NAMES or key in MORE_NAMES:
+        return NAMES.get(key) or MORE_NAMES[key]
+    if key.startswith("flat/sharpness_worst_"):
+        norm = key.removeprefix("flat/sharpness_worst_")
+        return f"worst-case sharpness, {NORMS.get(norm, norm)}"
+    if key.startswith("noise/loss_delta_"):
+        return f"loss rise under weight noise {key.removeprefix('noise/loss_delta_')}"
+    for prefix, name in GROWN.items():
+        if key.startswith(prefix):
+            return f"{name}, {key.removeprefix(prefix)} construction"
+    return key
 
 
 def axis_label(key: str) -> str:

@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.correlate import RUN, saturated, saturation_rule
+from analysis.labels import plain_name
 from analysis.same_training import MODEL, merge_same_training
 from analysis.selection import (
     RANDOM,
@@ -589,7 +590,7 @@ def _panel(ax, stats: dict, statistic: str, title: str) -> None:
     # a percentile interval of a min/max statistic need not contain the point: clip
     err = np.clip(np.nan_to_num(np.vstack([v - lo, hi - v])), 0, None)
     ax.errorbar(v, y, xerr=err, fmt="o", capsize=3)
-    ax.set_yticks(y, names, fontsize=7)
+    ax.set_yticks(y, [plain_name(n) for n in names], fontsize=7)
     ax.locator_params(axis="x", nbins=4)  # regrets of 1e-3 crowd the axis otherwise
     ax.axvline(0, color="grey", lw=0.8)
     ax.invert_yaxis()

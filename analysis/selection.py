@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis.correlate import MIN_RUNS, RUN, saturated, saturation_rule, to_markdown  # noqa: E402
+from analysis.labels import plain_name  # noqa: E402
 from analysis.output import write_figure
 from analysis.store import (  # noqa: E402
     accuracy_key,
@@ -281,7 +282,8 @@ def selection_figure(table: pd.DataFrame, path: Path) -> Path:
         # a percentile interval of a max/min statistic need not contain the point: clip
         err = np.vstack([part.value - part.ci_low, part.ci_high - part.value])
         ax.errorbar(part.value, y, xerr=np.clip(np.nan_to_num(err), 0, None), fmt="o", capsize=3)
-        ax.set_yticks(y, names)
+        ax.set_yticks(y, [plain_name(n) for n in names])
+        ax.locator_params(axis="x", nbins=4)  # regrets of 1e-3 crowd the axis otherwise
         ax.axvline(0, color="grey", lw=0.8)
         ax.set_xlabel(statistic + (" (higher: better ranking)" if statistic == "spearman"
                                    else " (lower: better pick)"))

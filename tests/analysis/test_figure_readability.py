@@ -148,3 +148,26 @@ def test_a_sweep_of_twelve_runs_gets_ten_distinct_hues_first():
     chromatic = np.sort([h for h, s in zip(hues, saturated_, strict=True) if s])
     gaps = np.diff(np.concatenate([chromatic, chromatic[:1] + 1]))
     assert len(set(colours.values())) == 12 and gaps.min() > 0.02
+
+
+def test_the_measure_boards_name_each_measure_in_words(monkeypatch, tmp_path):
+    """The leaderboard's and the selection figure's rows: plain names (``top eigenvalue of H``),
+    no metric key (``flat/top_eig_hessian``)."""
+    from matplotlib.figure import Figure
+
+    from analysis.leaderboard import leaderboard, leaderboard_figure
+    from analysis.selection import selection_figure, selection_table
+    from tests.analysis.leaderboard_data import ACC as BOARD_ACC
+    from tests.analysis.leaderboard_data import planted as board_runs
+    from tests.analysis.test_selection import ACC as SELECTION_ACC
+    from tests.analysis.test_selection import planted as selection_runs
+
+    saved, savefig = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: saved.append(fig) or savefig(
+        fig, *a, **k))
+    leaderboard_figure(leaderboard(board_runs(), tasks=("A",), n_boot=5), tmp_path / "l.png")
+    selection_figure(selection_table(selection_runs(), SELECTION_ACC, kl_threshold=0.05,
+                                     n_boot=10), tmp_path / "s.png")
+    assert BOARD_ACC and len(saved) == 2
+    rows = [t.get_text() for fig in saved for ax in fig.axes for t in ax.get_yticklabels()]
+    assert rows and not [r for r in rows if "/" in r], rows
