@@ -6,8 +6,8 @@
 * Figs. 2/4 style, :func:`metrics_over_steps`: metrics over training steps, one line per run,
   each named in the legend by what sets it apart (``analysis.checkpoints.run_labels``).
 * Figs. 3/5 style, :func:`metrics_over_size`: final-checkpoint metrics over model size
-  (``n_params``, log x), each point named by its model, mean and standard deviation over the
-  runs of each group.
+  (``n_params``, log x), each size named by its model under its tick, mean and standard
+  deviation over the runs of each group.
 
 Tables 1/2 are ``analysis.tables``'; axis names and units ``analysis.labels``'.
 
@@ -49,6 +49,7 @@ from analysis.labels import (
     label_axis,
     percent_axis,
     plain_name,
+    short_names,
     untangle_ticks,
 )
 from analysis.output import write_figure
@@ -226,9 +227,9 @@ def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys,
                       color_by: str | None = None, title: str | None = None) -> Path:
     """Figs. 3/5: final-checkpoint values over ``n_params`` (log x), one line per group of
     ``color_by`` (default: what varies besides the model and the seed; one line when nothing
-    does), each point named by its model: the mean over the group's runs of each size, with bars
-    of the standard deviation over runs (the standard error of the one run where a size has
-    one run). Accuracy panels draw the random-init model of each size (dashed) and the
+    does), each size named by its model under its tick: the mean over the group's runs of each
+    size, with bars of the standard deviation over runs (the standard error of the one run where
+    a size has one run). Accuracy panels draw the random-init model of each size (dashed) and the
     majority class and lookup table."""
     final = final_checkpoints(df).copy()  # one block per dtype: no fragmentation warning
     keys = [k for k in keys if _has(final, k)] if _has(final, N_PARAMS) else []
@@ -238,13 +239,25 @@ def metrics_over_size(df: pd.DataFrame, path: str | Path, *, keys,
     final = final.assign(_group=groups, _n=pd.to_numeric(final.get(N_PARAMS), errors="coerce"))
     for ax, key in zip(axes, keys, strict=True):
         _size_panel(ax, final, key, colors)
-        count_axis(ax, final["_n"])
+        models, pattern = short_names(_model_of_count(final))
+        count_axis(ax, final["_n"], names=models)
         label_axis(ax, "x", N_PARAMS)
+        if pattern:
+            ax.set_xlabel(f"{ax.get_xlabel()} (models {pattern})")
         label_axis(ax, "y", key)
     if keys:
         axes[0].legend(title=legend_title or None, fontsize=7, title_fontsize=7)
     return save_figure(fig, path, title or "Figs. 3/5: final checkpoint over model size",
                        empty=not keys)
+
+
+def _model_of_count(final: pd.DataFrame) -> dict:
+    """parameter count -> the model of that size (its x tick names it: a name beside each point
+    printed over its neighbours where two sizes score alike)."""
+    if "model" not in final:
+        return {}
+    sized = final.dropna(subset=["_n"])
+    return dict(zip(sized["_n"], sized["model"].astype(str), strict=True))
 
 
 def _size_groups(final: pd.DataFrame, color_by: str | None) -> tuple[pd.Series, str]:
@@ -265,12 +278,6 @@ def _size_panel(ax, final: pd.DataFrame, key: str, colors: dict) -> None:
         bars = agg["std"].where(agg["runs"] > 1, agg["se"]).fillna(0)
         ax.errorbar(agg.index, agg["mean"], yerr=bars, marker="o", ms=4, capsize=3,
                     color=colors[label], label=str(label))
-        largest = rows["_n"].max()
-        for n, row in agg.iterrows():  # each point named by its model, the last on its left
-            last = n == largest  # (a name to its right would run off the axes)
-            ax.annotate(str(row["model"]), (n, row["mean"]), fontsize=6,
-                        xytext=(-3 if last else 3, 3), ha="right" if last else "left",
-                        textcoords="offset points")
     ref = key.replace("probe/", "random_init/", 1)
     if key.startswith("probe/") and _has(rows, ref):
         level = rows.groupby("_n")[ref].mean().sort_index()

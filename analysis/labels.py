@@ -123,10 +123,11 @@ def _apart(values: np.ndarray, ratio: float) -> np.ndarray:
     return np.array(kept)
 
 
-def count_axis(ax, counts, axis: str = "x") -> None:
+def count_axis(ax, counts, axis: str = "x", names: dict | None = None) -> None:
     """A log axis of parameter counts, ticked at the counts drawn and labelled ``114k``, with no
     minor labels: matplotlib labels every minor tick of a narrow log axis (``1.2 x 10^5``), and
-    those labels print over each other."""
+    those labels print over each other. ``names``: count -> what has it (a model), written under
+    the count (``114k`` / ``d64-h4-l2-i256``), the counts of one tick joined."""
     from matplotlib.ticker import FixedFormatter, FixedLocator, NullFormatter, NullLocator
 
     values = np.sort(pd.to_numeric(pd.Series(list(counts)), errors="coerce").dropna().unique())
@@ -136,9 +137,36 @@ def count_axis(ax, counts, axis: str = "x") -> None:
         return
     target = ax.xaxis if axis == "x" else ax.yaxis
     target.set_major_locator(FixedLocator(values))
-    target.set_major_formatter(FixedFormatter([count_label(v) for v in values]))
+    target.set_major_formatter(FixedFormatter([_count_tick(v, names) for v in values]))
     target.set_minor_locator(NullLocator())
     target.set_minor_formatter(NullFormatter())
+
+
+def short_names(names: dict) -> tuple[dict, str]:
+    """(key -> the parts of its name that differ, the pattern they share) for names of one form:
+    ``d64-h4-l2-i256``, ``d64-h4-l3-i256`` -> ``l2``, ``l3`` and ``d64-h4-*-i256`` (whole names on
+    ticks print over each other); names of different forms are kept whole, with no pattern.
+
+    >>> short_names({1: "d64-h4-l2-i256", 2: "d64-h4-l3-i256"})
+    ({1: 'l2', 2: 'l3'}, 'd64-h4-*-i256')
+    """
+    split = {k: str(v).split("-") for k, v in names.items()}
+    if len({len(parts) for parts in split.values()}) != 1 or len(set(names.values())) < 2:
+        return dict(names), ""
+    columns = list(zip(*split.values(), strict=True))
+    same = [len(set(column)) == 1 for column in columns]
+    pattern = "-".join(column[0] if one else "*" for column, one in zip(columns, same,
+                                                                       strict=True))
+    short = {k: "-".join(p for p, one in zip(parts, same, strict=True) if not one)
+             for k, parts in split.items()}
+    return short, pattern
+
+
+def _count_tick(value: float, names: dict | None) -> str:
+    """``114k``, and under it the names of the counts within ``SAME_COUNT`` of ``value``."""
+    near = sorted({str(name) for n, name in (names or {}).items()
+                   if max(n, value) / min(n, value) < SAME_COUNT})
+    return "\n".join([count_label(value), *(["/".join(near)] if near else [])])
 
 
 def overlapping(labels, renderer) -> bool:

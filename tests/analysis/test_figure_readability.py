@@ -58,8 +58,9 @@ def test_parameter_counts_are_ticked_as_114k_and_do_not_overlap(tmp_path, drawn)
     figures.metrics_over_size(readme_runs(), tmp_path / "f3.png", keys=SIZE_KEYS)
     (fig,) = drawn
     _no_tick_overlaps(fig)
-    for ax in fig.axes:
-        assert _shown_ticks(ax) == ["114k", "164k", "214k"]
+    for ax in fig.axes:  # each size's count, and under it what sets its model apart
+        assert _shown_ticks(ax) == ["114k\nl2", "164k\nl3", "214k\nl4"]
+        assert ax.get_xlabel() == "parameters (models d64-h4-*-i256)"
     assert _tangled_in_matplotlibs_default(fig)
 
 
@@ -92,7 +93,8 @@ def test_axes_name_what_they_show_with_units(tmp_path, drawn):
               for label in (ax.get_xlabel(), ax.get_ylabel()) if label]
     assert "KL to the truth (nats/token)" in labels
     assert "task A probe accuracy (%)" in labels
-    assert {"parameters", "training step", "Tr(F), Fisher trace"} <= set(labels)
+    assert {"parameters (models d64-h4-*-i256)", "training step",
+            "Tr(F), Fisher trace"} <= set(labels)
     assert not [label for label in labels if label in df.columns or label == "step"]
     percent = [ax for fig in drawn for ax in fig.axes if ax.get_ylabel().endswith("(%)")]
     fig = percent[0].figure
