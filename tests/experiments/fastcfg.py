@@ -5,7 +5,7 @@ FAST = {
     "train.log_every": 3,
     "train.adversarial.pool": 64, "train.adversarial.d1": 16, "train.adversarial.d2": 16,
     "measure.n_eval": 48, "measure.n_downstream": 240, "measure.probe.epochs": 2,
-    "measure.probe.seeds": 2, "measure.flatness.n_inputs": 16,
+    "measure.probe.seeds": 2, "measure.flatness.n_inputs": 8,
     "measure.flatness.hutchinson_batch_size": 8,
 }
 FAST_MODELS = ("d16-h1-l1-i64", "d32-h2-l1-i128")
