@@ -7,7 +7,9 @@ with their ``metrics.json``), and a diverged member's ``diverged.json``
 (``flatlm.storage.diverged``), so that a member's directory is its unpacked trial's: on the CPU
 every metric but the timings (``time/*``) is bit for bit the one ``run_trial`` gives
 (tests/runs/test_run_pack.py). Re-running resumes every member from the step they all reached.
-A member that diverges stops alone; the others go on.
+A member that diverges stops alone; the others go on. With ``batched_measure=True`` each round
+of checkpoints measures the members' loss, KL and entropy in one batched forward
+(``flatlm.runs.pack_measure``), still bit for bit on the CPU.
 
 Which trials share a pack: ``pack_key`` (same labelled source, model shape, batch and
 micro-batch sizes, precision, masking kind, optimizer, packed update and checkpoint steps);
