@@ -7,7 +7,9 @@ with their ``metrics.json``), and a diverged member's ``diverged.json``
 (``flatlm.storage.diverged``), so that a member's directory is its unpacked trial's: on the CPU
 every metric but the timings (``time/*``) is bit for bit the one ``run_trial`` gives
 (tests/runs/test_run_pack.py). Re-running resumes every member from the step they all reached.
-A member that diverges stops alone; the others go on.
+A member that diverges stops alone; the others go on. With ``batched_measure=True`` each round
+of checkpoints measures the members' loss, KL and entropy in one batched forward
+(``flatlm.runs.pack_measure``), still bit for bit on the CPU.
 
 Which trials share a pack: ``pack_key`` (same labelled source, model shape, batch and
 micro-batch sizes, precision, masking kind, optimizer, packed update and checkpoint steps);
@@ -30,6 +32,7 @@ import torch
 
 from flatlm.core.config import to_dict
 from flatlm.models.presets import parse_model
+from flatlm.runs.pack_measure import RoundMeasurer
 from flatlm.runs.pack_size import check_pack_size
 from flatlm.runs.progress import Sink, TrialProgress
 from flatlm.runs.trial import (
@@ -120,7 +123,8 @@ def run_pack(cfgs: Sequence[TrialConfig], out_dirs: Sequence[str | Path],
              reports: Sequence[Report | None] | None = None, *,
              device: str | torch.device = "cpu", progress: bool = False,
              eval_cache: str | Path | None = None, on_progress: Sink | None = None,
-             on_round: Callable[[], None] | None = None) -> list[MemberResult]:
+             on_round: Callable[[], None] | None = None,
+             batched_measure: bool = False) -> list[MemberResult]:
     """Runs (or resumes) the trials ``cfgs`` into ``out_dirs``, the packable ones as one pack;
     ``reports[k]``: member k's report sink (``run_trial``'s ``report``). Returns, per member,
     step -> metrics of every checkpoint, or the ``Diverged`` that stopped it (recorded in its
@@ -128,7 +132,11 @@ def run_pack(cfgs: Sequence[TrialConfig], out_dirs: Sequence[str | Path],
     members must share a ``pack_key`` (a ValueError before any work). ``on_progress``: the
     pack's progress (its step; the member measured). ``on_round()``: called after each round
     of the pack's reports (the checkpoints a resume measured or re-reported; then every
-    checkpoint step's), for a sink that reports the members together (the Ray sweeps)."""
+    checkpoint step's), for a sink that reports the members together (the Ray sweeps).
+    ``batched_measure``: each round of checkpoints measures the members' loss, KL and entropy
+    in one batched forward (``flatlm.runs.pack_measure``; equal bit for bit on the CPU, to
+    float rounding on CUDA), the rest member by member; False (the default): every member
+    measured alone, exactly as ``run_trial`` measures it, on every device."""
     if len(cfgs) != len(out_dirs) or not cfgs:
         raise ValueError(f"run_pack: {len(cfgs)} configs for {len(out_dirs)} directories")
     reports = list(reports) if reports is not None else [None] * len(cfgs)
@@ -155,7 +163,7 @@ def run_pack(cfgs: Sequence[TrialConfig], out_dirs: Sequence[str | Path],
     if packed:
         trained = _train_measured([cfgs[k] for k in packed], [out_dirs[k] for k in packed],
                                   [reports[k] for k in packed], device, progress, eval_cache,
-                                  on_progress, on_round)
+                                  on_progress, on_round, batched_measure)
         for k, result in zip(packed, trained, strict=True):
             results[k] = result
     return results
@@ -178,7 +186,7 @@ def _alone(cfg, out_dir, report, device, progress, eval_cache, on_progress) -> M
 
 
 def _train_measured(cfgs, out_dirs, reports, device, progress, eval_cache, on_progress,
-                    on_round) -> list[MemberResult]:
+                    on_round, batched_measure) -> list[MemberResult]:
     """The pack: every member validated and its measuring side built, then trained together."""
     source, model_cfg = validate_trial(cfgs[0])
     cfgs = [with_downstream_resolved(c, source) for c in cfgs]
@@ -192,14 +200,19 @@ def _train_measured(cfgs, out_dirs, reports, device, progress, eval_cache, on_pr
             stack.enter_context(writer_lock(d))
         measurers = _measurers(cfgs, source, model_cfg, out_dirs, reports, device, progress,
                                eval_cache, watch)
-        for m in measurers:
-            m.catch_up()
-        if on_round is not None:
-            on_round()
+        hooks, after_round = measurers, on_round
+        if batched_measure:  # the hooks record; each round is measured as one problem
+            rounds = RoundMeasurer(measurers, device)
+            hooks = [rounds.hook(k) for k in range(len(measurers))]
+            after_round = _chained(rounds.flush, on_round)
+        for m, hook in zip(measurers, hooks, strict=True):
+            m.catch_up(hook)
+        if after_round is not None:
+            after_round()
         trained = train_pack([c.train for c in cfgs], source, model_cfg, out_dirs,
-                             device=device, on_checkpoint=measurers, progress=progress,
+                             device=device, on_checkpoint=hooks, progress=progress,
                              resume=True, on_step=watch.stepped,
-                             on_round=None if on_round is None else lambda step: on_round())
+                             on_round=None if after_round is None else lambda step: after_round())
     results: list[MemberResult] = []
     for d, m, outcome in zip(out_dirs, measurers, trained, strict=True):
         if isinstance(outcome, Diverged):
@@ -208,6 +221,14 @@ def _train_measured(cfgs, out_dirs, reports, device, progress, eval_cache, on_pr
         else:
             results.append(m.done)
     return results
+
+
+def _chained(first: Callable[[], None], then: Callable[[], None] | None) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        if then is not None:
+            then()
+    return both
 
 
 def _measurers(cfgs, source, model_cfg, out_dirs, reports, device, progress, eval_cache,

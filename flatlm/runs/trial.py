@@ -236,6 +236,17 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
     return measurer.done
 
 
+@dataclass(frozen=True)
+class Premeasured:
+    """Measurements of one checkpoint made outside ``measure_model``: the ``MeasureConfig.what``
+    names they stand for, their metrics (keys as ``measure_model`` gives them, timings
+    included) and the seconds this checkpoint's share of them took."""
+
+    names: tuple[str, ...]
+    metrics: dict[str, float]
+    seconds: float
+
+
 class TrialMeasurer:
     """A trial's measuring side, the ``on_checkpoint`` hook of its training: writes
     ``config.json``, prepares the evaluation data, and at each checkpoint measures the model,
@@ -256,23 +267,36 @@ class TrialMeasurer:
         self.done = read_metrics(out_dir)
         self.trained_here = not (out_dir / TRAINED_BY).exists()  # else: another trial trained it
 
-    def __call__(self, step: int, model, ckpt_dir: Path) -> None:
+    def __call__(self, step: int, model, ckpt_dir: Path, *,
+                 given: Premeasured | None = None) -> None:
+        """Measures checkpoint ``step`` (``model``, saved in ``ckpt_dir``), records and reports
+        it. ``given``: measurements of this model already made elsewhere (a pack's batched
+        loss, ``flatlm.runs.pack_measure``), not run again; their metrics lead the row, as
+        they would have come from ``measure_model``, and their seconds count in its time."""
         start = time.perf_counter()
-        measured = measure_model(model, self.source, self.data, self.cfg.measure, self.device,
+        cfg = self.cfg.measure
+        if given is not None:
+            cfg = dataclasses.replace(cfg, what=tuple(w for w in cfg.what
+                                                      if w not in given.names))
+        measured = measure_model(model, self.source, self.data, cfg, self.device,
                                  artifact_dir=ckpt_dir, progress=self.progress,
                                  on_part=lambda part: self.watch.measuring(step, part))
+        if given is not None:
+            measured = {**given.metrics, **measured}
+        seconds = time.perf_counter() - start + (given.seconds if given is not None else 0.0)
         metrics = {N_PARAMS: float(sum(p.numel() for p in model.parameters())), **measured,
-                   **measurement_cost(time.perf_counter() - start, ckpt_dir, self.trained_here)}
+                   **measurement_cost(seconds, ckpt_dir, self.trained_here)}
         _record(self.out_dir, ckpt_dir, step, metrics)
         self.done[step] = {"step": step, **metrics}
         if self.report is not None:
             self.report(step, metrics, Path(ckpt_dir))
         self.watch.measured(step, time.perf_counter() - start)  # with its report: its time
 
-    def catch_up(self) -> None:
-        """``_catch_up``: the checkpoints a crash (or ``carry_training``) left unmeasured."""
+    def catch_up(self, on_checkpoint: Callable | None = None) -> None:
+        """``_catch_up``: the checkpoints a crash (or ``carry_training``) left unmeasured,
+        measured by this measurer or handed to ``on_checkpoint`` (same arguments)."""
         with contextlib.nullcontext() if self.progress else quiet_transformers_bars():
-            _catch_up(self.out_dir, self.done, self, self.report, self.device,
+            _catch_up(self.out_dir, self.done, on_checkpoint or self, self.report, self.device,
                       self.cfg.train.checkpoint_steps)
 
 

@@ -15,24 +15,30 @@ from flatlm.models.presets import parse_model
 V, T, N = 12, 4, 8
 
 
-def _batch(K, seed=0):
+def _batch(K, seed=0, padded=None):
+    """Each member's batch: with padded sentences (``padded[k]``, default all members) or
+    without any padding (the single model's attention then gets no mask)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(4, V + 4, (K, N, T + 2), generator=g)
     ids[..., 0], ids[..., -1] = 2, 3
-    ids[:, :3, -2:] = 0  # padded sentences
-    ids[:, :3, -3] = 3
+    for k in range(K):
+        if padded is None or padded[k]:
+            ids[k, :3, -2:] = 0  # padded sentences
+            ids[k, :3, -3] = 3
     return ids, (ids != 0).long(), torch.randint(0, 2, (K, N), generator=g), \
         torch.randint(0, V, (K, N), generator=g)
 
 
+@pytest.mark.parametrize("padded", [None, (False,) * 3, (True, False, True)],
+                         ids=["padded", "unpadded", "some-padded"])
 @pytest.mark.parametrize("dropout", [(0.1, 0.1, 0.1), (0.0, 0.0, 0.0), (0.0, 0.1, 0.2)],
                          ids=["dropout", "none", "mixed"])
-def test_members_are_their_single_models(dropout):
+def test_members_are_their_single_models(dropout, padded):
     shape = parse_model("d32-h2-l2-i64")
     models = [build_model(dataclasses.replace(shape, dropout=p), V, T, seed=k)
               for k, p in enumerate(dropout)]
     pack = PackedBert(models)
-    ids, mask, positions, targets = _batch(len(models))
+    ids, mask, positions, targets = _batch(len(models), padded=padded)
     single = []
     for k, m in enumerate(models):
         torch.manual_seed(100 + k)  # the single model's dropout: the global RNG

@@ -2,7 +2,8 @@
 its trial's: every metric but the timings equal bit for bit on the CPU (``==`` on every float,
 tolerance 0), every checkpoint's metrics.json and the training log too; a resumed pack equals one
 that never stopped; a diverging member stops alone with its diverged.json; a trial that cannot
-be packed runs alone, its reason logged; grouping keeps packs to one shape and at most K."""
+be packed runs alone, its reason logged; grouping keeps packs to one shape and at most K. The
+same holds with ``batched_measure`` (the members' loss measured in one batched forward)."""
 
 import json
 import logging
@@ -11,6 +12,8 @@ import shutil
 import pytest
 
 from flatlm.core.config import apply_overrides
+from flatlm.measure.packed_loss import packed_pretrain_loss
+from flatlm.runs import pack_measure
 from flatlm.runs.pack import check_pack_request, group_packs, run_pack, unpacked_reason
 from flatlm.runs.trial import TrialConfig, run_trial
 from flatlm.storage.diverged import DIVERGED_FILE, divergence
@@ -160,3 +163,51 @@ def test_a_finished_member_is_not_trained_again(tmp_path):
     shutil.rmtree(dirs[1])  # member 1 starts again, member 0 is done
     again = run_pack(cfgs, dirs)
     assert _untimed(again[0]) == _untimed(first[0]) and _untimed(again[1]) == _untimed(first[1])
+
+
+def test_a_batched_round_measures_each_member_as_its_trial_alone(tmp_path, monkeypatch):
+    """``batched_measure``: the loss of all members in one forward, the rest member by member;
+    every metric but the timings equals the per-member pack's (and so the trial's alone), bit
+    for bit. Member 2 measures only the loss on other data (its own problem in the round)."""
+    cfgs = [tiny(**MEMBERS[0]), tiny(**MEMBERS[1]),
+            tiny(**{**MEMBERS[2], "measure.what": ["loss"], "measure.seed": 1})]
+    seen = [[] for _ in cfgs]
+    reports = [lambda s, m, d, k=k: seen[k].append((s, m["pretrain/kl"])) for k in range(3)]
+    problems = []  # the members of each batched loss
+
+    def counted(models, *args, **kwargs):
+        problems.append(len(models))
+        return packed_pretrain_loss(models, *args, **kwargs)
+
+    monkeypatch.setattr(pack_measure, "packed_pretrain_loss", counted)
+    batched = run_pack(cfgs, [tmp_path / f"b{k}" for k in range(3)], reports,
+                       batched_measure=True)
+    assert problems == [2, 1] * 3  # at steps 0, 2, 4: members 0 and 1 as one, member 2 alone
+    one_by_one = run_pack(cfgs, [tmp_path / f"m{k}" for k in range(3)])
+    for k in range(3):
+        assert _untimed(batched[k]) == _untimed(one_by_one[k])
+        assert [s for s, _ in seen[k]] == [0, 2, 4]
+        assert [kl for _, kl in seen[k]] == [one_by_one[k][s]["pretrain/kl"] for s in (0, 2, 4)]
+        assert batched[k][4]["time/loss_s"] <= batched[k][4]["time/measure_s"]
+        _assert_same_directory(tmp_path / f"b{k}", tmp_path / f"m{k}")
+    assert "probe/B/acc_mean" in batched[0][4] and "flat/trace_fisher" not in batched[2][4]
+
+
+def test_a_resumed_batched_pack_equals_one_that_never_stopped(tmp_path):
+    """Stopped in member 0's report of step 2 (after the round's batched loss, before member
+    1's step 2 is recorded): the rerun's catch-up measures member 1's step 2 as a round."""
+    cfgs = [tiny(**m) for m in MEMBERS[:2]]
+    straight = run_pack(cfgs, [tmp_path / "a0", tmp_path / "a1"])
+
+    def stop_at_2(step, metrics, ckpt):
+        if step == 2:
+            raise StopError
+
+    dirs = [tmp_path / "b0", tmp_path / "b1"]
+    with pytest.raises(StopError):
+        run_pack(cfgs, dirs, [stop_at_2, None], batched_measure=True)
+    assert sorted(read_metrics(dirs[1])) == [0]
+    resumed = run_pack(cfgs, dirs, batched_measure=True)
+    for k in range(2):
+        assert _untimed(resumed[k]) == _untimed(straight[k])
+        _assert_same_directory(dirs[k], tmp_path / f"a{k}")
