@@ -1,4 +1,5 @@
-"""MLflow runs -> one tidy table, one row per trial and checkpoint. The only MLflow import here.
+"""MLflow runs -> one tidy table, one row per trial and checkpoint (read through
+``flatlm.tracking.reader.StoreReader``).
 
 Per-checkpoint metrics come from each run's ``metrics.jsonl`` artifact when present (the trial
 writes one JSON object per checkpoint with ``step`` and the metric keys: one download per run),
@@ -10,15 +11,12 @@ own runs) are skipped.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import tempfile
-from pathlib import Path
 
 import pandas as pd
 
 from flatlm.storage.metrics_log import METRICS_FILE, N_PARAMS, is_number, parse_metrics
+from flatlm.tracking.reader import StoreReader
 from flatlm.tracking.tracker import (
     TAG_ALGORITHM,
     TAG_PRESET,
@@ -54,25 +52,23 @@ def load_runs(tracking_uri: str, experiment: str, *, source: str = "auto") -> pd
         source: ``"auto"`` (``metrics.jsonl`` when a run has it, else histories), ``"artifact"``
             (runs without the file are skipped) or ``"history"``.
     """
-    from mlflow import MlflowClient
-
     if source not in ("auto", "artifact", "history"):
         raise ValueError(f"source must be auto, artifact or history, not {source!r}")
-    client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
+    store = StoreReader(tracking_uri)
+    exp = store.experiment(experiment)
     if exp is None:
         raise ValueError(f"no experiment {experiment!r} at {tracking_uri}")
 
     records, param_names, metric_names = [], set(), set()
-    for run in _all_runs(client, exp.experiment_id):
+    for run in store.runs(exp.experiment_id):
         tags = run.data.tags
         if tags.get(TAG_REPORT) == "1":
             continue
         steps = None
         if source in ("auto", "artifact"):
-            steps = _artifact_steps(client, run.info.run_id)
+            steps = _artifact_steps(store, run.info.run_id)
         if steps is None and source in ("auto", "history"):
-            steps = _history_steps(client, run.info.run_id, run.data.metrics)
+            steps = _history_steps(store, run.info.run_id, run.data.metrics)
         if steps is None:
             continue
         base = {"run_id": run.info.run_id, "trial": run.info.run_name, "status": run.info.status}
@@ -123,42 +119,11 @@ def where_ran(tags: dict) -> dict:
     return {"scale": scale, "protocol": protocol}
 
 
-def _all_runs(client, experiment_id: str) -> list:
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], max_results=1000, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
-
-
-def _artifact_steps(client, run_id: str) -> dict[int, dict[str, float]] | None:
-    """step -> {key: value} from the run's ``metrics.jsonl``; None if it has none."""
-    try:
-        names = {f.path for f in client.list_artifacts(run_id)}
-    except Exception:  # noqa: BLE001 - an unreadable artifact store: fall back to histories
-        return None
-    if METRICS_ARTIFACT not in names:
-        return None
-    with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
-        path = Path(client.download_artifacts(run_id, METRICS_ARTIFACT, tmp))
-        return parse_metrics_jsonl(path.read_text())
-
-
-@contextlib.contextmanager
-def _no_progress_bar():
-    """MLflow draws a progress bar per download; one per run clutters the report's output."""
-    name = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    old = os.environ.get(name)
-    os.environ[name] = "false"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
+def _artifact_steps(store: StoreReader, run_id: str) -> dict[int, dict[str, float]] | None:
+    """step -> {key: value} from the run's ``metrics.jsonl``; None if it has none (or its
+    artifact store cannot be read: histories then)."""
+    text = store.artifact_text(run_id, METRICS_ARTIFACT)
+    return None if text is None else parse_metrics_jsonl(text)
 
 
 def parse_metrics_jsonl(text: str) -> dict[int, dict[str, float]]:
@@ -169,13 +134,13 @@ def parse_metrics_jsonl(text: str) -> dict[int, dict[str, float]]:
             for step, row in parse_metrics(text).items()}
 
 
-def _history_steps(client, run_id: str, latest: dict) -> dict[int, dict[str, float]]:
+def _history_steps(store: StoreReader, run_id: str, latest: dict) -> dict[int, dict[str, float]]:
     """step -> {key: value} from each key's metric history (the earliest value per step); the
     training curve (``train/*``, logged between checkpoints) is not a checkpoint's."""
     steps: dict[int, dict[str, float]] = {}
     for name in (k for k in latest if not k.startswith("train/")):
         key = metrics_key(name)  # se/pretrain/kl in MLflow is pretrain/kl_se in the table
-        for m in sorted(client.get_metric_history(run_id, name), key=lambda m: m.timestamp):
+        for m in sorted(store.metric_history(run_id, name), key=lambda m: m.timestamp):
             steps.setdefault(int(m.step), {}).setdefault(key, float(m.value))
     return steps
 

@@ -13,11 +13,13 @@ from pathlib import Path
 from analysis.runs import load_runs
 from analysis.trials import load_trials
 from flatlm.measure import probe_keys
+from flatlm.tracking.reader import StoreReader
 from flatlm.tracking.tracker import (
     TAG_REPORT,
     MlflowTracker,
     check_tracking_uri,
     default_tracking_uri,
+    delete_tagged_runs,
     ensure_experiment,
 )
 
@@ -41,13 +43,8 @@ def log_report(tracking_uri: str, experiment: str, paths, params: dict, *,
                run_name: str = "report") -> str | None:
     """The run ``run_name`` (tag ``flatlm.report=1``) of ``experiment`` holding ``paths`` as
     artifacts; an earlier run of that name there is deleted first (one report at a time)."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri)
     eid = ensure_experiment(tracking_uri, experiment)
-    for old in client.search_runs([eid], f"tags.`{TAG_REPORT}` = '1'"):
-        if old.info.run_name == run_name:
-            client.delete_run(old.info.run_id)
+    delete_tagged_runs(tracking_uri, eid, TAG_REPORT, run_name)
     with tempfile.TemporaryDirectory() as outbox:
         tracker = MlflowTracker(tracking_uri, outbox, experiment_id=eid,
                                 run_name=run_name, params=params, tags={TAG_REPORT: "1"})
@@ -62,14 +59,12 @@ def log_report(tracking_uri: str, experiment: str, paths, params: dict, *,
 def check_store(uri: str, experiment: str) -> None:
     """Exits with a message naming the fix when the store or the experiment is not there;
     opening a missing sqlite file would create an empty store instead."""
-    from mlflow import MlflowClient
-
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
         raise SystemExit(f"error: no MLflow store at {uri}: run the report where the sweep ran "
                          "(its --workdir), or pass --tracking-uri")
-    client = MlflowClient(uri)
-    if client.get_experiment_by_name(experiment) is None:
-        names = [e.name for e in client.search_experiments()]
+    store = StoreReader(uri)
+    if store.experiment(experiment) is None:
+        names = store.experiment_names()
         close = difflib.get_close_matches(experiment, names, n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise SystemExit(f"error: no experiment {experiment!r} at {uri}; {hint}experiments "

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from flatlm.storage.diverged import DIVERGED_FILE, divergence
 from flatlm.tracking.ledger import STATE_FILE, read_state
+from flatlm.tracking.reader import StoreReader
 from flatlm.tracking.tracker import (
     MlflowTracker,
     store_lock,
@@ -29,15 +30,13 @@ class TrackingIncomplete(Exception):  # noqa: N818 - the sweep ran; its tracking
 def reach_tracking(uri: str, name: str) -> None:
     """An unreachable store is an error naming the fix before Ray starts (with a few quick
     retries, not MLflow's minutes of back-off). Creates nothing in the store but its schema."""
-    from mlflow import MlflowClient
-
     quick = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
              "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
     saved = {k: os.environ.get(k) for k in quick}
     os.environ.update(quick)
     try:
         with store_lock(uri):  # the store's first contact creates its tables
-            MlflowClient(uri).get_experiment_by_name(name)
+            StoreReader(uri).experiment(name)
     except Exception as e:  # noqa: BLE001 - any failure to reach the store
         first = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise ValueError(f"MLflow tracking store {uri} is unreachable ({first}); start it "
@@ -55,13 +54,11 @@ def mark_killed(trials_dir: Path, uri: str) -> list[str]:
     """Ends as KILLED the MLflow runs of trials that had not finished (their runs would stay
     RUNNING, or FAILED when Ctrl-C reached the workers too); a resumed trial reopens its run.
     Returns the trials' names."""
-    from mlflow import MlflowClient
-
-    client, killed = MlflowClient(uri), []
+    store, killed = StoreReader(uri), []
     for out_dir in sorted(p for p in trials_dir.glob("*") if p.is_dir()):
         run_id = (read_state(out_dir) or {}).get("run_id")
         if (run_id is None or divergence(out_dir) is not None
-                or client.get_run(run_id).info.status == "FINISHED"):
+                or store.run_status(run_id) == "FINISHED"):
             continue
         if MlflowTracker(uri, out_dir, run_id=run_id).finish("KILLED"):
             killed.append(out_dir.name)

@@ -1,7 +1,7 @@
 """The house's import edges: data flows down, nothing flows back up.
 
-- The core library imports neither Ray nor MLflow (only flatlm/tracking/tracker.py may import
-  MLflow).
+- The core library imports neither Ray nor MLflow; MLflow is imported by two modules alone, the
+  tracker (writes runs) and the reader (reads a store), each only when used.
 - ``flatlm.measure`` imports neither ``flatlm.corpus`` nor ``flatlm.train`` nor ``datasets``: a
   trial on a host without ``datasets`` measures.
 - ``flatlm.corpus`` imports no model code; ``flatlm.sources`` imports nothing of the stages below.
@@ -36,6 +36,53 @@ def test_core_imports_without_ray_or_mlflow():
     assert result.returncode == 0, result.stderr
     assert "flatlm.sources.pcfg" in CORE
 
+
+
+# Every module that imports MLflow, and why: the next MLflow rename touches these alone.
+MLFLOW_IMPORTERS = {"flatlm.tracking.tracker": "writes runs, params, metrics and artifacts",
+                    "flatlm.tracking.reader": "reads a store: experiments, runs, histories"}
+
+
+def _top_level_imports(source: str) -> set[str]:
+    """The top-level package of every import statement in ``source`` (module or function level).
+
+    >>> sorted(_top_level_imports("import a.b\\ndef f():\\n    from c.d import e\\n"))
+    ['a', 'c']
+    """
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _mlflow_importers() -> set[str]:
+    from pathlib import Path
+
+    repo = Path(flatlm.__file__).resolve().parents[1]
+    found = set()
+    for package in ("flatlm", "sweeps", "analysis", "bench"):
+        for path in sorted((repo / package).rglob("*.py")):
+            if "mlflow" in _top_level_imports(path.read_text()):
+                parts = path.relative_to(repo).with_suffix("").parts
+                found.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
+
+
+def test_only_the_tracker_and_the_reader_import_mlflow():
+    assert _mlflow_importers() == set(MLFLOW_IMPORTERS), (
+        "read a store through flatlm.tracking.reader.StoreReader, write through the tracker")
+
+
+@pytest.mark.parametrize("source", [
+    "import mlflow\n", "from mlflow import MlflowClient\n", "import mlflow.entities as e\n",
+    "def f():\n    from mlflow.exceptions import MlflowException\n"])
+def test_the_mlflow_scan_finds_every_form_of_import(source):
+    assert "mlflow" in _top_level_imports(source)
 
 def _loaded_after(modules: list[str]) -> set[str]:
     """The flatlm/datasets modules that importing ``modules`` loads, in a fresh interpreter."""

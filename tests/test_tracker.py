@@ -508,3 +508,44 @@ def test_a_fresh_store_prints_no_mlflow_info_lines(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert "INFO" not in done.stderr and "Creating initial MLflow database" not in done.stderr
+
+
+# ---------------------------------------------------------- the reader (flatlm.tracking.reader)
+
+
+def test_the_reader_reads_what_the_tracker_wrote(store, tmp_path):
+    from flatlm.tracking.reader import StoreReader
+
+    uri, eid = store
+    note = tmp_path / "note.txt"
+    note.write_text("hello\n")
+    with MlflowTracker(uri, tmp_path / "t", experiment_id=eid, run_name="t") as tr:
+        tr.report(1, {"a": 1.0})
+        tr.report(2, {"a": 2.0})
+        tr.log_artifact(note)
+    reader = StoreReader(uri)
+    assert reader.experiment("exp").experiment_id == eid and reader.experiment("nope") is None
+    assert "exp" in reader.experiment_names()
+    (run,) = reader.runs(eid)
+    assert (run.info.run_id, run.info.run_name) == (tr.run_id, "t")
+    assert reader.runs(eid, "attributes.run_name = 'other'") == []
+    assert reader.run_status(tr.run_id) == "FINISHED"
+    assert sorted((m.step, m.value) for m in reader.metric_history(tr.run_id, "a")) == [
+        (1, 1.0), (2, 2.0)]
+    assert reader.artifact_text(tr.run_id, "note.txt") == "hello\n"
+    assert reader.artifact_text(tr.run_id, "missing.txt") is None
+
+
+def test_delete_tagged_runs_deletes_only_the_tagged_runs_of_that_name(store, tmp_path):
+    from flatlm.tracking.reader import StoreReader
+    from flatlm.tracking.tracker import delete_tagged_runs
+
+    uri, eid = store
+    for name, tags in (("report", {"flatlm.report": "1"}), ("other", {"flatlm.report": "1"}),
+                       ("plain", {}), ("report", {})):
+        tracker = MlflowTracker(uri, tmp_path / f"{name}{len(tags)}", experiment_id=eid,
+                                run_name=name, tags=tags)
+        assert tracker.finish("FINISHED")
+    delete_tagged_runs(uri, eid, "flatlm.report", "report")
+    left = [r.info.run_name for r in StoreReader(uri).runs(eid)]
+    assert sorted(left) == ["other", "plain", "report"]  # the untagged report stays

@@ -193,6 +193,17 @@ def find_run(tracking_uri: str, experiment_id: str, run_name: str) -> str | None
     return runs[0].info.run_id if runs else None
 
 
+
+def delete_tagged_runs(tracking_uri: str, experiment_id: str, tag: str, run_name: str) -> None:
+    """Deletes the experiment's runs named ``run_name`` and tagged ``tag`` = "1" (a report run
+    the next one replaces)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    for old in client.search_runs([experiment_id], f"tags.`{tag}` = '1'"):
+        if old.info.run_name == run_name:
+            client.delete_run(old.info.run_id)
+
 # The tracker's HTTP retry policy: a dead server costs about a second per call. MLflow's own
 # defaults (7 retries, back-off factor 2) block a call for about four minutes.
 HTTP_MAX_RETRIES, HTTP_BACKOFF_FACTOR, HTTP_TIMEOUT_S = 2, 1, 10.0
