@@ -4,7 +4,7 @@ A script defines ``build(args) -> Sweep`` (``sweeps.spec``) and calls
 ``sys.exit(main(build, doc))``::
 
     python sweeps/scaling.py                       # tiny CPU sweep on a local Ray instance
-    python sweeps/scaling.py --preset paper --address auto --gpus-per-trial 0.5
+    python sweeps/scaling.py --scale gpu --address auto --gpus-per-trial 0.5
     python sweeps/scaling.py --set train.steps=400 --set train.checkpoint_steps=200,400
     python sweeps/scaling.py --source hmm:seed=0   # any source, with its kind's defaults
     python sweeps/scaling.py --resume              # continue an interrupted sweep
@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flatlm.commands import DEFAULT_PROTOCOL, DEFAULT_SCALE
 from flatlm.core.config import apply_overrides, parse_assignments, refuse_varied
 from sweeps.delivery import TrackingIncomplete
 
@@ -41,24 +42,23 @@ def parse_overrides(pairs: list[str]) -> dict:
 
 def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
     """The shared options, described by the script's docstring ``doc`` (its first paragraph;
-    the rest, the examples, after the options). ``trial_options=False`` leaves out --preset,
-    --set and --name for a script that chooses its trials and names its experiments itself
-    (``replicate.py``)."""
+    the rest, the examples, after the options). ``trial_options=False`` leaves out --scale,
+    --protocol, --set and --name for a script that chooses its trials and names its
+    experiments itself (``replicate.py``, which takes flatlm replicate's)."""
     first, _, rest = doc.strip().partition("\n\n")
     p = argparse.ArgumentParser(description=" ".join(first.split()), epilog=rest or None,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     if trial_options:
-        p.add_argument("--preset", choices=("tiny", "paper", "paper-code"),
-                       help="a (scale, protocol) pair: tiny = sweep + paper, a few small CPU "
-                            "trials (default); paper = gpu + paper, the paper's settings; "
-                            "paper-code = gpu + paper-code, the released code's protocol")
-        p.add_argument("--scale", choices=("sweep", "tiny", "testbed", "gpu"),
-                       help="where it runs, as in flatlm replicate (replaces the preset's): "
-                            "sweep (these CPU sweeps), tiny (the replication's CPU scale), "
-                            "testbed (a CPU scale where the models saturate), gpu")
-        p.add_argument("--protocol", help="how it is run and measured, as in flatlm "
-                       "replicate (replaces the preset's): paper, paper-code, or "
-                       "paper+switch (flatlm.experiments.protocols)")
+        p.add_argument("--scale", default=DEFAULT_SCALE,
+                       help="where it runs, as in flatlm replicate: sweep (these CPU sweeps; "
+                            f"default {DEFAULT_SCALE}), tiny (the replication's CPU scale), "
+                            "testbed (a CPU scale where the models saturate), gpu (the paper's "
+                            "sizes)")
+        p.add_argument("--protocol", default=DEFAULT_PROTOCOL,
+                       help="how it is run and measured, as in flatlm replicate: paper "
+                            "(default), paper-code, or paper+switch "
+                            "(flatlm.experiments.protocols)")
+        p.add_argument("--preset", help=argparse.SUPPRESS)  # renamed: an error naming --scale
         p.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override a trial config key for every trial "
                        "(repeatable), e.g. train.steps=400")
@@ -71,7 +71,7 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
                        help="the language (as --set source=SPEC), with its kind's defaults: an "
                             "hmm trains BiLSTMs and probes task-6 / task-10, dyck probes g_star "
                             "(flatlm.experiments.presets.source_overrides); default: the "
-                            "preset's PCFG")
+                            "scale's PCFG")
         p.add_argument("--name", help="the MLflow and Ray experiment name (default: the "
                        "script's, e.g. scaling); letters, digits and . _ + -")
     p.add_argument("--workdir", default=".", help="where mlflow.db, mlruns/, ray_results/ and "
@@ -93,21 +93,32 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
                         "and end with the correlation table and the model-selection verdict")
     p.add_argument("--kl-threshold", type=float,
                    help="saturation rule of the closing summary: checkpoints with "
-                        "pretrain/kl below this (default: 0.05 nats for --preset tiny, whose "
-                        "models get below it; 0.1 for the paper's)")
+                        "pretrain/kl below this (default: the scale's, e.g. 0.05 nats for "
+                        "--scale sweep, whose models get below it; 0.1 for gpu)")
     p.add_argument("--loss-tolerance", type=float,
                    help="the summary's rule instead: pretrain/loss within this of the entropy "
                         "(a source without a truth, e.g. text: of the lowest loss reached)")
     return p
 
 
-def check_preset(args: argparse.Namespace) -> None:
-    """``--preset`` names a scale and a protocol; giving either as well is ambiguous."""
-    given = [f for f in ("scale", "protocol") if getattr(args, f, None)]
-    if getattr(args, "preset", None) and given:
-        raise ValueError(f"--preset {args.preset} names a scale and a protocol; give either "
-                         f"--preset or --{' and --'.join(given)}, not both")
-    if getattr(args, "protocol", None):
+# The retired ``--preset`` names, each as the --scale / --protocol that replace it.
+PRESET_RENAMED = {"tiny": "--scale sweep", "paper": "--scale gpu",
+                  "paper-code": "--scale gpu --protocol paper-code"}
+
+
+def check_scale_and_protocol(args: argparse.Namespace) -> None:
+    """``--scale`` and ``--protocol`` name a known scale and protocol; the retired ``--preset``
+    (whose ``tiny`` was the ``sweep`` scale, not ``--scale tiny``) is an error naming them."""
+    preset = getattr(args, "preset", None)
+    if preset is not None:
+        instead = PRESET_RENAMED.get(preset, "--scale NAME --protocol NAME")
+        raise ValueError(f"--preset {preset}: --preset was renamed; use {instead} (the scales "
+                         "and protocols of flatlm replicate)")
+    if getattr(args, "scale", None) is not None:
+        from flatlm.experiments.scales import scale
+
+        scale(args.scale)
+    if getattr(args, "protocol", None) is not None:
         from flatlm.experiments.protocols import parse_protocol
 
         parse_protocol(args.protocol)
@@ -188,7 +199,7 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
         os.environ["FLATLM_VERBOSE"] = "1"
     workdir = Path(args.workdir).absolute()
     try:  # before Ray and MLflow are imported: a bad source is an error in seconds
-        check_preset(args)
+        check_scale_and_protocol(args)
         resolve_source(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

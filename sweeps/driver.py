@@ -103,7 +103,8 @@ def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str |
         check_resources(sweep)  # before the experiment: a refused sweep leaves no experiment
         experiment_id = ensure_experiment(uri, sweep.name, default_artifact_location(workdir),
                                           tags=runs_view(sweep))
-        sweep_info = {"name": sweep.name, "preset": sweep.preset, "tracking_uri": uri,
+        sweep_info = {"name": sweep.name, "scale": sweep.scale, "protocol": sweep.protocol,
+                      "tracking_uri": uri,
                       "experiment_id": experiment_id, "trials_dir": str(trials_dir)}
         check_resume_settings(sweep, workdir / "ray_results" / sweep.name, resume)
         tuner = build_tuner(sweep, workdir / "ray_results", sweep_info, resume, show, callbacks)

@@ -7,11 +7,11 @@ KL < 0.05; they end at 0.045 / 0.040 / 0.034), not in it (``--scale testbed``: 1
 <= 0.02; ``flatlm.experiments.scales.SWEEP``).
 
 On an HMM (``--source hmm:...``) the grid is BiLSTMs (paper A.4: two tiny ones, or 9M-110M
-under ``--preset paper``), measured in their own shapes (growth, B.4, is for BERTs).
+under ``--scale gpu``), measured in their own shapes (growth, B.4, is for BERTs).
 
     python sweeps/scaling.py
     python sweeps/scaling.py --source hmm:seed=0,vocab=50,states=20   # BiLSTMs on an HMM
-    python sweeps/scaling.py --preset paper --address auto --gpus-per-trial 1
+    python sweeps/scaling.py --scale gpu --address auto --gpus-per-trial 1
 """
 
 import sys
@@ -24,7 +24,7 @@ def build(args):
     ``--help`` fast."""
     from sweeps.experiment import experiment_of, sweep_of
 
-    return sweep_of(experiment_of("sizes", args), "scaling", args)
+    return sweep_of(experiment_of("sizes", args), "scaling")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ CPU (6 trials, the ``sweep`` scale); more seeds give tighter intervals.
 
     python sweeps/selection.py
     python sweeps/selection.py --seeds 5 --algorithms adamw,sam,noreg --lrs 5e-3,2.5e-3
-    python sweeps/selection.py --preset paper --address auto --gpus-per-trial 1
+    python sweeps/selection.py --scale gpu --address auto --gpus-per-trial 1
     python analysis/selection.py --experiment selection --kl-threshold 0.05 --out sel/
 """
 
@@ -29,7 +29,7 @@ def add_arguments(p) -> None:
                    help=f"comma-separated train.algorithm values (default {ALGORITHMS})")
     p.add_argument("--seeds", type=int, default=2, help="training seeds per algorithm (>= 1)")
     p.add_argument("--lrs", default=None,
-                   help="comma-separated learning rates to vary too (default: the preset's)")
+                   help="comma-separated learning rates to vary too (default: the scale's)")
 
 
 def _floats(text: str, flag: str) -> list[float]:
@@ -55,7 +55,7 @@ def build(args):
                         seeds=tuple(range(args.seeds)))
     if args.lrs:  # the learning rate varied too: a grid dimension of the sweep's own
         exp = replace(exp, grid={**exp.grid, "train.lr": _floats(args.lrs, "--lrs")})
-    return sweep_of(exp, "selection", args, selection=True)
+    return sweep_of(exp, "selection", selection=True)
 
 
 if __name__ == "__main__":

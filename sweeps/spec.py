@@ -32,7 +32,8 @@ class Sweep:
     """One experiment: trials = base config x search space."""
 
     name: str  # MLflow experiment and Ray experiment name
-    preset: str | None = None  # the base's preset (tiny, paper, paper-code): the runs' tag
+    scale: str | None = None  # where the base runs (flatlm.experiments.scales): the runs' tag
+    protocol: str | None = None  # how (flatlm.experiments.protocols): the runs' tag
     base: TrialConfig  # what every trial shares
     space: dict = field(default_factory=dict)  # dotted key -> tune.grid_search([...]) or a
     #   distribution (tune.loguniform, ...); the same keys as --set

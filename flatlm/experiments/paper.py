@@ -41,7 +41,7 @@ from flatlm.experiments.grids import (
     SELECTION_WHAT,
     trial_name,
 )
-from flatlm.experiments.presets import PRESETS, source_kind, source_overrides
+from flatlm.experiments.presets import source_kind, source_overrides
 from flatlm.experiments.protocols import model_for, parse_protocol, protocol_overrides
 from flatlm.experiments.scales import Scale
 from flatlm.experiments.scales import scale as get_scale
@@ -112,12 +112,6 @@ def base_of(scale: str, protocol: str = "paper", source: str | None = None) -> T
     parse_protocol(protocol)
     sc = get_scale(scale)
     return apply_overrides(protocol_base(sc, protocol), source_overrides(sc, source))
-
-
-def base_for(preset: str, source: str | None = None) -> TrialConfig:
-    """``base_of`` the (scale, protocol) a sweep preset names (``presets.PRESETS``)."""
-    scale, protocol = PRESETS[preset]
-    return base_of(scale, protocol, source)
 
 
 def protocol_base(sc: Scale, protocol: str) -> TrialConfig:

@@ -18,7 +18,7 @@ from analysis.correlate import correlation_markdown, correlation_table  # noqa: 
 from analysis.figure_marks import bulk_range  # noqa: E402
 from analysis.report import write_report  # noqa: E402
 from analysis.run_table import glance, left_out, render, run_table  # noqa: E402
-from flatlm.experiments.paper import base_for  # noqa: E402
+from flatlm.experiments.paper import base_of  # noqa: E402
 from sweeps import summary  # noqa: E402
 from sweeps.spec import Sweep  # noqa: E402
 from tests.analysis.glance_runs import (  # noqa: E402
@@ -206,7 +206,7 @@ def test_a_steps_claim_on_a_plateau_whose_loss_still_falls_says_so():
 
 def _summary(capsys, monkeypatch, df, *, verbose=False, **fields) -> str:
     monkeypatch.setattr(summary, "load_runs", lambda uri, name: df)
-    sweep = Sweep(name="s", base=base_for("tiny"), kl_threshold=0.05, **fields)
+    sweep = Sweep(name="s", base=base_of("sweep"), kl_threshold=0.05, **fields)
     summary.summarise(sweep, Path("/tmp/w"), "sqlite:////tmp/w/mlflow.db", verbose=verbose)
     return capsys.readouterr().out
 
@@ -242,7 +242,7 @@ def test_an_algorithms_sweep_is_judged_on_the_task_its_adversary_attacks():
     from sweeps import algorithms
     from sweeps.spec import sweep_task
 
-    assert sweep_task(algorithms.build(Namespace(preset="tiny", algorithms="adamw,sam"))) == "B"
+    assert sweep_task(algorithms.build(Namespace(algorithms="adamw,sam"))) == "B"
 
 
 # -- figures ----------------------------------------------------------------------------------
