@@ -1,7 +1,8 @@
 """The paper's experiments as Ray Tune sweeps logged to MLflow, then the replication report.
-No arguments: every experiment under both protocols at CPU scale on a local Ray instance.
+No arguments: every experiment under the paper's protocol at the CPU sweeps' scale, on a local
+Ray instance (the defaults of ``flatlm replicate``).
 
-    python sweeps/replicate.py                                    # tiny, paper + paper-code
+    python sweeps/replicate.py --protocol paper,paper-code        # both protocols
     python sweeps/replicate.py --experiment steps,sizes --diagnose      # one switch at a time
     python sweeps/replicate.py --scale gpu --address auto --gpus-per-trial 1 \\
         --tracking-uri http://127.0.0.1:5000

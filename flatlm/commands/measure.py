@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from flatlm.commands import DEFAULT_DEVICE
 from flatlm.core.config import apply_overrides, section_assignments
 from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import write_atomic
@@ -39,7 +40,8 @@ def register(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any measure.* key of the trial config, as in the sweeps, e.g. "
                         "measure.probe.seeds=5")
-    p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:i (default: cpu)")
+    p.add_argument("--device", default=DEFAULT_DEVICE,
+                   help=f"auto, cpu, cuda or cuda:i (default: {DEFAULT_DEVICE})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="where to save the JSON (default CHECKPOINT/measure.json; "
                                  "files a measurement writes stay in CHECKPOINT)")

@@ -1,6 +1,6 @@
 """``flatlm replicate``: the paper's experiments on one host, without Ray or MLflow.
 
-    flatlm replicate --out repl/                                   # every experiment, tiny, CPU
+    flatlm replicate --out repl/                                   # every experiment, CPU
     flatlm replicate --experiment steps,sizes --protocol paper,paper-code --out repl/
     flatlm replicate --scale gpu --device cuda --minutes 9 --out repl/   # call again to go on
     flatlm replicate --diagnose --experiment steps,sizes --out repl/     # one switch at a time
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from flatlm.commands import DIVERGED_EXIT
+from flatlm.commands import DEFAULT_DEVICE, DEFAULT_PROTOCOL, DEFAULT_SCALE, DIVERGED_EXIT
 from flatlm.core.config import parse_assignments
 from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import check_output_dir
@@ -55,7 +55,8 @@ def register(subparsers) -> None:
     add_selection_arguments(p)
     p.add_argument("--minutes", type=float, default=None,
                    help="time budget; stops after the checkpoint that exceeds it (exit 4)")
-    p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:i (default: cpu)")
+    p.add_argument("--device", default=DEFAULT_DEVICE,
+                   help=f"auto, cpu, cuda or cuda:i (default: {DEFAULT_DEVICE})")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes sharing the trials, one torch thread each on a "
                         "CPU (default: 1)")
@@ -72,14 +73,15 @@ def add_selection_arguments(p) -> None:
     p.add_argument("--experiment", default="all",
                    help=f"comma-separated, of {', '.join(EXPERIMENTS)} (default: all of "
                         f"these), or {', '.join(RUNNABLE_EXTRA)}")
-    p.add_argument("--protocol", default="paper,paper-code",
+    p.add_argument("--protocol", default=DEFAULT_PROTOCOL,
                    help="comma-separated protocols: paper, paper-code, or a base with +switches "
-                        "(paper+inside-labels); default: paper,paper-code")
+                        f"(paper+inside-labels); default: {DEFAULT_PROTOCOL} (both: "
+                        "paper,paper-code)")
     p.add_argument("--diagnose", action="store_true",
                    help="instead of --protocol: paper and paper with each switch alone")
-    p.add_argument("--scale", default="tiny", choices=sorted(SCALES),
-                   help="tiny: CPU minutes; testbed: a CPU scale where the models saturate"
-                        "; gpu: the paper's sizes (default: tiny)")
+    p.add_argument("--scale", default=DEFAULT_SCALE, choices=sorted(SCALES),
+                   help=f"sweep: the CPU sweeps' (default {DEFAULT_SCALE}); tiny: CPU minutes; "
+                        "testbed: a CPU scale where the models saturate; gpu: the paper's sizes")
     p.add_argument("--seeds", type=int, default=None,
                    help="training seeds per grid point (default: the scale's: "
                         + ", ".join(f"{s.name} {_default_seeds(s)}" for s in SCALES.values())
