@@ -102,8 +102,8 @@ SPACES = {
 ID_PREFIX = {"v2-layered": "L", "v2-deep": "D", "v2-varlen": "V"}
 # The paper's own grammar (the released rules: 9 roots, 10 nonterminals a level, 20 rules each,
 # 200 words, sentences up to 16 words), screened beside the random ones.
-PAPER = {"id": "paper", "spec": {"kind": "pcfg", "grammar": "paper", "spans": "depth",
-                                 "label_rule": "span"}}
+PAPER_GRAMMAR = {"id": "paper", "spec": {"kind": "pcfg", "grammar": "paper", "spans": "depth",
+                                         "label_rule": "span"}}
 # Stage 1: the first testbed's recipe (flatlm/experiments/scales.py TESTBED), steps model only.
 STEPS_MODEL = "d64-h4-l2-i256"
 # Stage 2's sizes grids (criterion (d): width and depth grow together, as Table 3; one head
@@ -221,12 +221,13 @@ def learn_verdict(row: dict, needs: list[dict]) -> dict:
 def stage0(args, results: dict) -> None:
     candidates = first.draw_candidates(args.candidates, args.search_seed, args.space,
                                        spaces=SPACES, prefixes=ID_PREFIX)
-    if not any(r["id"] == PAPER["id"] for r in results.get("stage0", {}).get("candidates", [])):
-        candidates.append(PAPER)
+    screened = results.get("stage0", {}).get("candidates", [])
+    if not any(r["id"] == PAPER_GRAMMAR["id"] for r in screened):
+        candidates.append(PAPER_GRAMMAR)
     rows = first._run_all(args.jobs, first.screen, candidates, "stage 0 (screen)")
     for row in rows:
         row["kept"], row["rank"] = screen_verdict(row)
-        row["space"] = args.space if row["id"] != PAPER["id"] else "paper"
+        row["space"] = args.space if row["id"] != PAPER_GRAMMAR["id"] else "paper"
     stage = results.setdefault("stage0", {"candidates": [], "rounds": {}})
     fresh = {r["id"] for r in rows}
     stage["candidates"] = [r for r in stage["candidates"] if r["id"] not in fresh] + rows

@@ -19,15 +19,15 @@ and would set the common loss for everyone; run it with its own rate
 
 import sys
 
-from flatlm.experiments.grids import ALGORITHMS as ALL
+from flatlm.experiments.grids import COMPARED_ALGORITHMS
 from flatlm.train.config import ALGORITHMS
 from sweeps.cli import main
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--algorithms", default=",".join(ALL),
+    p.add_argument("--algorithms", default=",".join(COMPARED_ALGORITHMS),
                    help=f"comma-separated, from adamw, sgd, sam, noreg, adversarial "
-                        f"(default {','.join(ALL)})")
+                        f"(default {','.join(COMPARED_ALGORITHMS)})")
 
 
 def build(args):

@@ -18,15 +18,14 @@ import sys
 from dataclasses import replace
 
 from flatlm.experiments.grids import SELECTION_ALGORITHMS
-from flatlm.train.config import ALGORITHMS as KNOWN
+from flatlm.train.config import ALGORITHMS
 from sweeps.cli import main
-
-ALGORITHMS = ",".join(SELECTION_ALGORITHMS)
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--algorithms", default=ALGORITHMS,
-                   help=f"comma-separated train.algorithm values (default {ALGORITHMS})")
+    default = ",".join(SELECTION_ALGORITHMS)
+    p.add_argument("--algorithms", default=default,
+                   help=f"comma-separated train.algorithm values (default {default})")
     p.add_argument("--seeds", type=int, default=2, help="training seeds per algorithm (>= 1)")
     p.add_argument("--lrs", default=None,
                    help="comma-separated learning rates to vary too (default: the scale's)")
@@ -46,9 +45,9 @@ def build(args):
     from sweeps.experiment import experiment_of, sweep_of
 
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-    if not algorithms or any(a not in KNOWN for a in algorithms):
+    if not algorithms or any(a not in ALGORITHMS for a in algorithms):
         raise ValueError(f"--algorithms {args.algorithms!r}: use a comma-separated list of "
-                         f"{', '.join(KNOWN)}")
+                         f"{', '.join(ALGORITHMS)}")
     if args.seeds < 1:
         raise ValueError(f"--seeds {args.seeds}: use at least 1")
     exp = experiment_of("selection", args, algorithms=tuple(algorithms),

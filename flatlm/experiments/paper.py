@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from flatlm.core.config import apply_overrides, refuse_varied
 from flatlm.experiments.grids import (
-    ALGORITHMS,
+    COMPARED_ALGORITHMS,
     EXPERIMENTS,
     EXTRA_EXPERIMENTS,
     SEARCH_SPACE,
@@ -181,7 +181,7 @@ def _sizes(sc, protocol, base, algorithms):
 
 def _algorithms(sc, protocol, base, algorithms):
     return (_with_adversary(sc, _with_selection_measures(sc, base)),
-            {"train.algorithm": list(algorithms or ALGORITHMS)}, {})
+            {"train.algorithm": list(algorithms or COMPARED_ALGORITHMS)}, {})
 
 
 def _with_adversary(sc: Scale, base: TrialConfig) -> TrialConfig:
