@@ -74,6 +74,9 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
                             "scale's PCFG")
         p.add_argument("--name", help="the MLflow and Ray experiment name (default: the "
                        "script's, e.g. scaling); letters, digits and . _ + -")
+    p.add_argument("--print-config", action="store_true",
+                   help="print every trial's resolved config, each key with the layer that set "
+                        "it (as flatlm config), and stop: no Ray, no MLflow")
     p.add_argument("--workdir", default=".", help="where mlflow.db, mlruns/, ray_results/ and "
                    "trials/ go (default: the current directory)")
     p.add_argument("--tracking-uri", help="MLflow tracking server (default: sqlite in workdir)")
@@ -211,7 +214,11 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
     from sweeps.trust import StateUnverified
 
     try:
-        sweep = apply_arguments(build(args), args)
+        built = build(args)
+        sweep = apply_arguments(built, args)
+        if args.print_config:
+            print(config_text(sweep, built.base, args.source))
+            return 0
         if args.resume:
             check_resumable(sweep.name, workdir)
         run_sweep(sweep, workdir=workdir, tracking_uri=args.tracking_uri, address=args.address,
@@ -235,6 +242,18 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
     except TrackingUnreachable as e:
         return tracking_lags(f"every run ended, but {e}.", None)
     return 0
+
+
+def config_text(sweep: Sweep, built, source: str | None) -> str:
+    """``--print-config``: each trial's resolved config with its keys' layers, and the keys a
+    searcher draws per trial (shown at the base's value)."""
+    from flatlm.commands.config import trial_config_lines
+    from sweeps.spec import drawn_keys, trial_layers
+
+    drawn = drawn_keys(sweep)
+    note = ([f"# drawn per trial (shown at the base's value): {', '.join(drawn)}; "
+             f"{sweep.num_samples} trial(s) per grid point"] if drawn else [])
+    return "\n".join([*note, *trial_config_lines(trial_layers(sweep, built, source))])
 
 
 def check_resumable(name: str, workdir: Path) -> None:

@@ -1,5 +1,6 @@
 """Model size at fixed data and algorithm (paper Fig. 3 / 5: larger models, at the same
-pre-training loss, transfer better and are flatter). The closing summary says how far apart
+pre-training loss, transfer better and are flatter): the experiment ``sizes`` (``flatlm replicate
+--experiment sizes``) as a Ray sweep named ``scaling``. The closing summary says how far apart
 this sweep's losses are and compares the models at matched KL. No arguments: the testbed's
 three BERTs (2 / 3 / 4 layers) on its grammar, one seed, on a local Ray instance (CPU, 8 min 19 s
 on 2 cores, measured), 2000 steps of 256 sentences: near the saturated regime (the closing rule:
@@ -10,6 +11,7 @@ On an HMM (``--source hmm:...``) the grid is BiLSTMs (paper A.4: two tiny ones, 
 under ``--scale gpu``), measured in their own shapes (growth, B.4, is for BERTs).
 
     python sweeps/scaling.py
+    python sweeps/scaling.py --print-config   # each trial's config and each key's layer; stops
     python sweeps/scaling.py --source hmm:seed=0,vocab=50,states=20   # BiLSTMs on an HMM
     python sweeps/scaling.py --scale gpu --address auto --gpus-per-trial 1
 """

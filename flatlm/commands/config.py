@@ -77,6 +77,18 @@ def config_lines(rows: dict[str, tuple[object, str]], *, changed_only: bool = Fa
 VALUE_WIDTH = 24  # the layer column's place, unless a value is longer
 
 
+def trial_config_lines(trials) -> list[str]:
+    """``--print-config`` of flatlm replicate and the sweeps: for each (trial, its layers), a
+    header naming the trial and its layers, then every key of its resolved config with the
+    layer that set it (``flatlm.experiments.layers``)."""
+    lines = []
+    for name, layers in trials:
+        validate_trial(layers[-1][1])  # a bad value is an error here as in a run
+        lines += [f"# trial {name}; layers: {' -> '.join(n for n, _ in layers)}",
+                  *config_lines(provenance(layers)), ""]
+    return lines
+
+
 def _plain(value) -> str:
     """As ``--set`` takes it: lists and dicts as JSON, the rest as written."""
     if isinstance(value, list | tuple | dict):

@@ -4,6 +4,7 @@
     flatlm replicate --experiment steps,sizes --protocol paper,paper-code --out repl/
     flatlm replicate --scale gpu --device cuda --minutes 9 --out repl/   # call again to go on
     flatlm replicate --diagnose --experiment steps,sizes --out repl/     # one switch at a time
+    flatlm replicate --experiment steps --print-config --out repl/  # each trial's config, stop
     python analysis/replication.py --trials repl/ --out repl/report/     # the verdicts
 
 Trials go to ``OUT/<protocol>/<experiment>/<trial>/`` and share their evaluation data in
@@ -29,10 +30,12 @@ import time
 from pathlib import Path
 
 from flatlm.commands import DEFAULT_DEVICE, DEFAULT_PROTOCOL, DEFAULT_SCALE, DIVERGED_EXIT
+from flatlm.commands.config import trial_config_lines
 from flatlm.core.config import parse_assignments
 from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import check_output_dir
 from flatlm.experiments.costs import experiment_minutes
+from flatlm.experiments.layers import base_layers, grid_layers
 from flatlm.experiments.paper import EXPERIMENTS, build
 from flatlm.experiments.protocols import describe, diagnosis_protocols
 from flatlm.experiments.runner import DIVERGED
@@ -61,6 +64,9 @@ def register(subparsers) -> None:
                    help="worker processes sharing the trials, one torch thread each on a "
                         "CPU (default: 1)")
     p.add_argument("--dry-run", action="store_true", help="list the trials and stop")
+    p.add_argument("--print-config", action="store_true",
+                   help="print every trial's resolved config, each key with the layer that set "
+                        "it (as flatlm config), and stop")
     p.set_defaults(run=run)
 
 
@@ -128,6 +134,20 @@ def experiments_from_args(args) -> list:
             for protocol in protocols for name in names]
 
 
+def trial_layers(args, experiments) -> list[tuple[str, list]]:
+    """(``protocol/experiment/trial``, its layers) of every trial of ``experiments`` (built from
+    ``args``): the experiment's base without ``--set`` (built again without it), ``--set``, then
+    the grid point (``flatlm.experiments.layers``)."""
+    bare = experiments_from_args(argparse.Namespace(**{**vars(args), "overrides": []}))
+    out = []
+    for exp, plain in zip(experiments, bare, strict=True):
+        head = [*base_layers(exp.scale, exp.protocol), (f"experiment {exp.name}", plain.base)]
+        trials = exp.trials()
+        out += [(f"{exp.protocol}/{exp.name}/{name}", layers) for (name, _), layers in
+                zip(trials, grid_layers(head, exp.base, trials), strict=True)]
+    return out
+
+
 def _seeds(args, experiment: str) -> tuple[int, ...] | None:
     """--seeds, else the scale's replication seeds of ``experiment``, else None (its seeds)."""
     if args.seeds is not None:
@@ -138,6 +158,9 @@ def _seeds(args, experiment: str) -> tuple[int, ...] | None:
 def run(args) -> int:
     device = str(resolve_device(args.device))
     experiments = experiments_from_args(args)
+    if args.print_config:
+        print("\n".join(trial_config_lines(trial_layers(args, experiments))))
+        return 0
     for protocol in dict.fromkeys(exp.protocol for exp in experiments):
         print(f"{protocol}: {describe(protocol)}")
         for exp in (e for e in experiments if e.protocol == protocol):
