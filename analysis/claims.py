@@ -104,10 +104,9 @@ from analysis.uncertainty import (
     measured_ci,
     seeds_to_resolve,
 )
-from flatlm.measure import KL
+from flatlm.measure import KL, SATURATED_KL
 from flatlm.models.presets import parameter_count, parse_model
 
-SATURATION = 0.02  # nats/token: KL to the truth at or below which a checkpoint is saturated
 TOL = 0.02  # nats: "the same pre-training loss" among the compared checkpoints
 MIN_SEEDS = 3
 LEVEL = 0.95
@@ -132,7 +131,7 @@ def too_few_seeds(min_seeds: int = MIN_SEEDS) -> str:
 class VerdictRule:
     """The choices a verdict depends on (module docstring)."""
 
-    saturation: float = SATURATION
+    saturation: float = SATURATED_KL  # nats/token (flatlm.measure)
     tol: float = TOL
     min_seeds: int = MIN_SEEDS
     level: float = LEVEL
@@ -258,7 +257,7 @@ def final_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values("step").groupby(RUN, sort=False).tail(1)
 
 
-def saturated_window(run: pd.DataFrame, saturation: float = SATURATION) -> pd.DataFrame:
+def saturated_window(run: pd.DataFrame, saturation: float = SATURATED_KL) -> pd.DataFrame:
     """A run's final stretch of checkpoints all at KL <= ``saturation`` (empty when its last
     checkpoint is above it), in step order."""
     run = run.sort_values("step")

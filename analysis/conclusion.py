@@ -19,6 +19,7 @@ import pandas as pd
 from analysis.checkpoints import RUN, final_checkpoints, short_name
 from analysis.correlate import MIN_RUNS, distinct_resamples, saturated, saturation_rule
 from analysis.effects import CONTROL, design, difference, group_means, mean_change, plateau
+from analysis.paper_claims import Claim, sweep_claims
 from analysis.reach import (
     DIRECTION_SE,
     Bound,
@@ -28,48 +29,13 @@ from analysis.reach import (
     groups_at_equal_loss,
     reach_words,
 )
+from analysis.room import is_accuracy
 from analysis.run_table import left_out, matched_rows, quantities, task_name
-from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN, se_key
+from flatlm.measure import KL, LOSS, TRACE_FISHER, se_key
 
 # The correlation the conclusion reads, in order of preference: flatness with accuracy,
 # controlling for the loss that is left (the paper's question), else without the control.
 PREFERRED = (("partial_spearman", LOSS), ("spearman", ""))
-ACC = "<accuracy>"  # a claim about the sweep's downstream accuracy (its task)
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A claim of the paper that a sweep's kind bears on: ``metric`` moves with ``sign`` (+1 up)
-    along the sweep (larger model, later step) or from ``compare[1]`` to ``compare[0]``."""
-
-    where: str
-    statement: str
-    metric: str
-    sign: int
-    compare: tuple[str, str] | None = None
-
-
-PAPER = {
-    "sizes": (Claim("Fig. 3a", "a larger model probes better at the same loss", ACC, +1),
-              Claim("Fig. 5", "a larger model is flatter, grown to one shape",
-                    TRACE_FISHER_GROWN, -1)),
-    "steps": (Claim("Fig. 2a", "after the loss converges, accuracy keeps rising", ACC, +1),
-              Claim("Fig. 4", "after the loss converges, the model keeps getting flatter",
-                    TRACE_FISHER, -1)),
-    "algorithms": (
-        Claim("Table 1", "adversarial pre-training probes worse than AdamW", ACC, -1,
-              ("adversarial", CONTROL)),
-        Claim("Table 2", "adversarial pre-training is sharper than AdamW", TRACE_FISHER, +1,
-              ("adversarial", CONTROL)),
-        Claim("Table 1", "the lookup table probes worse than AdamW", ACC, -1,
-              ("lookup", CONTROL)),
-        Claim("Tables 1-2", "no dropout / weight decay probes worse than AdamW", ACC, -1,
-              ("noreg", CONTROL)),
-        Claim("Table 2", "no dropout / weight decay is sharper than AdamW", TRACE_FISHER, +1,
-              ("noreg", CONTROL)),
-        Claim("Tables 1-2", "SAM recovers the accuracy noreg loses", ACC, +1, ("sam", "noreg")),
-        Claim("Table 2", "SAM is flatter than noreg", TRACE_FISHER, -1, ("sam", "noreg"))),
-}
 
 
 def conclusion(df: pd.DataFrame, table: pd.DataFrame, acc_key: str, *,
@@ -208,13 +174,13 @@ class Facts:
 
     def against_paper(self) -> str:
         """The direction of each claim of the paper the sweep bears on."""
-        found = [w for w in (self._claim(c) for c in PAPER.get(self.kind, ())) if w]
+        found = [w for w in (self._claim(c) for c in sweep_claims(self.kind)) if w]
         if not found:
             return ""
         return "Against the paper: " + " ".join(found)
 
     def _claim(self, claim: Claim) -> str:
-        key = self.acc_key if claim.metric == ACC else claim.metric
+        key = self.acc_key if is_accuracy(claim.metric) else claim.metric  # the sweep's task
         value, se = self._effect(claim, key, self.groups)
         caveat = ""
         if not math.isfinite(value) and claim.compare:  # a run left out: read at its end
@@ -226,7 +192,7 @@ class Facts:
             return ""
         caveat += self._still_falling() if self.kind == "steps" else ""
         equal = False if caveat else self._claim_at_equal_loss(claim)
-        bound = self.bound.kind if claim.metric == ACC else ""
+        bound = self.bound.kind if is_accuracy(claim.metric) else ""
         here = f"here {task_name(key)} {_diff(value, se, key)}{caveat}"
         reading = _direction(value, se, claim.sign, equal=equal, bound=bound)
         return f"{claim.where} ({claim.statement}): {here}; {reading}."

@@ -58,6 +58,7 @@ from flatlm.measure import (
     LLC,
     LOSS,
     PRECOND_SHARPNESS,
+    SATURATED_KL,
     SHARPNESS_AVG,
     TOP_EIG_FISHER,
     TOP_EIG_HESSIAN,
@@ -68,7 +69,7 @@ from flatlm.measure import (
     sharpness_worst_key,
 )
 
-KL_THRESHOLD = 0.02
+KL_THRESHOLD = SATURATED_KL  # the window: the saturation regime (flatlm.measure)
 TASKS = ("A", "B", "C")
 LEVEL = 0.95
 FEW_RUNS = 30  # fewer runs in a group's window: the md says the intervals rest on few clusters

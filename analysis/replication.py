@@ -35,7 +35,6 @@ from analysis.claims import (  # noqa: E402
     MIN_SEEDS,
     NO_SIZE,
     NOT_SATURATED,
-    SATURATION,
     TOL,
     UNDERPOWERED,
     VerdictRule,
@@ -57,7 +56,7 @@ from analysis.runs import load_runs
 from analysis.store import log_report, refuse_password
 from analysis.trials import load_trials
 from flatlm.experiments.protocols import describe, is_robustness, parse_protocol
-from flatlm.measure import KL, TRACE_FISHER_GROWN  # noqa: E402
+from flatlm.measure import KL, SATURATED_KL, TRACE_FISHER_GROWN  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -69,9 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                           "(sweeps/replicate.py)")
     p.add_argument("--out", required=True, type=Path, help="directory for the report")
     p.add_argument("--tracking-uri", default=None, help="MLflow store (read and log)")
-    p.add_argument("--saturation", type=float, default=SATURATION,
+    p.add_argument("--saturation", type=float, default=SATURATED_KL,
                    help="nats/token: a checkpoint is saturated when its KL to the truth is at "
-                        f"most this; unsaturated claims reach no verdict (default {SATURATION})")
+                        f"most this; unsaturated claims reach no verdict (default {SATURATED_KL})")
     p.add_argument("--tol", type=float, default=TOL,
                    help="nats: the compared checkpoints' KLs lie within this of each other "
                         f"(default {TOL})")

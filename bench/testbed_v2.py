@@ -48,7 +48,7 @@ from flatlm.experiments.testbed_search.second import (
     CRITERIA,
     GRIDS,
     ID_PREFIX,
-    PAPER,
+    PAPER_GRAMMAR,
     SETTING,
     SPACES,
     STEPS_MODEL,
@@ -125,13 +125,14 @@ def _saver(args, results: dict, stage: str, key):
 def stage0(args, results: dict) -> None:
     candidates = draw_pcfg_specs(SPACES[args.space], args.candidates, args.search_seed,
                                  ID_PREFIX[args.space])
-    if not any(r["id"] == PAPER["id"] for r in results.get("stage0", {}).get("candidates", [])):
-        candidates.append(PAPER)
+    screened = results.get("stage0", {}).get("candidates", [])
+    if not any(r["id"] == PAPER_GRAMMAR["id"] for r in screened):
+        candidates.append(PAPER_GRAMMAR)
     # the inside rule for the first search's kept (its screen, as this search first ran it)
     rows = run_all(args.jobs, partial(screen, keep=screen_kept), candidates, "stage 0 (screen)")
     for row in rows:
         row["kept"], row["rank"] = screen_verdict(row)
-        row["space"] = args.space if row["id"] != PAPER["id"] else "paper"
+        row["space"] = args.space if row["id"] != PAPER_GRAMMAR["id"] else "paper"
     stage = results.setdefault("stage0", {"candidates": [], "rounds": {}})
     fresh = {r["id"] for r in rows}
     stage["candidates"] = [r for r in stage["candidates"] if r["id"] not in fresh] + rows

@@ -14,20 +14,20 @@ and would set the common loss for everyone; run it with its own rate
 
     python sweeps/algorithms.py
     python sweeps/algorithms.py --algorithms adamw,noreg --set train.lr=2.5e-3 --name lr2.5e-3
-    python sweeps/algorithms.py --preset paper --address auto --gpus-per-trial 1
+    python sweeps/algorithms.py --scale gpu --address auto --gpus-per-trial 1
 """
 
 import sys
 
-from flatlm.experiments.grids import ALGORITHMS as ALL
+from flatlm.experiments.grids import COMPARED_ALGORITHMS
 from flatlm.train.config import ALGORITHMS
 from sweeps.cli import main
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--algorithms", default=",".join(ALL),
+    p.add_argument("--algorithms", default=",".join(COMPARED_ALGORITHMS),
                    help=f"comma-separated, from adamw, sgd, sam, noreg, adversarial "
-                        f"(default {','.join(ALL)})")
+                        f"(default {','.join(COMPARED_ALGORITHMS)})")
 
 
 def build(args):
@@ -41,7 +41,7 @@ def build(args):
         raise ValueError(f"--algorithms {args.algorithms!r}: use a comma-separated list of "
                          f"{', '.join(ALGORITHMS)}")
     return sweep_of(experiment_of("algorithms", args, algorithms=tuple(algorithms)),
-                    "algorithms", args)
+                    "algorithms")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ A script defines ``build(args) -> Sweep`` (``sweeps.spec``) and calls
 ``sys.exit(main(build, doc))``::
 
     python sweeps/scaling.py                       # tiny CPU sweep on a local Ray instance
-    python sweeps/scaling.py --preset paper --address auto --gpus-per-trial 0.5
+    python sweeps/scaling.py --scale gpu --address auto --gpus-per-trial 0.5
     python sweeps/scaling.py --set train.steps=400 --set train.checkpoint_steps=200,400
     python sweeps/scaling.py --source hmm:seed=0   # any source, with its kind's defaults
     python sweeps/scaling.py --resume              # continue an interrupted sweep
@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from flatlm.commands import DEFAULT_PROTOCOL, DEFAULT_SCALE
 from flatlm.core.config import apply_overrides, parse_assignments, refuse_varied
 from flatlm.core.registry import PLUGIN_HELP, load_command_plugins
 from flatlm.runs.pack_size import CUDA_PACK
@@ -43,25 +44,23 @@ def parse_overrides(pairs: list[str]) -> dict:
 
 def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
     """The shared options, described by the script's docstring ``doc`` (its first paragraph;
-    the rest, the examples, after the options). ``trial_options=False`` leaves out --preset,
-    --set and --name for a script that chooses its trials and names its experiments itself
-    (``replicate.py``)."""
+    the rest, the examples, after the options). ``trial_options=False`` leaves out --scale,
+    --protocol, --set and --name for a script that chooses its trials and names its
+    experiments itself (``replicate.py``, which takes flatlm replicate's)."""
     first, _, rest = doc.strip().partition("\n\n")
     p = argparse.ArgumentParser(description=" ".join(first.split()), epilog=rest or None,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     if trial_options:
-        p.add_argument("--preset", choices=("tiny", "paper", "paper-code"),
-                       help="a (scale, protocol) pair: tiny = sweep + paper, a few small CPU "
-                            "trials (default); paper = gpu + paper, the paper's settings; "
-                            "paper-code = gpu + paper-code, the released code's protocol")
-        p.add_argument("--scale",
-                       help="where it runs, as in flatlm replicate (replaces the preset's): "
-                            "sweep (these CPU sweeps), tiny (the replication's CPU scale), "
-                            "testbed (a CPU scale where the models saturate), gpu, or one a "
-                            "--plugin registers")
-        p.add_argument("--protocol", help="how it is run and measured, as in flatlm "
-                       "replicate (replaces the preset's): paper, paper-code, or "
-                       "paper+switch (flatlm.experiments.protocols)")
+        p.add_argument("--scale", default=DEFAULT_SCALE,
+                       help="where it runs, as in flatlm replicate: sweep (these CPU sweeps; "
+                            f"default {DEFAULT_SCALE}), tiny (the replication's CPU scale), "
+                            "testbed (a CPU scale where the models saturate), gpu (the paper's "
+                            "sizes), or one a --plugin registers")
+        p.add_argument("--protocol", default=DEFAULT_PROTOCOL,
+                       help="how it is run and measured, as in flatlm replicate: paper "
+                            "(default), paper-code, or paper+switch "
+                            "(flatlm.experiments.protocols)")
+        p.add_argument("--preset", help=argparse.SUPPRESS)  # renamed: an error naming --scale
         p.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override a trial config key for every trial "
                        "(repeatable), e.g. train.steps=400")
@@ -74,11 +73,14 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
                        help="the language (as --set source=SPEC), with its kind's defaults: an "
                             "hmm trains BiLSTMs and probes task-6 / task-10, dyck probes g_star "
                             "(flatlm.experiments.presets.source_overrides); default: the "
-                            "preset's PCFG")
+                            "scale's PCFG")
         p.add_argument("--name", help="the MLflow and Ray experiment name (default: the "
                        "script's, e.g. scaling); letters, digits and . _ + -")
     p.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="MODULE",
                    help=PLUGIN_HELP + " (the Ray workers import it before building a trial)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print every trial's resolved config, each key with the layer that set "
+                        "it (as flatlm config), and stop: no Ray, no MLflow")
     p.add_argument("--workdir", default=".", help="where mlflow.db, mlruns/, ray_results/ and "
                    "trials/ go (default: the current directory)")
     p.add_argument("--tracking-uri", help="MLflow tracking server (default: sqlite in workdir)")
@@ -104,28 +106,35 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
                         "and end with the correlation table and the model-selection verdict")
     p.add_argument("--kl-threshold", type=float,
                    help="saturation rule of the closing summary: checkpoints with "
-                        "pretrain/kl below this (default: 0.05 nats for --preset tiny, whose "
-                        "models get below it; 0.1 for the paper's)")
+                        "pretrain/kl below this (default: the scale's, e.g. 0.05 nats for "
+                        "--scale sweep, whose models get below it; 0.1 for gpu)")
     p.add_argument("--loss-tolerance", type=float,
                    help="the summary's rule instead: pretrain/loss within this of the entropy "
                         "(a source without a truth, e.g. text: of the lowest loss reached)")
     return p
 
 
-def check_preset(args: argparse.Namespace) -> None:
-    """``--preset`` names a scale and a protocol; giving either as well is ambiguous."""
-    given = [f for f in ("scale", "protocol") if getattr(args, f, None)]
-    if getattr(args, "preset", None) and given:
-        raise ValueError(f"--preset {args.preset} names a scale and a protocol; give either "
-                         f"--preset or --{' and --'.join(given)}, not both")
-    if getattr(args, "protocol", None):
-        from flatlm.experiments.protocols import parse_protocol
+# The retired ``--preset`` names, each as the --scale / --protocol that replace it.
+PRESET_RENAMED = {"tiny": "--scale sweep", "paper": "--scale gpu",
+                  "paper-code": "--scale gpu --protocol paper-code"}
 
-        parse_protocol(args.protocol)
-    if getattr(args, "scale", None):
+
+def check_scale_and_protocol(args: argparse.Namespace) -> None:
+    """``--scale`` and ``--protocol`` name a known scale and protocol; the retired ``--preset``
+    (whose ``tiny`` was the ``sweep`` scale, not ``--scale tiny``) is an error naming them."""
+    preset = getattr(args, "preset", None)
+    if preset is not None:
+        instead = PRESET_RENAMED.get(preset, "--scale NAME --protocol NAME")
+        raise ValueError(f"--preset {preset}: --preset was renamed; use {instead} (the scales "
+                         "and protocols of flatlm replicate)")
+    if getattr(args, "scale", None) is not None:
         from flatlm.experiments.scales import scale
 
         scale(args.scale)  # a registered one: the built-ins, or a plug-in's
+    if getattr(args, "protocol", None) is not None:
+        from flatlm.experiments.protocols import parse_protocol
+
+        parse_protocol(args.protocol)
 
 
 def resolve_source(args: argparse.Namespace) -> None:
@@ -224,7 +233,7 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
         os.environ["FLATLM_VERBOSE"] = "1"
     workdir = Path(args.workdir).absolute()
     try:  # before Ray and MLflow are imported: a bad source is an error in seconds
-        check_preset(args)
+        check_scale_and_protocol(args)
         resolve_source(args)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -236,7 +245,11 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
     from sweeps.trust import StateUnverified
 
     try:
-        sweep = apply_arguments(build(args), args)
+        built = build(args)
+        sweep = apply_arguments(built, args)
+        if args.print_config:
+            print(config_text(sweep, built.base, args.source))
+            return 0
         if args.resume:
             check_resumable(sweep.name, workdir)
         run_sweep(sweep, workdir=workdir, tracking_uri=args.tracking_uri, address=args.address,
@@ -260,6 +273,18 @@ def main(build: Callable[[argparse.Namespace], Sweep], doc: str,
     except TrackingUnreachable as e:
         return tracking_lags(f"every run ended, but {e}.", None)
     return 0
+
+
+def config_text(sweep: Sweep, built, source: str | None) -> str:
+    """``--print-config``: each trial's resolved config with its keys' layers, and the keys a
+    searcher draws per trial (shown at the base's value)."""
+    from flatlm.commands.config import trial_config_lines
+    from sweeps.spec import drawn_keys, trial_layers
+
+    drawn = drawn_keys(sweep)
+    note = ([f"# drawn per trial (shown at the base's value): {', '.join(drawn)}; "
+             f"{sweep.num_samples} trial(s) per grid point"] if drawn else [])
+    return "\n".join([*note, *trial_config_lines(trial_layers(sweep, built, source))])
 
 
 def check_resumable(name: str, workdir: Path) -> None:

@@ -104,7 +104,8 @@ def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str |
         check_resources(sweep)  # before the experiment: a refused sweep leaves no experiment
         experiment_id = ensure_experiment(uri, sweep.name, default_artifact_location(workdir),
                                           tags=runs_view(sweep))
-        sweep_info = {"name": sweep.name, "preset": sweep.preset, "tracking_uri": uri,
+        sweep_info = {"name": sweep.name, "scale": sweep.scale, "protocol": sweep.protocol,
+                      "tracking_uri": uri,
                       "experiment_id": experiment_id, "trials_dir": str(trials_dir),
                       # every worker imports them before it builds its trial (a node's own
                       # environment does not know the driver's --plugin)

@@ -1,38 +1,30 @@
 """A sweep of one of the experiments of ``flatlm.experiments.paper``: the same trials that
 ``flatlm replicate`` runs locally, on Ray, named by the same rule.
 
-``--preset`` names a (scale, protocol) pair (``flatlm.experiments.presets.PRESETS``); ``--scale``
-and ``--protocol`` give them apart, as ``flatlm replicate`` takes them.
+``--scale`` and ``--protocol`` name them as ``flatlm replicate`` does, with the same defaults
+(``flatlm.commands``).
 """
 
 from __future__ import annotations
 
 import argparse
 
+from flatlm.commands import DEFAULT_PROTOCOL, DEFAULT_SCALE
 from flatlm.experiments.paper import Experiment, base_of, build
-from flatlm.experiments.presets import PRESETS
 from flatlm.experiments.scales import scale as get_scale
 from flatlm.runs.trial import TrialConfig
 from sweeps.spec import Sweep
 
 
 def scale_and_protocol(args: argparse.Namespace) -> tuple[str, str]:
-    """(scale, protocol) of the command line: ``--preset``'s pair (default ``tiny``), each
-    replaced by ``--scale`` / ``--protocol`` where given."""
-    scale, protocol = PRESETS[getattr(args, "preset", None) or "tiny"]
-    return (getattr(args, "scale", None) or scale, getattr(args, "protocol", None) or protocol)
-
-
-def preset_tag(args: argparse.Namespace) -> str:
-    """The runs' ``preset`` tag: the preset's name, or ``scale/protocol`` when they were given."""
-    if getattr(args, "scale", None) or getattr(args, "protocol", None):
-        return "/".join(scale_and_protocol(args))
-    return getattr(args, "preset", None) or "tiny"
+    """(scale, protocol) of the command line, the shared defaults where not given."""
+    return (getattr(args, "scale", None) or DEFAULT_SCALE,
+            getattr(args, "protocol", None) or DEFAULT_PROTOCOL)
 
 
 def base_of_args(args: argparse.Namespace) -> TrialConfig:
     """The base trial of the command line's scale, protocol and ``--source``: what a sweep
-    script of one's own starts from (``--preset``, ``--scale`` or ``--protocol`` as given)."""
+    script of one's own starts from."""
     scale, protocol = scale_and_protocol(args)
     return base_of(scale, protocol, getattr(args, "source", None))
 
@@ -47,7 +39,7 @@ def experiment_of(name: str, args: argparse.Namespace, **choices) -> Experiment:
                  **choices)
 
 
-def sweep_of(experiment: Experiment, name: str, args: argparse.Namespace, **fields) -> Sweep:
+def sweep_of(experiment: Experiment, name: str, **fields) -> Sweep:
     """The Ray sweep of ``experiment``: its grid as grid searches, its distributions as Ray
     Tune's, its scale's resources and saturation rule; ``fields`` set the rest of the Sweep."""
     from sweeps.rayenv import tune
@@ -56,6 +48,6 @@ def sweep_of(experiment: Experiment, name: str, args: argparse.Namespace, **fiel
     space.update({key: getattr(tune, kind)(low, high)
                   for key, (kind, low, high) in experiment.space.items()})
     sc = get_scale(experiment.scale)
-    return Sweep(**{"name": name, "preset": preset_tag(args), "base": experiment.base,
-                    "space": space, "gpus_per_trial": sc.gpus,
+    return Sweep(**{"name": name, "scale": experiment.scale, "protocol": experiment.protocol,
+                    "base": experiment.base, "space": space, "gpus_per_trial": sc.gpus,
                     "kl_threshold": sc.kl_threshold, **fields})

@@ -1,8 +1,10 @@
 """The paper's experiments as Ray Tune sweeps logged to MLflow, then the replication report.
-No arguments: every experiment under both protocols at CPU scale on a local Ray instance.
+No arguments: every experiment under the paper's protocol at the CPU sweeps' scale, on a local
+Ray instance (the defaults of ``flatlm replicate``).
 
-    python sweeps/replicate.py                                    # tiny, paper + paper-code
+    python sweeps/replicate.py --protocol paper,paper-code        # both protocols
     python sweeps/replicate.py --experiment steps,sizes --diagnose      # one switch at a time
+    python sweeps/replicate.py --experiment steps --print-config  # each trial's config, no Ray
     python sweeps/replicate.py --scale gpu --address auto --gpus-per-trial 1 \\
         --tracking-uri http://127.0.0.1:5000
 
@@ -19,7 +21,8 @@ import sys
 from pathlib import Path
 
 from analysis import replication
-from flatlm.commands.replicate import add_selection_arguments, experiments_from_args
+from flatlm.commands.config import trial_config_lines
+from flatlm.commands.replicate import add_selection_arguments, experiments_from_args, trial_layers
 from flatlm.core.registry import load_command_plugins
 from flatlm.experiments.scales import scale
 from flatlm.tracking.tracker import default_tracking_uri
@@ -64,6 +67,9 @@ def main(argv=None) -> int:
         os.environ["FLATLM_VERBOSE"] = "1"
     workdir = Path(args.workdir).absolute()
     try:
+        if args.print_config:  # the same trials as flatlm replicate's, so the same layers
+            print("\n".join(trial_config_lines(trial_layers(args, experiments_from_args(args)))))
+            return 0
         sweeps = build_sweeps(args)
         for sweep in sweeps:
             print(f"== {sweep.name}", flush=True)

@@ -4,7 +4,7 @@ scale) maximising the probe accuracy of the first task measured (``probe/<task>/
 ``measure.tasks``, else the source's tasks).
 
     python sweeps/search.py --objective probe/B/acc_mean:max --objective flat/trace_fisher:min
-    python sweeps/search.py --preset paper --address auto --gpus-per-trial 0.5 --samples 64
+    python sweeps/search.py --scale gpu --address auto --gpus-per-trial 0.5 --samples 64
 """
 
 import sys
@@ -23,7 +23,8 @@ def add_arguments(p) -> None:
     p.add_argument("--objective", action="append", default=[],
                    help="METRIC:min|max, repeatable (default: probe/<task>/acc_mean:max of "
                         "the first task measured)")
-    p.add_argument("--samples", type=int, help="trials to draw (default 4 tiny, 64 paper)")
+    p.add_argument("--samples", type=int,
+                   help="trials to draw (default 4 on a CPU scale, 64 on gpu)")
 
 
 def build(args):
@@ -34,7 +35,7 @@ def build(args):
 
     objectives = tuple(objective(o) for o in args.objective)  # () = spec.objectives' default
     cpu = scale(scale_and_protocol(args)[0]).gpus == 0
-    return sweep_of(experiment_of("search", args), "search", args, searcher="optuna",
+    return sweep_of(experiment_of("search", args), "search", searcher="optuna",
                     objectives=objectives, num_samples=args.samples or (4 if cpu else 64),
                     max_concurrent=2 if cpu else 8, gpus_per_trial=0.0 if cpu else 0.5)
 

@@ -10,7 +10,7 @@ CPU (6 trials, the ``sweep`` scale); more seeds give tighter intervals.
 
     python sweeps/selection.py
     python sweeps/selection.py --seeds 5 --algorithms adamw,sam,noreg --lrs 5e-3,2.5e-3
-    python sweeps/selection.py --preset paper --address auto --gpus-per-trial 1
+    python sweeps/selection.py --scale gpu --address auto --gpus-per-trial 1
     python analysis/selection.py --experiment selection --kl-threshold 0.05 --out sel/
 """
 
@@ -18,18 +18,17 @@ import sys
 from dataclasses import replace
 
 from flatlm.experiments.grids import SELECTION_ALGORITHMS
-from flatlm.train.config import ALGORITHMS as KNOWN
+from flatlm.train.config import ALGORITHMS
 from sweeps.cli import main
-
-ALGORITHMS = ",".join(SELECTION_ALGORITHMS)
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--algorithms", default=ALGORITHMS,
-                   help=f"comma-separated train.algorithm values (default {ALGORITHMS})")
+    default = ",".join(SELECTION_ALGORITHMS)
+    p.add_argument("--algorithms", default=default,
+                   help=f"comma-separated train.algorithm values (default {default})")
     p.add_argument("--seeds", type=int, default=2, help="training seeds per algorithm (>= 1)")
     p.add_argument("--lrs", default=None,
-                   help="comma-separated learning rates to vary too (default: the preset's)")
+                   help="comma-separated learning rates to vary too (default: the scale's)")
 
 
 def _floats(text: str, flag: str) -> list[float]:
@@ -46,16 +45,16 @@ def build(args):
     from sweeps.experiment import experiment_of, sweep_of
 
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-    if not algorithms or any(a not in KNOWN for a in algorithms):
+    if not algorithms or any(a not in ALGORITHMS for a in algorithms):
         raise ValueError(f"--algorithms {args.algorithms!r}: use a comma-separated list of "
-                         f"{', '.join(KNOWN)}")
+                         f"{', '.join(ALGORITHMS)}")
     if args.seeds < 1:
         raise ValueError(f"--seeds {args.seeds}: use at least 1")
     exp = experiment_of("selection", args, algorithms=tuple(algorithms),
                         seeds=tuple(range(args.seeds)))
     if args.lrs:  # the learning rate varied too: a grid dimension of the sweep's own
         exp = replace(exp, grid={**exp.grid, "train.lr": _floats(args.lrs, "--lrs")})
-    return sweep_of(exp, "selection", args, selection=True)
+    return sweep_of(exp, "selection", selection=True)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@ objectives. No Ray here.
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 
 from flatlm.core.config import apply_overrides
+from flatlm.experiments.grids import trial_name
+from flatlm.experiments.layers import DEFAULT, base_layers, grid_layers
 from flatlm.measure import (
     KL,
     LOSS,
@@ -33,7 +36,8 @@ class Sweep:
     """One experiment: trials = base config x search space."""
 
     name: str  # MLflow experiment and Ray experiment name
-    preset: str | None = None  # the base's preset (tiny, paper, paper-code): the runs' tag
+    scale: str | None = None  # where the base runs (flatlm.experiments.scales): the runs' tag
+    protocol: str | None = None  # how (flatlm.experiments.protocols): the runs' tag
     base: TrialConfig  # what every trial shares
     space: dict = field(default_factory=dict)  # dotted key -> tune.grid_search([...]) or a
     #   distribution (tune.loguniform, ...); the same keys as --set
@@ -138,6 +142,35 @@ def planned_trials(sweep: Sweep) -> int:
         if isinstance(values, dict) and "grid_search" in values:
             points *= len(values["grid_search"])
     return points * sweep.num_samples
+
+
+def grid_trials(sweep: Sweep) -> list[tuple[dict, TrialConfig]]:
+    """(grid point, its trial config) of every point of the sweep's grid searches, as Ray
+    builds them (the base with the point applied); a distribution's key is drawn per trial, so
+    it keeps the base's value here."""
+    grids = {k: v["grid_search"] for k, v in sweep.space.items()
+             if isinstance(v, dict) and "grid_search" in v}
+    points = [dict(zip(grids, values, strict=True)) for values in itertools.product(
+        *grids.values())]
+    return [(point, apply_overrides(sweep.base, point)) for point in points]
+
+
+def trial_layers(sweep: Sweep, built: TrialConfig,
+                 source: str | None = None) -> list[tuple[str, list]]:
+    """(trial name, its layers) of every grid point (``flatlm.experiments.layers``): the scale's,
+    protocol's and ``source``'s layers, the sweep's base as its script ``built`` it, the
+    command line's ``--set`` (``sweep.base``), then the grid point. A sweep of no known scale
+    (one's own script) starts from the defaults."""
+    head = (base_layers(sweep.scale, sweep.protocol or "paper", source) if sweep.scale
+            else [(DEFAULT, TrialConfig())])
+    trials = [(trial_name(point), cfg) for point, cfg in grid_trials(sweep)]
+    layers = grid_layers([*head, (f"sweep {sweep.name}", built)], sweep.base, trials)
+    return [(name, one) for (name, _), one in zip(trials, layers, strict=True)]
+
+
+def drawn_keys(sweep: Sweep) -> list[str]:
+    """The keys of the sweep's space that a distribution or a searcher draws."""
+    return [k for k, v in sweep.space.items() if not (isinstance(v, dict) and "grid_search" in v)]
 
 
 def runs_view(sweep: Sweep) -> dict[str, str]:

@@ -7,7 +7,7 @@ checkpointed every 500 from step 0 at the paper's constant rate: KL falls below 
 replicate --scale testbed --experiment steps`` with 5 seeds.
 
     python sweeps/steps.py
-    python sweeps/steps.py --preset paper --address auto --gpus-per-trial 1
+    python sweeps/steps.py --scale gpu --address auto --gpus-per-trial 1
 """
 
 import sys
@@ -20,7 +20,7 @@ def build(args):
     imports here keep ``--help`` fast."""
     from sweeps.experiment import experiment_of, sweep_of
 
-    return sweep_of(experiment_of("steps", args), "steps", args)
+    return sweep_of(experiment_of("steps", args), "steps")
 
 
 if __name__ == "__main__":

@@ -140,17 +140,18 @@ def tracker_for(cfg: TrialConfig, sweep: dict, name: str, out_dir: Path, run_id:
         run_id = find_run(sweep["tracking_uri"], sweep["experiment_id"], name)
     return MlflowTracker(sweep["tracking_uri"], out_dir, experiment_id=sweep["experiment_id"],
                          run_id=run_id, run_name=name, params=tracked_params(cfg),
-                         tags=_tags(cfg, sweep))
+                         tags=run_tags(cfg, sweep))
 
 
-def _tags(cfg: TrialConfig, sweep: dict) -> dict:
+def run_tags(cfg: TrialConfig, sweep: dict) -> dict:
     """What the MLflow UI groups and filters by; the parameter count is a metric
     (``flatlm.runs.trial.N_PARAMS``), so that it sorts as a number."""
     tags = {TAG_SWEEP: sweep["name"], TAG_MODEL: str(cfg.model),
             TAG_ALGORITHM: cfg.train.algorithm, "source": str(cfg.source)}
-    if sweep.get("preset"):  # the README's names: scale and protocol, not the preset's
+    scale, protocol = sweep.get("scale"), sweep.get("protocol")
+    if sweep.get("preset"):  # a sweep started before --preset was retired, resumed
         scale, protocol = scale_and_protocol_of(sweep["preset"])
-        tags.update({TAG_SCALE: scale, **({TAG_PROTOCOL: protocol} if protocol else {})})
+    tags.update({k: v for k, v in ((TAG_SCALE, scale), (TAG_PROTOCOL, protocol)) if v})
     return tags
 
 

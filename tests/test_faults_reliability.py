@@ -217,7 +217,7 @@ def test_4_measure_on_another_grammar_of_the_same_words_is_refused(tmp_path, cap
     assert flatlm(["measure", str(ckpt), "--source", OTHER_GRAMMAR, "--what", "loss"]) == 2
     assert "trained on another language" in capsys.readouterr().err
     assert flatlm(["measure", str(ckpt), "--source", SOURCE, "--what", "loss",
-                   "--n-inputs", "32"]) == 0
+                   "--n-eval", "32"]) == 0
 
 
 def test_4_an_older_checkpoint_without_a_fingerprint_is_checked_by_its_spec(tmp_path, capsys):

@@ -323,7 +323,7 @@ def built_sweeps(words: tuple[str, ...]) -> list:
         if hasattr(module, "add_arguments"):
             module.add_arguments(p)
         args = p.parse_args(words[2:])
-        cli.check_preset(args)
+        cli.check_scale_and_protocol(args)
         cli.resolve_source(args)
         sweeps = [cli.apply_arguments(module.build(args), args)]
     for sweep in sweeps:
@@ -381,7 +381,9 @@ See [the page](docs/no_such_page.md).
 """
     problems = "\n".join(readme_problems(drifted))
     assert "--no-such-flag is not an option of `python sweeps/scaling.py`" in problems
-    assert "--preset is not" not in problems
+    # the retired --preset (issue 39) is an error naming --scale, hidden from --help: a page
+    # that still writes it fails here
+    assert "--preset is not an option of `python sweeps/scaling.py`" in problems
     assert "`python sweeps/no_such_sweep.py`: no such file" in problems
     assert "`flatlm ... replay` is not a subcommand" in problems
     assert "--sedes is not an option of `flatlm replicate`" in problems

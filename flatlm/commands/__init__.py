@@ -4,3 +4,10 @@
 DIVERGED_EXIT = 3  # training stopped by flatlm.train.run.Diverged (flatlm replicate: a trial
 #   diverged, recorded and skipped; the others ran)
 WRITE_FAILED_EXIT = 5  # a checkpoint could not be written (disk full); the earlier ones intact
+
+# The one default of each option that several commands take (the flatlm commands and the sweep
+# scripts alike; tests/commands/test_option_defaults.py holds every parser to them).
+DEFAULT_SCALE = "sweep"  # flatlm.experiments.scales.SWEEP: the CPU scale the no-argument sweeps
+#   run (the testbed's grammar and models, about 10 minutes on 2 cores)
+DEFAULT_PROTOCOL = "paper"  # flatlm.experiments.protocols: the paper's text
+DEFAULT_DEVICE = "cpu"  # CPU everywhere by default (docs: DESIGN); auto picks CUDA where present

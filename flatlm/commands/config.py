@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from flatlm.commands import DEFAULT_PROTOCOL, DEFAULT_SCALE
 from flatlm.core.config import parse_assignments, to_dict
 from flatlm.experiments.layers import DEFAULT, config_layers, provenance
 from flatlm.runs.trial import validate_trial
@@ -27,9 +28,10 @@ def register(subparsers) -> None:
                               description=__doc__.split("\n\n")[0],
                               epilog=__doc__.split("\n\n", 1)[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scale", default="sweep", help="sweep (default), tiny, testbed or gpu")
-    p.add_argument("--protocol", default="paper", help="paper (default), paper-code, or "
-                                                       "paper+switch")
+    p.add_argument("--scale", default=DEFAULT_SCALE,
+                   help=f"sweep, tiny, testbed or gpu (default {DEFAULT_SCALE})")
+    p.add_argument("--protocol", default=DEFAULT_PROTOCOL,
+                   help=f"paper, paper-code, or paper+switch (default {DEFAULT_PROTOCOL})")
     p.add_argument("--source", help="the language, with its kind's settings")
     p.add_argument("--experiment", help="an experiment of flatlm replicate: its base and one "
                                         "grid point")
@@ -73,6 +75,18 @@ def config_lines(rows: dict[str, tuple[object, str]], *, changed_only: bool = Fa
 
 
 VALUE_WIDTH = 24  # the layer column's place, unless a value is longer
+
+
+def trial_config_lines(trials) -> list[str]:
+    """``--print-config`` of flatlm replicate and the sweeps: for each (trial, its layers), a
+    header naming the trial and its layers, then every key of its resolved config with the
+    layer that set it (``flatlm.experiments.layers``)."""
+    lines = []
+    for name, layers in trials:
+        validate_trial(layers[-1][1])  # a bad value is an error here as in a run
+        lines += [f"# trial {name}; layers: {' -> '.join(n for n, _ in layers)}",
+                  *config_lines(provenance(layers)), ""]
+    return lines
 
 
 def _plain(value) -> str:

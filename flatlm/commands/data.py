@@ -11,6 +11,7 @@ import json
 import sys
 import time
 
+from flatlm.commands import DEFAULT_DEVICE
 from flatlm.core.devices import resolve_device
 from flatlm.core.stats import ratio_mean_se
 from flatlm.sources import load
@@ -52,8 +53,9 @@ def register(subparsers) -> None:
 def _source_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="SOURCE",
                         help="e.g. pcfg:paper, hmm:seed=0, dyck:8, or a JSON spec")
-    parser.add_argument("--device", help="device for exact conditionals and labels "
-                                         "(default: cuda if available, else cpu)")
+    parser.add_argument("--device", default=DEFAULT_DEVICE,
+                        help="device for exact conditionals and labels: auto (cuda if "
+                             f"available), cpu, cuda[:i] (default: {DEFAULT_DEVICE})")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

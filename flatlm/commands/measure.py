@@ -1,7 +1,7 @@
 """``flatlm measure CHECKPOINT``: every measurement of one saved model, as one JSON object.
 
     flatlm measure out/checkpoints/step-1000 --what loss,fisher,hessian,probe,lookup --json
-    flatlm measure CKPT --source pcfg:paper --n-inputs 10000 --set measure.probe.seeds=5
+    flatlm measure CKPT --source pcfg:paper --n-eval 10000 --set measure.probe.seeds=5
 
 The source defaults to the one recorded in the checkpoint's ``flatlm.json``. The object is printed
 (``--json``: only it) and saved as ``measure.json`` next to the checkpoint (or ``--out``). The
@@ -13,10 +13,12 @@ A progress bar shows on a terminal (``--no-progress``: none).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
+from flatlm.commands import DEFAULT_DEVICE
 from flatlm.core.config import apply_overrides, section_assignments
 from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import write_atomic
@@ -33,13 +35,18 @@ def register(sub) -> None:
     p.add_argument("--source", help="source spec; default: the checkpoint's")
     p.add_argument("--what", default="loss,fisher,hessian,probe,lookup",
                    help=f"comma-separated, from {', '.join(measurement_names())}")
-    p.add_argument("--n-inputs", type=int, help="validation sentences (loss and flatness)")
+    p.add_argument("--n-eval", type=int,
+                   help="validation sentences (measure.n_eval: the loss, and what each "
+                        "measurement draws its inputs from; Tr(F)'s own count is "
+                        "--set measure.flatness.n_inputs=N)")
+    p.add_argument("--n-inputs", type=int, help=argparse.SUPPRESS)  # renamed: an error
     p.add_argument("--n-downstream", type=int, help="labelled sentences per task")
     p.add_argument("--tasks", help="comma-separated downstream tasks (default: all)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any measure.* key of the trial config, as in the sweeps, e.g. "
                         "measure.probe.seeds=5")
-    p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:i (default: cpu)")
+    p.add_argument("--device", default=DEFAULT_DEVICE,
+                   help=f"auto, cpu, cuda or cuda:i (default: {DEFAULT_DEVICE})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="where to save the JSON (default CHECKPOINT/measure.json; "
                                  "files a measurement writes stay in CHECKPOINT)")
@@ -58,8 +65,11 @@ def _config(args):
     from flatlm.measure.run import MeasureConfig
 
     overrides = {"what": args.what, "seed": args.seed}
-    if args.n_inputs is not None:
-        overrides["n_eval"] = args.n_inputs
+    if args.n_inputs is not None:  # it set n_eval, not flatness.n_inputs: renamed
+        raise ValueError(f"--n-inputs {args.n_inputs}: renamed --n-eval (it sets measure.n_eval;"
+                         f" Tr(F)'s inputs are --set measure.flatness.n_inputs={args.n_inputs})")
+    if args.n_eval is not None:
+        overrides["n_eval"] = args.n_eval
     if args.n_downstream is not None:
         overrides["n_downstream"] = args.n_downstream
     if args.tasks:

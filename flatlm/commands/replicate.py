@@ -1,9 +1,10 @@
 """``flatlm replicate``: the paper's experiments on one host, without Ray or MLflow.
 
-    flatlm replicate --out repl/                                   # every experiment, tiny, CPU
+    flatlm replicate --out repl/                                   # every experiment, CPU
     flatlm replicate --experiment steps,sizes --protocol paper,paper-code --out repl/
     flatlm replicate --scale gpu --device cuda --minutes 9 --out repl/   # call again to go on
     flatlm replicate --diagnose --experiment steps,sizes --out repl/     # one switch at a time
+    flatlm replicate --experiment steps --print-config --out repl/  # each trial's config, stop
     flatlm replicate --experiment algorithms --pack 4 --out repl/  # 4 trials as one model
     python analysis/replication.py --trials repl/ --out repl/report/     # the verdicts
 
@@ -32,11 +33,13 @@ import sys
 import time
 from pathlib import Path
 
-from flatlm.commands import DIVERGED_EXIT
+from flatlm.commands import DEFAULT_DEVICE, DEFAULT_PROTOCOL, DEFAULT_SCALE, DIVERGED_EXIT
+from flatlm.commands.config import trial_config_lines
 from flatlm.core.config import parse_assignments
 from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import check_output_dir
 from flatlm.experiments.costs import experiment_minutes
+from flatlm.experiments.layers import base_layers, grid_layers
 from flatlm.experiments.paper import EXPERIMENTS, build
 from flatlm.experiments.protocols import describe, diagnosis_protocols
 from flatlm.experiments.runner import DIVERGED
@@ -61,7 +64,8 @@ def register(subparsers) -> None:
     add_selection_arguments(p)
     p.add_argument("--minutes", type=float, default=None,
                    help="time budget; stops after the checkpoint that exceeds it (exit 4)")
-    p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:i (default: cpu)")
+    p.add_argument("--device", default=DEFAULT_DEVICE,
+                   help=f"auto, cpu, cuda or cuda:i (default: {DEFAULT_DEVICE})")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes sharing the trials, one torch thread each on a "
                         "CPU (default: 1)")
@@ -69,6 +73,9 @@ def register(subparsers) -> None:
                    help="train up to K trials of one shape together as one model (flatlm.runs"
                         f".pack; 1: each alone); {DEFAULT_RULE}")
     p.add_argument("--dry-run", action="store_true", help="list the trials and stop")
+    p.add_argument("--print-config", action="store_true",
+                   help="print every trial's resolved config, each key with the layer that set "
+                        "it (as flatlm config), and stop")
     p.set_defaults(run=run)
 
 
@@ -81,14 +88,15 @@ def add_selection_arguments(p) -> None:
     p.add_argument("--experiment", default="all",
                    help=f"comma-separated, of {', '.join(EXPERIMENTS)} (default: all of "
                         f"these), or {', '.join(RUNNABLE_EXTRA)}")
-    p.add_argument("--protocol", default="paper,paper-code",
+    p.add_argument("--protocol", default=DEFAULT_PROTOCOL,
                    help="comma-separated protocols: paper, paper-code, or a base with +switches "
-                        "(paper+inside-labels); default: paper,paper-code")
+                        f"(paper+inside-labels); default: {DEFAULT_PROTOCOL} (both: "
+                        "paper,paper-code)")
     p.add_argument("--diagnose", action="store_true",
                    help="instead of --protocol: paper and paper with each switch alone")
-    p.add_argument("--scale", default="tiny", choices=sorted(SCALES),
-                   help="tiny: CPU minutes; testbed: a CPU scale where the models saturate"
-                        "; gpu: the paper's sizes (default: tiny)")
+    p.add_argument("--scale", default=DEFAULT_SCALE, choices=sorted(SCALES),
+                   help=f"sweep: the CPU sweeps' (default {DEFAULT_SCALE}); tiny: CPU minutes; "
+                        "testbed: a CPU scale where the models saturate; gpu: the paper's sizes")
     p.add_argument("--seeds", type=int, default=None,
                    help="training seeds per grid point (default: the scale's: "
                         + ", ".join(f"{s.name} {_default_seeds(s)}" for s in SCALES.values())
@@ -135,6 +143,20 @@ def experiments_from_args(args) -> list:
             for protocol in protocols for name in names]
 
 
+def trial_layers(args, experiments) -> list[tuple[str, list]]:
+    """(``protocol/experiment/trial``, its layers) of every trial of ``experiments`` (built from
+    ``args``): the experiment's base without ``--set`` (built again without it), ``--set``, then
+    the grid point (``flatlm.experiments.layers``)."""
+    bare = experiments_from_args(argparse.Namespace(**{**vars(args), "overrides": []}))
+    out = []
+    for exp, plain in zip(experiments, bare, strict=True):
+        head = [*base_layers(exp.scale, exp.protocol), (f"experiment {exp.name}", plain.base)]
+        trials = exp.trials()
+        out += [(f"{exp.protocol}/{exp.name}/{name}", layers) for (name, _), layers in
+                zip(trials, grid_layers(head, exp.base, trials), strict=True)]
+    return out
+
+
 def _seeds(args, experiment: str) -> tuple[int, ...] | None:
     """--seeds, else the scale's replication seeds of ``experiment``, else None (its seeds)."""
     if args.seeds is not None:
@@ -145,6 +167,9 @@ def _seeds(args, experiment: str) -> tuple[int, ...] | None:
 def run(args) -> int:
     device = str(resolve_device(args.device))
     experiments = experiments_from_args(args)
+    if args.print_config:
+        print("\n".join(trial_config_lines(trial_layers(args, experiments))))
+        return 0
     if args.pack is not None:  # a K given: checked against every trial before any work
         check_pack_request([cfg for exp in experiments for _, cfg in exp.trials()], args.pack)
     args.pack = default_pack_size(device) if args.pack is None else args.pack

@@ -27,6 +27,7 @@ import argparse
 import json
 from pathlib import Path
 
+from flatlm.commands import DEFAULT_DEVICE
 from flatlm.core.config import (
     add_arguments,
     apply_overrides,
@@ -53,7 +54,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --out up to --steps")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda[:i]")
+    p.add_argument("--device", default=DEFAULT_DEVICE,
+                   help=f"auto (cuda if available), cpu, cuda[:i] (default: {DEFAULT_DEVICE})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any train.* key of the trial config, as in the sweeps, e.g. "

@@ -30,6 +30,7 @@ import contextlib
 from functools import partial
 from pathlib import Path
 
+from flatlm.commands import DEFAULT_DEVICE, DEFAULT_PROTOCOL, DEFAULT_SCALE
 from flatlm.core.config import apply_overrides, parse_assignments
 from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import check_output_dir
@@ -43,16 +44,18 @@ def register(subparsers) -> None:
                               epilog=__doc__.split("\n\n", 1)[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="the trial directory")
-    p.add_argument("--scale", default="sweep",
-                   help="sweep (default: the CPU sweeps'), tiny (the replication's), testbed "
-                        "(a CPU scale where the models saturate) or gpu")
-    p.add_argument("--protocol", default="paper",
-                   help="paper (default), paper-code, or paper+switch")
+    p.add_argument("--scale", default=DEFAULT_SCALE,
+                   help=f"sweep (the CPU sweeps'; default {DEFAULT_SCALE}), tiny (the "
+                        "replication's CPU minutes), testbed (a CPU scale where the models "
+                        "saturate) or gpu (the paper's sizes)")
+    p.add_argument("--protocol", default=DEFAULT_PROTOCOL,
+                   help=f"paper, paper-code, or paper+switch (default {DEFAULT_PROTOCOL})")
     p.add_argument("--source", help="the language, with its kind's settings (default: the "
                                     "scale's PCFG)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any trial config key, e.g. train.lr=3e-3 (repeatable)")
-    p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:i (default: cpu)")
+    p.add_argument("--device", default=DEFAULT_DEVICE,
+                   help=f"auto, cpu, cuda or cuda:i (default: {DEFAULT_DEVICE})")
     p.add_argument("--quick", action="store_true",
                    help="measure the loss and KL only (measure.what=loss): no flatness, no "
                         "probes, no references; seconds a checkpoint instead of minutes")

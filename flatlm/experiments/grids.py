@@ -6,7 +6,8 @@ import re
 
 EXPERIMENTS = ("steps", "sizes", "algorithms", "sgd")  # the replication's, one per claim
 EXTRA_EXPERIMENTS = ("selection", "search")  # the sweeps' beyond the paper's figures
-ALGORITHMS = ("adamw", "adversarial", "noreg", "sam")
+COMPARED_ALGORITHMS = ("adamw", "adversarial", "noreg", "sam")  # the algorithms experiment's
+#   arms (Tables 1-2); every registered algorithm is flatlm.train.config.ALGORITHMS
 SELECTION_ALGORITHMS = ("adamw", "sam", "noreg")
 SELECTION_WHAT = ("eigen", "sharpness")  # measured beside the base's loss, Tr(F), Tr(H)
 # The search's distributions, as data (the sweeps turn them into Ray Tune's): key -> (kind, low,

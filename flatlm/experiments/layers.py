@@ -31,10 +31,7 @@ def config_layers(scale: str, protocol: str = "paper", source: str | None = None
     """(layer name, the config after it) for each layer, in order (module docstring). With
     ``experiment``, its base and the grid point ``trial`` (a trial name; default: the first)."""
     sc = get_scale(scale)
-    layers = [(DEFAULT, TrialConfig()), (f"scale {scale}", sc.base()),
-              (f"protocol {protocol}", protocol_base(sc, protocol)),
-              (f"source {source}" if source else "source (the scale's)",
-               base_of(scale, protocol, source))]
+    layers = base_layers(scale, protocol, source)
     if experiment is not None:
         exp = build(experiment, scale=scale, protocol=protocol, source=source,
                     seeds=sc.seeds_of(experiment))  # as flatlm replicate builds it
@@ -48,6 +45,25 @@ def config_layers(scale: str, protocol: str = "paper", source: str | None = None
     if overrides:
         layers.append(("--set", apply_overrides(layers[-1][1], overrides)))
     return layers
+
+
+def base_layers(scale: str, protocol: str = "paper",
+                source: str | None = None) -> list[tuple[str, TrialConfig]]:
+    """The layers every trial of ``scale`` and ``protocol`` on ``source`` starts from: the
+    defaults, the scale's, the protocol's and the source's kind's (module docstring)."""
+    sc = get_scale(scale)
+    return [(DEFAULT, TrialConfig()), (f"scale {scale}", sc.base()),
+            (f"protocol {protocol}", protocol_base(sc, protocol)),
+            (f"source {source}" if source else "source (the scale's)",
+             base_of(scale, protocol, source))]
+
+
+def grid_layers(head: list[tuple[str, TrialConfig]], given: TrialConfig,
+                trials: list[tuple[str, TrialConfig]]) -> list[list[tuple[str, TrialConfig]]]:
+    """Each trial's layers: ``head`` (down to the experiment's base), ``--set`` (``given``: that
+    base with the command line's overrides; no grid point may vary one of them), then the trial's
+    grid point (``trials``: (name, config) as the runner builds them)."""
+    return [[*head, ("--set", given), (f"trial {name}", cfg)] for name, cfg in trials]
 
 
 def provenance(layers: list[tuple[str, TrialConfig]]) -> dict[str, tuple[object, str]]:

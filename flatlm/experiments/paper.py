@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from flatlm.core.config import apply_overrides, refuse_varied
 from flatlm.core.registry import Registry
 from flatlm.experiments.grids import (
-    ALGORITHMS,
+    COMPARED_ALGORITHMS,
     EXPERIMENTS,
     EXTRA_EXPERIMENTS,
     SEARCH_SPACE,
@@ -43,7 +43,7 @@ from flatlm.experiments.grids import (
     SELECTION_WHAT,
     trial_name,
 )
-from flatlm.experiments.presets import PRESETS, source_kind, source_overrides
+from flatlm.experiments.presets import source_kind, source_overrides
 from flatlm.experiments.protocols import model_for, parse_protocol, protocol_overrides
 from flatlm.experiments.scales import Scale
 from flatlm.experiments.scales import scale as get_scale
@@ -114,12 +114,6 @@ def base_of(scale: str, protocol: str = "paper", source: str | None = None) -> T
     return apply_overrides(protocol_base(sc, protocol), source_overrides(sc, source))
 
 
-def base_for(preset: str, source: str | None = None) -> TrialConfig:
-    """``base_of`` the (scale, protocol) a sweep preset names (``presets.PRESETS``)."""
-    scale, protocol = PRESETS[preset]
-    return base_of(scale, protocol, source)
-
-
 def protocol_base(sc: Scale, protocol: str) -> TrialConfig:
     base = apply_overrides(sc.base(), protocol_overrides(protocol))
     changes = {"model": model_for(sc.model, protocol)}
@@ -187,7 +181,7 @@ def _sizes(sc, protocol, base, algorithms):
 
 def _algorithms(sc, protocol, base, algorithms):
     return (_with_adversary(sc, _with_selection_measures(sc, base)),
-            {"train.algorithm": list(algorithms or ALGORITHMS)}, {})
+            {"train.algorithm": list(algorithms or COMPARED_ALGORITHMS)}, {})
 
 
 def _with_adversary(sc: Scale, base: TrialConfig) -> TrialConfig:

@@ -1,9 +1,9 @@
-"""The sweeps' presets, and what ``--source`` brings with it.
+"""What ``--source`` brings with it, and the sweeps' retired presets as older runs' tags.
 
-A preset names a (scale, protocol) pair: ``--preset tiny`` is the ``sweep`` scale under the
-paper's protocol, ``--preset paper`` the ``gpu`` scale under it, ``--preset paper-code`` the
-``gpu`` scale under the released code's. ``--scale`` and ``--protocol`` mean the same in every
-command (``flatlm replicate``, the sweeps); the experiments themselves are in ``paper``.
+``--scale`` and ``--protocol`` mean the same in every command (``flatlm replicate``, the sweeps);
+the experiments themselves are in ``paper``. The sweeps once took ``--preset`` instead, a
+(scale, protocol) pair whose ``tiny`` was the ``sweep`` scale (not ``--scale tiny``); it is now
+an error naming its replacement (``sweeps.cli``), and runs tagged with it are still read.
 """
 
 from __future__ import annotations
@@ -12,23 +12,24 @@ from flatlm.experiments.scales import PAPER_LSTMS, TINY_LSTMS, Scale
 from flatlm.runs.trial import TrialConfig
 from flatlm.sources import SourceSpec, load
 
-__all__ = ["PAPER_LSTMS", "PRESETS", "TINY_LSTMS", "hmm_tasks", "scale_and_protocol_of",
+__all__ = ["PAPER_LSTMS", "RETIRED_PRESETS", "TINY_LSTMS", "hmm_tasks", "scale_and_protocol_of",
            "source_kind", "source_overrides"]
 
-PRESETS = {"tiny": ("sweep", "paper"), "paper": ("gpu", "paper"),
-           "paper-code": ("gpu", "paper-code")}
+# The sweeps' retired --preset names, as (scale, protocol): read from older runs' preset tags.
+RETIRED_PRESETS = {"tiny": ("sweep", "paper"), "paper": ("gpu", "paper"),
+                   "paper-code": ("gpu", "paper-code")}
 
 
 def scale_and_protocol_of(preset: str) -> tuple[str, str | None]:
-    """The (scale, protocol) a sweep's preset tag names: a preset's pair (``tiny`` is the
-    ``sweep`` scale under ``paper``), ``scale/protocol`` where they were given apart, else the
-    tag as the scale.
+    """The (scale, protocol) an older sweep's preset tag names: a retired preset's pair
+    (``tiny`` is the ``sweep`` scale under ``paper``), ``scale/protocol`` where they were given
+    apart, else the tag as the scale.
 
     >>> scale_and_protocol_of("tiny"), scale_and_protocol_of("testbed/paper-code")
     (('sweep', 'paper'), ('testbed', 'paper-code'))
     """
-    if preset in PRESETS:
-        return PRESETS[preset]
+    if preset in RETIRED_PRESETS:
+        return RETIRED_PRESETS[preset]
     scale, _, protocol = preset.partition("/")
     return scale, protocol or None
 

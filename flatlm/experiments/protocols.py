@@ -5,8 +5,8 @@ A protocol name is a base (``paper`` or ``paper-code``) followed by switches joi
 one protocol difference the diagnosis (issue: what decides the verdicts) turns on alone.
 
 Every protocol starts from ``PAPER``, the paper's text as trial config overrides, the one place
-that says what ``paper`` is (the sweeps' ``--preset paper`` / ``--preset tiny`` and ``flatlm
-replicate --protocol paper`` all build from it); ``paper-code`` adds every released switch. A
+that says what ``paper`` is (the sweeps' and ``flatlm replicate``'s
+``--protocol paper`` build from it); ``paper-code`` adds every released switch. A
 scale (``flatlm.experiments.scales``) sets sizes, lengths and the peak lr, not how the protocol
 labels, masks, schedules or probes.
 

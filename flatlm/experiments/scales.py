@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from flatlm.core.config import apply_overrides
 from flatlm.core.registry import Registry
+from flatlm.measure import SATURATED_KL
 from flatlm.runs.trial import TrialConfig
 
 # A small random PCFG of the paper's layered shape: 30 words, sentences of 2..8 words. Its truth
@@ -208,7 +209,7 @@ TESTBED = Scale(
                  "train.adversarial.d2": 32, "train.adversarial.pool": 256,
                  "train.adversarial.lambda": 0.01},
     # the paper's dropout 0.1 in every AdamW run (A.5; without it d64-h4-l2 ends at KL 0.0204)
-    run_checkpoints=3, long_from_zero=False, kl_threshold=0.02,
+    run_checkpoints=3, long_from_zero=False, kl_threshold=SATURATED_KL,
     # issue 25's measures, about 25 s a checkpoint on one core (landscape 13 s, llc 5 s)
     selection_what=("eigen", "sharpness", "precond", "critical", "noise", "llc", "cka_truth"),
     # issue 25's lr axis: the rates around the scale's own 1e-3 (whose runs are the other

@@ -105,6 +105,10 @@ the same held-out sentences, labelled as ``Source.sample_downstream`` labels the
 LOSS = "pretrain/loss"
 ENTROPY = "pretrain/entropy"
 KL = "pretrain/kl"
+# nats/token: a checkpoint whose KL to the true conditionals is at most this is in the paper's
+# saturation regime (2.1), the one threshold of the verdicts (analysis/claims.py), the
+# leaderboard's window, the testbed's criterion (a) and the testbed scale's sweep rule
+SATURATED_KL = 0.02
 LOSS_DATA = "pretrain/loss_data"
 TRACE_FISHER = "flat/trace_fisher"
 TRACE_HESSIAN = "flat/trace_hessian"

@@ -338,3 +338,17 @@ def test_every_numbered_claim_has_its_effect_size_with_the_papers_sign():
     assert table[(("adversarial", "adamw"), ACC_C)] == pytest.approx(-0.055)
     assert table[(("lookup", "adamw"), "lookup:B")] == pytest.approx(-0.095)
     assert table[(("lookup", "adamw"), "lookup:A")] == pytest.approx(-0.187)
+
+
+def test_the_papers_claims_are_one_class_and_one_table():
+    """Issue 39, item 3: one Claim class and one table of the paper's claims in analysis/ (the
+    sweep conclusions read analysis.paper_claims.sweep_claims, the report CLAIMS)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).parents[2] / "analysis"
+    classes = [p.name for p in root.glob("*.py") if re.search(r"^class Claim\b", p.read_text(),
+                                                                re.M)]
+    tables = [p.name for p in root.glob("*.py")
+              if re.search(r"^(CLAIMS|PAPER)\b.*=", p.read_text(), re.M)]
+    assert classes == ["paper_claims.py"] and tables == ["paper_claims.py"]

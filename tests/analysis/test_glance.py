@@ -18,7 +18,7 @@ from analysis.correlate import correlation_markdown, correlation_table  # noqa: 
 from analysis.figure_marks import bulk_range  # noqa: E402
 from analysis.report import write_report  # noqa: E402
 from analysis.run_table import glance, left_out, render, run_table  # noqa: E402
-from flatlm.experiments.paper import base_for  # noqa: E402
+from flatlm.experiments.paper import base_of  # noqa: E402
 from sweeps import summary  # noqa: E402
 from sweeps.spec import Sweep  # noqa: E402
 from tests.analysis.glance_runs import (  # noqa: E402
@@ -167,8 +167,26 @@ def test_the_conclusion_of_a_steps_sweep_reads_the_plateau():
     assert "step 300 to 500; mean over 3 runs" in words
     assert "A 0.901 -> 0.921 (+2.0 points" in words and "Tr(F) 20.1 -> 18.1 (-2.00" in words
     assert "Fig. 2a (after the loss converges, accuracy keeps rising): here A +2.0" in words
-    assert "Fig. 4 (after the loss converges, the model keeps getting flatter): here Tr(F) " \
+    # Fig. 4's claim is the paper's, made under SGD (one table: analysis.paper_claims)
+    assert "Fig. 4 left (under SGD, Tr(H) falls after the loss converges): here Tr(F) " \
            "-2.00" in words
+
+
+@pytest.mark.parametrize("kind", ["sizes", "algorithms", "steps"])
+def test_a_sweeps_conclusion_reads_the_replications_claims_table(kind):
+    """Issue 39, item 3: the claims are defined once (analysis.paper_claims.CLAIMS); a sweep's
+    conclusion names each claim of its kind by that table's figure and statement, and no other."""
+    from analysis.paper_claims import CLAIMS, sweep_claims
+
+    runs = {"sizes": (scaling_runs, A), "algorithms": (algorithm_runs, B),
+            "steps": (lambda: steps_runs(3), A)}[kind]
+    words = _words(runs[0](), runs[1])
+    read = sweep_claims(kind)
+    assert read and all(c in CLAIMS for c in read)
+    against = words.split("Against the paper: ")[1].split("\n\n")[0]
+    named = [f"{c.where} ({c.statement}): here" for c in read]
+    assert all(n in against for n in named if "lookup" not in n), (named, against)
+    assert against.count("): here") <= len(read)
 
 
 def test_a_steps_claim_on_a_plateau_whose_loss_still_falls_says_so():
@@ -177,7 +195,7 @@ def test_a_steps_claim_on_a_plateau_whose_loss_still_falls_says_so():
     each reading says that the loss has not converged; with the KL flat there it does not."""
     moving = _words(steps_runs(3), A)
     caveat = "but the KL itself moved -0.00600 over the same checkpoints: the loss has not"
-    assert moving.count(caveat) == 2  # Fig. 2a and Fig. 4
+    assert moving.count(caveat) == 2  # Fig. 2a and Fig. 4 left
     df = steps_runs(3)
     df.loc[df["step"] >= 300, "pretrain/kl"] = 0.035
     flat = _words(df, A)
@@ -188,7 +206,7 @@ def test_a_steps_claim_on_a_plateau_whose_loss_still_falls_says_so():
 
 def _summary(capsys, monkeypatch, df, *, verbose=False, **fields) -> str:
     monkeypatch.setattr(summary, "load_runs", lambda uri, name: df)
-    sweep = Sweep(name="s", base=base_for("tiny"), kl_threshold=0.05, **fields)
+    sweep = Sweep(name="s", base=base_of("sweep"), kl_threshold=0.05, **fields)
     summary.summarise(sweep, Path("/tmp/w"), "sqlite:////tmp/w/mlflow.db", verbose=verbose)
     return capsys.readouterr().out
 
@@ -224,7 +242,7 @@ def test_an_algorithms_sweep_is_judged_on_the_task_its_adversary_attacks():
     from sweeps import algorithms
     from sweeps.spec import sweep_task
 
-    assert sweep_task(algorithms.build(Namespace(preset="tiny", algorithms="adamw,sam"))) == "B"
+    assert sweep_task(algorithms.build(Namespace(algorithms="adamw,sam"))) == "B"
 
 
 # -- figures ----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ def checkpoint(tmp_path):
 
 def test_measure_prints_and_saves_every_key(checkpoint, capsys):
     rc = main(["measure", str(checkpoint), "--what", "loss,fisher,hessian,probe,finetune,lookup",
-               "--n-inputs", "48", "--n-downstream", "40", "--tasks", "B", "--json",
+               "--n-eval", "48", "--n-downstream", "40", "--tasks", "B", "--json",
                "--set", "measure.probe.epochs=3", "--set", "measure.probe.seeds=2",
                "--set", "measure.finetune.epochs=1", "--set", "measure.finetune.seeds=2",
                "--set", "measure.finetune.warmup_steps=2",
@@ -66,7 +66,7 @@ def test_a_model_with_non_finite_weights_reads_nan_instead_of_crashing(tmp_path,
     with torch.no_grad():
         next(model.parameters()).fill_(float("nan"))
     ckpt = save_checkpoint(model, tmp_path / "ckpt", source_spec=src.spec, model_cfg=cfg)
-    rc = main(["measure", str(ckpt), "--what", "loss,fisher,density", "--n-inputs", "16",
+    rc = main(["measure", str(ckpt), "--what", "loss,fisher,density", "--n-eval", "16",
                "--json", "--set", "measure.flatness.batch_size=16",
                "--set", "measure.spectrum.slq_probes=2", "--set", "measure.spectrum.slq_steps=4"])
     captured = capsys.readouterr()
@@ -74,3 +74,17 @@ def test_a_model_with_non_finite_weights_reads_nan_instead_of_crashing(tmp_path,
     out = json.loads(captured.out.strip().splitlines()[-1])
     assert math.isnan(out["flat/trace_fisher"]) and math.isnan(out["pretrain/kl"])
     assert "weights are not finite" in caplog.text
+
+
+def test_n_eval_sets_n_eval_and_the_old_n_inputs_is_an_error_naming_it(checkpoint, capsys):
+    """Issue 39: ``--n-inputs`` set ``measure.n_eval``, not ``measure.flatness.n_inputs``; it is
+    now ``--n-eval``, and the old spelling an error naming both keys, before any work."""
+    loss = {}
+    for n in (24, 96):  # more validation sentences: a smaller s.e. of the same loss
+        assert main(["measure", str(checkpoint), "--what", "loss", "--n-eval", str(n)]) == 0
+        loss[n] = json.loads((checkpoint / "measure.json").read_text())["pretrain/loss_se"]
+    assert loss[96] < loss[24]
+    assert main(["measure", str(checkpoint), "--what", "loss", "--n-inputs", "24"]) == 2
+    err = capsys.readouterr().err
+    assert "--n-inputs 24: renamed --n-eval (it sets measure.n_eval; Tr(F)'s inputs are --set " \
+           "measure.flatness.n_inputs=24)" in err

@@ -9,7 +9,7 @@ from flatlm.cli import main
 from flatlm.models import build_model, parse_model, save_checkpoint
 from flatlm.sources import load
 
-ARGS = ["--what", "probe,lookup", "--n-inputs", "8", "--n-downstream", "40", "--json",
+ARGS = ["--what", "probe,lookup", "--n-eval", "8", "--n-downstream", "40", "--json",
         "--set", "measure.probe.epochs=2", "--set", "measure.probe.seeds=2"]
 
 

@@ -18,7 +18,8 @@ def _measured(out):
 
 
 def test_two_workers_run_every_trial_once_and_equal_one_process(tmp_path, capfd):
-    common = ["replicate", "--experiment", "steps", "--protocol", "paper", "--seeds", "2",
+    common = ["replicate", "--scale", "tiny", "--experiment", "steps", "--protocol", "paper",
+                 "--seeds", "2",
               *fast_set_flags()]
     assert main([*common, "--out", str(tmp_path / "two"), "--jobs", "2"]) == 0
     log = capfd.readouterr().out
@@ -88,7 +89,8 @@ def test_a_killed_worker_is_named_and_ends_in_its_own_status(tmp_path, capfd):
     import sys
     import time
 
-    common = [sys.executable, "-m", "flatlm", "replicate", "--experiment", "steps",
+    common = [sys.executable, "-m", "flatlm", "replicate", "--scale", "tiny",
+              "--experiment", "steps",
               "--protocol", "paper", "--seeds", "2", *fast_set_flags(), "--set",
               "train.steps=600", "--set", "train.checkpoint_steps=[0,300,600]",
               "--out", str(tmp_path)]
@@ -109,14 +111,16 @@ def test_a_killed_worker_is_named_and_ends_in_its_own_status(tmp_path, capfd):
     _, err = parent.communicate(timeout=600)
     assert parent.returncode == 6, err[-2000:]
     assert f"worker {children[0]} was killed by SIGKILL" in err
-    assert main(["replicate", "--experiment", "steps", "--protocol", "paper", "--seeds", "2",
+    assert main(["replicate", "--scale", "tiny", "--experiment", "steps", "--protocol", "paper",
+                 "--seeds", "2",
                  *fast_set_flags(), "--set", "train.steps=600", "--set",
                  "train.checkpoint_steps=[0,300,600]", "--out", str(tmp_path)]) == 0
 
 
 def test_each_trial_says_where_it_is_among_all_of_the_command(tmp_path, capfd):
     """Issue 42: trial n of N over every experiment the command runs, with its step and rate."""
-    assert main(["replicate", "--experiment", "steps", "--protocol", "paper", "--seeds", "2",
+    assert main(["replicate", "--scale", "tiny", "--experiment", "steps", "--protocol", "paper",
+                 "--seeds", "2",
                  *fast_set_flags(), "--out", str(tmp_path)]) == 0
     err = capfd.readouterr().err.splitlines()
     for n in (1, 2):

@@ -24,10 +24,12 @@ VERDICTS = {"reproduces", "contradicts", "inconclusive (not saturated)",
 @pytest.fixture(scope="module")
 def trials(tmp_path_factory):
     root = tmp_path_factory.mktemp("repl")
-    rc = flatlm(["replicate", "--out", str(root), "--seeds", "2",
-                 "--models", ",".join(FAST_MODELS), *fast_set_flags()])
+    rc = flatlm(["replicate", "--out", str(root), "--scale", "tiny", "--protocol",
+                 "paper,paper-code", "--seeds", "2", "--models", ",".join(FAST_MODELS),
+                 *fast_set_flags()])
     assert rc == 0
-    rc = flatlm(["replicate", "--out", str(root), "--seeds", "2", "--experiment", "steps",
+    rc = flatlm(["replicate", "--out", str(root), "--scale", "tiny", "--seeds", "2",
+                 "--experiment", "steps",
                  "--protocol", "paper+mask-only", *fast_set_flags()])  # a diagnosis row
     assert rc == 0
     return root

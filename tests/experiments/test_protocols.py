@@ -125,15 +125,15 @@ def test_steps_and_sgd_hold_the_rate_after_warmup_under_every_protocol(experimen
 
 
 def test_the_sweeps_paper_and_the_replications_paper_are_one():
-    """``--preset paper`` / ``--preset tiny`` of the sweeps and ``flatlm replicate --protocol
+    """``--scale gpu`` / ``--scale sweep`` of the sweeps and ``flatlm replicate --protocol
     paper`` at any scale: the same labels, masking, schedule shape and probe settings (from
     ``PAPER``), whatever the scale."""
     def protocol_part(cfg):
         return (cfg.measure.probe, cfg.measure.label_rule, cfg.measure.spans, cfg.train.mask,
                 cfg.train.schedule)
 
-    sweeps = [experiment_of("steps", argparse.Namespace(preset=p)).base
-              for p in ("paper", "tiny")]
+    sweeps = [experiment_of("steps", argparse.Namespace(scale=s)).base
+              for s in ("gpu", "sweep")]
     replication = [exp.base for scale in ("tiny", "gpu", "sweep")
                    for exp in experiments_from_args(argparse.Namespace(
                        experiment="steps", protocol="paper", diagnose=False, scale=scale,
@@ -143,7 +143,8 @@ def test_the_sweeps_paper_and_the_replications_paper_are_one():
     assert len(parts) == 1
     probe = sweeps[0].measure.probe
     assert (probe.epochs, probe.batch_size, probe.seeds, probe.lr) == (100, 512, 5, 1e-3)
-    code = {experiment_of("steps", argparse.Namespace(preset="paper-code")).base.measure.probe,
+    code = {experiment_of("steps", argparse.Namespace(scale="gpu", protocol="paper-code"))
+            .base.measure.probe,
             build("steps", scale="tiny", protocol="paper-code").base.measure.probe}
     assert len(code) == 1
 

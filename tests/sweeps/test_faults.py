@@ -142,9 +142,9 @@ def test_node_killed_mid_sweep_trials_resume_from_checkpoint(tmp_path, ray_tmpdi
         [str(REPO / "sweeps"), *filter(None, [os.environ.get("PYTHONPATH")])]))
     _EVENTS.clear()
     steps = [10, 200, 400]  # the kill lands in the long stretch after step 10
-    base = apply_overrides(scaling.build(Namespace(preset="tiny")).base, {
+    base = apply_overrides(scaling.build(Namespace()).base, {
         **TINY, "train.steps": 400, "train.checkpoint_steps": steps})
-    sweep = replace(scaling.build(Namespace(preset="tiny")), base=base,
+    sweep = replace(scaling.build(Namespace()), base=base,
                     space={"model": tune.grid_search(["d16-h1-l1-i64", "d32-h2-l1-i128"])})
 
     cluster = Cluster(initialize_head=True, connect=False, head_node_args={

@@ -14,7 +14,7 @@ pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
 from flatlm.core.config import apply_overrides  # noqa: E402
-from flatlm.experiments.paper import base_for  # noqa: E402
+from flatlm.experiments.paper import base_of  # noqa: E402
 from flatlm.tracking.tracker import default_tracking_uri, ensure_experiment  # noqa: E402
 from flatlm.tracking.ui import MAX_VIEW_CHARS, runs_view_tag  # noqa: E402
 from sweeps.spec import Sweep, runs_view  # noqa: E402
@@ -30,7 +30,7 @@ def experiment(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("view")
     # two tasks, as the sweeps measured before the testbed's grammar (A, B, C) became theirs:
     # the view's structure is what is tested, not which tasks it lists
-    sweep = Sweep(name="scaling", base=apply_overrides(base_for("tiny"),
+    sweep = Sweep(name="scaling", base=apply_overrides(base_of("sweep"),
                                                        {"measure.tasks": ["A", "B"]}),
                   space={"model": SIZES})
     uri = default_tracking_uri(workdir)
@@ -114,7 +114,7 @@ def test_the_view_follows_the_sweep():
     sweep = Sweep(name="algorithms",
                   space={"train.algorithm": {"grid_search": ["adamw", "sam"]},
                          "train.seed": [0, 1], "train.lr": {"grid_search": [1e-3]}},
-                  base=apply_overrides(base_for("tiny"), {"measure.tasks": ["B"]}))
+                  base=apply_overrides(base_of("sweep"), {"measure.tasks": ["B"]}))
     ((key, value),) = runs_view(sweep).items()
     state = json.loads(json.loads(value)["state"])
     assert key == "mlflow.sharedViewState.flatlm"

@@ -17,7 +17,7 @@ def test_replicate_runs_each_experiment_as_a_sweep_and_reports_from_mlflow(tmp_p
                                                                           ray_tmpdir):
     from mlflow import MlflowClient
 
-    args = ["--experiment", "steps", "--protocol", "paper-code", "--seeds", "2",
+    args = ["--scale", "tiny", "--experiment", "steps", "--protocol", "paper-code", "--seeds", "2",
             *fast_set_flags()]
     sweep = Sweep(args, tmp_path, sweep_env(ray_tmpdir), script=REPO / "sweeps" / "replicate.py")
     try:

@@ -52,21 +52,21 @@ def test_an_hmm_scales_bilstms_on_the_papers_tasks():
     assert tuple(sweep.base.measure.tasks) == ("task-6", "task-10")
     assert sweep.base.measure.grow_to is None  # BiLSTMs do not grow (B.4 is for BERTs)
     check_sweep(sweep)  # every grid point builds
-    paper = scaling.build(Namespace(preset="paper", source=HMM))
+    paper = scaling.build(Namespace(scale="gpu", source=HMM))
     assert paper.space["model"]["grid_search"] == list(PAPER_LSTMS)
-    released = scaling.build(Namespace(preset="paper-code", source=HMM))
+    released = scaling.build(Namespace(scale="gpu", protocol="paper-code", source=HMM))
     assert released.base.measure.label_rule is None  # not the PCFG's inside rule
     check_sweep(released)
     assert hmm_tasks(16) == ["task-6", "task-10"] and hmm_tasks(8) == ["task-6"]
     assert hmm_tasks(4) == ["task-2"]
-    assert str(steps.build(Namespace(preset="tiny", source=HMM)).base.model) == TINY_LSTMS[-1]
+    assert str(steps.build(Namespace(source=HMM)).base.model) == TINY_LSTMS[-1]
 
 
 def test_dyck_keeps_the_berts_and_probes_g_star():
     sweep = scaling.build(args_of("--source", "dyck:6"))
     assert sweep.space["model"]["grid_search"] == list(TESTBED_MODELS)
     assert sweep_task(sweep) == "g_star"
-    algs = algorithms.build(Namespace(preset="tiny", source="dyck:6", algorithms="adversarial"))
+    algs = algorithms.build(Namespace(source="dyck:6", algorithms="adversarial"))
     assert algs.base.train.adversarial.task == "g_star"  # the adversary attacks the probed task
     check_sweep(algs)
 

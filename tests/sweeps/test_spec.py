@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 from flatlm.core.config import apply_overrides  # noqa: E402
-from flatlm.experiments.paper import base_for  # noqa: E402
+from flatlm.experiments.paper import base_of  # noqa: E402
 from sweeps import (  # noqa: E402
     algorithms,  # noqa: E402
     scaling,  # noqa: E402
@@ -27,7 +27,7 @@ from sweeps.spec import Sweep, check_sweep, objectives, shown_metrics, sweep_tas
 def tiny_sweep(**overrides) -> Sweep:
     """The tiny preset's sweep; a ``source`` comes with its kind's settings, as the command
     line's ``--source`` / ``--set source=`` bring them (the paper's PCFG labels dropped)."""
-    base = base_for("tiny", source=overrides.pop("source", None))
+    base = base_of("sweep", source=overrides.pop("source", None))
     return Sweep(name="t", base=apply_overrides(base, overrides))
 
 
@@ -50,7 +50,7 @@ def test_the_sweep_task_is_the_first_task_measured(overrides, task):
 
 
 def test_the_search_scripts_default_objective_follows_the_source():
-    args = Namespace(preset="tiny", objective=[], samples=None)
+    args = Namespace(objective=[], samples=None)
     sweep = search.build(args)
     sweep = replace(sweep, base=apply_overrides(sweep.base, {  # as --source dyck:6 sets it
         "source": "dyck:6", "measure.tasks": [], "measure.label_rule": None,
@@ -127,7 +127,7 @@ def test_resume_with_changed_settings_is_refused_naming_them(tmp_path):
     from sweeps.rayenv import tune
     from sweeps.resume import check_resume_settings, record_settings
 
-    sweep = Sweep(name="s", base=base_for("tiny"),
+    sweep = Sweep(name="s", base=base_of("sweep"),
                   space={"model": tune.grid_search(["d16-h1-l1-i64"]),
                          "train.lr": tune.loguniform(1e-4, 1e-2)})
     record_settings(sweep, tmp_path)
@@ -148,7 +148,7 @@ def test_a_sweep_started_before_a_field_was_added_resumes(tmp_path):
 
     from sweeps.resume import SETTINGS_FILE, check_resume_settings, record_settings
 
-    sweep = Sweep(name="s", base=base_for("tiny"))
+    sweep = Sweep(name="s", base=base_of("sweep"))
     record_settings(sweep, tmp_path)
     file = tmp_path / SETTINGS_FILE
     old = json.loads(file.read_text())
@@ -168,7 +168,7 @@ def test_an_unreachable_tracking_store_is_an_error_before_ray_starts(tmp_path):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    sweep = Sweep(name="s", base=base_for("tiny"))
+    sweep = Sweep(name="s", base=base_of("sweep"))
     with pytest.raises(ValueError, match=f"127.0.0.1:{port} is unreachable"):
         run_sweep(sweep, workdir=tmp_path, tracking_uri=f"http://127.0.0.1:{port}",
                   address=None, resume=False, show=())
@@ -217,7 +217,7 @@ def test_resume_refuses_a_tuner_pickle_flatlm_did_not_write(tmp_path, monkeypatc
 ])
 def test_names_that_escape_the_workdir_and_negative_retries_are_refused(changes, needle):
     with pytest.raises(ValueError, match=needle):
-        check_sweep(replace(Sweep(name="ok", base=base_for("tiny")), **changes))
+        check_sweep(replace(Sweep(name="ok", base=base_of("sweep")), **changes))
 
 
 def test_a_password_in_the_tracking_uri_is_refused():
@@ -236,7 +236,7 @@ def test_the_default_sweeps_aim_at_the_regime_they_are_about():
     rule says 0.05, not a looser one."""
     from flatlm.experiments.scales import TESTBED, TESTBED_MODELS, TESTBED_SOURCE
 
-    tiny = Namespace(preset="tiny")
+    tiny = Namespace()
     sizes = scaling.build(tiny)
     assert sizes.kl_threshold == 0.05
     assert sizes.base.source == apply_overrides(sizes.base, {"source": TESTBED_SOURCE}).source
@@ -248,19 +248,19 @@ def test_the_default_sweeps_aim_at_the_regime_they_are_about():
     # every curve starts at the initial model
     assert sizes.base.train.checkpoint_steps == (0, 1000, 2000)
     assert tuple(sizes.base.measure.tasks) == ()  # every task of the grammar: A, B and C
-    one_seed = [steps.build(tiny), algorithms.build(Namespace(preset="tiny", algorithms="adamw"))]
+    one_seed = [steps.build(tiny), algorithms.build(Namespace(algorithms="adamw"))]
     assert all(s.space["train.seed"]["grid_search"] == [0] for s in [sizes, *one_seed])
-    assert scaling.build(Namespace(preset="paper")).kl_threshold == 0.1  # the paper's scale
-    algs = algorithms.build(Namespace(preset="tiny", algorithms="adamw,sam,noreg,adversarial"))
+    assert scaling.build(Namespace(scale="gpu")).kl_threshold == 0.1  # the paper's scale
+    algs = algorithms.build(Namespace(algorithms="adamw,sam,noreg,adversarial"))
     assert algs.space["train.algorithm"]["grid_search"] == ["adamw", "sam", "noreg",
                                                             "adversarial"]
     assert algs.base.train.dropout is None  # each algorithm's own regularisation
     with pytest.raises(ValueError, match="--algorithms 'adamw,adamx'"):
-        algorithms.build(Namespace(preset="tiny", algorithms="adamw,adamx"))
+        algorithms.build(Namespace(algorithms="adamw,adamx"))
 
 
 def test_the_selection_sweep_varies_algorithms_seeds_and_rates():
-    args = Namespace(preset="tiny", algorithms="adamw,sam", seeds=3, lrs="5e-3,1e-3")
+    args = Namespace(algorithms="adamw,sam", seeds=3, lrs="5e-3,1e-3")
     sweep = selection.build(args)
     assert sweep.name == "selection" and sweep.selection and sweep.kl_threshold == 0.05
     grids = {k: v["grid_search"] for k, v in sweep.space.items()}
@@ -352,7 +352,7 @@ def test_the_cli_refusal_of_a_tampered_state_does_not_suggest_trust_state(
     def build(args):
         from sweeps.experiment import experiment_of, sweep_of
 
-        return sweep_of(experiment_of("sizes", args), "scaling", args)
+        return sweep_of(experiment_of("sizes", args), "scaling")
 
     rc = sweep_main(build, "the scaling sweep")
     err = capsys.readouterr().err
@@ -390,7 +390,7 @@ def test_sizes_that_cannot_fit_are_one_error_before_any_trial(change, needle):
     """Issue 43, item 14: the sweeps checked sizes only inside each trial (rc 1 and 4-13
     tracebacks); attention's T x T weights were left out of the estimate (dyck:1000000 reached
     a 32 TB allocation)."""
-    sweep = Sweep(name="s", base=apply_overrides(base_for("tiny"), change))
+    sweep = Sweep(name="s", base=apply_overrides(base_of("sweep"), change))
     with pytest.raises(ValueError, match=needle):
         check_sweep(sweep)
 
@@ -440,7 +440,6 @@ def test_quick_measures_the_loss_only_and_a_later_set_replaces_it():
     """Issue 42: the sweeps' cheap mode, named in their help."""
     from argparse import Namespace
 
-    from flatlm.experiments.paper import base_for
     from sweeps.cli import apply_arguments, parser
     from sweeps.spec import Sweep
 
@@ -450,7 +449,7 @@ def test_quick_measures_the_loss_only_and_a_later_set_replaces_it():
         args = Namespace(overrides=list(overrides), quick=quick, name=None,
                          cpus_per_trial=None, gpus_per_trial=None, max_failures=None,
                          kl_threshold=None)
-        return apply_arguments(Sweep(name="t", base=base_for("tiny")), args).base.measure.what
+        return apply_arguments(Sweep(name="t", base=base_of("sweep")), args).base.measure.what
 
     assert built(True) == ("loss",)
     assert built(True, 'measure.what=["loss","probe"]') == ("loss", "probe")
@@ -478,7 +477,7 @@ def test_packs_cut_the_grid_by_shape_and_k():
 @pytest.mark.parametrize(("fields", "message"), [
     ({"pack": 0}, r"--pack 0: give a whole number >= 1"),
     ({"pack": 2, "searcher": "optuna"}, r"--pack 2: packs group a grid's points.*--pack 1"),
-    ({"pack": 2, "base": apply_overrides(base_for("tiny"), {
+    ({"pack": 2, "base": apply_overrides(base_of("sweep"), {
         "train.algorithm": "grow", "train.grow.steps": [2],
         "train.grow.to": ["d64-h4-l2-i256"]})}, r"train.algorithm=grow cannot be packed"),
 ])

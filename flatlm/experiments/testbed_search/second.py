@@ -17,8 +17,10 @@ Criteria (``CRITERIA``):
 (f) a trial <= 30 CPU-minutes on one core.
 """
 
+from flatlm.measure import SATURATED_KL
+
 CRITERIA = {
-    "kl_max": 0.02,  # (a) nats/token
+    "kl_max": SATURATED_KL,  # (a) nats/token
     "classes_min": 10,  # (b) every task
     "majority_max": 0.30,  # (b) every task
     "probe_band": [0.50, 0.90],  # (c) the best trained probe, every task
@@ -67,8 +69,8 @@ SPACES = {
 ID_PREFIX = {"v2-layered": "L", "v2-deep": "D", "v2-varlen": "V"}
 # The paper's own grammar (the released rules: 9 roots, 10 nonterminals a level, 20 rules each,
 # 200 words, sentences up to 16 words), screened beside the random ones.
-PAPER = {"id": "paper", "spec": {"kind": "pcfg", "grammar": "paper", "spans": "depth",
-                                 "label_rule": "span"}}
+PAPER_GRAMMAR = {"id": "paper", "spec": {"kind": "pcfg", "grammar": "paper", "spans": "depth",
+                                         "label_rule": "span"}}
 # Stage 1: the first testbed's recipe (flatlm/experiments/scales.py TESTBED), steps model only.
 STEPS_MODEL = "d64-h4-l2-i256"
 # Stage 2's sizes grids (criterion (d): width and depth grow together, as Table 3; one head
