@@ -37,7 +37,7 @@ def test_the_retired_preset_is_an_error_naming_its_replacement(preset, instead):
 
 
 def test_an_unknown_scale_or_protocol_is_named_before_any_trial():
-    with pytest.raises(ValueError, match="scale 'big': use one of sweep, tiny, gpu, testbed"):
+    with pytest.raises(ValueError, match="scale='big': use one of sweep, tiny, gpu, testbed"):
         cli.check_scale_and_protocol(parsed("--scale", "big"))
     with pytest.raises(ValueError, match="paperz"):
         cli.check_scale_and_protocol(parsed("--protocol", "paperz"))
