@@ -285,3 +285,46 @@ def test_function_level_imports_only_defer_a_heavy_dependency():
                     if names and not any(_defers_heavy(n, modules, set(), heavy) for n in names):
                         needless.append(f"{path.relative_to(repo)}:{node.lineno} {names[0]}")
     assert not needless, f"import these at module level: {needless}"
+
+
+def _named_in(doc: str) -> list[str]:
+    """The dotted names (``flatlm.runs.trial.run_trial``) and repository paths
+    (``flatlm/train/registry.py``) that ``doc`` writes in backticks."""
+    import re
+
+    names = re.findall(r"`((?:flatlm|sweeps|analysis)(?:\.[A-Za-z_]\w*)+)`", doc)
+    paths = re.findall(r"`((?:flatlm|sweeps|analysis|bench|tests|docs)/[\w/.-]+\.\w+)`", doc)
+    return [*names, *paths]
+
+
+def _exists(name: str, repo) -> bool:
+    """A path in the repository, or a module (or a name in one) that imports."""
+    import importlib
+
+    if "/" in name:
+        return (repo / name).exists()
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_every_module_and_path_the_architecture_doc_names_exists():
+    """docs/architecture.md stays true: a module, function or file it names that is moved or
+    deleted fails here, with the names."""
+    from pathlib import Path
+
+    repo = Path(flatlm.__file__).resolve().parents[1]
+    named = _named_in((repo / "docs" / "architecture.md").read_text())
+    assert len(named) > 10, named  # the scan finds what the document names
+    assert not _exists("flatlm.runs.no_such_module", repo)  # and can fail
+    missing = [n for n in named if not _exists(n, repo)]
+    assert not missing, missing
