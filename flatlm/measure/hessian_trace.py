@@ -82,7 +82,7 @@ def hessian_vector(grads, v, params) -> tuple:
     return torch.autograd.grad(gv, params, retain_graph=True, allow_unused=True)
 
 
-def _quadratic(grads, v, params) -> torch.Tensor:
+def quadratic(grads, v, params) -> torch.Tensor:
     """v^T (d grads / d params) v by a second backward."""
     hv = hessian_vector(grads, v, params)
     return sum((h * vi).sum() for h, vi in zip(hv, v, strict=True) if h is not None).double()
@@ -94,7 +94,7 @@ def stacked_quadratics(grads, vs: list[list[torch.Tensor]], params) -> torch.Ten
 
     Each H v is the vector-Jacobian product of ``grads`` with v (H is symmetric), so stacking the
     vectors as grad_outputs gives all k products at once; it sums in another order than k calls
-    of ``_quadratic`` (equal to rounding)."""
+    of ``quadratic`` (equal to rounding)."""
     stacked = [torch.stack(parts) for parts in zip(*vs, strict=True)]  # per param (k, *shape)
     hv = torch.autograd.grad(grads, params, grad_outputs=stacked, retain_graph=True,
                              allow_unused=True, is_grads_batched=True)
@@ -110,7 +110,7 @@ def _probe_terms(grad_sets, params, g, n_probes: int, stack: int) -> list[list[t
     for start in range(0, n_probes, stack):
         vs = [rademacher_like(params, g) for _ in range(min(stack, n_probes - start))]
         for out, grads in zip(terms, grad_sets, strict=True):
-            out += ([_quadratic(grads, vs[0], params)] if stack == 1
+            out += ([quadratic(grads, vs[0], params)] if stack == 1
                     else list(stacked_quadratics(grads, vs, params)))
     return terms
 
