@@ -6,6 +6,11 @@
 #   bash bench/gpu_check.sh packs        # packed vs 5 separate trial processes on one GPU at
 #                                        # batch 16 and 256, then the testbed's sizes experiment
 #                                        # (d64-h4-l2/l3/l4, seeds 0-4) packed, 2000 updates each
+#   bash bench/gpu_check.sh measure      # issue 40: a paper-scale checkpoint's measurement per
+#                                        # measurement, the speed settings against fp32, and the
+#                                        # PCFG truth (bench/gpu_measure.py): measure_cuda.json
+#   bash bench/gpu_check.sh measure-smoke cpu  # the same at toy sizes (tests/bench/
+#                                        # test_gpu_measure.py)
 #   bash bench/gpu_check.sh smoke cpu    # the same at toy sizes (tests/bench/test_packs.py)
 #
 # DEVICE (second argument, default cuda) names the torch device; PYTHON the interpreter (python3).
@@ -21,6 +26,14 @@ py=${PYTHON:-python3}
 case "$part" in
 packs)
     $py bench/packs.py --device "$device" --members 5 --sizes --sizes-steps 2000 --out "$out"
+    ;;
+measure)  # issue 40's measurement part: bert-41m at the gpu scale (10^6 eval sentences)
+    $py bench/gpu_measure.py --device "$device" --model bert-41m --out "$out"
+    exit 0
+    ;;
+measure-smoke)  # that the measurement part runs, not how fast
+    $py bench/gpu_measure.py --device "$device" --smoke --out "$out"
+    exit 0
     ;;
 smoke)  # that the part runs, not how fast
     $py bench/packs.py --device "$device" --smoke --sizes --out "$out"
