@@ -11,6 +11,9 @@ Compares, in the same run and on the same sentences:
   semiring, marginals by autograd) on the same sentences, each grouped by length, on the same
   device and in the same dtype; the largest absolute difference of the conditionals is reported
   and must stay below ``AGREEMENT`` (float32: 1e-4; float64 agrees to ~1e-14).
+- Every PCFG row also gives ``rule_evaluations_per_s``: sentences/s times the binary-rule
+  applications per sentence (``rules_per_sentence``: (rule, split, span start) triples, once
+  inside and twice outside, over the charts as grouped), which compares grammars of other sizes.
 - HMM (the default 200 words / 100 states / length 16): flatlm's forward-backward conditionals
   against hmmlearn's forward-backward state posteriors (``predict_proba``), which is less work.
 
@@ -41,7 +44,7 @@ import torch
 from torch_struct_peer import TorchStructPCFG  # noqa: E402
 
 from flatlm.sources import load
-from flatlm.sources.pcfg import FUSED, MIN_GROUP
+from flatlm.sources.pcfg import FUSED, MIN_GROUP, length_groups
 from flatlm.sources.reference import slow_conditionals
 
 AGREEMENT = 1e-4  # float32 conditionals, flatlm vs torch-struct: largest absolute difference
@@ -70,6 +73,20 @@ def flatlm_rate(src, n, device, batch_size, **options) -> float:
     tokens, lengths = tokens.to(device), lengths.to(device)
     return timed_rate(lambda: src.conditionals(tokens, lengths, batch_size=batch_size, **options),
                       n, device)
+
+
+def rules_per_sentence(src, n, device, min_group=None) -> float:
+    """Binary-rule applications per sentence of inside-outside on ``flatlm_rate``'s sentences
+    as ``conditionals`` groups them (each chart as wide as its group's longest sentence): the
+    inside pass's (``Plan.rule_applications``) and twice those in the outside pass. Sentences
+    per second times this is rule evaluations per second, comparable across grammars."""
+    if not hasattr(src, "plan"):
+        return float("nan")
+    _, lengths = src.sample(n, seed=0)
+    lengths = lengths.to(device)
+    total = sum(len(rows) * 3 * src.plan(L, lengths.device, torch.float32).rule_applications()
+                for rows, L in length_groups(lengths, min_group))
+    return total / n
 
 
 def fused_rows(src, n, device, batch_size, min_groups, **common) -> list[dict]:
@@ -240,8 +257,13 @@ def main() -> None:
     if args.fused:
         rows += fused_rows(pcfg, args.n, device, args.batch_size, [1, *args.min_group], **common)
     for r in rows:
+        if r["metric"].startswith("pcfg"):  # rule evaluations per second, as grouped
+            per = rules_per_sentence(pcfg, args.n, device, r.get("min_group"))
+            r.update(rules_per_sentence=per, rule_evaluations_per_s=r["flatlm"] * per)
         print(f"{r['metric']:26s} flatlm {r['flatlm']:10.0f}/s  {r['baseline_name']}: "
-              f"{r['baseline']:10.1f}/s  ratio {r['ratio']:8.1f}x")
+              f"{r['baseline']:10.1f}/s  ratio {r['ratio']:8.1f}x"
+              + (f"  {r['rule_evaluations_per_s']:.3g} rules/s" if "rules_per_sentence" in r
+                 else ""))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -2,6 +2,7 @@
 
     flatlm measure out/checkpoints/step-1000 --what loss,fisher,hessian,probe,lookup --json
     flatlm measure CKPT --source pcfg:paper --n-eval 10000 --set measure.probe.seeds=5
+    flatlm measure --follow t/       # a trial's checkpoints, as they appear (flatlm.runs.follow)
 
 The source defaults to the one recorded in the checkpoint's ``flatlm.json``. The object is printed
 (``--json``: only it) and saved as ``measure.json`` next to the checkpoint (or ``--out``). The
@@ -19,6 +20,7 @@ import sys
 from pathlib import Path
 
 from flatlm.commands import DEFAULT_DEVICE
+from flatlm.commands.trial import eval_cache_dir
 from flatlm.core.config import apply_overrides, section_assignments
 from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import write_atomic
@@ -31,7 +33,12 @@ from flatlm.sources import SourceSpec, load
 def register(sub) -> None:
     p = sub.add_parser("measure", help="measure a checkpoint (loss, KL, flatness, probes)",
                        description=__doc__)
-    p.add_argument("checkpoint", help="a checkpoint directory (with flatlm.json)")
+    p.add_argument("checkpoint", nargs="?", help="a checkpoint directory (with flatlm.json)")
+    p.add_argument("--follow", metavar="TRIAL_DIR", type=Path,
+                   help="instead of one checkpoint: measure a trial's checkpoints as its "
+                        "training saves them, with the trial's own config, into its "
+                        "metrics.jsonl (flatlm trial --measure-in background starts this); "
+                        "--device and --cache apply, the other options do not")
     p.add_argument("--source", help="source spec; default: the checkpoint's")
     p.add_argument("--what", default="loss,fisher,hessian,probe,lookup",
                    help=f"comma-separated, from {', '.join(measurement_names())}")
@@ -81,6 +88,10 @@ def _config(args):
 def run(args) -> int:
     from flatlm.measure.run import eval_data, measure_model
 
+    if args.follow is not None:
+        return _follow(args)
+    if args.checkpoint is None:
+        raise ValueError("flatlm measure: give a CHECKPOINT directory, or --follow TRIAL_DIR")
     ckpt = Path(args.checkpoint)
     if not (ckpt / "flatlm.json").is_file():
         raise ValueError(f"{ckpt} is not a flatlm checkpoint (no flatlm.json)")
@@ -108,6 +119,21 @@ def run(args) -> int:
             if not key.startswith("time/"):
                 print(f"{key:32s} {value:.6g}")
         print(f"saved {path}")
+    return 0
+
+
+def _follow(args) -> int:
+    """``--follow``: the trial's checkpoints measured as they appear (``flatlm.runs.follow``),
+    its evaluation data in ``--cache`` (default: ``eval_cache/`` beside the trial, as
+    ``flatlm trial``'s)."""
+    from flatlm.runs.follow import follow_trial
+
+    if args.checkpoint is not None:
+        raise ValueError("flatlm measure: give a CHECKPOINT or --follow TRIAL_DIR, not both")
+    cache = eval_cache_dir(args.cache, args.follow)
+    rows = follow_trial(args.follow, device=resolve_device(args.device), eval_cache=cache,
+                        say=None if args.json else lambda line: print(line, flush=True))
+    print(f"{args.follow}: {len(rows)} checkpoints measured (metrics.jsonl)", flush=True)
     return 0
 
 

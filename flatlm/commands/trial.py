@@ -5,6 +5,7 @@
     flatlm trial --out t/ --scale tiny --protocol paper-code --source dyck:8
     flatlm trial --out t/ --scale gpu --device cuda        # a paper-scale trial on one GPU
     flatlm trial --out t/ --quick --set train.steps=200    # loss and KL only: seconds a checkpoint
+    flatlm trial --out t/ --quick --measure-in background  # measured beside, training never waits
 
 The trial is the base of a scale under a protocol (``flatlm.experiments``: the same trial the
 sweeps and ``flatlm replicate`` start from), on ``--source`` with its kind's settings, then the
@@ -21,12 +22,19 @@ loss and the KL only (``measure.what=loss``: no Tr(F) or Tr(H), no probes, no lo
 random-init references). The evaluation data and the reference rows, which do not depend on the
 trial's training, are kept in ``--eval-cache`` (default: ``eval_cache/`` beside ``OUT``), so the
 trials of one directory draw them once.
+
+``--measure-in background`` trains without stopping at checkpoints: a second process (``flatlm
+measure --follow OUT``, started here and waited for at the end) measures each checkpoint as it
+is saved and writes the same metrics.jsonl rows (``flatlm.runs.follow``). On a GPU both share
+the device; on a CPU they share its cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -36,6 +44,7 @@ from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import check_output_dir
 from flatlm.runs.closing import closing_lines
 from flatlm.runs.console import Console
+from flatlm.storage.dirlock import writer_lock
 
 
 def register(subparsers) -> None:
@@ -62,6 +71,9 @@ def register(subparsers) -> None:
     p.add_argument("--eval-cache", default=None, metavar="DIR",
                    help="where the evaluation data and reference rows are kept and reused "
                         "(default: eval_cache/ beside --out; 'none': this trial alone)")
+    p.add_argument("--measure-in", default="process", choices=("process", "background"),
+                   help="process (default): measure each checkpoint here, training waiting; "
+                        "background: a second process measures the checkpoints as they appear")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress line (the checkpoints' lines and the summary stay)")
     p.set_defaults(run=run)
@@ -94,11 +106,36 @@ def run(args) -> int:
     console = None if args.no_progress else Console()
     report = partial(printer, task=cfg.train.adversarial.task,
                      say=console.say if console else None)
-    with console.ticking() if console else contextlib.nullcontext():
-        rows = run_trial(cfg, args.out, report, device=device, eval_cache=cache,
-                         on_progress=console.show if console else None)
+    if args.measure_in == "background":
+        rows = _train_and_follow(cfg, args, device, cache)
+    else:
+        with console.ticking() if console else contextlib.nullcontext():
+            rows = run_trial(cfg, args.out, report, device=device, eval_cache=cache,
+                             on_progress=console.show if console else None)
     print("\n".join(closing_lines(args.out, rows)), flush=True)
     return 0
+
+
+def _train_and_follow(cfg, args, device, cache) -> dict:
+    """Trains here while ``flatlm measure --follow OUT`` measures in a second process; waits
+    for it, and returns the rows it wrote. The trial's lock is taken before the follower starts,
+    so it sees a training under way."""
+    from flatlm.runs.trial import read_metrics, run_trial
+
+    command = [sys.executable, "-m", "flatlm", "measure", "--follow", str(args.out),
+               "--device", str(device), "--cache", str(cache) if cache else "none"]
+    with writer_lock(args.out):
+        follower = subprocess.Popen(command)
+        try:
+            run_trial(cfg, args.out, device=device, eval_cache=cache, measure_in="background")
+        except BaseException:
+            follower.terminate()
+            follower.wait()
+            raise
+    if follower.wait() != 0:
+        raise RuntimeError(f"the measuring process ({' '.join(command)}) failed with exit "
+                           f"status {follower.returncode}; rerun it to measure what is left")
+    return read_metrics(args.out)
 
 
 def eval_cache_dir(option: str | None, out: Path) -> Path | None:

@@ -28,14 +28,16 @@ from flatlm.measure.probe import encoder_probe_features, train_mode_features
 from flatlm.measure.probe_rows import probe_rows
 from flatlm.measure.progress import showing_progress, timer
 from flatlm.measure.reference_cache import reference_rows
+from flatlm.measure.truth_cache import flatness_labels, loss_truth
 from flatlm.sources.base import Source
 
 
 def run_loss(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
     out = {}
     with timer(out, "loss"):
+        truth = loss_truth(source, data, cfg.loss, device, cfg.truth_cache_mb)
         out.update(pretrain_loss(model, source, data.tokens, data.lengths, cfg.loss,
-                                 device=device))
+                                 device=device, truth=truth))
     return out
 
 
@@ -61,7 +63,9 @@ def run_flatness(model, source, data, cfg, device, artifact_dir) -> dict[str, fl
 
 def _flatness(model, source, data, cfg, device, what) -> dict[str, float]:
     if "hessian" in what and source.has_truth:
-        return measure_flatness(model, source, data.tokens, data.lengths, cfg.flatness, device)
+        labels = flatness_labels(source, data, cfg.flatness, device, cfg.truth_cache_mb)
+        return measure_flatness(model, source, data.tokens, data.lengths, cfg.flatness, device,
+                                labels=labels)
     fisher = trace_fisher(model, data.tokens, data.lengths, cfg.flatness, device=device)
     out = {TRACE_FISHER: fisher["mean"], se_key(TRACE_FISHER): fisher["se"]}
     if "hessian" in what:  # no truth: the Hessian of the one-hot loss on the data's words

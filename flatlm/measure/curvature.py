@@ -24,9 +24,11 @@ from torch import nn
 
 from flatlm.core.stats import ratio_mean_se
 from flatlm.core.tokens import encode, mask_positions, uniform_positions
+from flatlm.measure.precision import check_precision
 from flatlm.sources.base import as_tokens
 
 ESTIMATORS = ("probe", "sampled")
+HESSIAN_PRECISIONS = ("fp32", "tf32")  # flatness.hessian_precision (measure.precision)
 # B.1: "we sample 10000 x_{-t} and sample 50 x_t for each x_{-t}" (labels per input)
 B1_LABELS_PER_INPUT = 50
 
@@ -68,6 +70,18 @@ class FlatnessConfig:
     se_groups: int | None = None
     # seeds the masked positions, the labels / probes and the Hutchinson vectors
     seed: int = 0
+    # Hutchinson vectors whose Hessian-vector products run as one batched second backward
+    # (autograd's is_grads_batched, vmap over the vectors); 1..hutchinson_probes. 1 (default):
+    # one product per vector, the released order of summation; more draws the same vectors but
+    # sums each product in another order (equal to 1e-5 relative, tests/measure/
+    # test_hutchinson_stack.py), for fewer launches on a GPU
+    hutchinson_stack: int = 1
+    # arithmetic of the Tr(F) passes (flatlm.measure.precision): "fp32" (default, the released
+    # code's), "tf32" or "bf16" (within 1% of fp32, tests/measure/test_precision.py)
+    fisher_precision: str = "fp32"
+    # arithmetic of the Hutchinson passes (Tr(H), the gap, Tr(H) with data labels): "fp32"
+    # (default) or "tf32"; bf16 is refused (the gap is a small difference: measure.precision)
+    hessian_precision: str = "fp32"
 
     def __post_init__(self):
         if self.n_inputs is not None and self.n_inputs < 1:
@@ -81,6 +95,11 @@ class FlatnessConfig:
         if self.se_groups is not None and self.se_groups < 2:
             raise ValueError(f"flatness.se_groups={self.se_groups}: use >= 2, or None for one "
                              "group per input")
+        if not 1 <= self.hutchinson_stack <= self.hutchinson_probes:
+            raise ValueError(f"flatness.hutchinson_stack={self.hutchinson_stack}: use 1.."
+                             f"{self.hutchinson_probes} (flatness.hutchinson_probes)")
+        check_precision(self.fisher_precision, "flatness.fisher_precision")
+        check_precision(self.hessian_precision, "flatness.hessian_precision", HESSIAN_PRECISIONS)
         if isinstance(self.exclude, str):
             raise ValueError("flatness.exclude must be a tuple of patterns, not one string")
 

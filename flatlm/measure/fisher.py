@@ -58,6 +58,7 @@ from flatlm.measure.curvature import (
     model_device_dtype,
     selected_parameters,
 )
+from flatlm.measure.precision import computing_in
 from flatlm.models.masked_lm import find_architecture, word_logits
 
 
@@ -162,9 +163,13 @@ def per_input_values(
     g = torch.Generator(device=device).manual_seed(cfg.seed + 1)
     values = torch.zeros(len(x), dtype=torch.float64)
     fn = _VALUES[method]
-    with eval_mode(model):
+    rows_done, parts = [], []  # kept on the device: one transfer after the last batch
+    with eval_mode(model), computing_in(cfg.fisher_precision, device):
         for rows, batch in x.sorted_batches(cfg.batch_size, device):
-            values[rows] = fn(model, params, batch, cfg, g).double().mean(0).cpu()
+            rows_done.append(rows)
+            parts.append(fn(model, params, batch, cfg, g).double().mean(0))
+    if parts:
+        values[torch.cat(rows_done)] = torch.cat(parts).cpu()
     return values
 
 

@@ -74,17 +74,21 @@ def measure_flatness(
     device: str | torch.device | None = None,
     *,
     data_labels: bool = False,
+    labels: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """The ``flat/*`` metrics (and their ``_se``) of ``model`` on sentences from ``source``.
 
     ``device``: where to compute (default: the model's; the model must already be there).
-    ``data_labels`` adds ``flat/trace_hessian_data`` (one more Hutchinson pass).
+    ``data_labels`` adds ``flat/trace_hessian_data`` (one more Hutchinson pass). ``labels``:
+    ``soft_labels`` at these masked inputs, if computed already (``measure.truth_cache``: once a
+    trial); None computes them.
     """
     device = device or model_device_dtype(model)[0]
     x = masked_inputs(tokens, lengths, cfg.seed, n=cfg.n_inputs)
     n = len(x)
     fisher = trace_fisher(model, tokens, lengths, cfg, device=device)
-    q = soft_labels(source, tokens[:n], lengths[:n], x.positions, device=device)
+    q = labels if labels is not None else soft_labels(source, tokens[:n], lengths[:n],
+                                                       x.positions, device=device)
     hessian = trace_hessian(model, tokens, lengths, cfg, soft_labels=q, positions=x.positions,
                             device=device, with_gap=True)
     out = {

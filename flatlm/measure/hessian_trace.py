@@ -39,6 +39,7 @@ from flatlm.measure.curvature import (
     model_device_dtype,
     selected_parameters,
 )
+from flatlm.measure.precision import computing_in
 from flatlm.models.masked_lm import find_architecture, model_layout, unwrap, word_logits
 
 
@@ -81,33 +82,69 @@ def hessian_vector(grads, v, params) -> tuple:
     return torch.autograd.grad(gv, params, retain_graph=True, allow_unused=True)
 
 
-def _quadratic(grads, v, params) -> torch.Tensor:
+def quadratic(grads, v, params) -> torch.Tensor:
     """v^T (d grads / d params) v by a second backward."""
     hv = hessian_vector(grads, v, params)
     return sum((h * vi).sum() for h, vi in zip(hv, v, strict=True) if h is not None).double()
 
 
+def stacked_quadratics(grads, vs: list[list[torch.Tensor]], params) -> torch.Tensor:
+    """(k,) float64: v^T (d grads / d params) v for each of the k vectors ``vs``, from one
+    batched second backward (autograd's ``is_grads_batched``: vmap over the vectors).
+
+    Each H v is the vector-Jacobian product of ``grads`` with v (H is symmetric), so stacking the
+    vectors as grad_outputs gives all k products at once; it sums in another order than k calls
+    of ``quadratic`` (equal to rounding)."""
+    stacked = [torch.stack(parts) for parts in zip(*vs, strict=True)]  # per param (k, *shape)
+    hv = torch.autograd.grad(grads, params, grad_outputs=stacked, retain_graph=True,
+                             allow_unused=True, is_grads_batched=True)
+    return sum((h * v).flatten(1).sum(1) for h, v in zip(hv, stacked, strict=True)
+               if h is not None).double()
+
+
+def _probe_terms(grad_sets, params, g, n_probes: int, stack: int) -> list[list[torch.Tensor]]:
+    """Per gradient set (the loss's, the residual's), the n_probes quadratic forms as 0-d float64
+    tensors on the device (no host synchronisation), the vectors drawn from ``g`` in order and
+    shared by the sets: one product at a time (``stack`` 1) or ``stack`` at a time."""
+    terms = [[] for _ in grad_sets]
+    for start in range(0, n_probes, stack):
+        vs = [rademacher_like(params, g) for _ in range(min(stack, n_probes - start))]
+        for out, grads in zip(terms, grad_sets, strict=True):
+            out += ([quadratic(grads, vs[0], params)] if stack == 1
+                    else list(stacked_quadratics(grads, vs, params)))
+    return terms
+
+
+def _in_order(values: list[torch.Tensor]) -> torch.Tensor:
+    """Their sum, added left to right (as a Python float loop adds them), on the device."""
+    total = values[0]
+    for value in values[1:]:
+        total = total + value
+    return total
+
+
 def hutchinson_batch(
     model: nn.Module, params: list[nn.Parameter], batch, q: torch.Tensor, n_probes: int,
-    g: torch.Generator, *, with_gap: bool = False,
-) -> tuple[float, float]:
-    """(v^T H_b v, v^T R_b v) for one batch, averaged over ``n_probes`` vectors v; H_b and R_b
-    are summed over the batch's inputs (R_b the residual, H_b - F_b; 0.0 without ``with_gap``)."""
+    g: torch.Generator, *, with_gap: bool = False, stack: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(v^T H_b v, v^T R_b v) for one batch, averaged over ``n_probes`` vectors v, as 0-d float64
+    tensors on the model's device (read them once, after the last batch: no synchronisation per
+    batch); H_b and R_b are summed over the batch's inputs (R_b the residual, H_b - F_b; 0
+    without ``with_gap``). ``stack``: vectors per batched product (``stacked_quadratics``); the
+    gap's vectors are the same as H's, drawn once."""
     z = second_order_logits(model)(model, batch.input_ids, batch.attention_mask,
                                    batch.positions)  # (B, V)
     log_p = z.log_softmax(-1)
     loss = -(q.to(z.dtype) * log_p).sum()
-    grads = torch.autograd.grad(loss, params, create_graph=True)
+    grad_sets = [torch.autograd.grad(loss, params, create_graph=True)]
     if with_gap:
         r = (log_p.exp() - q.to(z.dtype)).detach()  # (B, V) p - q, held fixed
-        grads_r = torch.autograd.grad((r * z).sum(), params, create_graph=True)
-    h_sum, r_sum = 0.0, 0.0
-    for _ in range(n_probes):
-        v = rademacher_like(params, g)
-        h_sum += float(_quadratic(grads, v, params))
-        if with_gap:
-            r_sum += float(_quadratic(grads_r, v, params))
-    return h_sum / n_probes, r_sum / n_probes
+        grad_sets.append(torch.autograd.grad((r * z).sum(), params, create_graph=True))
+    sums = [_in_order(terms) / n_probes
+            for terms in _probe_terms(grad_sets, params, g, n_probes, stack)]
+    if not with_gap:
+        sums.append(torch.zeros((), dtype=torch.float64, device=sums[0].device))
+    return sums[0], sums[1]
 
 
 def trace_hessian(
@@ -138,7 +175,8 @@ def trace_hessian(
     params = list(selected_parameters(model, cfg.exclude).values())
     g = torch.Generator(device=device).manual_seed(cfg.seed + 2)
     h_vals, r_vals, counts = [], [], []
-    with eval_mode(model), eager_attention(model):
+    with eval_mode(model), eager_attention(model), \
+            computing_in(cfg.hessian_precision, device):
         for start in range(0, len(x), cfg.hutchinson_batch_size):
             batch = x.batch(start, start + cfg.hutchinson_batch_size, device)
             if soft_labels is None:
@@ -146,10 +184,12 @@ def trace_hessian(
             else:
                 q = soft_labels[start : start + cfg.hutchinson_batch_size].to(device)
             h, r = hutchinson_batch(model, params, batch, q, cfg.hutchinson_probes, g,
-                                    with_gap=with_gap)
+                                    with_gap=with_gap, stack=cfg.hutchinson_stack)
             h_vals.append(h)
             r_vals.append(r)
             counts.append(len(batch))
+    # one transfer to the host for the whole pass, not one per batch
+    h_vals, r_vals = (torch.stack(v).tolist() if v else [] for v in (h_vals, r_vals))
     mean, se = grouped_mean_se(h_vals, cfg.se_groups, counts=counts)
     out = {"mean": mean, "se": se, "n": len(x), "n_batches": len(counts)}
     if with_gap:

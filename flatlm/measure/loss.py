@@ -44,10 +44,12 @@ from torch import nn
 from flatlm.core.stats import mean_se, ratio_mean_se
 from flatlm.core.tokens import encode, mask_positions, uniform_positions
 from flatlm.measure import ENTROPY, KL, LOSS, LOSS_DATA, per_sentence_key, se_key
+from flatlm.measure.precision import check_precision, computing_in
 from flatlm.models.masked_lm import word_logits
 from flatlm.sources.base import Source, as_tokens
 
 POSITIONS = ("one", "all")
+LOSS_PRECISIONS = ("fp32", "tf32")  # loss.precision (measure.precision)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,12 +59,16 @@ class LossConfig:
     positions: str = "one"  # "one" (a seeded uniform position per sentence) or "all" (each)
     batch_size: int = 256  # masked inputs per forward pass (sentence copies with "all"); 1..8192
     seed: int = 0  # draws the masked position of each sentence when positions="one"
+    # arithmetic of the model's forward passes (flatlm.measure.precision): "fp32" (default, the
+    # released code's) or "tf32"; bf16 is refused (KL at saturation is smaller than its error)
+    precision: str = "fp32"
 
     def __post_init__(self):
         if self.positions not in POSITIONS:
             raise ValueError(f"loss.positions={self.positions!r}: use one of {POSITIONS}")
         if self.batch_size < 1:
             raise ValueError(f"loss.batch_size={self.batch_size}: use an integer >= 1")
+        check_precision(self.precision, "loss.precision", LOSS_PRECISIONS)
 
 
 def masked_pairs(lengths: torch.Tensor, cfg: LossConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,9 +176,8 @@ def loss_terms(
         raise ValueError(f"truth has shape {tuple(truth.shape)}; pair_truth of these sentences "
                          f"and this LossConfig gives ({len(rows)}, {source.V})")
     n = len(lengths)
-    keys = (LOSS, ENTROPY, KL, LOSS_DATA) if source.has_truth else (LOSS, LOSS_DATA)
-    sums = {key: torch.zeros(n, dtype=torch.float64) for key in keys}
     chunk = truth_chunk(cfg.batch_size, tokens.shape[1], source.V)
+    batches = []  # (sentences r, the batch's terms on the device): read once, after the last
     was_training = model.training
     model.eval()
     try:
@@ -184,28 +189,43 @@ def loss_terms(
             for i in range(lo, hi, cfg.batch_size):
                 j = slice(i, min(i + cfg.batch_size, hi))
                 r, t = rows[j], pos[j]
-                p = truth[j] if truth is not None else None
+                p = truth[j].to(device) if truth is not None else None
                 if computed is not None:
                     p = computed[(r - start).to(device), t.to(device)]
-                _add_batch(sums, model, p, tokens, lengths, r, t, device)
+                with computing_in(cfg.precision, device):
+                    batches.append((r, _batch_terms(model, p, tokens, lengths, r, t, device)))
     finally:
         model.train(was_training)
+    keys = (LOSS, ENTROPY, KL, LOSS_DATA) if source.has_truth else (LOSS, LOSS_DATA)
+    return _per_sentence(batches, keys, rows, n)
+
+
+def _per_sentence(batches, keys, rows: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
+    """The batches' per-pair terms moved to the host in one transfer and added up per sentence
+    in batch order (the order, hence the rounding, of adding each batch as it comes)."""
+    sums = {key: torch.zeros(n, dtype=torch.float64) for key in keys}
+    if batches:
+        flat = torch.cat([torch.stack([terms[key] for key in keys]) for _, terms in batches],
+                         1).cpu()  # (keys, P)
+        start = 0
+        for r, _ in batches:
+            for key, value in zip(keys, flat[:, start : start + len(r)], strict=True):
+                sums[key].index_add_(0, r, value)
+            start += len(r)
     count = torch.bincount(rows, minlength=n).double()  # (n,): 1 ("one") or L_i ("all")
     return {key: s / count for key, s in sums.items()}
 
 
-def _add_batch(sums, model, p, tokens, lengths, r, t, device) -> None:
-    """Adds one model batch of masked pairs (sentence r, position t) to the per-sentence sums;
-    ``p`` holds the pairs' true conditionals (B, V) on ``device`` (None: a source without a
-    truth, whose only term is the one-hot loss)."""
+def _batch_terms(model, p, tokens, lengths, r, t, device) -> dict[str, torch.Tensor]:
+    """One model batch of masked pairs (sentence r, position t): the per-pair terms (B,) on
+    ``device``; ``p`` holds the pairs' true conditionals (B, V) on ``device`` (None: a source
+    without a truth, whose only term is the one-hot loss)."""
     ids, mask = encode(tokens[r].to(device), lengths[r].to(device))  # (B, T+2)
     t_dev = t.to(device)
     ids = mask_positions(ids, t_dev, check=False)
     log_q = word_logits(model, ids, mask, t_dev).double().log_softmax(-1)  # (B, V)
     word = tokens[r, t].to(device)  # (B,)
-    terms = data_terms(log_q, word) if p is None else pair_terms(p, log_q, word)
-    for key, value in terms.items():
-        sums[key].index_add_(0, r, value.cpu())
+    return data_terms(log_q, word) if p is None else pair_terms(p, log_q, word)
 
 
 def pretrain_loss(
@@ -216,15 +236,18 @@ def pretrain_loss(
     cfg: LossConfig,
     *,
     device: str | torch.device | None = None,
+    truth: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """``pretrain/loss``, ``pretrain/entropy``, ``pretrain/kl``, ``pretrain/loss_data`` (nats,
     per token) and their ``_per_sentence`` twins, each with its ``_se``, over the validation
     sentences ``tokens`` [n, T], ``lengths`` [n] (the module docstring gives the definitions).
-    ``device`` as in ``loss_terms``.
+    ``device`` and ``truth`` (``pair_truth`` of these sentences, when computed already) as in
+    ``loss_terms``.
     """
     out = {}
     L = as_tokens(tokens, lengths)[1].cpu().double().numpy()  # (n,)
-    for key, values in loss_terms(model, source, tokens, lengths, cfg, device=device).items():
+    terms = loss_terms(model, source, tokens, lengths, cfg, device=device, truth=truth)
+    for key, values in terms.items():
         out[key], out[se_key(key)] = ratio_mean_se(values.numpy() * L, L)
         sentence_key = per_sentence_key(key)
         out[sentence_key], out[se_key(sentence_key)] = mean_se(values)

@@ -76,6 +76,11 @@ class MeasureConfig:
     #   its first T/2 and T/4 words, T its longest: L = 32/16/8 on the paper's grammar),
     #   "released" (B = 4, C = 2 words: the released labeling()); None = the source spec's own
     seed: int = 0  # draws the evaluation data; the estimators have their own seeds
+    # the true conditionals the loss and the flatness read (the same at every checkpoint) are
+    # computed at the first checkpoint and kept for the trial's later ones, on the measuring
+    # device, up to this many MB (measure.truth_cache; 0: recomputed at every checkpoint, as
+    # before). The gpu scale's 10^6 validation sentences of the paper's PCFG: 1526 MB (float64)
+    truth_cache_mb: float = 4096.0
     loss: LossConfig = field(default_factory=LossConfig)
     flatness: FlatnessConfig = field(default_factory=lambda: FlatnessConfig(n_inputs=None))
     probe: ProbeConfig = field(default_factory=ProbeConfig)
@@ -107,6 +112,9 @@ class MeasureConfig:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"measure.seed={self.seed!r}: use an integer >= 0 (it seeds numpy's "
                              "SeedSequence, which takes no negative entropy)")
+        if not self.truth_cache_mb >= 0:
+            raise ValueError(f"measure.truth_cache_mb={self.truth_cache_mb}: use a number of "
+                             "MB >= 0 (0: no cache)")
         if self.n_eval < 2:
             raise ValueError(f"measure.n_eval={self.n_eval}: use at least 2 sentences")
         if self.n_downstream < 10:

@@ -197,10 +197,13 @@ def tracked_params(cfg: TrialConfig) -> dict:
     return out
 
 
+MEASURE_IN = ("process", "background")  # run_trial's measure_in
+
+
 def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = None, *,
               device: str | torch.device = "cpu", progress: bool = False,
               eval_cache: str | Path | None = None, source=None,
-              on_progress: Sink | None = None) -> dict[int, dict]:
+              on_progress: Sink | None = None, measure_in: str = "process") -> dict[int, dict]:
     """Runs (or resumes) the trial; returns step -> metrics for every checkpoint.
 
     ``eval_cache``: a directory where the trials of a sweep share their evaluation data and
@@ -212,7 +215,12 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
     ``on_progress``: told where the trial is (``Snapshot``: the step, or the measurement part
     under way) at least every second while training, and at once when
     a measurement part starts (``flatlm.runs.progress``).
+    ``measure_in``: "process" (default) measures each checkpoint here, training waiting;
+    "background" only trains and saves the checkpoints, which another process measures as they
+    appear (``flatlm.runs.follow``: ``flatlm measure --follow OUT``), writing the same rows.
     """
+    if measure_in not in MEASURE_IN:
+        raise ValueError(f"measure_in={measure_in!r}: use one of {', '.join(MEASURE_IN)}")
     source, model_cfg = validate_trial(cfg, source)
     cfg = with_downstream_resolved(cfg, source)
     check_fits(cfg.train, model_cfg, source, torch.device(device))  # before the eval data too
@@ -220,8 +228,21 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
     with writer_lock(out_dir):  # one writer per trial directory (flatlm.storage.dirlock)
         watch = TrialProgress(cfg.train.steps, cfg.train.checkpoint_steps,
                               on_progress or (lambda snapshot: None))
+        if measure_in == "background":
+            return _train_only(cfg, source, model_cfg, out_dir, device, progress, watch)
         return _run_trial(cfg, source, model_cfg, out_dir, report, device, progress, eval_cache,
                           watch)
+
+
+def _train_only(cfg, source, model_cfg, out_dir: Path, device, progress,
+                watch: TrialProgress) -> dict[int, dict]:
+    """The training of a trial measured in another process: its checkpoints, no metrics."""
+    from flatlm.train.loop import train
+
+    write_text(out_dir / "config.json", json.dumps(to_dict(cfg), indent=2) + "\n")
+    train(cfg.train, source, model_cfg, out_dir, device=device, on_checkpoint=None,
+          progress=progress, resume=True, on_step=watch.stepped)
+    return read_metrics(out_dir)
 
 
 def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
@@ -286,7 +307,7 @@ class TrialMeasurer:
         seconds = time.perf_counter() - start + (given.seconds if given is not None else 0.0)
         metrics = {N_PARAMS: float(sum(p.numel() for p in model.parameters())), **measured,
                    **measurement_cost(seconds, ckpt_dir, self.trained_here)}
-        _record(self.out_dir, ckpt_dir, step, metrics)
+        record_checkpoint(self.out_dir, ckpt_dir, step, metrics)
         self.done[step] = {"step": step, **metrics}
         if self.report is not None:
             self.report(step, metrics, Path(ckpt_dir))
@@ -298,6 +319,16 @@ class TrialMeasurer:
         with contextlib.nullcontext() if self.progress else quiet_transformers_bars():
             _catch_up(self.out_dir, self.done, on_checkpoint or self, self.report, self.device,
                       self.cfg.train.checkpoint_steps)
+
+
+def checkpoint_metrics(model, source, data: EvalData, cfg: MeasureConfig, device,
+                       ckpt_dir: Path, trained_here: bool = True, **options) -> dict:
+    """A checkpoint's metrics.jsonl row (without its step): the parameter count, every
+    measurement (``measure_model``, ``options`` passed on) and ``measurement_cost``."""
+    start = time.perf_counter()
+    measured = measure_model(model, source, data, cfg, device, artifact_dir=ckpt_dir, **options)
+    return {N_PARAMS: float(sum(p.numel() for p in model.parameters())), **measured,
+            **measurement_cost(time.perf_counter() - start, ckpt_dir, trained_here)}
 
 
 def measurement_cost(seconds: float, ckpt_dir: Path,
@@ -320,7 +351,8 @@ def measurement_cost(seconds: float, ckpt_dir: Path,
     return out
 
 
-def _record(out_dir: Path, ckpt_dir: Path, step: int, metrics: dict) -> None:
+def record_checkpoint(out_dir: Path, ckpt_dir: Path, step: int, metrics: dict) -> None:
+    """Writes a checkpoint's row to its ``metrics.json`` and appends it to ``metrics.jsonl``."""
     row = json.dumps({"step": step, **metrics})
     write_text(Path(ckpt_dir) / CHECKPOINT_METRICS_FILE, row + "\n")  # never through a link
     append_metrics(out_dir, step, metrics)

@@ -83,6 +83,15 @@ class Plan:
                    torch.as_tensor(g.root, device=device, dtype=dtype))
 
 
+    def rule_applications(self) -> int:
+        """Binary-rule applications of one inside pass over one sentence of a chart T words
+        wide: (rule, split, span start) triples, sum_w R_w (T - w + 1) with R_w the rules over
+        all splits of width w. The outside pass applies each twice (to the left and the right
+        child); bench/truth.py reports these per second, so grammars of other sizes compare."""
+        return sum(len(r.left) * (self.T - w + 1) for w in range(2, self.T + 1)
+                   for r in self.splits[w])
+
+
 class Chart:
     """Scaled cells by width, symbol-major: score(b, i, w)[a] = p[w][a, i, b] * exp(s[w][i, b]).
 

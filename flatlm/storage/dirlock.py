@@ -67,3 +67,23 @@ def writer_lock(directory: str | os.PathLike):
     finally:
         _HELD.pop(path, None)
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def held_elsewhere(directory: str | os.PathLike) -> bool:
+    """Whether another process holds ``directory``'s lock now (a trial training into it). It
+    asks without taking the lock (``LOCK_SH | LOCK_NB`` on a second descriptor, released at
+    once); a directory without a lock file is not held."""
+    path = Path(directory).absolute() / LOCK_FILE
+    if path in _HELD:
+        return False
+    try:
+        fd = open_fd(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the shared lock, if it was granted
+    return False

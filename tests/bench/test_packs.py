@@ -48,4 +48,5 @@ def test_the_gpu_check_s_smoke_part_writes_its_json(tmp_path):
     assert row["ratio_packed_over_separate"] == pytest.approx(
         row["packed_model_steps_per_s"] / row["separate_model_steps_per_s"], rel=1e-2)
     assert len(report["sizes_packed"]) == 3
-    assert json.loads((tmp_path / "train_gpu_check_smoke.json").read_text())  # issue 40's part
+    assert json.loads((tmp_path / "train_gpu_check_smoke.json").read_text())  # issue 40's parts
+    assert json.loads((tmp_path / "measure_cpu.json").read_text())["settings"]
