@@ -4,10 +4,10 @@ For every pair of runs under a trials root (``analysis.trials``: what ``flatlm r
 sweeps write) whose final checkpoints have one shape (``flatlm.json``'s ``shape``), were trained on
 one language (its source fingerprint) and end within ``--kl-tol`` of each other in
 ``pretrain/kl`` (``pretrain/loss`` where a run has no KL), the loss barrier on the straight line
-between them (``flatlm.measure.barrier``): the population loss (``pretrain/loss`` per token,
-``flatlm.measure.loss``) on ``--n-eval`` fresh validation sentences of the language, drawn once per
-language from ``--seed``. Pairs in order of their run ids, at most ``--max-pairs``. Writes one CSV
-row per pair::
+between them (``flatlm.measure.landscape.barrier``): the population loss (``pretrain/loss``
+per token, ``flatlm.measure.loss``) on ``--n-eval`` fresh validation sentences of the language,
+drawn once per language from ``--seed``. Pairs in order of their run ids, at most
+``--max-pairs``. Writes one CSV row per pair::
 
     python -m analysis.barriers --trials runs/paper --out barriers.csv --max-pairs 10
 """
@@ -25,7 +25,7 @@ import pandas as pd
 from analysis.checkpoints import final_checkpoints
 from analysis.trials import load_trials
 from flatlm.measure import KL, LOSS
-from flatlm.measure.barrier import loss_barrier
+from flatlm.measure.landscape.barrier import loss_barrier
 from flatlm.measure.loss import POSITIONS, LossConfig, pair_truth, per_token_loss
 from flatlm.models.checkpoint import INFO_NAME, SOURCE_FINGERPRINT, load_checkpoint
 from flatlm.sources import load

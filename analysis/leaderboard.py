@@ -74,8 +74,8 @@ TASKS = ("A", "B", "C")
 LEVEL = 0.95
 FEW_RUNS = 30  # fewer runs in a group's window: the md says the intervals rest on few clusters
 ONE_SHAPE, ALL_SIZES = "one shape", "all sizes"
-# flatlm.measure.cka's keys, by prefix (importing that module loads torch); the random-init
-# twins are reference rows, one value per trial, not a property of the checkpoint
+# flatlm.measure.representations.cka's keys, by prefix (importing that module loads torch);
+# the random-init twins are reference rows, one value per trial, not a property of the checkpoint
 CKA_PREFIX, RANDOM_INIT_SUFFIX = "cka/truth", "_random_init"
 NOISE_PREFIX = "noise/loss_delta_"
 MEASURES = (TRACE_FISHER, TRACE_HESSIAN, TOP_EIG_HESSIAN, TOP_EIG_FISHER,

@@ -48,14 +48,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from flatlm.measure.curvature import (
+from flatlm.measure.curvature.common import (
     FlatnessConfig,
     grouped_mean_se,
     masked_inputs,
     selected_parameters,
 )
-from flatlm.measure.fisher import per_input_values
-from flatlm.measure.hessian_trace import eager_attention
+from flatlm.measure.curvature.fisher import per_input_values
+from flatlm.measure.curvature.hessian_trace import eager_attention
 from flatlm.models import build_model, count_parameters, parse_model, word_logits
 from flatlm.sources import load
 

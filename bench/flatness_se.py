@@ -24,8 +24,8 @@ import torch
 from flatness import train  # bench/flatness.py
 from scipy import stats
 
-from flatlm.measure import fisher
-from flatlm.measure.curvature import (
+from flatlm.measure.curvature import fisher
+from flatlm.measure.curvature.common import (
     FlatnessConfig,
     eval_mode,
     grouped_mean_se,

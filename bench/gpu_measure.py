@@ -36,9 +36,9 @@ import torch
 from truth import rules_per_sentence, timed_rate  # bench/truth.py, beside this script
 
 from flatlm.experiments.paper import base_of
-from flatlm.measure.curvature import FlatnessConfig
-from flatlm.measure.fisher import trace_fisher
-from flatlm.measure.hessian_trace import trace_hessian
+from flatlm.measure.curvature.common import FlatnessConfig
+from flatlm.measure.curvature.fisher import trace_fisher
+from flatlm.measure.curvature.hessian_trace import trace_hessian
 from flatlm.measure.loss import pretrain_loss
 from flatlm.measure.run import eval_data, measure_model
 from flatlm.models.checkpoint import load_checkpoint

@@ -40,9 +40,9 @@ from pathlib import Path
 
 import torch
 
-from flatlm.measure.curvature import FlatnessConfig
-from flatlm.measure.fisher import trace_fisher
-from flatlm.measure.grown import grown_model
+from flatlm.measure.curvature.common import FlatnessConfig
+from flatlm.measure.curvature.fisher import trace_fisher
+from flatlm.measure.curvature.grown import grown_model
 from flatlm.models.checkpoint import load_checkpoint
 from flatlm.models.constructions import CONSTRUCTIONS
 from flatlm.models.growth import max_logit_difference

@@ -116,7 +116,7 @@ def test_2_the_spectral_density_is_written_never_through_a_link(tmp_path, victim
     import torch
 
     from flatlm.core.safe_io import LinkRefusedError
-    from flatlm.measure import spectrum
+    from flatlm.measure.curvature import spectrum
 
     grid, phi = torch.linspace(0, 1, 5), torch.ones(5)
     link = tmp_path / "spectral_density.png"

@@ -47,7 +47,7 @@ from flatlm.experiments.presets import source_kind, source_overrides
 from flatlm.experiments.protocols import model_for, parse_protocol, protocol_overrides
 from flatlm.experiments.scales import Scale
 from flatlm.experiments.scales import scale as get_scale
-from flatlm.measure.grown import lcm_shape
+from flatlm.measure.curvature.grown import lcm_shape
 from flatlm.models.presets import shape_string
 from flatlm.runs.trial import TrialConfig, measured_tasks
 

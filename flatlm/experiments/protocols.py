@@ -21,8 +21,8 @@ labels, masks, schedules or probes.
 
 from __future__ import annotations
 
-from flatlm.measure.curvature import B1_LABELS_PER_INPUT
-from flatlm.measure.probe import RELEASED
+from flatlm.measure.curvature.common import B1_LABELS_PER_INPUT
+from flatlm.measure.probes.probe import RELEASED
 from flatlm.models.presets import PRE_LN_SUFFIX
 
 # The released run's warmup (its README: --lr_schedule step --warmup_proportion 0.13333

@@ -13,19 +13,19 @@ from __future__ import annotations
 from dataclasses import replace
 
 from flatlm.measure import TRACE_FISHER, se_key
-from flatlm.measure.critical import measure_critical
-from flatlm.measure.finetune import finetune_accuracy
-from flatlm.measure.fisher import trace_fisher
-from flatlm.measure.flatness import data_hessian, measure_flatness
-from flatlm.measure.glue import glue_finetune
-from flatlm.measure.grown import grown_flatness
-from flatlm.measure.landscape import measure_landscape
-from flatlm.measure.llc import measure_llc
-from flatlm.measure.lookup import lookup_features
+from flatlm.measure.curvature.beyond_trace import measure_landscape
+from flatlm.measure.curvature.fisher import trace_fisher
+from flatlm.measure.curvature.flatness import data_hessian, measure_flatness
+from flatlm.measure.curvature.grown import grown_flatness
+from flatlm.measure.landscape.critical import measure_critical
+from flatlm.measure.landscape.llc import measure_llc
+from flatlm.measure.landscape.precond import measure_precond
 from flatlm.measure.loss import pretrain_loss
-from flatlm.measure.precond import measure_precond
-from flatlm.measure.probe import encoder_probe_features, train_mode_features
-from flatlm.measure.probe_rows import probe_rows
+from flatlm.measure.probes.finetune import finetune_accuracy
+from flatlm.measure.probes.glue import glue_finetune
+from flatlm.measure.probes.lookup import lookup_features
+from flatlm.measure.probes.probe import encoder_probe_features, train_mode_features
+from flatlm.measure.probes.probe_rows import probe_rows
 from flatlm.measure.progress import showing_progress, timer
 from flatlm.measure.reference_cache import reference_rows
 from flatlm.measure.truth_cache import flatness_labels, loss_truth

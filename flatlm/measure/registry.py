@@ -62,16 +62,16 @@ from flatlm.measure.builtin import (
     run_precond,
     run_probe,
 )
-from flatlm.measure.cka import (
+from flatlm.measure.landscape.critical import KEYS as CRITICAL_KEYS
+from flatlm.measure.landscape.noise import run_noise
+from flatlm.measure.landscape.precond import KEYS as PRECOND_KEYS
+from flatlm.measure.representations.cka import (
     CKA_TRUTH,
     CKA_TRUTH_TOKEN,
     check_cka_source,
     random_init_cka,
     run_cka_truth,
 )
-from flatlm.measure.critical import KEYS as CRITICAL_KEYS
-from flatlm.measure.noise import run_noise
-from flatlm.measure.precond import KEYS as PRECOND_KEYS
 
 # (model, source, data: EvalData, cfg: MeasureConfig, device, artifact_dir) -> metrics
 Run = Callable[..., dict[str, float]]

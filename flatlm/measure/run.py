@@ -22,22 +22,22 @@ import numpy as np
 import torch
 from torch import nn
 
-from flatlm.measure.cka import CKAConfig
-from flatlm.measure.critical import CriticalConfig
-from flatlm.measure.curvature import FlatnessConfig
+from flatlm.measure.curvature.common import FlatnessConfig
+from flatlm.measure.curvature.grown import check_grow_to
+from flatlm.measure.curvature.spectrum import SpectrumConfig
 from flatlm.measure.eval_cache import cache_key, cached_tensors
-from flatlm.measure.finetune import FinetuneConfig
-from flatlm.measure.grown import check_grow_to
-from flatlm.measure.llc import LLCConfig
+from flatlm.measure.landscape.critical import CriticalConfig
+from flatlm.measure.landscape.llc import LLCConfig
+from flatlm.measure.landscape.noise import NoiseConfig
+from flatlm.measure.landscape.precond import PrecondConfig
+from flatlm.measure.landscape.sharpness import SharpnessConfig
 from flatlm.measure.loss import LossConfig
-from flatlm.measure.noise import NoiseConfig
-from flatlm.measure.precond import PrecondConfig
-from flatlm.measure.probe import ProbeConfig
+from flatlm.measure.probes.finetune import FinetuneConfig
+from flatlm.measure.probes.probe import ProbeConfig
 from flatlm.measure.progress import progress_bar, record, timer
 from flatlm.measure.reference_cache import random_features_model
 from flatlm.measure.registry import Measurement, measurement_names, requested
-from flatlm.measure.sharpness import SharpnessConfig
-from flatlm.measure.spectrum import SpectrumConfig
+from flatlm.measure.representations.cka import CKAConfig
 from flatlm.models.constructions import check_construction
 from flatlm.sources.base import Source
 from flatlm.sources.pcfg import SPAN_RULES

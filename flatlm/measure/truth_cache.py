@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 import torch
 
-from flatlm.measure.curvature import FlatnessConfig, masked_inputs
-from flatlm.measure.flatness import soft_labels
+from flatlm.measure.curvature.common import FlatnessConfig, masked_inputs
+from flatlm.measure.curvature.flatness import soft_labels
 from flatlm.measure.loss import LossConfig, pair_truth
 
 log = logging.getLogger(__name__)

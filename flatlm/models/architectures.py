@@ -84,7 +84,8 @@ class Architecture:
     # (model, input_ids, attention_mask, positions) -> (B, V) logits with a second derivative
     # (Tr(H), sharpness); None: word_logits itself
     second_order_logits: Hook | None = None
-    fisher_method: str = "loop"  # Tr(F)'s per-example norms: a method of flatlm.measure.fisher
+    # Tr(F)'s per-example norms: a method of flatlm.measure.curvature.fisher
+    fisher_method: str = "loop"
     # (model, target cfg, *, seed, construction) -> same logits, larger (construction: one of
     # flatlm.models.constructions.CONSTRUCTIONS); None: cannot grow
     grow: Hook | None = None

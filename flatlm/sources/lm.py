@@ -300,7 +300,7 @@ class CausalLM(Source):
 
     def glue_split(self, task: str, split: str):
         """(tokens, lengths, labels) of GLUE ``task``'s ``split`` ("train" or "dev") in this
-        source's words (``flatlm.sources.lm_glue``), for ``flatlm.measure.glue``."""
+        source's words (``flatlm.sources.lm_glue``), for ``flatlm.measure.probes.glue``."""
         return self._glue_of(task).split(task, split)
 
     def glue_oov_fraction(self, task: str) -> float:

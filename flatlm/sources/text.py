@@ -16,7 +16,7 @@ Words are the tokenizer's tokens except [PAD], [CLS] and [MASK] (flatlm's layout
 GLUE's (``glue``: a directory of GLUE-shaped task folders, ``flatlm.sources.glue_files``):
 ``sample_downstream`` gives the rows of every task's train and dev files, each labelled for its
 own task and -1 for the others, cut to T words; ``glue_split`` gives one task's train or dev
-split for GLUE fine-tuning (``flatlm.measure.glue``).
+split for GLUE fine-tuning (``flatlm.measure.probes.glue``).
 
 Spec fields (``text:FILES,tokenizer=...``): ``files`` (a ``.txt`` file, a directory of them, or
 a hub dataset id), ``tokenizer`` (a ``save_pretrained`` directory or a hub id, e.g.

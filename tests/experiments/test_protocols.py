@@ -29,7 +29,7 @@ from flatlm.experiments.scales import (
     TINY_DEEP_SOURCE,
 )
 from flatlm.experiments.scales import scale as get_scale
-from flatlm.measure.probe import RELEASED
+from flatlm.measure.probes.probe import RELEASED
 from flatlm.runs.trial import TrialConfig, labelled_source, validate_trial
 from flatlm.sources import SourceSpec, load
 from flatlm.sources.pcfg import depth_spans

@@ -8,7 +8,7 @@ import pytest
 from flatlm.experiments.grids import EXPERIMENTS, EXTRA_EXPERIMENTS
 from flatlm.experiments.paper import build
 from flatlm.experiments.scales import SCALES, scale
-from flatlm.measure.grown import lcm_shape
+from flatlm.measure.curvature.grown import lcm_shape
 from flatlm.models.presets import shape_string
 from flatlm.runs.trial import validate_trial
 from flatlm.sources import load

@@ -5,7 +5,7 @@ import torch
 
 from flatlm.core.schedules import learning_rate as finetune_lr
 from flatlm.measure import finetune_keys
-from flatlm.measure.finetune import FinetuneConfig, finetune_accuracy
+from flatlm.measure.probes.finetune import FinetuneConfig, finetune_accuracy
 from flatlm.models import build_model, parse_model
 
 FAST = FinetuneConfig(lr=3e-3, warmup_steps=10, epochs=5, seeds=2)

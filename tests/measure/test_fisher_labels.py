@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.func import jacrev
 
-from flatlm.measure.curvature import B1_LABELS_PER_INPUT, FlatnessConfig, masked_inputs
-from flatlm.measure.fisher import per_input_values
+from flatlm.measure.curvature.common import B1_LABELS_PER_INPUT, FlatnessConfig, masked_inputs
+from flatlm.measure.curvature.fisher import per_input_values
 from tests.measure.test_flatness import POOL, POOL_LENGTHS, Exact, tiny_bert
 
 # k -> (seeds, replicas of the pool per call): independent estimates = seeds x replicas, fewer

@@ -18,15 +18,15 @@ from torch import nn
 from torch.func import functional_call, hessian, jacrev
 
 from flatlm.measure import HESSIAN_FISHER_GAP, TRACE_FISHER, TRACE_HESSIAN, se_key
-from flatlm.measure.curvature import (
+from flatlm.measure.curvature.common import (
     FlatnessConfig,
     grouped_mean_se,
     masked_inputs,
     selected_parameters,
 )
-from flatlm.measure.fisher import output_directions, trace_fisher
-from flatlm.measure.flatness import measure_flatness, soft_labels
-from flatlm.measure.hessian_trace import eager_attention, trace_hessian
+from flatlm.measure.curvature.fisher import output_directions, trace_fisher
+from flatlm.measure.curvature.flatness import measure_flatness, soft_labels
+from flatlm.measure.curvature.hessian_trace import eager_attention, trace_hessian
 from flatlm.models import build_model, encode, parse_model, word_logits
 from flatlm.models.lstm_unrolled import lstm_encode_unrolled
 from flatlm.sources import load
@@ -357,7 +357,7 @@ def test_mean_se_batch_means():
 def test_tied_cross_term_equals_materialised_gradients():
     """The analytic norm of a tied embedding / decoder weight (Gram terms + 2 <G_emb, G_dec>)
     against summing the materialised per-example gradients, with padding and S > 1."""
-    from flatlm.measure.ghost import _per_example_grad, _shared_sq
+    from flatlm.measure.curvature.ghost import _per_example_grad, _shared_sq
 
     g = torch.Generator().manual_seed(0)
     emb, dec = nn.Embedding(10, 4, padding_idx=0).double(), nn.Linear(4, 10).double()

@@ -17,9 +17,9 @@ from flatlm.measure import (  # noqa: E402
     grown_key,
     se_key,
 )
-from flatlm.measure.curvature import FlatnessConfig  # noqa: E402
-from flatlm.measure.fisher import trace_fisher  # noqa: E402
-from flatlm.measure.grown import grown_flatness, grown_model, lcm_shape  # noqa: E402
+from flatlm.measure.curvature.common import FlatnessConfig  # noqa: E402
+from flatlm.measure.curvature.fisher import trace_fisher  # noqa: E402
+from flatlm.measure.curvature.grown import grown_flatness, grown_model, lcm_shape  # noqa: E402
 from flatlm.measure.run import EvalData, MeasureConfig, measure_model  # noqa: E402
 from flatlm.models import TABLE4, build_model, parse_model, shape_string, word_logits  # noqa: E402
 from flatlm.models.constructions import CONSTRUCTIONS  # noqa: E402

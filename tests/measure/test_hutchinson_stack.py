@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from flatlm.measure.curvature import FlatnessConfig, masked_inputs, selected_parameters
-from flatlm.measure.hessian_trace import (
+from flatlm.measure.curvature.common import FlatnessConfig, masked_inputs, selected_parameters
+from flatlm.measure.curvature.hessian_trace import (
     eager_attention,
     quadratic,
     rademacher_like,

@@ -24,12 +24,12 @@ from scipy import integrate
 
 from flatlm.core.config import apply_overrides
 from flatlm.measure import LLC, LLC_KEYS, se_key
-from flatlm.measure.curvature import FlatnessConfig, masked_inputs, selected_parameters
-from flatlm.measure.flatness import soft_labels
-from flatlm.measure.llc import LLCConfig, estimate_llc, model_loss
+from flatlm.measure.curvature.common import FlatnessConfig, masked_inputs, selected_parameters
+from flatlm.measure.curvature.flatness import soft_labels
+from flatlm.measure.landscape.llc import LLCConfig, estimate_llc, model_loss
+from flatlm.measure.landscape.sharpness import batch_losses
 from flatlm.measure.registry import metric_keys
 from flatlm.measure.run import MeasureConfig, eval_data, measure_model
-from flatlm.measure.sharpness import batch_losses
 from flatlm.models import build_model, parse_model
 from flatlm.runs.trial import TrialConfig, tracked_params
 from flatlm.sources import load

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from flatlm.measure import lookup_key
-from flatlm.measure.lookup import lookup_features, lookup_table_accuracy
-from flatlm.measure.probe import ProbeConfig, linear_probe_accuracy
+from flatlm.measure.probes.lookup import lookup_features, lookup_table_accuracy
+from flatlm.measure.probes.probe import ProbeConfig, linear_probe_accuracy
 
 CFG = ProbeConfig(epochs=20, seeds=2, lr=1e-2)
 TINY_PCFG = {"kind": "pcfg", "random": {"vocab": 6, "depth": 2, "nonterminals_per_level": 2,

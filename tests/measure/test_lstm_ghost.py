@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from flatlm.measure.curvature import FlatnessConfig
-from flatlm.measure.fisher import trace_fisher
+from flatlm.measure.curvature.common import FlatnessConfig
+from flatlm.measure.curvature.fisher import trace_fisher
 from flatlm.models import build_model, parse_model
 
 V, T = 7, 6

@@ -15,8 +15,11 @@ from torch import nn
 from analysis import barriers
 from flatlm.core.config import apply_overrides
 from flatlm.measure import LOSS
-from flatlm.measure.barrier import chord, interpolated_state, loss_barrier
-from flatlm.measure.cka import (
+from flatlm.measure.landscape.barrier import chord, interpolated_state, loss_barrier
+from flatlm.measure.landscape.noise import NoiseConfig, noise_deltas, noise_key, weight_noise
+from flatlm.measure.loss import LossConfig, loss_terms, pair_truth, per_token_loss, pretrain_loss
+from flatlm.measure.probes.probe import ProbeConfig, encoder_probe_features
+from flatlm.measure.representations.cka import (
     CKA_TRUTH,
     CKA_TRUTH_RANDOM_INIT,
     CKA_TRUTH_TOKEN,
@@ -27,9 +30,6 @@ from flatlm.measure.cka import (
     model_features,
     truth_features,
 )
-from flatlm.measure.loss import LossConfig, loss_terms, pair_truth, per_token_loss, pretrain_loss
-from flatlm.measure.noise import NoiseConfig, noise_deltas, noise_key, weight_noise
-from flatlm.measure.probe import ProbeConfig, encoder_probe_features
 from flatlm.measure.run import MeasureConfig, eval_data, measure_model
 from flatlm.models import build_model, load_checkpoint, parse_model
 from flatlm.runs.trial import TrialConfig, run_trial

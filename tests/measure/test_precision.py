@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from flatlm.measure.curvature import FlatnessConfig
-from flatlm.measure.fisher import trace_fisher
-from flatlm.measure.hessian_trace import trace_hessian
+from flatlm.measure.curvature.common import FlatnessConfig
+from flatlm.measure.curvature.fisher import trace_fisher
+from flatlm.measure.curvature.hessian_trace import trace_hessian
 from flatlm.measure.loss import LossConfig, pretrain_loss
 from flatlm.measure.precision import computing_in
 from flatlm.models import build_model, parse_model

@@ -29,22 +29,22 @@ from flatlm.measure import (
     UPDATE_CURVATURE,
     se_key,
 )
-from flatlm.measure.critical import (
+from flatlm.measure.curvature.common import selected_parameters
+from flatlm.measure.curvature.hessian_trace import eager_attention
+from flatlm.measure.curvature.hvp import CurvatureOperator, flatten
+from flatlm.measure.landscape.critical import (
     KEYS as CRITICAL_KEYS,
 )
-from flatlm.measure.critical import (
+from flatlm.measure.landscape.critical import (
     LineLoss,
     critical_metrics,
     displaced,
     fit_line,
     update_direction,
 )
-from flatlm.measure.curvature import selected_parameters
-from flatlm.measure.hessian_trace import eager_attention
-from flatlm.measure.hvp import CurvatureOperator, flatten
-from flatlm.measure.optimizer_state import saved_optimizer
-from flatlm.measure.precond import KEYS as PRECOND_KEYS
-from flatlm.measure.precond import precond_top_eigenvalue, preconditioner
+from flatlm.measure.landscape.optimizer_state import saved_optimizer
+from flatlm.measure.landscape.precond import KEYS as PRECOND_KEYS
+from flatlm.measure.landscape.precond import precond_top_eigenvalue, preconditioner
 from flatlm.measure.run import MeasureConfig
 from flatlm.models.checkpoint import TRAINING_STATE_NAME
 from flatlm.runs.trial import TrialConfig, run_trial

@@ -6,12 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from flatlm.measure import ENTROPY, KL, LOSS, ghost
-from flatlm.measure.curvature import FlatnessConfig, masked_inputs, selected_parameters
-from flatlm.measure.fisher import trace_fisher
-from flatlm.measure.hessian_trace import trace_hessian
+from flatlm.measure import ENTROPY, KL, LOSS
+from flatlm.measure.curvature import ghost
+from flatlm.measure.curvature.common import FlatnessConfig, masked_inputs, selected_parameters
+from flatlm.measure.curvature.fisher import trace_fisher
+from flatlm.measure.curvature.hessian_trace import trace_hessian
 from flatlm.measure.loss import LossConfig, pretrain_loss
-from flatlm.measure.probe import ProbeConfig, probe
+from flatlm.measure.probes.probe import ProbeConfig, probe
 from flatlm.models import build_model, parse_model, word_logits
 from tests.measure.test_flatness import V, random_batch, tiny_bert  # noqa: E402
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flatlm.measure import PROBE_STATS, probe_key
-from flatlm.measure.probe import (
+from flatlm.measure.probes.probe import (
     RELEASED,
     ProbeConfig,
     downstream_classes,

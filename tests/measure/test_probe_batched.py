@@ -14,8 +14,8 @@ import dataclasses
 import pytest
 import torch
 
-from flatlm.measure.probe import ProbeConfig, linear_probe_accuracy, train_heads
-from flatlm.measure.probe_batched import Task, probe_feature_sets, train_heads_batched
+from flatlm.measure.probes.probe import ProbeConfig, linear_probe_accuracy, train_heads
+from flatlm.measure.probes.probe_batched import Task, probe_feature_sets, train_heads_batched
 
 CFG = ProbeConfig(epochs=6, seeds=3, batch_size=16, warmup_steps=5, grad_clip=1.0)  # clips ~half
 

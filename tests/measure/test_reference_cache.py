@@ -7,7 +7,7 @@ import json
 import torch
 
 from flatlm.measure.eval_cache import cached_tensors
-from flatlm.measure.probe import ProbeConfig
+from flatlm.measure.probes.probe import ProbeConfig
 from flatlm.measure.reference_cache import cached_metrics, reference_rows
 from flatlm.measure.run import MeasureConfig, eval_data, measure_model
 from flatlm.models import build_model, parse_model

@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-import flatlm.measure.probe_batched as probe_batched
+import flatlm.measure.probes.probe_batched as probe_batched
 from flatlm.core.config import apply_overrides
 from flatlm.core.tokens import PAD_ID, SEP_ID
 from flatlm.experiments.paper import build
 from flatlm.experiments.protocols import protocol_overrides
-from flatlm.measure.probe import (
+from flatlm.measure.probes.probe import (
     RELEASED,
     ProbeConfig,
     dropout_multipliers,
@@ -26,8 +26,8 @@ from flatlm.measure.probe import (
     train_heads,
     train_mode_features,
 )
-from flatlm.measure.probe_batched import train_heads_batched
-from flatlm.measure.probe_rows import probe_rows
+from flatlm.measure.probes.probe_batched import train_heads_batched
+from flatlm.measure.probes.probe_rows import probe_rows
 from flatlm.measure.run import MeasureConfig, eval_data, measure_model
 from flatlm.models import build_model, encode, encoder_features, parse_model
 

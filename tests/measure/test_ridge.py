@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from flatlm.measure import RIDGE_STATS, probe_key, ridge_stage
-from flatlm.measure.probe import ProbeConfig, prepared_features, split_indices
-from flatlm.measure.probe_batched import Task
-from flatlm.measure.ridge import (
+from flatlm.measure.probes.probe import ProbeConfig, prepared_features, split_indices
+from flatlm.measure.probes.probe_batched import Task
+from flatlm.measure.probes.ridge import (
     ALPHAS,
     _cholesky_solve,
     _ridge_tasks,

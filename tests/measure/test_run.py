@@ -4,7 +4,7 @@
 import torch
 
 from flatlm.measure import PROBE_STATS, probe_key
-from flatlm.measure.probe import ProbeConfig
+from flatlm.measure.probes.probe import ProbeConfig
 from flatlm.measure.run import MeasureConfig, eval_data, measure_model
 from flatlm.models import build_model, parse_model
 from flatlm.sources import load

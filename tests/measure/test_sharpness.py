@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from flatlm.measure import SHARPNESS_AVG, se_key, sharpness_worst_key
-from flatlm.measure.curvature import masked_inputs, selected_parameters
-from flatlm.measure.flatness import soft_labels
-from flatlm.measure.sharpness import (
+from flatlm.measure.curvature.common import masked_inputs, selected_parameters
+from flatlm.measure.curvature.flatness import soft_labels
+from flatlm.measure.landscape.sharpness import (
     SharpnessConfig,
     adaptive_sharpness,
     batch_losses,

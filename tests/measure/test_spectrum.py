@@ -29,16 +29,16 @@ from flatlm.measure import (  # noqa: E402
     se_key,
     sharpness_worst_key,
 )
-from flatlm.measure.blocks import block_of, block_order, block_traces  # noqa: E402
-from flatlm.measure.curvature import (  # noqa: E402
+from flatlm.measure.curvature.blocks import block_of, block_order, block_traces  # noqa: E402
+from flatlm.measure.curvature.common import (  # noqa: E402
     FlatnessConfig,
     masked_inputs,
     selected_parameters,
 )
-from flatlm.measure.hessian_trace import trace_hessian  # noqa: E402
-from flatlm.measure.hvp import CurvatureOperator, flatten  # noqa: E402
-from flatlm.measure.lanczos import lanczos, quadrature, ritz_values  # noqa: E402
-from flatlm.measure.spectrum import (  # noqa: E402
+from flatlm.measure.curvature.hessian_trace import trace_hessian  # noqa: E402
+from flatlm.measure.curvature.hvp import CurvatureOperator, flatten  # noqa: E402
+from flatlm.measure.curvature.lanczos import lanczos, quadrature, ritz_values  # noqa: E402
+from flatlm.measure.curvature.spectrum import (  # noqa: E402
     Sketch,
     SpectrumConfig,
     slq,
@@ -257,8 +257,8 @@ def test_measure_model_logs_every_new_measurement(src, tmp_path, shape, blocks):
 
 
 def test_configs_are_checked():
+    from flatlm.measure.landscape.sharpness import SharpnessConfig
     from flatlm.measure.run import MeasureConfig
-    from flatlm.measure.sharpness import SharpnessConfig
     from flatlm.runs.trial import TrialConfig, tracked_params
 
     logged = tracked_params(TrialConfig(measure=MeasureConfig(what=("eigen",))))

@@ -13,9 +13,9 @@ import torch
 from flatlm.core.config import apply_overrides  # noqa: E402
 from flatlm.core.tokens import encode, mask_positions  # noqa: E402
 from flatlm.measure import LOSS, LOSS_DATA  # noqa: E402
-from flatlm.measure.finetune import FinetuneConfig  # noqa: E402
-from flatlm.measure.glue import glue_finetune, glue_scores  # noqa: E402
 from flatlm.measure.loss import LossConfig, pretrain_loss  # noqa: E402
+from flatlm.measure.probes.finetune import FinetuneConfig  # noqa: E402
+from flatlm.measure.probes.glue import glue_finetune, glue_scores  # noqa: E402
 from flatlm.models.masked_lm import build_model, cls_features, word_logits  # noqa: E402
 from flatlm.models.presets import parse_model  # noqa: E402
 from flatlm.sources import load  # noqa: E402

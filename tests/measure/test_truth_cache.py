@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from flatlm.measure.curvature import FlatnessConfig
-from flatlm.measure.probe import ProbeConfig
+from flatlm.measure.curvature.common import FlatnessConfig
+from flatlm.measure.probes.probe import ProbeConfig
 from flatlm.measure.run import MeasureConfig, eval_data, measure_model
 from flatlm.models import build_model, parse_model
 from flatlm.sources import load

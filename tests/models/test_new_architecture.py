@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from flatlm.core.config import apply_overrides
-from flatlm.measure.curvature import FlatnessConfig
-from flatlm.measure.fisher import auto_method, trace_fisher
-from flatlm.measure.grown import check_grow_to
-from flatlm.measure.hessian_trace import second_order_logits, trace_hessian
+from flatlm.measure.curvature.common import FlatnessConfig
+from flatlm.measure.curvature.fisher import auto_method, trace_fisher
+from flatlm.measure.curvature.grown import check_grow_to
+from flatlm.measure.curvature.hessian_trace import second_order_logits, trace_hessian
 from flatlm.models import (
     Architecture,
     ModelConfig,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from flatlm.measure.finetune import FinetuneConfig  # noqa: E402
-from flatlm.measure.probe import ProbeConfig  # noqa: E402
+from flatlm.measure.probes.finetune import FinetuneConfig  # noqa: E402
+from flatlm.measure.probes.probe import ProbeConfig  # noqa: E402
 from flatlm.measure.run import MeasureConfig, downstream_of, eval_data, measure_model  # noqa: E402
 from flatlm.models.masked_lm import build_model  # noqa: E402
 from flatlm.models.presets import parse_model  # noqa: E402

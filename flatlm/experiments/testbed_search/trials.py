@@ -27,8 +27,12 @@ from flatlm.core.config import apply_overrides, from_dict, to_dict
 from flatlm.experiments.paper import build
 from flatlm.experiments.scales import TESTBED, Scale, register_scale
 from flatlm.experiments.testbed_search import first, second
-from flatlm.measure.lookup import lookup_features
-from flatlm.measure.probe import downstream_classes, encoder_probe_features, linear_probe_accuracy
+from flatlm.measure.probes.lookup import lookup_features
+from flatlm.measure.probes.probe import (
+    downstream_classes,
+    encoder_probe_features,
+    linear_probe_accuracy,
+)
 from flatlm.measure.run import MeasureConfig, eval_data, measure_model
 from flatlm.models.checkpoint import load_checkpoint
 from flatlm.models.presets import parse_model

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from flatlm.measure.probe import (
+from flatlm.measure.probes.probe import (
     ProbeConfig,
     downstream_classes,
     linear_probe_accuracy,

@@ -38,8 +38,8 @@ import torch
 from torch import nn
 
 from flatlm.core.tokens import encode
-from flatlm.measure.curvature import eval_mode
-from flatlm.measure.probe import ProbeConfig, probed_states
+from flatlm.measure.curvature.common import eval_mode
+from flatlm.measure.probes.probe import ProbeConfig, probed_states
 from flatlm.measure.progress import timer
 from flatlm.measure.reference_cache import random_features_model
 from flatlm.models.masked_lm import encoder_features

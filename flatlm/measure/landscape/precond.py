@@ -43,12 +43,12 @@ from flatlm.measure import (
     PRECOND_SHARPNESS_X_LR,
     se_key,
 )
-from flatlm.measure.curvature import grouped_mean_se, masked_inputs, selected_parameters
-from flatlm.measure.flatness import soft_labels
-from flatlm.measure.hvp import CurvatureOperator, flatten
-from flatlm.measure.lanczos import lanczos, top_ritz_pair
-from flatlm.measure.optimizer_state import SavedOptimizer, saved_optimizer
-from flatlm.measure.spectrum import rademacher
+from flatlm.measure.curvature.common import grouped_mean_se, masked_inputs, selected_parameters
+from flatlm.measure.curvature.flatness import soft_labels
+from flatlm.measure.curvature.hvp import CurvatureOperator, flatten
+from flatlm.measure.curvature.lanczos import lanczos, top_ritz_pair
+from flatlm.measure.curvature.spectrum import rademacher
+from flatlm.measure.landscape.optimizer_state import SavedOptimizer, saved_optimizer
 from flatlm.sources.base import Source
 
 log = logging.getLogger(__name__)

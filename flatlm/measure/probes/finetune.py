@@ -28,7 +28,7 @@ from flatlm.core.schedules import SCHEDULES, learning_rate
 from flatlm.core.seeds import derive_seed
 from flatlm.core.tokens import encode
 from flatlm.measure import finetune_keys
-from flatlm.measure.probe import downstream_classes, split_indices
+from flatlm.measure.probes.probe import downstream_classes, split_indices
 from flatlm.models.masked_lm import cls_features, unwrap
 from flatlm.sources.base import Source, as_tokens
 

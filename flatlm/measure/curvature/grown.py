@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from flatlm.measure import TRACE_FISHER, grown_key, se_key
-from flatlm.measure.curvature import FlatnessConfig
+from flatlm.measure.curvature.common import FlatnessConfig
 from flatlm.models.architectures import architecture, can_grow, labels_where
 from flatlm.models.constructions import DEFAULT_CONSTRUCTION
 from flatlm.models.masked_lm import ln_mode_of
@@ -121,8 +121,8 @@ def grown_flatness(
     """Tr(F) (and with ``hessian`` Tr(H) and the gap) of ``model`` grown into ``target`` by
     ``construction``, on the inputs and seeds ``measure_flatness`` would use, under ``grown_key``
     keys (with ``key_construction``, the construction's name in them)."""
-    from flatlm.measure.fisher import trace_fisher
-    from flatlm.measure.flatness import measure_flatness
+    from flatlm.measure.curvature.fisher import trace_fisher
+    from flatlm.measure.curvature.flatness import measure_flatness
 
     big = grown_model(model, target, seed=seed, construction=construction).eval()
     if hessian:

@@ -43,7 +43,7 @@ from torch import nn
 from flatlm.core.seeds import derive_seed
 from flatlm.core.stats import mean_se
 from flatlm.measure import se_key
-from flatlm.measure.curvature import FlatnessConfig, selected_parameters
+from flatlm.measure.curvature.common import FlatnessConfig, selected_parameters
 from flatlm.measure.loss import pair_truth, per_token_loss
 from flatlm.measure.progress import timer
 

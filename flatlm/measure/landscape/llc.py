@@ -58,9 +58,9 @@ from flatlm.measure import (
     LLC_N_BETA,
     se_key,
 )
-from flatlm.measure.curvature import eval_mode, masked_inputs, selected_parameters
-from flatlm.measure.flatness import soft_labels
-from flatlm.measure.hessian_trace import second_order_logits
+from flatlm.measure.curvature.common import eval_mode, masked_inputs, selected_parameters
+from flatlm.measure.curvature.flatness import soft_labels
+from flatlm.measure.curvature.hessian_trace import second_order_logits
 from flatlm.sources.base import Source
 
 log = logging.getLogger(__name__)

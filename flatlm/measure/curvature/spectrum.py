@@ -46,9 +46,9 @@ from flatlm.measure import (
     TOP_EIG_HESSIAN,
     se_key,
 )
-from flatlm.measure.curvature import grouped_mean_se
-from flatlm.measure.hvp import CurvatureOperator
-from flatlm.measure.lanczos import lanczos, quadrature, top_ritz_pair
+from flatlm.measure.curvature.common import grouped_mean_se
+from flatlm.measure.curvature.hvp import CurvatureOperator
+from flatlm.measure.curvature.lanczos import lanczos, quadrature, top_ritz_pair
 
 log = logging.getLogger(__name__)
 

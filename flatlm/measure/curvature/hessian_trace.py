@@ -31,7 +31,7 @@ import contextlib
 import torch
 from torch import nn
 
-from flatlm.measure.curvature import (
+from flatlm.measure.curvature.common import (
     FlatnessConfig,
     eval_mode,
     grouped_mean_se,

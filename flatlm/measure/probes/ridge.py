@@ -24,8 +24,8 @@ import torch
 
 from flatlm.core.seeds import derive_seed
 from flatlm.measure import probe_key, ridge_stage
-from flatlm.measure.probe import ProbeConfig, prepared_features, split_indices
-from flatlm.measure.probe_batched import Task, tasks_by_sentences
+from flatlm.measure.probes.probe import ProbeConfig, prepared_features, split_indices
+from flatlm.measure.probes.probe_batched import Task, tasks_by_sentences
 
 log = logging.getLogger(__name__)
 

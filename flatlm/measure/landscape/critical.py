@@ -64,10 +64,10 @@ from flatlm.measure import (
     UPDATE_CURVATURE,
     se_key,
 )
-from flatlm.measure.curvature import eval_mode, masked_inputs, selected_parameters
-from flatlm.measure.flatness import soft_labels
-from flatlm.measure.hessian_trace import eager_attention, second_order_logits
-from flatlm.measure.optimizer_state import SavedOptimizer, saved_optimizer
+from flatlm.measure.curvature.common import eval_mode, masked_inputs, selected_parameters
+from flatlm.measure.curvature.flatness import soft_labels
+from flatlm.measure.curvature.hessian_trace import eager_attention, second_order_logits
+from flatlm.measure.landscape.optimizer_state import SavedOptimizer, saved_optimizer
 from flatlm.sources.base import Source
 
 log = logging.getLogger(__name__)

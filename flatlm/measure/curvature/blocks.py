@@ -22,15 +22,15 @@ import torch
 from torch import nn
 
 from flatlm.measure import block_key, se_key
-from flatlm.measure.curvature import (
+from flatlm.measure.curvature.common import (
     FlatnessConfig,
     grouped_mean_se,
     masked_inputs,
     model_device_dtype,
     selected_parameters,
 )
-from flatlm.measure.hessian_trace import rademacher_like
-from flatlm.measure.hvp import CurvatureOperator, flatten
+from flatlm.measure.curvature.hessian_trace import rademacher_like
+from flatlm.measure.curvature.hvp import CurvatureOperator, flatten
 
 _LAYER = re.compile(r"(?:\.layer\.(\d+)\.|^lstm\.\w+_l(\d+)(?:_reverse)?$)")
 

@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import torch
 
-from flatlm.measure.probe import (
+from flatlm.measure.probes.probe import (
     ProbeConfig,
     downstream_classes,
     linear_probe_accuracy,
     participation_ratio,
     probe_metrics,
 )
-from flatlm.measure.probe_batched import Draw, Task, probe_feature_sets
-from flatlm.measure.ridge import ridge_feature_sets, ridge_metrics
+from flatlm.measure.probes.probe_batched import Draw, Task, probe_feature_sets
+from flatlm.measure.probes.ridge import ridge_feature_sets, ridge_metrics
 from flatlm.sources.base import Source
 
 

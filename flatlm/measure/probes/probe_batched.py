@@ -50,7 +50,7 @@ from tqdm.auto import tqdm
 from flatlm.core.schedules import learning_rate
 from flatlm.core.seeds import derive_seed
 from flatlm.measure import EARLY_STOPPING_EPOCHS
-from flatlm.measure.probe import (
+from flatlm.measure.probes.probe import (
     ProbeConfig,
     dropout_multipliers,
     feature_dropout,

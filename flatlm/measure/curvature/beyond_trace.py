@@ -17,12 +17,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from flatlm.measure.blocks import block_metrics, block_traces
-from flatlm.measure.curvature import FlatnessConfig, masked_inputs, selected_parameters
-from flatlm.measure.flatness import soft_labels
-from flatlm.measure.hvp import CurvatureOperator
-from flatlm.measure.sharpness import SharpnessConfig, measure_sharpness
-from flatlm.measure.spectrum import SpectrumConfig, eigen_metrics, slq, slq_metrics, write_density
+from flatlm.measure.curvature.blocks import block_metrics, block_traces
+from flatlm.measure.curvature.common import FlatnessConfig, masked_inputs, selected_parameters
+from flatlm.measure.curvature.flatness import soft_labels
+from flatlm.measure.curvature.hvp import CurvatureOperator
+from flatlm.measure.curvature.spectrum import (
+    SpectrumConfig,
+    eigen_metrics,
+    slq,
+    slq_metrics,
+    write_density,
+)
+from flatlm.measure.landscape.sharpness import SharpnessConfig, measure_sharpness
 from flatlm.sources.base import Source
 
 

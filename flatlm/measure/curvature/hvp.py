@@ -19,8 +19,12 @@ import contextlib
 import torch
 from torch import nn
 
-from flatlm.measure.curvature import MaskedInputs, eval_mode
-from flatlm.measure.hessian_trace import eager_attention, hessian_vector, second_order_logits
+from flatlm.measure.curvature.common import MaskedInputs, eval_mode
+from flatlm.measure.curvature.hessian_trace import (
+    eager_attention,
+    hessian_vector,
+    second_order_logits,
+)
 
 
 def flatten(tensors) -> torch.Tensor:

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from flatlm.core.tokens import WORD_OFFSET
-from flatlm.measure.ghost import linear_weight_sq
-from flatlm.measure.per_example import supports
+from flatlm.measure.curvature.ghost import linear_weight_sq
+from flatlm.measure.curvature.per_example import supports
 from flatlm.models.lstm import BiLSTMForMaskedLM
 from flatlm.models.lstm_unrolled import lstm_layers_unrolled
 from flatlm.models.masked_lm import unwrap

@@ -48,8 +48,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flatlm.measure import ghost, lstm_ghost, per_example
-from flatlm.measure.curvature import (
+from flatlm.measure.curvature import ghost, lstm_ghost, per_example
+from flatlm.measure.curvature.common import (
     FlatnessConfig,
     MaskedInputs,
     eval_mode,

@@ -23,7 +23,7 @@ from torch import nn
 from flatlm.core.seeds import derive_seed
 from flatlm.core.tokens import encode
 from flatlm.measure import glue_key
-from flatlm.measure.finetune import FinetuneConfig, finetuned_predictions
+from flatlm.measure.probes.finetune import FinetuneConfig, finetuned_predictions
 
 # task -> the metrics GLUE reports for it (names as the ``evaluate`` library's ``glue`` metric)
 GLUE_METRICS = {

@@ -41,9 +41,9 @@ from flatlm.measure import (
     TRACE_HESSIAN_DATA,
     se_key,
 )
-from flatlm.measure.curvature import FlatnessConfig, masked_inputs, model_device_dtype
-from flatlm.measure.fisher import trace_fisher
-from flatlm.measure.hessian_trace import trace_hessian
+from flatlm.measure.curvature.common import FlatnessConfig, masked_inputs, model_device_dtype
+from flatlm.measure.curvature.fisher import trace_fisher
+from flatlm.measure.curvature.hessian_trace import trace_hessian
 from flatlm.sources.base import Source
 
 __all__ = ["FlatnessConfig", "data_hessian", "measure_flatness", "soft_labels", "trace_fisher",

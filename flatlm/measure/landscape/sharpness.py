@@ -36,14 +36,14 @@ import torch
 from torch import nn
 
 from flatlm.measure import SHARPNESS_AVG, se_key, sharpness_worst_key
-from flatlm.measure.curvature import (
+from flatlm.measure.curvature.common import (
     eval_mode,
     grouped_mean_se,
     masked_inputs,
     selected_parameters,
 )
-from flatlm.measure.flatness import soft_labels
-from flatlm.measure.hessian_trace import second_order_logits
+from flatlm.measure.curvature.flatness import soft_labels
+from flatlm.measure.curvature.hessian_trace import second_order_logits
 from flatlm.sources.base import Source
 
 NORMS = ("linf", "l2")
