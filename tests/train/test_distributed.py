@@ -117,7 +117,7 @@ def test_an_error_in_another_rank_is_raised_in_rank_0():
     cfg = TrainConfig(world_size=2, batch_size=8)
     job = {"cfg": cfg, "source": {"kind": "no-such-kind"}, "model_cfg": None, "out_dir": None,
            "device": "cpu", "ckpt": None, "corpus": None,
-           "algorithm": algorithm_named(cfg.algorithm)}
+           "algorithm": algorithm_named(cfg.algorithm), "plugins": ()}
     with pytest.raises(SourceError, match="source kind 'no-such-kind' is unknown"), \
             _ranks(job, 2, torch.device("cpu")):
         dist.barrier()
