@@ -57,7 +57,13 @@ from flatlm.experiments.testbed_search.first import (
     SPACES,
     STEPS_VARIANTS,
 )
-from flatlm.experiments.testbed_search.jobs import adversary_lambda, finalist_jobs, scale_jobs
+from flatlm.experiments.testbed_search.jobs import (
+    adversary_lambda,
+    finalist_jobs,
+    scale_jobs,
+    stage_saver,
+    write_results,
+)
 from flatlm.experiments.testbed_search.pool import run_all
 from flatlm.experiments.testbed_search.trials import (
     candidate_scale,
@@ -121,19 +127,11 @@ def _command() -> str:
 
 
 def _write(args, results: dict) -> None:
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    write_results(args.out, results)
 
 
 def _saver(args, results: dict, stage: str, key):
-    """on_result for a stage whose rows are ``results[stage]["runs"]``, unique by ``key``:
-    each row replaces an older one of the same key, and the JSON is written."""
-    def save(row):
-        runs = results.setdefault(stage, {}).setdefault("runs", [])
-        runs[:] = [r for r in runs if key(r) != key(row)] + [row]
-        results[stage]["command"] = _command()
-        _write(args, results)
-    return save
+    return stage_saver(args.out, results, stage, key, _command())
 
 
 def _by_trial(row: dict) -> tuple:

@@ -43,6 +43,7 @@ from pathlib import Path
 from analysis.testbed_search import screen_kept
 from analysis.testbed_v2 import kept, learn_verdict, merge, room_needed, screen_verdict, table
 from flatlm.experiments.testbed_search import first
+from flatlm.experiments.testbed_search.jobs import stage_saver, write_results
 from flatlm.experiments.testbed_search.pool import run_all
 from flatlm.experiments.testbed_search.second import (
     CRITERIA,
@@ -107,19 +108,11 @@ def _command() -> str:
 
 
 def _write(args, results: dict) -> None:
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    write_results(args.out, results)
 
 
 def _saver(args, results: dict, stage: str, key):
-    """on_result for a stage whose rows are ``results[stage]["runs"]``, unique by ``key``:
-    each row replaces an older one of the same key, and the JSON is written."""
-    def save(row):
-        runs = results.setdefault(stage, {}).setdefault("runs", [])
-        runs[:] = [r for r in runs if key(r) != key(row)] + [row]
-        results[stage]["command"] = _command()
-        _write(args, results)
-    return save
+    return stage_saver(args.out, results, stage, key, _command())
 
 
 def stage0(args, results: dict) -> None:

@@ -105,3 +105,22 @@ def adversary_lambda(cid: str, sc: Scale, seed: int, work: Path, done: dict, job
             say(f"lambda {lam}: KL {kl:.4f} (adamw {target:.4f})")
     within = [t["lambda"] for t in tried if abs(t["gap"]) <= tol]
     return {"adamw_kl": target, "tried": tried, "lambda": max(within) if within else None}
+
+
+def write_results(out: Path, results: dict) -> None:
+    """A search's results JSON, written whole (each finished job's row is kept at once)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def stage_saver(out: Path, results: dict, stage: str, key: Callable[[dict], object],
+                command: str) -> Callable[[dict], None]:
+    """``on_result`` for a stage whose rows are ``results[stage]["runs"]``, unique by ``key``:
+    each row replaces an older one of the same key, the stage records ``command``, and the JSON
+    is written."""
+    def save(row: dict) -> None:
+        runs = results.setdefault(stage, {}).setdefault("runs", [])
+        runs[:] = [r for r in runs if key(r) != key(row)] + [row]
+        results[stage]["command"] = command
+        write_results(out, results)
+    return save
