@@ -23,12 +23,14 @@ from flatlm.measure import (
     ridge_stage,
 )
 from flatlm.measure.registry import metric_keys
-from flatlm.runs.headline import headline_keys, headline_task
+from flatlm.runs.headline import display_columns, headline_keys, headline_task
 from flatlm.runs.pack import check_pack_request, check_pack_size, group_packs
 from flatlm.runs.trial import TrialConfig, measured_tasks, validate_trial
 from flatlm.storage.metrics_log import N_PARAMS
 from flatlm.tracking.tracker import check_tracking_uri as check
 from flatlm.tracking.ui import runs_view_tag
+
+MODEL, SEED = "model", "train.seed"  # params every trial logs: the runs table shows them
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,16 +177,19 @@ def drawn_keys(sweep: Sweep) -> list[str]:
 
 def runs_view(sweep: Sweep) -> dict[str, str]:
     """The experiment tag of the sweep's saved view in the MLflow UI (``flatlm.tracking.ui``):
-    the runs table with what the sweep varies and its headline metrics as columns; the charts
-    led by the loss and KL, each measured task's probe accuracy, then the flatness traces, then
-    the other measurements' sections, the standard errors' last and folded."""
+    the runs table with the headline metrics rounded (``display_columns``), the model, seed and
+    what else the sweep varies, then the headline metrics exact as columns; the charts (of the
+    exact values) led by the loss and KL, each measured task's probe accuracy, then the
+    flatness traces, then the other measurements' sections, the standard errors' last and
+    folded."""
     tasks = measured_tasks(sweep.base)
     probes = [probe_keys(t)[0] for t in tasks]
     # what the measurements give (registry), and the probes' references per task
     references = [probe_key(t, stat, s) for stage in PROBE_STAGES for s in (stage,
                   ridge_stage(stage)) for t in tasks for stat in ("acc_mean", "acc_se")]
     key, value = runs_view_tag(
-        params=varied(sweep), columns=[LOSS, KL, *probes, TRACE_FISHER, N_PARAMS],
+        display=display_columns(tasks).values(),
+        params=dict.fromkeys([MODEL, SEED, *varied(sweep)]), columns=[LOSS, KL, *probes, TRACE_FISHER, N_PARAMS],
         charts=[LOSS, KL, *probes, TRACE_FISHER, TRACE_HESSIAN], log_scale=[KL],
         metrics=[*metric_keys(sweep.base.measure.what, tasks), *references, N_PARAMS])
     return {key: value}

@@ -25,6 +25,7 @@ from flatlm.core.registry import load_plugins
 from flatlm.core.safe_io import write_bytes
 from flatlm.experiments.presets import scale_and_protocol_of
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, probe_keys
+from flatlm.runs.headline import display_columns
 from flatlm.runs.trial import TrialConfig, tracked_params
 from flatlm.sources import load
 from flatlm.storage.diverged import DIVERGED_FILE, record_divergence
@@ -135,12 +136,14 @@ def _tracker(cfg: TrialConfig, sweep: dict, name: str, out_dir: Path):
 
 def tracker_for(cfg: TrialConfig, sweep: dict, name: str, out_dir: Path, run_id: str | None):
     """The trial's tracker on MLflow run ``run_id`` (a restored checkpoint's), else on that of
-    its earlier attempt on this node, of its name (a retry before any checkpoint), or new."""
+    its earlier attempt on this node, of its name (a retry before any checkpoint), or new.
+    ``cfg``: its tasks resolved (``with_downstream_resolved``): the rounded columns name them."""
     if run_id is None and not (out_dir / STATE_FILE).exists():
         run_id = find_run(sweep["tracking_uri"], sweep["experiment_id"], name)
     return MlflowTracker(sweep["tracking_uri"], out_dir, experiment_id=sweep["experiment_id"],
                          run_id=run_id, run_name=name, params=tracked_params(cfg),
-                         tags=run_tags(cfg, sweep))
+                         tags=run_tags(cfg, sweep),
+                         display=display_columns(tuple(cfg.measure.tasks)))
 
 
 def run_tags(cfg: TrialConfig, sweep: dict) -> dict:

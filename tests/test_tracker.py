@@ -249,6 +249,40 @@ def test_the_trackers_own_tags_are_hidden_in_the_ui(store, tmp_path):
     assert all(k.startswith(("mlflow.", "_mlflow_")) for k in own), own
 
 
+def test_the_runs_table_gets_each_headline_metric_rounded_as_a_tag(store, tmp_path):
+    """The display tags hold the latest value of their metric to 4 significant digits, follow
+    it from checkpoint to checkpoint, survive a reopened tracker that was not told them, and
+    leave the exact metric as it was."""
+    from flatlm.runs.headline import display_columns
+
+    uri, eid = store
+    columns = display_columns(("A",))
+    rows = {0: {"pretrain/loss": 4.15918838978, "pretrain/kl": 0.693147180559,
+                "probe/A/acc_mean": 0.5, "flat/trace_fisher": 1234.56789},
+            200: {"pretrain/loss": 1.88584677435, "pretrain/kl": 0.0313406901,
+                  "probe/A/acc_mean": 0.9172499999, "flat/trace_fisher": 27.0306777},
+            400: {"pretrain/kl": 0.0298765432}}  # a checkpoint that measured only the KL
+    tr = MlflowTracker(uri, tmp_path / "t", experiment_id=eid, run_name="t", display=columns)
+    client = MlflowClient(uri)
+    assert tr.report(0, rows[0])
+    assert client.get_run(tr.run_id).data.tags["loss"] == "4.159"
+    assert tr.report(200, rows[200]) and tr.report(400, rows[400])
+    run = client.get_run(tr.run_id)
+    shown = {name: run.data.tags.get(name) for name in columns.values()}
+    # the latest value of each: the loss, accuracy and Tr(F) of step 200, the KL of step 400
+    assert shown == {"loss": "1.886", "KL": "0.02988", "acc A": "0.9172", "Tr F": "27.03",
+                     "Tr H": None}  # never measured: no column value, not "nan"
+    exact = run.data.metrics
+    for key, name in columns.items():
+        if shown[name] is not None:
+            assert float(shown[name]) == float(f"{exact[key]:.4g}")  # the metric, rounded
+    assert exact["pretrain/loss"] == 1.88584677435  # the metric itself stays exact
+
+    again = MlflowTracker(uri, tmp_path / "t", run_id=tr.run_id)  # as the driver's re-send
+    assert again.report(600, {"pretrain/kl": 0.012345678}) and again.finish()
+    assert client.get_run(tr.run_id).data.tags["KL"] == "0.01235"
+
+
 def test_folders_renamed_in_the_runs_artifacts(store, tmp_path):
     """``folders`` names a folder in the run's artifacts for what it holds there: the
     checkpoints' measurement files under ``measurements/``, the weights on disk only."""

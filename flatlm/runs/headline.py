@@ -1,13 +1,14 @@
 """The few metrics a console shows per checkpoint, and that line: ``flatlm trial``'s printer and
 the sweeps' ``OneLinePerResult`` both take them from here, so that the two read alike; the full
-record of every checkpoint stays in ``metrics.jsonl``.
+record of every checkpoint stays in ``metrics.jsonl``. Also the rounded columns the MLflow runs
+table leads with (:func:`display_columns`).
 
     step 200: loss=4.129  kl=0.4355  trace_fisher=676.9  B/acc_mean=0.9862
 """
 
 from __future__ import annotations
 
-from flatlm.measure import KL, LOSS, TRACE_FISHER, probe_key
+from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, probe_key
 
 
 def headline_task(tasks: tuple[str, ...], attacked: str | None = None) -> str | None:
@@ -39,3 +40,16 @@ def short_line(step: int, metrics: dict, keys: tuple[str, ...]) -> str:
     shown = "  ".join(f"{k.split('/', 1)[-1]}={metrics[k]:.4g}" for k in keys
                       if isinstance(metrics.get(k), int | float))
     return f"step {step}: {shown}"
+
+
+def display_columns(tasks: tuple[str, ...]) -> dict[str, str]:
+    """The MLflow runs table's rounded columns (``flatlm.tracking.ui.display_tags``): metric key
+    -> the column's name, short enough for a narrow column and a valid MLflow tag name (letters,
+    digits, spaces and ``_-./:``; no parentheses). Loss, KL, each task's probe accuracy, Tr(F),
+    Tr(H).
+
+    >>> list(display_columns(("A", "B")).values())
+    ['loss', 'KL', 'acc A', 'acc B', 'Tr F', 'Tr H']
+    """
+    return {LOSS: "loss", KL: "KL", **{probe_key(t): f"acc {t}" for t in tasks},
+            TRACE_FISHER: "Tr F", TRACE_HESSIAN: "Tr H"}

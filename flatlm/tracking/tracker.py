@@ -4,7 +4,9 @@ One MLflow run per trial, kept across retries and resumes; every config field a 
 names, ``train.lr``); the metrics of each checkpoint with the training step as MLflow step (a
 standard error ``<key>_se`` as ``se/<key>``, charted apart: ``flatlm.tracking.ui``); tags for
 the sweep, scale, protocol, model and algorithm (the tracker's own under ``mlflow.flatlm.``,
-which the UI hides); figures and measurement files as artifacts.
+which the UI hides); the headline metrics' latest values rounded, as tags the runs table shows
+(``display``: MLflow prints a metric with all its digits, ``flatlm.tracking.ui.display_tags``);
+figures and measurement files as artifacts.
 
 The tracker mirrors the trial directory's ``metrics.jsonl`` and its training curve
 ``train_log.jsonl`` (``flatlm.storage.metrics_log``) into the run; it keeps no copy of the metrics.
@@ -60,7 +62,7 @@ from flatlm.tracking.ledger import (
     set_aside,
     write_state,
 )
-from flatlm.tracking.ui import HIDDEN_TAG_PREFIX, mlflow_metric_name
+from flatlm.tracking.ui import HIDDEN_TAG_PREFIX, display_tags, mlflow_metric_name
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +253,9 @@ class MlflowTracker:
         run_name: the run's name (the trial name).
         params: the trial config (dataclass) or a flat dict; see :func:`mlflow_params`.
         tags: e.g. ``{"sweep": ..., "preset": ..., "model": ..., "algorithm": ...}``.
+        display: metric key -> run tag holding its latest value rounded
+            (``flatlm.runs.headline.display_columns``), set whenever that value changes; kept in
+            ``tracker.json``, so a tracker reopened on the directory without it keeps them.
         http_max_retries, http_backoff_factor, http_timeout_s: MLflow's HTTP retry policy, set
             process-wide through ``MLFLOW_HTTP_REQUEST_*`` (the defaults, 7 retries with factor
             2, block a call for about four minutes when the server is down).
@@ -260,6 +265,7 @@ class MlflowTracker:
                  experiment_id: str | None = None, experiment_name: str | None = None,
                  run_id: str | None = None, run_name: str | None = None,
                  params: Any = None, tags: Mapping[str, Any] | None = None,
+                 display: Mapping[str, str] | None = None,
                  http_max_retries: int = HTTP_MAX_RETRIES,
                  http_backoff_factor: int = HTTP_BACKOFF_FACTOR,
                  http_timeout_s: float = HTTP_TIMEOUT_S):
@@ -297,6 +303,10 @@ class MlflowTracker:
         # A status an earlier finish() could not deliver: only finish(None) uses it; a resumed
         # trial is running again.
         self._undelivered_status = self._state.pop("pending_status", None)
+        if display is not None:
+            self._state["display"] = dict(display)
+        if self._attached:  # the run's tags may be newer than this state (an older checkpoint's)
+            self._state.pop("display_sent", None)
         self._save_state()
         self._flush()
 
@@ -406,6 +416,7 @@ class MlflowTracker:
         try:
             self._ensure_run()
             self._send_metrics(rows)
+            self._send_display(rows)
             self._send_artifacts()
             status = self._state.get("pending_status")
             if status is not None:
@@ -512,6 +523,28 @@ class MlflowTracker:
                     raise
                 self._log_keys_one_by_one(step, items, now)
             self._ledger.mark(step, [k for k, _ in items])
+
+    def _send_display(self, rows: dict[int, dict]) -> None:
+        """The rounded columns' tags whose value changed since they were last sent (a name
+        MLflow refuses is dropped with a warning: it would block the sends after it)."""
+        from mlflow.entities import RunTag
+
+        sent = self._state.setdefault("display_sent", {})
+        changed = {name: value for name, value in
+                   display_tags(rows, self._state.get("display", {})).items()
+                   if sent.get(name) != value}
+        if not changed:
+            return
+        try:
+            self._client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in changed.items()],
+                                   synchronous=True)
+        except Exception as e:
+            if not _permanent(e):
+                raise
+            log.warning("MLflow rejected the display tags %s of run %s (%s); not retried",
+                        sorted(changed), self.run_id, _first_line(e))
+        sent.update(changed)
+        self._save_state()
 
     def _log_step(self, step: int, items: list[tuple[str, float]], now: int) -> None:
         from mlflow.entities import Metric

@@ -21,13 +21,20 @@ headless Chromium on a fresh profile:
   after the estimates' and the saved view folds them.
 * Run tags whose names start with ``mlflow.`` or ``_mlflow_`` are not shown
   (``isUserFacingTag``); flatlm's internal tags start with :data:`HIDDEN_TAG_PREFIX`.
+* The runs table prints a metric with every digit it has (``1.88584677435...``, cut by the
+  column's width) and has no setting for fewer (mlflow/mlflow#17150, open). It prints a tag as
+  its text, so the tracker also keeps the latest value of each headline metric as a tag rounded
+  to :data:`DISPLAY_DIGITS` significant digits (:func:`rounded`, :func:`display_tags`), and the
+  saved view shows those columns first. The metrics stay exact: the charts, the exact columns
+  after them and every reader use those. A tag sorts as text: sort by the exact column.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from urllib.parse import urlencode
 
 HIDDEN_TAG_PREFIX = "mlflow.flatlm."  # run tags the UI does not show (internal state)
@@ -39,6 +46,9 @@ WORKFLOW = {"workflowType": "machine_learning"}  # the model-training view, not 
 MODEL_METRICS = "Model metrics"  # the charts view's section of a metric name without "/"
 RUN_NAME_COLUMN = "attributes.`Run Name`"  # the runs table's column ids: "<kind>.`<name>`"
 RUN_NAME_WIDTH, COLUMN_WIDTH = 260, 120  # pixels: a trial's whole name; a number and its name
+DISPLAY_WIDTH = 90  # pixels: a rounded value ("0.03134") and its short name ("acc A")
+DISPLAY_DIGITS = 4  # significant digits of the rounded columns: a KL of 0.03134 vs 0.03139
+#   still differs, and 4 digits fit DISPLAY_WIDTH
 MAX_VIEW_CHARS = 20_000  # the longest experiment tag value MLflow stores (and a view it saves)
 
 
@@ -66,6 +76,44 @@ def metrics_key(name: str) -> str:
     if name.startswith(SE_PREFIX) and len(name) > len(SE_PREFIX):
         return name[len(SE_PREFIX):] + SE_SUFFIX
     return name
+
+
+def rounded(value: float, digits: int = DISPLAY_DIGITS) -> str:
+    """``value`` to ``digits`` significant digits as a runs table column shows it: positional
+    from 1e-4 to below 1e6 with its trailing zeros (a column's values line up), else with an
+    exponent.
+
+    >>> rounded(1.88584677435), rounded(0.0313406901), rounded(27.0306777), rounded(0.5)
+    ('1.886', '0.03134', '27.03', '0.5000')
+    >>> rounded(9.99996), rounded(106128.0), rounded(3.2e-7), rounded(float("nan"))
+    ('10.00', '106100', '3.200e-07', 'nan')
+    """
+    value = float(value)
+    scientific = f"{value:.{digits - 1}e}"  # rounded once, here: "1.886e+00"
+    if not math.isfinite(value) or value == 0:
+        return f"{value:.{digits - 1}f}" if value == 0 else str(value)
+    exponent = int(scientific.split("e")[1])  # of the rounded value: 9.99996 -> 1.000e+01
+    if not -4 <= exponent < 6:
+        return scientific
+    return f"{float(scientific):.{max(digits - 1 - exponent, 0)}f}"
+
+
+def display_tags(rows: Mapping[int, Mapping[str, float]],
+                 columns: Mapping[str, str]) -> dict[str, str]:
+    """The runs table's rounded columns as run tags: ``columns`` maps a metric key to its
+    column's name, and each column holds the metric's value at the latest step that has one
+    (the value MLflow's exact column shows), :func:`rounded`. ``rows``: step -> metrics.
+
+    >>> display_tags({0: {"pretrain/kl": 0.6931}, 200: {"pretrain/kl": 0.0313406, "x": 1}},
+    ...              {"pretrain/kl": "KL", "flat/trace_fisher": "Tr F"})
+    {'KL': '0.03134'}
+    """
+    tags = {}
+    for key, name in columns.items():
+        steps = [s for s, row in rows.items() if isinstance(row.get(key), int | float)]
+        if steps:
+            tags[name] = rounded(rows[max(steps)][key])
+    return tags
 
 
 def ui_address(tracking_uri: str) -> str:
@@ -102,14 +150,16 @@ def chart_section(name: str) -> str:
 
 
 def runs_view_tag(*, columns: Sequence[str], params: Iterable[str] = (),
+                  display: Iterable[str] = (),
                   charts: Sequence[str] = (), log_scale: Iterable[str] = (),
                   metrics: Iterable[str] = (), name: str = RUNS_VIEW_ID,
                   now_ms: int | None = None) -> tuple[str, str]:
     """``(tag key, tag value)`` of a saved view of the runs page (set it on the experiment).
 
     Args:
-        columns: the runs table's metric columns, in order (``metrics.jsonl`` keys).
-        params: its param columns, before the metrics.
+        columns: the runs table's exact metric columns, in order (``metrics.jsonl`` keys).
+        params: its param columns, before the exact metrics.
+        display: the rounded columns' names (run tags: :func:`display_tags`), first.
         charts: the metrics charted first (line charts over steps), in order: their sections
             lead the charts view, these charts first in them.
         log_scale: those of ``charts`` drawn on a logarithmic y axis (a quantity that falls by
@@ -123,7 +173,8 @@ def runs_view_tag(*, columns: Sequence[str], params: Iterable[str] = (),
         now_ms: the view's creation time (default: now).
     """
     now = int(time.time() * 1000) if now_ms is None else int(now_ms)
-    selected = ([f"params.`{p}`" for p in params]
+    rounded_columns = [f"tags.`{name}`" for name in display]
+    selected = (rounded_columns + [f"params.`{p}`" for p in params]
                 + [f"metrics.`{mlflow_metric_name(m)}`" for m in columns])
     metrics, logs = list(metrics), set(log_scale)
     for known in (metrics, ()):
@@ -131,7 +182,8 @@ def runs_view_tag(*, columns: Sequence[str], params: Iterable[str] = (),
             "selectedColumns": selected,
             "columnOrder": [RUN_NAME_COLUMN, *selected],
             "columnWidths": {RUN_NAME_COLUMN: RUN_NAME_WIDTH,
-                             **dict.fromkeys(selected, COLUMN_WIDTH)},
+                             **dict.fromkeys(selected, COLUMN_WIDTH),
+                             **dict.fromkeys(rounded_columns, DISPLAY_WIDTH)},
             # the sections in this order (isAccordionReordered); MLflow appends the charts of
             # the metrics not listed after a section's own (isReordered), not sorted in
             "compareRunSections": [{"uuid": _section_id(s), "name": s, "display": not

@@ -74,8 +74,12 @@ def test_a_tracking_server_is_its_own_ui(experiment):
 def test_the_saved_view_shows_the_sweeps_metrics_and_folds_the_standard_errors(experiment):
     uri, _, eid, _ = experiment
     _, state = saved_view(uri, eid)
+    # first the headline metrics rounded (the run tags the tracker sets: MLflow shows a metric
+    # with all its digits), then what tells the runs apart, then the exact metrics
     assert state["selectedColumns"] == [
-        "params.`model`", "metrics.`pretrain/loss`", "metrics.`pretrain/kl`",
+        "tags.`loss`", "tags.`KL`", "tags.`acc A`", "tags.`acc B`", "tags.`Tr F`", "tags.`Tr H`",
+        "params.`model`", "params.`train.seed`",
+        "metrics.`pretrain/loss`", "metrics.`pretrain/kl`",
         "metrics.`probe/A/acc_mean`", "metrics.`probe/B/acc_mean`",
         "metrics.`flat/trace_fisher`", "metrics.`n_params`"]
     # sections as MLflow names them (the metric name before its last "/"), in reading order,
@@ -118,8 +122,9 @@ def test_the_view_follows_the_sweep():
     ((key, value),) = runs_view(sweep).items()
     state = json.loads(json.loads(value)["state"])
     assert key == "mlflow.sharedViewState.flatlm"
-    assert state["selectedColumns"][:3] == ["params.`train.algorithm`", "params.`train.seed`",
-                                            "metrics.`pretrain/loss`"]
+    params = [c for c in state["selectedColumns"] if c.startswith("params.")]
+    assert params == ["params.`model`", "params.`train.seed`", "params.`train.algorithm`"]
+    assert "tags.`acc B`" in state["selectedColumns"]
     assert [s["name"] for s in state["compareRunSections"]][:3] == ["pretrain", "probe/B", "flat"]
 
 

@@ -5,6 +5,7 @@ checkpoints at 10 and 20). Bad configurations must fail with exit code 2 and a m
 fix before any trial starts.
 """
 
+import json
 import re
 
 import pytest
@@ -15,6 +16,7 @@ pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
 from flatlm.experiments.scales import TESTBED_MODELS  # noqa: E402
+from flatlm.runs.headline import display_columns  # noqa: E402
 from tests.sweeps.sweeptools import (  # noqa: E402
     LOOSE_RULE,
     TINY,
@@ -89,7 +91,20 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
     eid = client.get_experiment_by_name("scaling").experiment_id
     assert (f"then open http://127.0.0.1:5000/#/experiments/{eid}/runs?"
             "workflowType=machine_learning&viewStateShareKey=flatlm") in out
-    assert "mlflow.sharedViewState.flatlm" in client.get_experiment(eid).tags
+    view = json.loads(client.get_experiment(eid).tags["mlflow.sharedViewState.flatlm"])
+    # the view's rounded columns are the tags every trial's tracker set: each the latest value
+    # of its exact metric to 4 significant digits
+    rounded = [c[len("tags.`"):-1] for c in json.loads(view["state"])["selectedColumns"]
+               if c.startswith("tags.")]
+    columns = display_columns(("B",))  # TINY's measure.tasks
+    assert rounded == list(columns.values())
+    for r in runs:
+        assert {"loss", "KL", "acc B", "Tr F"} <= set(r.data.tags)
+        for key, name in columns.items():
+            if key in r.data.metrics:
+                assert float(r.data.tags[name]) == float(f"{r.data.metrics[key]:.4g}"), name
+            else:  # not measured: no value shown
+                assert name not in r.data.tags, name
 
 
 @pytest.mark.parametrize(("args", "expected"), [
