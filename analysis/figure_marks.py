@@ -144,9 +144,9 @@ def reference_levels(rows: pd.DataFrame, acc_key: str, groups: pd.Series,
 
 def draw_levels(ax, levels, axis: str = "y") -> None:
     """The reference levels as lines across the axes (one legend entry per kind); a level
-    outside the limits is a note at the edge instead."""
+    outside the limits is a note under the axes instead (:func:`note_under`)."""
     low, high = sorted(ax.get_ylim() if axis == "y" else ax.get_xlim())
-    named, notes = set(), {"below": 0, "above": 0}
+    named = set()
     for value, label, color, style in levels:
         if low <= value <= high:
             line = ax.axhline if axis == "y" else ax.axvline
@@ -154,8 +154,19 @@ def draw_levels(ax, levels, axis: str = "y") -> None:
             named.add(label)
             continue
         side = "below" if value < low else "above"
-        # clear of the outliers' edge markers and their notes (the outermost 6% of the axes)
-        height = 0.08 + 0.05 * notes[side] if side == "below" else 0.88 - 0.05 * notes[side]
-        notes[side] += 1
-        ax.text(0.01, height, f"{label} {value:.3f} ({side} the axis)", transform=ax.transAxes,
-                fontsize=6, color=color)
+        note_under(ax, f"{label} {value:.3f} ({side} the axis)", color)
+
+
+NOTE_FONT, NOTE_STEP = 6, 8  # points: a note's size, and the distance between stacked notes
+
+
+def note_under(ax, text: str, color) -> None:
+    """``text`` under the x axis's label, below the notes already there: outside the axes,
+    where it cannot sit on a point or a line (inside them it did); the figure's constrained
+    layout makes room for it."""
+    stacked = sum(1 for t in ax.texts if getattr(t, "is_note_under", False))
+    note = ax.annotate(text, xy=(0, 0), xycoords=("axes fraction", ax.xaxis.label),
+                       xytext=(0, -2 - NOTE_STEP * stacked), textcoords="offset points",
+                       ha="left", va="top", fontsize=NOTE_FONT, color=color,
+                       annotation_clip=False)
+    note.is_note_under = True

@@ -142,6 +142,31 @@ def test_legend_entries_have_the_colours_of_what_they_name(tmp_path, drawn):
     assert levels == named and len(named) == len(README_SIZES)
 
 
+@pytest.mark.parametrize("draw", ["fig1", "fig3"])
+def test_a_level_beyond_the_axis_is_noted_under_the_plot_not_on_a_point(tmp_path, drawn, draw):
+    """The majority class (0.30) and the random-init models (fig. 1) lie below the accuracy
+    axis: their notes sit under the x axis's label, outside the axes, stacked without
+    overlapping (inside the axes one sat on fig. 3's random-init point)."""
+    df = readme_runs()
+    if draw == "fig1":
+        figures.accuracy_scatter(df, A, tmp_path / "f.png", regime=saturated(df,
+                                                                             kl_threshold=0.05))
+    else:
+        figures.metrics_over_size(df, tmp_path / "f.png", keys=SIZE_KEYS)
+    (fig,) = drawn
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    noted = [ax for ax in fig.axes if any("(below the axis)" in t.get_text() for t in ax.texts)]
+    assert noted  # the check can fail: the levels are below these axes
+    for ax in noted:
+        notes = [t for t in ax.texts if "(below the axis)" in t.get_text()]
+        label = ax.xaxis.label.get_window_extent(renderer)
+        boxes = [t.get_window_extent(renderer) for t in notes]
+        assert all(b.y1 <= label.y0 for b in boxes), [t.get_text() for t in notes]
+        assert not overlapping(notes, renderer)
+    assert "majority class 0.300 (below the axis)" in [t.get_text() for t in noted[0].texts]
+
+
 def test_a_sweep_of_twelve_runs_gets_ten_distinct_hues_first():
     colours = figures.palette(pd.Series([f"run{i:02d}" for i in range(12)]))
     hues = [colorsys.rgb_to_hsv(*to_rgb(c))[0] for c in list(colours.values())[:10]]

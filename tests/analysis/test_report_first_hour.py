@@ -4,6 +4,7 @@ they compare and call a loss equal only when it is; the lookup row as the one me
 is; ``conclusion.md`` with a title and its settings; the README's names (scale, protocol)."""
 
 from datetime import datetime
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,6 +17,7 @@ from tests.analysis.glance_runs import readme_runs, steps_runs  # noqa: E402
 
 A = "probe/A/acc_mean"
 WHEN = datetime(2026, 11, 28, 9, 30)
+DOCS_IMAGES = Path(__file__).parents[2] / "docs" / "images"
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +95,12 @@ def test_five_runs_get_their_correlations(tmp_path):
     assert "| y | x | method |" in (tmp_path / "correlations.md").read_text()
     assert len(pd.read_csv(tmp_path / "correlations.csv")) > 0
     assert "| selector | statistic |" in (tmp_path / "selection.md").read_text()
+
+
+@pytest.mark.parametrize(("committed", "drawn"), [("fig1_after.png", "fig1_accuracy_scatter.png"),
+                                                  ("fig3_after.png", "fig3_over_size.png")])
+def test_the_docs_after_figures_are_this_report_s_byte_for_byte(report, committed, drawn):
+    """docs/results.md shows these two figures of this report: a change to the figures fails
+    here until they are redrawn (copy the report's files over them)."""
+    out, _ = report
+    assert (DOCS_IMAGES / committed).read_bytes() == (out / drawn).read_bytes()
