@@ -131,3 +131,25 @@ def test_write_selection_files(tmp_path):
     empty = write_selection(planted(), tmp_path / "e", ACC, kl_threshold=1e-9, n_boot=10)
     assert "nothing to select from" in (tmp_path / "e" / "selection.md").read_text()
     assert len(empty) == 2
+
+
+def test_the_docs_selection_figure_redraws_from_committed_records(tmp_path, monkeypatch,
+                                                                   capsys):
+    """docs/selection.md's command, run as written there (its --out here), draws the figure the
+    page shows, byte for byte, from the committed trial records."""
+    import shlex
+
+    from analysis.selection import main
+    from tests.test_readme import shell_lines
+
+    page = (REPO / "docs" / "selection.md").read_text()
+    (line,) = [x for x in shell_lines(page) if "replication_testbed/trials" in x]
+    words = shlex.split(line, comments=True)
+    assert words[:2] == ["python", "analysis/selection.py"]
+    argv = words[2:]
+    argv[argv.index("--out") + 1] = str(tmp_path)
+    monkeypatch.chdir(REPO)  # the page's paths are the checkout's
+    assert main(argv) == 0
+    assert "18 candidate checkpoints of 12 runs" in capsys.readouterr().out  # as the page says
+    drawn = (tmp_path / "selection.png").read_bytes()
+    assert drawn == (REPO / "docs" / "images" / "selection_testbed.png").read_bytes()
