@@ -189,7 +189,8 @@ def runs_view(sweep: Sweep) -> dict[str, str]:
                   ridge_stage(stage)) for t in tasks for stat in ("acc_mean", "acc_se")]
     key, value = runs_view_tag(
         display=display_columns(tasks).values(),
-        params=dict.fromkeys([MODEL, SEED, *varied(sweep)]), columns=[LOSS, KL, *probes, TRACE_FISHER, N_PARAMS],
+        params=dict.fromkeys([MODEL, SEED, *varied(sweep)]),  # model and seed first, once
+        columns=[LOSS, KL, *probes, TRACE_FISHER, N_PARAMS],
         charts=[LOSS, KL, *probes, TRACE_FISHER, TRACE_HESSIAN], log_scale=[KL],
         metrics=[*metric_keys(sweep.base.measure.what, tasks), *references, N_PARAMS])
     return {key: value}

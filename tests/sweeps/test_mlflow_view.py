@@ -139,3 +139,27 @@ def test_a_view_too_long_for_a_tag_lists_only_the_charts_sections():
     assert [s["name"] for s in state["compareRunSections"]] == ["pretrain", "flat"]
     assert [c["metricKey"] for c in state["compareRunCharts"]] == ["pretrain/kl",
                                                                   "flat/trace_fisher"]
+
+
+def test_the_screenshots_sweep_command_in_the_docs_builds_its_trials():
+    """docs/results.md's sweep behind the MLflow screenshots, run up to its trials' configs
+    (``--print-config``: no Ray, no MLflow; the sweep itself takes ~10 minutes): the page's
+    command parses, and its trials run 1000 steps with checkpoints at 0, 500 and 1000."""
+    import re
+    import shlex
+    import subprocess
+    import sys
+
+    from tests.test_readme import ROOT, checkout_env, shell_lines
+
+    page = (ROOT / "docs" / "results.md").read_text()
+    (line,) = [x for x in shell_lines(page) if "sweeps/scaling.py" in x and "1000" in x]
+    words = shlex.split(line, comments=True)
+    assert words[:2] == ["python", "sweeps/scaling.py"]
+    done = subprocess.run([sys.executable, *words[1:], "--print-config"], cwd=ROOT,
+                          env=checkout_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    steps = re.findall(r"^train\.steps\s+= (\S+)", done.stdout, re.M)
+    checkpoints = re.findall(r"^train\.checkpoint_steps\s+= (\[[^\]]*\])", done.stdout, re.M)
+    assert steps == ["1000"] * 3  # each of the three models' trials
+    assert checkpoints == ["[0, 500, 1000]"] * 3
