@@ -49,6 +49,7 @@ X_KEYS = (TRACE_FISHER, TRACE_HESSIAN, TRACE_FISHER_GROWN, TRACE_HESSIAN_GROWN, 
 METHODS = ("pearson", "spearman", "kendall")
 PARTIAL_METHODS = ("partial_pearson", "partial_spearman")
 TABLE_COLUMNS = ("y", "x", "method", "control", "n", "runs", "r", "p", "ci_low", "ci_high")
+N_BOOT = 1000  # the cluster bootstrap's resamples (correlation_table's default)
 MIN_RUNS = 5  # fewer runs in the regime than this: a warning (cluster bootstrap on few clusters)
 RUN = "run_id"
 
@@ -87,7 +88,7 @@ def has_truth_columns(df: pd.DataFrame) -> bool:
 
 def correlation_table(df: pd.DataFrame, acc_key: str, *, x_keys=X_KEYS, control: str = LOSS,
                       kl_threshold: float | None = None, loss_tolerance: float | None = None,
-                      n_boot: int = 1000, level: float = 0.95, seed: int = 0,
+                      n_boot: int = N_BOOT, level: float = 0.95, seed: int = 0,
                       min_runs: int = MIN_RUNS) -> pd.DataFrame:
     """Tidy table of correlations of ``acc_key`` with each of ``x_keys`` in the saturated rows.
 

@@ -14,7 +14,14 @@ import warnings
 from pathlib import Path
 
 from analysis.conclusion import conclusion
-from analysis.correlate import correlation_markdown, correlation_table
+from analysis.correlate import (
+    MIN_RUNS,
+    N_BOOT,
+    RUN,
+    correlation_markdown,
+    correlation_table,
+    saturated,
+)
 from analysis.reach import REACH_OPENINGS
 from analysis.run_table import glance
 from analysis.runs import load_runs
@@ -43,7 +50,7 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None, *,
     key, rule = accuracy_key(sweep), saturation(sweep)
     with warnings.catch_warnings():  # an empty or thin regime is said in the conclusion
         warnings.simplefilter("ignore", UserWarning)
-        table = correlation_table(runs, key, **rule)
+        table = correlation_table(runs, key, n_boot=_resamples(runs, rule), **rule)
     reach, words = _reach_first(conclusion(runs, table, key, **rule))
     if reach:  # what the runs cannot carry comes before any number (issue 42)
         print(f"\n{_paragraphs(reach)}")
@@ -58,6 +65,14 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None, *,
     if verbose or sweep.selection:
         _print_selection(sweep, runs, key)
     _print_commands(sweep, workdir, uri, verbose, runs.attrs.get("experiment_id"))
+
+
+def _resamples(runs, rule: dict) -> int:
+    """The bootstrap's resamples: none below MIN_RUNS runs in the regime, where neither the
+    conclusion nor the ``--verbose`` table shows an interval (``too_few_runs``); they took
+    seconds at the end of every small sweep for nothing."""
+    in_regime = runs.loc[saturated(runs, **rule), RUN].nunique() if RUN in runs else 0
+    return N_BOOT if in_regime >= MIN_RUNS else 0
 
 
 def nothing_finished(runs) -> str | None:

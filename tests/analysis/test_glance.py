@@ -328,3 +328,20 @@ def test_runs_that_differ_by_seed_only_are_also_shown_as_their_mean():
     mean, se = sum(b) / 2, abs(b[1] - b[0]) / 2  # std / sqrt(2) of two values
     assert f"{mean:.4f} ± {se:.4f}" in line
     assert "algorithm=adversarial (2 runs)" not in over  # left out: never in the regime
+
+
+def test_the_summary_draws_no_bootstrap_it_would_not_show(capsys, monkeypatch):
+    """Below five runs in the regime neither the conclusion nor --verbose shows an interval: the
+    summary asks for no resample; with six it asks for the report's 1000."""
+    asked = []
+    real = summary.correlation_table
+    monkeypatch.setattr(summary, "correlation_table",
+                        lambda *a, n_boot, **kw: asked.append(n_boot) or real(*a, n_boot=n_boot,
+                                                                              **kw))
+    few = _summary(capsys, monkeypatch, scaling_runs(), verbose=True)
+    assert asked == [0] and "Correlations left out: 3 run(s)" in few
+    six = pd.concat([scaling_runs().assign(run_id=lambda d, i=i: d["run_id"] + f"-{i}",
+                                           trial=lambda d, i=i: d["trial"] + f"-{i}")
+                     for i in range(2)], ignore_index=True)
+    _summary(capsys, monkeypatch, six)
+    assert asked == [0, 1000]
