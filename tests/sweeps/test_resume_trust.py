@@ -1,8 +1,10 @@
 """Issue 27's sweep cases, with a real local Ray and a real MLflow store (slow): one tiny sweep,
 interrupted, resumed by pasting the printed command, then its state tampered with.
 
-* 9: the interrupt message counts the unfinished trials, and the printed ``--resume`` command
-  works when pasted into a shell (a ``--set`` value with quotes survives);
+* 9: Ctrl-C (SIGINT) stops the sweep with the shell's exit code 130, marks the unfinished runs
+  KILLED (none left RUNNING), prints no summary; the interrupt message counts the unfinished
+  trials, and the printed ``--resume`` command works when pasted into a shell (a ``--set`` value
+  with quotes survives);
 * 3: a password planted in ``MLFLOW_TRACKING_PASSWORD`` lands in none of the sweep's files nor
   Ray's session directory;
 * 1: a pickle planted as the search algorithm's state (``basic-variant-state-*.json``, which Ray
@@ -64,6 +66,15 @@ def pasted(command: str, cwd: Path, env: dict, timeout: float = 600) -> subproce
                           env={**env, "PATH": f"{bin_dir}:{env['PATH']}"})
 
 
+def run_statuses(work: Path) -> set[str]:
+    """The statuses of the scaling sweep's MLflow runs in ``work``'s store."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("scaling").experiment_id])
+    return {r.info.status for r in runs}
+
+
 def printed_command(stderr: str) -> str:
     """The indented command line the driver printed last."""
     return [line.strip() for line in stderr.splitlines() if line.startswith("    python ")][-1]
@@ -98,10 +109,12 @@ def test_interrupt_resume_by_paste_and_tampered_state(tmp_path, ray_tmpdir):
         rc = first.wait(timeout=300)
     finally:
         kill_own(first.proc.pid, f"{ray_tmpdir}/")
-    assert rc == 130, first.tail()
+    assert rc == 130, first.tail()  # the shell's code for SIGINT
     assert "3 trial(s) unfinished" in first.stderr, first.tail()
     command = printed_command(first.stderr)
     assert shlex.split(command) == ["python", str(SCALING), *args, "--resume"]
+    assert "Per run, final checkpoint" not in first.stdout  # no partial summary
+    assert run_statuses(work) >= {"KILLED"} and "RUNNING" not in run_statuses(work)
 
     # the printed command, pasted, finishes the sweep
     done = pasted(command, work, env)
