@@ -6,14 +6,10 @@ examples are built in ``tests/test_readme.py``."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from tests.test_readme import (
-    FLATLM,
     ROOT,
-    checkout_env,
     command_problems,
     dry_run_words,
     flatlm_helps,
@@ -54,14 +50,19 @@ def test_each_trial_example_builds_a_valid_trial():
 
 
 @pytest.mark.parametrize("i", range(6))
-def test_each_replicate_example_runs_as_a_dry_run(tmp_path, i):
+def test_each_replicate_example_runs_as_a_dry_run(tmp_path, i, monkeypatch, capsys):
+    """In this process, through the command line's own ``main`` (a subprocess each cost 5 s
+    of importing torch; ``tests/test_readme.py`` runs ``flatlm --help`` as a process)."""
+    from flatlm.cli import main
+
     replicate = list(dict.fromkeys(c for _, c in help_examples() if c.words[1] == "replicate"
                                    and "--out" in c.words))
     if i >= len(replicate):
         pytest.skip(f"{len(replicate)} replicate examples")
-    argv = [*FLATLM, *dry_run_words(replicate[i], tmp_path / "out")]
-    done = subprocess.run(argv, cwd=ROOT, env=checkout_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, (replicate[i].line, done.stderr[-2000:])
+    monkeypatch.chdir(ROOT)
+    words = dry_run_words(replicate[i], tmp_path / "out")
+    rc = main(words)
+    out, err = capsys.readouterr()
+    assert rc == 0, (replicate[i].line, err[-2000:])
     # a --print-config example prints the trials' configs and stops; the others their cost
-    assert ("# trial " if "--print-config" in replicate[i].words else "in all:") in done.stdout
+    assert ("# trial " if "--print-config" in replicate[i].words else "in all:") in out
