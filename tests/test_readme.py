@@ -292,17 +292,21 @@ def test_every_extra_the_readme_installs_exists():
         assert extra in extras, f"pip install -e \".[{extra}]\": pyproject.toml has no such extra"
 
 
-def test_the_readme_s_replicate_commands_run_as_a_dry_run(tmp_path):
+def test_the_readme_s_replicate_commands_run_as_a_dry_run(tmp_path, monkeypatch, capsys):
+    """Through the command line's ``main`` in this process (a subprocess each cost 5 s of
+    importing torch; ``flatlm --help`` runs as a process above)."""
+    from flatlm.cli import main
+
+    monkeypatch.chdir(ROOT)
     replicate = [c for c in readme_commands(TEXT)
                  if c.words[:2] == ("flatlm", "replicate") and "--out" in c.words]
     assert any("testbed" in c.words for c in replicate)
     for i, command in enumerate(dict.fromkeys(replicate)):
-        argv = [sys.executable, "-m", "flatlm.cli", *dry_run_words(command, tmp_path / str(i))]
-        done = subprocess.run(argv, cwd=ROOT, env=checkout_env(), capture_output=True,
-                              text=True, timeout=300)
-        assert done.returncode == 0, (command.line, done.stderr[-2000:])
+        rc = main(dry_run_words(command, tmp_path / str(i)))
+        out, err = capsys.readouterr()
+        assert rc == 0, (command.line, err[-2000:])
         assert re.search(r"^  \w+: \d+ trials(, about \d+ CPU-min|, CPU time unknown)",
-                         done.stdout, re.M), done.stdout[-2000:]
+                         out, re.M), out[-2000:]
         assert not (tmp_path / str(i)).exists()  # a dry run writes nothing
 
 
