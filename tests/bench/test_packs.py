@@ -41,7 +41,8 @@ def test_the_gpu_check_s_smoke_part_writes_its_json(tmp_path):
     """bench/gpu_check.sh smoke cpu: the whole script (spawned processes) at toy sizes."""
     subprocess.run(["bash", str(SCRIPT.parent / "gpu_check.sh"), "smoke", "cpu"], check=True,
                    capture_output=True, env={**os.environ, "OUT": str(tmp_path),
-                                             "PYTHON": sys.executable})
+                                             "PYTHON": sys.executable,
+                                             "WHEELS": str(tmp_path / "no-wheels")})
     report = json.loads((tmp_path / "packs_smoke.json").read_text())
     assert report["baseline"].startswith("K separate trial processes")
     (row,) = report["rows"]
@@ -50,3 +51,18 @@ def test_the_gpu_check_s_smoke_part_writes_its_json(tmp_path):
     assert len(report["sizes_packed"]) == 3
     assert json.loads((tmp_path / "train_gpu_check_smoke.json").read_text())  # issue 40's parts
     assert json.loads((tmp_path / "measure_cpu.json").read_text())["settings"]
+    for part in ("truth", "eval_data", "flatness", "checkpoint_cost", "shared_gpu"):  # the rest
+        assert json.loads((tmp_path / f"{part}_smoke.json").read_text()), part
+    cost = json.loads((tmp_path / "checkpoint_cost_smoke.json").read_text())[0]
+    assert cost["measure_share"] == cost["measure_s"] / cost["training_between_checkpoints_s"]
+    flat = json.loads((tmp_path / "flatness_smoke.json").read_text())
+    assert any(r["metric"] == "seconds_trace_fisher_paper_precision" for r in flat)
+
+
+def test_the_gpu_check_refuses_an_unknown_part_naming_its_parts(tmp_path):
+    done = subprocess.run(["bash", str(SCRIPT.parent / "gpu_check.sh"), "everything"],
+                          env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "use train, measure, packs, large, flatness or smoke" in done.stderr
+    assert not any(tmp_path.iterdir())  # refused before anything ran
