@@ -2,7 +2,8 @@
 an architecture, each a module that registers itself when imported) named on the command line,
 and in ``FLATLM_PLUGINS``, run a trial of a fresh ``flatlm`` process, the toy measurement's own
 setting given by ``--set measure.param_norm.p=1``; the same command without them is refused
-before any work, naming the fix."""
+before any work, naming the fix. ``flatlm replicate --plugin`` runs the toy experiment
+(tests/assets/toy_experiment.py) as one of the paper's, read from the experiments registry."""
 
 import json
 import os
@@ -86,3 +87,38 @@ def test_without_the_plugins_the_command_names_the_fix(tmp_path):
     assert missing.returncode == 2
     assert "plug-in 'tests.assets.no_such_toy' (--plugin, FLATLM_PLUGINS): cannot import" \
         in missing.stderr
+
+
+def test_replicate_runs_a_plugin_experiment_named_by_the_flag(tmp_path):
+    """``flatlm replicate --experiment`` reads the experiments registry: the toy experiment of
+    tests/assets/toy_experiment.py, named by ``--plugin``, runs like one of the paper's."""
+    from tests.experiments.fastcfg import fast_set_flags
+
+    out = tmp_path / "r"
+    args = ["replicate", "--plugin", "tests.assets.toy_experiment", "--experiment", "lr_pair",
+            "--scale", "tiny", "--protocol", "paper", "--seeds", "1", "--out", str(out),
+            *fast_set_flags()]
+    done = _flatlm(args, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = sorted((out / "paper" / "lr_pair").iterdir())
+    lrs = sorted(json.loads((t / "config.json").read_text())["train"]["lr"] for t in trials)
+    assert len(trials) == 2 and lrs[1] == 4 * lrs[0]  # half and twice the scale's rate
+    assert all((t / "metrics.jsonl").exists() for t in trials)
+
+
+def test_an_unknown_experiment_lists_the_registered_ones(tmp_path):
+    args = ["replicate", "--experiment", "lr_pair", "--out", str(tmp_path / "r"), "--dry-run"]
+    without = _flatlm(args, tmp_path)
+    assert without.returncode == 2 and not (tmp_path / "r").exists()
+    assert ("--experiment 'lr_pair': use one of the registered experiments, steps, sizes, "
+            "algorithms, sgd, selection, search (add one with "
+            "flatlm.experiments.paper.register_experiment in a plug-in module: --plugin MODULE)"
+            ) in " ".join(without.stderr.split())
+    named = _flatlm([*args, "--plugin", "tests.assets.toy_experiment"], tmp_path)
+    assert named.returncode == 0, named.stderr[-2000:]
+    assert "lr_pair: 2 trials" in named.stdout  # the sweep scale: one seed, two rates
+    typo = _flatlm(["replicate", "--experiment", "lr_piar", "--dry-run", "--out", "r",
+                    "--plugin", "tests.assets.toy_experiment"], tmp_path)
+    assert typo.returncode == 2
+    assert "use one of the registered experiments, steps, sizes, algorithms, sgd, selection, " \
+           "search, lr_pair (add one with" in " ".join(typo.stderr.split())
