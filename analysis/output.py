@@ -30,14 +30,6 @@ def report_dir(path: str | Path, flag: str = "--out") -> Path:
     return check_output_dir(path, flag)
 
 
-def checked_out(path: str | Path, flag: str = "--out") -> Path:
-    """``report_dir`` for a script's ``main``: an unusable place ends it with one line."""
-    try:
-        return report_dir(path, flag)
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
-
-
 def write_file(path: str | Path, data: str | bytes) -> None:
     """``path`` written whole, never through a link (a link there is refused)."""
     write_atomic(path, data)

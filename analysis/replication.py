@@ -49,7 +49,7 @@ from analysis.claims import (  # noqa: E402
 )
 from analysis.correlate import to_markdown  # noqa: E402
 from analysis.fig1 import DEFAULT_FIG1, MIN_RUNS, Fig1Settings, fig1_rows  # noqa: E402
-from analysis.output import checked_out, report_dir, write_csv, write_file
+from analysis.output import report_dir, write_csv, write_file
 from analysis.paper_claims import FIG5_TASK
 from analysis.room import ROOM_FACTOR
 from analysis.runs import load_runs
@@ -98,7 +98,7 @@ def load(args) -> pd.DataFrame:
         return load_trials(args.trials)
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
-        raise SystemExit("--experiments needs --tracking-uri (or $MLFLOW_TRACKING_URI)")
+        raise ValueError("--experiments needs --tracking-uri (or $MLFLOW_TRACKING_URI)")
     refuse_password(uri)
     frames = []
     for name in args.experiments.split(","):
@@ -409,12 +409,12 @@ def _sizes_line(part: pd.DataFrame) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.tracking_uri:  # before anything is read: a password is refused, never echoed
-        refuse_password(args.tracking_uri)
-    args.out = checked_out(args.out)  # a link or a file: one line, before any work
-    try:
+    try:  # a password, a link or a file for --out, no such directory, no claim readable
+        if args.tracking_uri:  # before anything is read: a password is refused, never echoed
+            refuse_password(args.tracking_uri)
+        args.out = report_dir(args.out)  # before any work
         return _report(args)
-    except ValueError as e:  # no such directory, no claim readable: one line, no traceback
+    except ValueError as e:  # one line, no traceback
         raise SystemExit(f"error: {e}") from None
 
 

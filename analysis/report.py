@@ -45,7 +45,7 @@ from analysis.correlate import (  # noqa: E402
 )
 from analysis.figures import accuracy_scatter, metrics_over_size, metrics_over_steps  # noqa: E402
 from analysis.labels import plain_name  # noqa: E402
-from analysis.output import checked_out, report_dir, write_csv, write_file  # noqa: E402
+from analysis.output import report_dir, write_csv, write_file  # noqa: E402
 from analysis.run_table import glance  # noqa: E402
 from analysis.selection import write_selection  # noqa: E402
 from analysis.store import (  # noqa: E402
@@ -189,12 +189,13 @@ def _figures(df, out: Path, acc_key: str, regime, rule: str) -> list[Path]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.tracking_uri:  # also with --trials: a password is refused, never echoed
-        refuse_password(args.tracking_uri)
-    args.out = checked_out(args.out)  # a link or a file: one line, before any work
-    try:
+    try:  # a password, a link or a file for --out, no store, no such directory, no accuracy
+        if args.tracking_uri:  # also with --trials: a password is refused, never echoed
+            refuse_password(args.tracking_uri)
+        args.out = report_dir(args.out)  # before any work
         df, uri = load_table(args)
-    except ValueError as e:  # no such directory: one line, no traceback
+        acc_key = None if df.empty else accuracy_key(df.columns, args.task)
+    except ValueError as e:  # one line, no traceback
         raise SystemExit(f"error: {e}") from None
     if uri is None:
         args.no_log = True
@@ -202,9 +203,8 @@ def main(argv=None) -> int:
         print(f"no runs in {args.experiment or 'the trial directories'} at "
               f"{uri or args.trials}", file=sys.stderr)
         return 1
-    acc_key = accuracy_key(df.columns, args.task)
     if acc_key not in df:
-        raise SystemExit(f"column {acc_key!r} not in the runs")
+        raise SystemExit(f"error: column {acc_key!r} not in the runs; pass --task")
     rule = dict(kl_threshold=args.kl_threshold, loss_tolerance=args.loss_tolerance)
     paths, corr_md = write_report(df, args.out, acc_key, n_boot=args.n_boot, seed=args.seed,
                                   sweep=args.experiment or str(args.trials), **rule)

@@ -331,19 +331,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.tracking_uri:  # a password is refused, never echoed
-        refuse_password(args.tracking_uri)
-    df, uri = load_table(args)
-    if df.empty:
-        print("no runs to select from", file=sys.stderr)
-        return 1
-    acc_key = accuracy_key(df.columns, args.task)
-    selectors = args.selectors.split(",") if args.selectors else None
-    try:
+    try:  # a password, no store, no such directory, no accuracy, an unknown selector
+        if args.tracking_uri:  # a password is refused, never echoed
+            refuse_password(args.tracking_uri)
+        df, uri = load_table(args)
+        if df.empty:
+            print("no runs to select from", file=sys.stderr)
+            return 1
+        acc_key = accuracy_key(df.columns, args.task)
+        selectors = args.selectors.split(",") if args.selectors else None
         paths = write_selection(df, args.out, acc_key, selectors, n_boot=args.n_boot,
                                 seed=args.seed, kl_threshold=args.kl_threshold,
                                 loss_tolerance=args.loss_tolerance)
-    except ValueError as e:
+    except ValueError as e:  # one line, no traceback
         raise SystemExit(f"error: {e}") from None
     print((args.out / "selection.md").read_text())
     if uri is not None and not args.no_log:

@@ -1,6 +1,9 @@
 """Where a report reads its runs and where it logs: the tidy table from an MLflow experiment or
 trial directories, the accuracy column it is about, and the report run beside the experiment.
-Shared by ``report`` and ``selection`` (neither imports the other)."""
+Shared by ``report`` and ``selection`` (neither imports the other).
+
+A library: what the user can fix (no store there, no such experiment, a password in the URI)
+is a ValueError naming the fix; the scripts' ``main`` prints it as one ``error:`` line."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ def accuracy_key(columns, task: str | None) -> str:
         return task if "/" in task else probe_keys(task)[0]
     probes = sorted(c for c in columns if c.startswith("probe/") and c.endswith("/acc_mean"))
     if not probes:
-        raise SystemExit("no probe/<task>/acc_mean column in the runs; pass --task")
+        raise ValueError("no probe/<task>/acc_mean column in the runs; pass --task")
     return probes[0]
 
 
@@ -57,27 +60,24 @@ def log_report(tracking_uri: str, experiment: str, paths, params: dict, *,
 
 
 def check_store(uri: str, experiment: str) -> None:
-    """Exits with a message naming the fix when the store or the experiment is not there;
-    opening a missing sqlite file would create an empty store instead."""
+    """A ValueError naming the fix when the store or the experiment is not there; opening a
+    missing sqlite file would create an empty store instead."""
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
-        raise SystemExit(f"error: no MLflow store at {uri}: run the report where the sweep ran "
+        raise ValueError(f"no MLflow store at {uri}: run the report where the sweep ran "
                          "(its --workdir), or pass --tracking-uri")
     store = StoreReader(uri)
     if store.experiment(experiment) is None:
         names = store.experiment_names()
         close = difflib.get_close_matches(experiment, names, n=3)
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise SystemExit(f"error: no experiment {experiment!r} at {uri}; {hint}experiments "
+        raise ValueError(f"no experiment {experiment!r} at {uri}; {hint}experiments "
                          f"there: {', '.join(sorted(names)) or 'none'}")
 
 
 def refuse_password(uri: str) -> None:
-    """Exits, without echoing the URI, when it holds a password (``flatlm.tracking.tracker``'s
-    rule)."""
-    try:
-        check_tracking_uri(uri, "--tracking-uri (or $MLFLOW_TRACKING_URI)")
-    except ValueError as e:
-        raise SystemExit(f"error: {e}") from None
+    """A ValueError, which does not echo the URI, when it holds a password
+    (``flatlm.tracking.tracker``'s rule)."""
+    check_tracking_uri(uri, "--tracking-uri (or $MLFLOW_TRACKING_URI)")
 
 
 def load_table(args) -> tuple:

@@ -328,3 +328,81 @@ def test_every_module_and_path_the_architecture_doc_names_exists():
     assert not _exists("flatlm.runs.no_such_module", repo)  # and can fail
     missing = [n for n in named if not _exists(n, repo)]
     assert not missing, missing
+
+
+# Who may end the process. A library function raises (a ValueError naming the field and the
+# fix) and its caller decides; only a command-line entry turns that into ``error: ...`` on
+# stderr and an exit status. The entries: every function named ``main`` (with what it nests),
+# a module's ``if __name__ == "__main__":`` block, the whole of ``flatlm/cli.py``,
+# ``flatlm/__main__.py`` and ``flatlm/commands/``, and the process targets below.
+ENTRY_MODULES = ("flatlm.cli", "flatlm.__main__", "flatlm.commands")
+PROCESS_ENTRIES = {  # function -> why it may end its process
+    "flatlm.train.distributed._helper": "a data-parallel rank's process target: it exits "
+                                        "quietly when rank 0 has stopped first",
+}
+
+
+def _exits_outside_entries(source: str, module: str) -> list[str]:
+    """``module:line`` of every ``raise SystemExit`` / ``sys.exit(...)`` in ``source`` outside
+    a command-line entry.
+
+    >>> _exits_outside_entries("def f():\\n    raise SystemExit('x')\\n"
+    ...                        "def main():\\n    raise SystemExit(1)\\n", "m")
+    ['m:2 f']
+    >>> _exits_outside_entries("import sys\\nif __name__ == '__main__':\\n    sys.exit(0)\\n"
+    ...                        "class A:\\n    def g(self):\\n        sys.exit(1)\\n", "m")
+    ['m:6 A.g']
+    """
+    import ast
+
+    if module in ENTRY_MODULES or module.startswith(tuple(m + "." for m in ENTRY_MODULES)):
+        return []
+
+    def exits(node) -> bool:
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            return isinstance(exc, ast.Name) and exc.id == "SystemExit"
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "exit" and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "sys")
+
+    def is_main_block(node) -> bool:
+        return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__")
+
+    found = []
+
+    def visit(node, where: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                inner = [*where, child.name]
+                if (isinstance(child, ast.ClassDef) or child.name != "main") and \
+                        f"{module}.{'.'.join(inner)}" not in PROCESS_ENTRIES:
+                    visit(child, inner)
+            elif not (node is tree and is_main_block(child)):
+                if exits(child):
+                    found.append(f"{module}:{child.lineno} {'.'.join(where) or '<module>'}")
+                visit(child, where)
+
+    tree = ast.parse(source)
+    visit(tree, [])
+    return found
+
+
+def test_only_command_line_entries_end_the_process():
+    from pathlib import Path
+
+    repo = Path(flatlm.__file__).resolve().parents[1]
+    assert _exits_outside_entries("def load():\n    raise SystemExit('no')\n", "analysis.x")
+    found = []
+    for package in ("flatlm", "sweeps", "analysis"):
+        for path in sorted((repo / package).rglob("*.py")):
+            parts = path.relative_to(repo).with_suffix("").parts
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found += _exits_outside_entries(path.read_text(), module)
+    for name in PROCESS_ENTRIES:  # each exemption still names a function there
+        module, _, function = name.rpartition(".")
+        assert f"def {function}(" in (repo / Path(*module.split("."))).with_suffix(
+            ".py").read_text(), name
+    assert not found, ("raise a ValueError naming the fix; only main() turns it into "
+                       f"'error: ...' and an exit status: {found}")

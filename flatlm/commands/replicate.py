@@ -40,7 +40,7 @@ from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import check_output_dir
 from flatlm.experiments.costs import experiment_minutes
 from flatlm.experiments.layers import base_layers, grid_layers
-from flatlm.experiments.paper import EXPERIMENTS, build
+from flatlm.experiments.paper import EXPERIMENT_BUILDERS, EXPERIMENTS, build
 from flatlm.experiments.protocols import describe, diagnosis_protocols
 from flatlm.experiments.runner import DIVERGED
 from flatlm.experiments.scales import SCALES
@@ -79,15 +79,13 @@ def register(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-# the extra experiments a host runs as they are (a search's trials are drawn by a searcher)
-RUNNABLE_EXTRA = ("selection",)
-
-
 def add_selection_arguments(p) -> None:
     """The options that choose the experiments (shared with ``sweeps/replicate.py``)."""
     p.add_argument("--experiment", default="all",
-                   help=f"comma-separated, of {', '.join(EXPERIMENTS)} (default: all of "
-                        f"these), or {', '.join(RUNNABLE_EXTRA)}")
+                   help="comma-separated registered experiments: "
+                        f"{', '.join(EXPERIMENT_BUILDERS)} (a plug-in's too, by --plugin; a "
+                        "search needs a searcher: python sweeps/search.py); default: all = "
+                        f"{','.join(EXPERIMENTS)}, the paper's")
     p.add_argument("--protocol", default=DEFAULT_PROTOCOL,
                    help="comma-separated protocols: paper, paper-code, or a base with +switches "
                         f"(paper+inside-labels); default: {DEFAULT_PROTOCOL} (both: "
@@ -124,10 +122,10 @@ def experiments_from_args(args) -> list:
     """Every (protocol, experiment) the options name, built and checked before any work."""
     names = list(EXPERIMENTS) if args.experiment == "all" else args.experiment.split(",")
     for name in names:
-        if name not in (*EXPERIMENTS, *RUNNABLE_EXTRA):
-            raise ValueError(f"--experiment {name!r}: use {', '.join(EXPERIMENTS)} or "
-                             f"{', '.join(RUNNABLE_EXTRA)} (a search needs a searcher: "
-                             "python sweeps/search.py)")
+        if name not in EXPERIMENT_BUILDERS:
+            raise ValueError(f"--experiment {name!r}: use one of the registered experiments, "
+                             f"{', '.join(EXPERIMENT_BUILDERS)} (add one with "
+                             f"{EXPERIMENT_BUILDERS.how_to_add})")
     algorithms = None if args.algorithms is None else tuple(args.algorithms.split(","))
     for algorithm in algorithms or ():
         if algorithm not in ALGORITHMS:
@@ -137,10 +135,15 @@ def experiments_from_args(args) -> list:
         raise ValueError("--seeds must be >= 1")
     overrides = parse_assignments(args.overrides)
     models = None if args.models is None else tuple(args.models.split(","))
-    return [build(name, scale=args.scale, protocol=protocol, seeds=_seeds(args, name),
-                  models=models, algorithms=algorithms, overrides=overrides,
-                  selection_measures=not args.without_selection_measures)
-            for protocol in protocols for name in names]
+    experiments = [build(name, scale=args.scale, protocol=protocol, seeds=_seeds(args, name),
+                         models=models, algorithms=algorithms, overrides=overrides,
+                         selection_measures=not args.without_selection_measures)
+                   for protocol in protocols for name in names]
+    for exp in experiments:
+        if exp.space:  # its trials are drawn, not listed: a grid alone would run the base
+            raise ValueError(f"--experiment {exp.name!r} is a search ({', '.join(exp.space)} "
+                             "drawn by a searcher): run it with python sweeps/search.py")
+    return experiments
 
 
 def trial_layers(args, experiments) -> list[tuple[str, list]]:

@@ -18,10 +18,17 @@ Adding one is a function and one call, in a module imported before the trial's c
 
 after which ``measure.what: [..., param_norm]`` measures it at every checkpoint, after the
 built-in ones. The run functions' arguments are described in ``measure.builtin``.
+
+Settings of its own are a small frozen config dataclass given as ``config=`` with its
+``section``: its keys are ``measure.<section>.<key>`` (``--set measure.param_norm.p=1``),
+checked against that class when the config is built, saved in config.json and logged when the
+measurement runs; the run reads them as ``cfg.settings(section)``. No ``MeasureConfig`` field is
+added (``tests/assets/toy_measurement.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -113,12 +120,26 @@ class Measurement:
     implies: tuple[str, ...] = ()  # measurements it gives too (hessian: Tr(F) beside Tr(H))
     # raises a ValueError when a source cannot give it (validate_trial calls it before any work)
     check: Callable[[Any], None] | None = None
+    # a plug-in's settings: a frozen dataclass whose defaults are its section's, keys
+    # measure.<section>.<key>, read by the run as cfg.settings(section); no MeasureConfig field
+    # is added. The section joins ``sections`` (logged only when the measurement runs)
+    config: type | None = None
+    section: str | None = None  # where ``config``'s settings are; None: it has none
 
     def __post_init__(self):
         if not self.name or "," in self.name or self.name != self.name.strip():
             raise ValueError(f"measurement name {self.name!r}: use a word without commas")
         if self.run is None and self.reference is None:
             raise ValueError(f"measurement {self.name!r}: give a run or a reference (or both)")
+        if (self.config is None) != (self.section is None) or not (
+                self.section is None or (self.section.isidentifier()
+                                         and dataclasses.is_dataclass(self.config))):
+            raise ValueError(f"measurement {self.name!r}: config={self.config!r}, section="
+                             f"{self.section!r}: give both, a dataclass of its settings and "
+                             "the identifier of their section (measure.<section>.<key>), or "
+                             "neither")
+        if self.section is not None and self.section not in self.sections:
+            object.__setattr__(self, "sections", (*self.sections, self.section))
         if self.needs_truth and not self.without_truth:
             object.__setattr__(self, "without_truth", (f"{self.name}/*",))
 
@@ -126,14 +147,20 @@ class Measurement:
         return self.keys(tuple(tasks)) if callable(self.keys) else self.keys
 
 
-def _check_implied(name: str, measurement: Measurement) -> None:
+def _check_entry(name: str, measurement: Measurement) -> None:
+    """Its implied measurements are registered; its settings section is no other's."""
     unknown = [implied for implied in measurement.implies if implied not in MEASUREMENTS]
     if unknown:
         raise ValueError(f"measurement {name!r} implies {unknown}, not registered")
+    others = {m.config for n, m in MEASUREMENTS.items()
+              if n != name and measurement.section and m.section == measurement.section}
+    for other in others - {measurement.config}:
+        raise ValueError(f"measurement {name!r}: section {measurement.section!r} holds another "
+                         f"measurement's settings ({other.__name__}); choose another section")
 
 
 MEASUREMENTS: Registry[Measurement] = Registry(
-    "measurement", key="measure.what", check=_check_implied,
+    "measurement", key="measure.what", check=_check_entry,
     how_to_add="flatlm.measure.registry.register_measurement in a plug-in module: --plugin "
                "MODULE")
 
@@ -150,6 +177,16 @@ def register_measurement(measurement: Measurement, *, replace: bool = False) -> 
 def measurement_names() -> tuple[str, ...]:
     """The names ``MeasureConfig.what`` accepts, in the order they run."""
     return tuple(MEASUREMENTS)
+
+
+def settings_class(section: str) -> type | None:
+    """The settings class of the registered measurements' own section ``section``, or None."""
+    return next((m.config for m in MEASUREMENTS.values() if m.section == section), None)
+
+
+def settings_sections() -> list[str]:
+    """The sections that registered measurements' own settings are in (``measure.<section>``)."""
+    return list(dict.fromkeys(m.section for m in MEASUREMENTS.values() if m.section))
 
 
 def requested(what: Iterable[str], *, has_truth: bool = True) -> list[Measurement]:

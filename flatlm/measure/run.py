@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -36,7 +37,13 @@ from flatlm.measure.probes.finetune import FinetuneConfig
 from flatlm.measure.probes.probe import ProbeConfig
 from flatlm.measure.progress import progress_bar, record, timer
 from flatlm.measure.reference_cache import random_features_model
-from flatlm.measure.registry import Measurement, measurement_names, requested
+from flatlm.measure.registry import (
+    Measurement,
+    measurement_names,
+    requested,
+    settings_class,
+    settings_sections,
+)
 from flatlm.measure.representations.cka import CKAConfig
 from flatlm.models.constructions import check_construction
 from flatlm.sources.base import Source
@@ -48,6 +55,11 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, kw_only=True)
 class MeasureConfig:
     """What to measure at each checkpoint, and on how much data."""
+
+    # the settings of measurements registered with their own ``Measurement.config`` (a
+    # plug-in's): keys measure.<section>.*, as if each were a field (flatlm.core.config, "Open
+    # sections")
+    OPEN_SECTIONS: ClassVar[str] = "plugin_sections"
 
     # measurements to run, from measurement_names() (measure.registry): loss (pretrain/*),
     # fisher (Tr F), hessian (Tr H and the gap to Tr F; implies fisher), probe, finetune, lookup,
@@ -102,6 +114,28 @@ class MeasureConfig:
     # further constructions measured too, under flat/*_grown_<construction> ("-" as "_"), so that
     # one trial shows Fig. 5 under each; () = none
     growth_compare: tuple[str, ...] = ()
+    plugin_sections: tuple[tuple[str, Any], ...] = ()  # (section, settings) of plug-in
+    #   measurements given a value (measure.<section>.<key>); one not given reads its defaults
+    #   (``settings``)
+
+    @classmethod
+    def section_class(cls, name: str) -> type | None:
+        """The settings class of a registered measurement's own section ``name`` (not a field)."""
+        return settings_class(name)
+
+    @classmethod
+    def open_section_names(cls) -> list[str]:
+        return settings_sections()
+
+    def settings(self, section: str):
+        """A measurement's settings: a built-in's field (``probe``), or a plug-in's section as
+        given (``measure.<section>.*``) over its config's defaults."""
+        if section in _fields():
+            return getattr(self, section)
+        cls = self.section_class(section)
+        if cls is None:
+            raise ValueError(f"measure.{section}: no registered measurement has this section")
+        return dict(self.plugin_sections).get(section) or cls()
 
     def __post_init__(self):
         known = measurement_names()
@@ -126,6 +160,21 @@ class MeasureConfig:
 
             check_grow_to(self.grow_to)
         self._check_growth_constructions()
+        self._check_sections()
+
+    def _check_sections(self) -> None:
+        """A plug-in measurement's section is no field of this class, and what is given for it
+        is its settings class's."""
+        taken = [s for s in settings_sections() if s in _fields()]
+        if taken:
+            raise ValueError(f"measure.{taken[0]}: a registered measurement's own section has "
+                             "the name of a MeasureConfig field; register it under another "
+                             "section (Measurement(section=...))")
+        for name, value in self.plugin_sections:
+            cls = self.section_class(name)
+            if cls is None or not isinstance(value, cls):
+                raise ValueError(f"measure.{name}={value!r}: set a registered measurement's own "
+                                 "section, measure.<section>.<key>")
 
     def _check_growth_constructions(self) -> None:
         check_construction(self.growth_construction, "measure.growth_construction")
@@ -139,6 +188,10 @@ class MeasureConfig:
         if self.growth_compare and self.grow_to is None:
             raise ValueError(f"measure.growth_compare={list(self.growth_compare)} needs "
                              "measure.grow_to (the shape to grow into)")
+
+
+def _fields() -> set[str]:
+    return {f.name for f in fields(MeasureConfig)} - {MeasureConfig.OPEN_SECTIONS}
 
 
 @dataclass

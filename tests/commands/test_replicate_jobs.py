@@ -73,7 +73,9 @@ def test_the_testbed_selection_varies_the_rate_and_takes_its_algorithms():
     (lean,) = experiments_from_args(args)
     assert not {"llc", "precond", "critical"} & set(lean.base.measure.what)
     assert {"eigen", "sharpness"} <= set(lean.base.measure.what)  # the selection's own
-    for bad, field in ((["--experiment", "search"], "--experiment"),
+    for bad, field in ((["--experiment", "search"],
+                        r"--experiment 'search' is a search \(train.lr, .* drawn by a "
+                        r"searcher\): run it with python sweeps/search.py"),
                        (["--experiment", "selection", "--algorithms", "adam"], "--algorithms")):
         args = build_parser().parse_args(["replicate", "--out", "o", *bad])
         with pytest.raises(ValueError, match=field):

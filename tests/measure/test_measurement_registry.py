@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from flatlm.cli import build_parser
-from flatlm.core.config import apply_overrides
+from flatlm.core.config import ConfigError, apply_overrides, from_dict, to_dict, to_flat_dict
 from flatlm.measure import ENTROPY, KL
 from flatlm.measure import registry as measure_registry
 from flatlm.measure.registry import (
@@ -58,6 +58,66 @@ def test_a_registered_toy_measurement_runs_in_a_trial(toy, tmp_path):
     keys = [k for k in rows[2] if not k.startswith("time/")]
     assert keys.index(toy.PARAM_NORM) > keys.index("pretrain/loss")  # after the built-in ones
     assert rows[2]["time/param_norm_s"] >= 0  # timed, though it does not time itself
+
+
+def _norm_trial(**overrides) -> TrialConfig:
+    return apply_overrides(TrialConfig(), {
+        "source": "dyck:4", "model": "d16-h1-l1-i32", "train.steps": 1, "train.batch_size": 4,
+        "train.checkpoint_steps": [1], "train.warmup_steps": 0, "measure.n_eval": 8,
+        "measure.what": ["param_norm"], **overrides})
+
+
+def test_its_setting_is_a_key_checked_against_its_own_defaults(toy):
+    cfg = _norm_trial(**{"measure.param_norm.p": "1"})
+    assert cfg.measure.settings("param_norm") == toy.ParamNormConfig(p=1.0)
+    assert _norm_trial().measure.settings("param_norm").p == 2.0  # not given: its default
+    assert cfg.measure.settings("probe") is cfg.measure.probe  # a built-in's: its field
+    with pytest.raises(ConfigError, match=r"unknown config key 'measure.param_norm.q': "
+                                          "ParamNormConfig has p"):
+        _norm_trial(**{"measure.param_norm.q": 1})
+    with pytest.raises(ValueError, match=r"measure.param_norm.p=0.5: use an order >= 1"):
+        _norm_trial(**{"measure.param_norm.p": 0.5})
+    with pytest.raises(ConfigError, match=r"unknown config key 'measure.param_norms'.*sections "
+                                          "of registered components: param_norm"):
+        _norm_trial(**{"measure.param_norms.p": 1})
+    with pytest.raises(ConfigError, match=r"measure.param_norm=3: measure.param_norm is a "
+                                          r"section; set its keys \(measure.param_norm.<key>\)"):
+        _norm_trial(**{"measure.param_norm": 3})
+
+
+def test_its_setting_is_saved_logged_and_read_back_like_a_field(toy):
+    cfg = _norm_trial(**{"measure.param_norm.p": 1})
+    assert to_flat_dict(cfg.measure)["param_norm.p"] == 1.0
+    assert to_dict(cfg)["measure"]["param_norm"] == {"p": 1.0}  # config.json
+    assert from_dict(TrialConfig, to_dict(cfg)) == cfg
+    assert tracked_params(cfg)["measure.param_norm.p"] == 1.0
+    other = apply_overrides(cfg, {"measure.what": ["loss"]})  # given, but it does not run
+    assert not any("param_norm" in k for k in tracked_params(other))
+    # a config that opens no section writes what it wrote before sections could be opened
+    assert "plugin_sections" not in to_dict(MeasureConfig())
+    assert not any(k.startswith("plugin_sections") for k in to_flat_dict(MeasureConfig()))
+
+
+def test_the_run_reads_its_setting(toy, tmp_path):
+    rows = run_trial(_norm_trial(**{"measure.param_norm.p": 1}), tmp_path)
+    model = load_checkpoint(tmp_path / "checkpoints" / "step-1")[0]
+    l1 = sum(float(p.detach().double().abs().sum()) for p in model.parameters())
+    assert rows[1][toy.PARAM_NORM] == pytest.approx(l1, rel=1e-12)
+
+
+def test_a_settings_section_is_declared_whole_and_owned_once(toy):
+    with pytest.raises(ValueError, match="give both, a dataclass of its settings and the "
+                                         "identifier of their section"):
+        Measurement(name="x", run=toy.param_norm, config=toy.ParamNormConfig)
+    with pytest.raises(ValueError, match="section 'param_norm' holds another measurement's "
+                                         "settings \\(ParamNormConfig\\)"):
+        register_measurement(Measurement(name="x", run=toy.param_norm, section="param_norm",
+                                         config=type("Other", (toy.ParamNormConfig,), {})))
+    register_measurement(Measurement(name="shadow", run=toy.param_norm, section="probe",
+                                     config=toy.ParamNormConfig))
+    with pytest.raises(ValueError, match="measure.probe: a registered measurement's own "
+                                         "section has the name of a MeasureConfig field"):
+        MeasureConfig()
 
 
 def test_the_derived_tables_name_the_toy(toy, capsys):

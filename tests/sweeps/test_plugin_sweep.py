@@ -4,6 +4,10 @@ measurement and an architecture, each a module that registers itself when import
 worker, which imports them because the sweep carries the list in its trials' config
 (``sweeps.driver``: ``sweep_info["plugins"]``; ``sweeps.trainable`` loads it first).
 
+The toy measurement's own setting travels too: ``--set measure.param_norm.p=1`` (its section,
+declared by the plug-in, no ``MeasureConfig`` field) reaches the worker, is saved in the trial's
+config.json, and the worker records the L1 norm of each checkpoint instead of the default L2.
+
 Without the ``--plugin`` flags the same command fails before Ray starts, naming the unknown
 source kind and how to add one: the workers know the toys only through the flags.
 """
@@ -17,6 +21,7 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
+from tests.commands.test_plugin_cli import checkpoint_norms  # noqa: E402
 from tests.sweeps.sweeptools import LOOSE_RULE, REPO, Sweep, kill_own, set_args, sweep_env  # noqa: E402
 
 PLUGINS = ("tests.assets.toy_source", "tests.assets.toy_algorithm",
@@ -42,7 +47,7 @@ if __name__ == "__main__":
 TOY_TRIAL = {"train.algorithm": "sign_sgd", "train.steps": "4", "train.batch_size": "8",
              "train.checkpoint_steps": "[2,4]", "train.log_every": "2", "train.lr": "0.01",
              "train.warmup_steps": "0", "measure.what": "loss,param_norm",
-             "measure.n_eval": "16", "measure.tasks": '["first"]'}
+             "measure.n_eval": "16", "measure.tasks": '["first"]', "measure.param_norm.p": "1"}
 
 
 def _args(*plugins: str) -> list[str]:
@@ -85,9 +90,12 @@ def test_toy_plugins_named_once_train_and_measure_in_a_ray_worker(tmp_path, ray_
     config = json.loads((trial / "config.json").read_text())
     assert config["train"]["algorithm"] == "sign_sgd" and config["model"] == "toy-d16-l1"
     assert config["source"]["kind"] == "uniform"
+    assert config["measure"]["param_norm"] == {"p": 1.0}
     rows = [json.loads(line) for line in (trial / "metrics.jsonl").read_text().splitlines()]
     measured = {row["step"]: row for row in rows if "toy/param_norm" in row}
     assert sorted(measured) == [2, 4], rows
     for row in measured.values():
         assert row["toy/param_norm"] > 0
         assert row["pretrain/entropy"] == pytest.approx(1.6094379, abs=1e-6)  # log 5: the toy's
+    norms = {step: row["toy/param_norm"] for step, row in measured.items()}
+    assert norms == pytest.approx(checkpoint_norms(trial, 1), rel=1e-9)  # L1, as --set asked
