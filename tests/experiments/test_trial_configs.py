@@ -11,6 +11,7 @@ from tests.experiments.trial_configs import (
     SNAPSHOT,
     count,
     file_sources,
+    search_trial_configs,
     trial_configs,
 )
 
@@ -31,7 +32,7 @@ def only(snapshot: dict, labels) -> dict:
     """The snapshot's entries of the sources ``labels``."""
     return {scale: {protocol: {label: by_source[label] for label in labels}
                     for protocol, by_source in protocols.items()}
-            for scale, protocols in snapshot.items()}
+            for scale, protocols in snapshot.items() if scale != "testbed searches"}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def snapshot() -> dict:
 
 def test_the_snapshot_covers_every_scale_protocol_source_and_experiment(snapshot):
     assert count(snapshot) > 20_000
-    assert set(snapshot) == {"sweep", "tiny", "gpu", "testbed"}
+    assert set(snapshot) == {"sweep", "tiny", "gpu", "testbed", "testbed searches"}
     assert set(snapshot["tiny"]["paper"]) == {*PLAIN_SOURCES, "text", "text-glue", "lm",
                                               "lm-glue"}
 
@@ -56,4 +57,9 @@ def test_every_trial_config_on_text_and_lm_sources_is_the_snapshot_s(snapshot, t
     sources = file_sources(tmp_path)
     got = trial_configs(sources, str(tmp_path))
     wrong = differences(only(snapshot, sources), got)
+    assert not wrong, f"{len(wrong)} trial configs changed:\n" + "\n".join(wrong[:30])
+
+
+def test_every_trial_config_of_the_testbed_searches_is_the_snapshot_s(snapshot):
+    wrong = differences(snapshot["testbed searches"], search_trial_configs())
     assert not wrong, f"{len(wrong)} trial configs changed:\n" + "\n".join(wrong[:30])

@@ -13,7 +13,9 @@ folder whose path the snapshot writes as ``<tmp>``) x the base trial (``base_of`
 flatlm config, a sweep script of one's own) and every experiment as ``flatlm replicate`` builds it
 (its replication seeds; the algorithms grid also over every registered algorithm with one
 seed; the testbed's experiments also without its selection measures). A combination that is
-refused is recorded by its error.
+refused is recorded by its error. Besides, the testbed searches' trials
+(``search_trial_configs``): their scales set what a protocol then replaces (a linear schedule,
+the probe's epochs), so they pin which layer wins.
 """
 
 from __future__ import annotations
@@ -122,9 +124,45 @@ def trial_configs(sources: dict[str, str | None], tmp: str) -> dict:
     return out
 
 
+def search_trial_configs() -> dict:
+    """The testbed searches' trials (``flatlm.experiments.testbed_search``: its candidate
+    scales, each stage-1 setting of each grid, and the second search's scales), as their jobs
+    build them (``experiment_trials``, protocol paper): label -> experiment -> trial -> sha256.
+    The scales are registered under their names meanwhile, as the searches do, then removed."""
+    from flatlm.experiments.scales import SCALES
+    from flatlm.experiments.testbed_search import first, second
+    from flatlm.experiments.testbed_search.trials import (
+        candidate_scale,
+        experiment_trials,
+        v2_scale,
+    )
+
+    spec = second.PAPER_GRAMMAR["spec"]
+    scales = {f"candidate {grid} {name}": candidate_scale(spec, grid, setting, None)
+              for grid in first.GRIDS for name, setting in first.SETTINGS.items()}
+    scales["candidate lambda+long_lr"] = candidate_scale(
+        spec, "tiny", first.SETTINGS["linear"], 9000, adversarial_lambda=0.0316, long_lr=2e-3)
+    scales.update({f"v2 {grid}": v2_scale(spec, grid) for grid in second.GRIDS})
+    before = {name: SCALES.get(name) for name in ("candidate", "v2-candidate")}
+    out: dict = {}
+    try:
+        for label, sc in scales.items():
+            for experiment, trial, config in experiment_trials(sc, EXPERIMENTS, (0, 1)):
+                text = json.dumps(config, sort_keys=True, default=repr)
+                out.setdefault(label, {}).setdefault(experiment, {})[trial] = hashlib.sha256(
+                    text.encode()).hexdigest()[:16]
+    finally:
+        for name, entry in before.items():
+            SCALES.pop(name, None)
+            if entry is not None:
+                SCALES[name] = entry
+    return out
+
+
 def all_trial_configs() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        return trial_configs({**PLAIN_SOURCES, **file_sources(Path(tmp))}, tmp)
+        layers = trial_configs({**PLAIN_SOURCES, **file_sources(Path(tmp))}, tmp)
+    return {**layers, "testbed searches": search_trial_configs()}
 
 
 def count(snapshot: dict) -> int:
