@@ -29,6 +29,7 @@ from tests.experiments.trial_configs import (
 )
 
 CALLS: list = []
+INHERITS = {"sweep": "testbed"}  # SWEEP = replace(TESTBED, ...): its tables start as the testbed's
 
 
 def _recorder(module):
@@ -44,8 +45,14 @@ def _recorder(module):
 def place(caller: str, key: str, scale: str, protocol: str, source, experiment: str) -> str:
     """The place (layer: table) that wrote ``key`` in a call from ``caller``."""
     sc = scales.scale(scale)
+    parent = INHERITS.get(scale)
+    if parent and caller in ("base", "_with_adversary"):  # written once, in the parent's table
+        table = "overrides" if caller == "base" else "adversarial"
+        mine, theirs = getattr(sc, table), getattr(scales.scale(parent), table)
+        if key in mine and key in theirs and mine[key] == theirs[key]:
+            return f"scale {parent}: {table}"
     if caller == "base":
-        return f"scale {scale}: overrides" if key in sc.overrides else f"scale {scale}: base()"
+        return f"scale {scale}: overrides" if key in sc.overrides else "scales: base()"
     if caller == "protocol_base":
         if key in ("model", "source"):
             return "protocol: model/source switches"
@@ -140,32 +147,46 @@ def measure(sources=PLAIN_SOURCES) -> dict:
 
 
 def layer_of(where: str) -> str:
-    return where.split(":")[0].split(" ")[0]
+    layer = where.split(":")[0].split(" ")[0].removesuffix("s")
+    return "protocol" if layer == "switch" else layer
 
 
 def report(stats: dict) -> str:
-    by_layer: dict = defaultdict(lambda: [0, 0, 0])
+    """A table per layer: places (tables or functions) that set keys, settings (place, key),
+    those never effective (a no-op or overwritten wherever applied), those a no-op somewhere,
+    and (key, value) pairs written by more than one place; then each finding."""
+    settings: dict = defaultdict(lambda: defaultdict(int))
+    values: dict = defaultdict(set)
+    for (where, key, value), effects in stats.items():
+        for effect, n in effects.items():
+            settings[(where, key)][effect] += n
+        values[(where, key)].add(value)
+    rows: dict = defaultdict(lambda: [set(), 0, 0, 0])
     lines = []
-    for (where, key, value), effects in sorted(stats.items()):
-        layer = layer_of(where)
-        by_layer[layer][0] += 1
+    for (where, key), effects in sorted(settings.items()):
+        row = rows[layer_of(where)]
+        row[0].add(where)
+        row[1] += 1
+        shown = f"{where:40s} {key} = {' | '.join(sorted(values[(where, key)]))[:90]}"
         if not effects.get("effective"):
-            by_layer[layer][1] += 1
-            lines.append(f"never effective  {where:42s} {key} = {value}  {dict(effects)}")
+            row[2] += 1
+            lines.append(f"never effective  {shown}  {dict(effects)}")
         elif effects.get("noop"):
-            by_layer[layer][2] += 1
-            lines.append(f"sometimes no-op  {where:42s} {key} = {value}  {dict(effects)}")
+            row[3] += 1
+            lines.append(f"sometimes no-op  {shown}  {dict(effects)}")
     same = defaultdict(set)
     for where, key, value in stats:
         same[(key, value)].add(where)
-    dup = {k: v for k, v in same.items() if len({layer_of(w) + w.split(":")[0] for w in v}) > 1}
-    table = ["layer       settings  never-effective  sometimes-no-op"]
-    for layer, (n, dead, some) in by_layer.items():
-        table.append(f"{layer:11s} {n:8d}  {dead:15d}  {some:15d}")
-    n = [sum(v[i] for v in by_layer.values()) for i in range(3)]
-    table.append(f"{'total':11s} {n[0]:8d}  {n[1]:15d}  {n[2]:15d}")
+    dup = {k: v for k, v in same.items() if len(v) > 1}
+    table = ["layer       places  settings  never-effective  no-op-somewhere"]
+    for layer, (places, n, dead, some) in rows.items():
+        table.append(f"{layer:11s} {len(places):6d}  {n:8d}  {dead:15d}  {some:15d}")
+    total = [sum(len(r[0]) for r in rows.values()),
+             *(sum(r[i] for r in rows.values()) for i in (1, 2, 3))]
+    table.append(f"{'total':11s} {total[0]:6d}  {total[1]:8d}  {total[2]:15d}  {total[3]:15d}")
+    table.append(f"(key, value) pairs written by several places: {len(dup)}")
     return "\n".join([*table, "", *lines, "", "(key, value) written in several places:",
-                      *(f"  {k} = {v}: {sorted(w)}" for (k, v), w in sorted(dup.items()))])
+                      *(f"  {k} = {v[:80]}: {sorted(w)}" for (k, v), w in sorted(dup.items()))])
 
 
 if __name__ == "__main__":
