@@ -1,12 +1,30 @@
 """Where each value of a trial's config comes from: the layers it is built from, in order, and
 for every key the last layer that changed it.
 
-A trial config is flatlm's dataclass defaults, then the scale's settings
-(``flatlm/experiments/scales.py``), then the protocol's (``protocols.py``: its overrides and its
-model), then the source's kind (``presets.py``: an HMM trains BiLSTMs, Dyck probes g*), then the
-experiment's base (``paper.py``: e.g. the steps experiment's long run, SGD's rate), then its grid
-point (model, algorithm, seed), then the command line's ``--set``. ``flatlm config`` prints the
-result with each key's layer.
+A trial config is built in these layers, each setting only what the ones below it do not
+already give:
+
+1. ``default``: flatlm's dataclass defaults (the paper's values where it has one: one masked
+   word, a constant rate after warmup, lr 1e-3).
+2. ``scale NAME`` (``flatlm/experiments/scales.py``): the language, the model, the run's length
+   and checkpoints, the batch, the peak lr and warmup, how much is measured (the CPU scales
+   share one table, ``CPU_SETTINGS``).
+3. ``protocol NAME`` (``protocols.py``): how a claim is labelled, masked, scheduled and probed
+   (``PAPER``, then its base's settings and switches), the pre-LN model under ``pre-ln``, the
+   deep or second grammar under theirs. It owns the keys it sets: a scale's own value for one
+   of them (the testbed's probe, a search candidate's schedule) does not reach a trial.
+4. ``source ...`` (``presets.source_overrides``): with ``--source``, the source and its kind's
+   settings (an HMM trains BiLSTMs and probes task-6 / task-10, Dyck probes g*, text masks 15%;
+   a source other than a PCFG has its own label rule and spans); nothing without one.
+5. ``experiment NAME`` (``paper.py``): the experiment's base (e.g. the long runs' checkpoints and
+   constant rate, SGD's rate, the sizes experiment's grown measurements).
+6. ``trial NAME``: the grid point (model, algorithm, seed, lr), and ``--set``: the command
+   line's overrides (``flatlm config`` applies them last; ``flatlm replicate`` and the sweeps
+   before the grid point, which no ``--set`` may vary).
+
+``flatlm config`` prints the result with each key's layer. Every trial config that ``flatlm
+replicate`` and the sweeps build is pinned by ``tests/experiments/test_trial_configs.py``;
+``tests/experiments/layer_settings.py`` lists the settings that restate a lower layer.
 
 >>> rows = provenance(config_layers("tiny", "paper"))
 >>> rows["train.steps"]

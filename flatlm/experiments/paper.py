@@ -115,8 +115,11 @@ def base_of(scale: str, protocol: str = "paper", source: str | None = None) -> T
 
 
 def protocol_base(sc: Scale, protocol: str) -> TrialConfig:
-    base = apply_overrides(sc.base(), protocol_overrides(protocol))
-    changes = {"model": model_for(sc.model, protocol)}
+    """The scale's base under ``protocol``: its overrides, the pre-LN model under ``pre-ln``,
+    the deep or second grammar under theirs."""
+    changes = {}
+    if model_for(sc.model, protocol) != sc.model:
+        changes["model"] = model_for(sc.model, protocol)
     switches = parse_protocol(protocol)[1]
     if {"deep-grammar", "second-grammar"} <= set(switches):
         raise ValueError(f"protocol {protocol!r}: deep-grammar and second-grammar both choose "
@@ -128,15 +131,20 @@ def protocol_base(sc: Scale, protocol: str) -> TrialConfig:
             raise ValueError(f"protocol {protocol!r}: the {sc.name} scale has no second grammar "
                              "(only --scale testbed has one); drop +second-grammar")
         changes["source"] = sc.second_source
-    return apply_overrides(base, changes)
+    return apply_overrides(sc.base(), {**protocol_overrides(protocol), **changes})
 
 
 def _long_run(sc: Scale, base: TrialConfig, **extra) -> TrialConfig:
+    """The steps and sgd experiments' run: ``long_steps`` checkpointed densely, at a constant
+    rate after warmup under every protocol (A.5, B.2: a decay to 0 would make the late
+    checkpoints flatter by the schedule alone; the released code ships it too: schedules.py's
+    ConstCurve, "constant_step")."""
     every = sc.long_steps // sc.checkpoints
     first = 0 if sc.long_from_zero else every
     return apply_overrides(base, {**sc.long_overrides, "train.steps": sc.long_steps,
                                   "train.checkpoint_steps":
-                                  list(range(first, sc.long_steps + 1, every)), **extra})
+                                  list(range(first, sc.long_steps + 1, every)),
+                                  "train.schedule": "constant", **extra})
 
 
 def _with_selection_measures(sc: Scale, base: TrialConfig) -> TrialConfig:
@@ -146,36 +154,33 @@ def _with_selection_measures(sc: Scale, base: TrialConfig) -> TrialConfig:
 
 
 def _steps(sc, protocol, base, algorithms):
-    base = _with_selection_measures(sc, base)
-    # A.5: a constant rate after warmup "to compare checkpoints at different number of steps",
-    # under every protocol (a decay to 0 would make the late checkpoints flatter by the schedule
-    # alone); the released code ships it too (schedules.py: ConstCurve, "constant_step")
-    return _long_run(sc, base, **{"train.schedule": "constant"}), {}, {}
+    return _long_run(sc, _with_selection_measures(sc, base)), {}, {}
 
 
 def _sgd(sc, protocol, base, algorithms):
-    # B.2: SGD, warmup over 12% of the steps, then a constant rate (the paper's 1e-3 at GPU
-    # scale), under every protocol, as the steps experiment
+    # B.2: SGD, warmup over 12% of the steps, then (a long run's) constant rate (the paper's
+    # 1e-3 at GPU scale)
     return _long_run(sc, base, **{"train.algorithm": "sgd", "train.lr": sc.sgd_lr,
-                                  "train.warmup_steps": None, "train.warmup_proportion": 0.12,
-                                  "train.schedule": "constant"}), {}, {}
+                                  "train.warmup_steps": None,
+                                  "train.warmup_proportion": 0.12}), {}, {}
 
 
 def _sizes(sc, protocol, base, algorithms):
     models = [model_for(m, protocol) for m in sc.models]
     # thirds of the run (a size's curve), unless the scale spaces its runs' checkpoints itself
-    thirds = (base.train.checkpoint_steps if sc.run_checkpoints > 1 else
-              sc.run_steps({sc.steps // 3, 2 * sc.steps // 3, sc.steps}))
+    thirds = ({} if sc.run_checkpoints > 1 else {"train.checkpoint_steps": sc.run_steps(
+        {sc.steps // 3, 2 * sc.steps // 3, sc.steps})})
     # Tr(F) of models of different sizes is compared in one parameterisation: each checkpoint
     # is also measured grown into the least common shape (flat/*_grown, Fig. 5, Table 4), by
-    # the paper's construction and by flatlm's "head-norm" (flat/*_grown_head_norm): the
-    # traces differ between them, so the Fig. 5 verdict is shown under both; only BERTs grow,
-    # so a grid of BiLSTMs is measured in its own shapes
-    lstm = models[0].startswith("lstm-")
-    base = apply_overrides(_with_selection_measures(sc, base), {"measure.grow_to": None if lstm else
-                                  shape_string(lcm_shape(models)),
-                                  "measure.growth_compare": [] if lstm else ["head-norm"],
-                                  "train.checkpoint_steps": thirds, **sc.sizes_overrides})
+    # the paper's construction and by the scale's others (``growth_compare``: flatlm's
+    # "head-norm", flat/*_grown_head_norm): the traces differ between them, so the Fig. 5
+    # verdict is shown under both; only BERTs grow, so a grid of BiLSTMs is measured in its
+    # own shapes
+    grown = {} if models[0].startswith("lstm-") else {
+        "measure.grow_to": shape_string(lcm_shape(models)),
+        "measure.growth_compare": list(sc.growth_compare)}
+    base = apply_overrides(_with_selection_measures(sc, base),
+                           {**grown, **thirds, **sc.sizes_overrides})
     return base, {"model": models}, {}
 
 

@@ -25,7 +25,7 @@ import torch
 
 from flatlm.core.config import apply_overrides, from_dict, to_dict
 from flatlm.experiments.paper import build
-from flatlm.experiments.scales import TESTBED, Scale, register_scale
+from flatlm.experiments.scales import CPU_ADVERSARY, TESTBED, Scale, register_scale
 from flatlm.experiments.testbed_search import first, second
 from flatlm.measure.probes.lookup import lookup_features
 from flatlm.measure.probes.probe import (
@@ -180,8 +180,7 @@ def candidate_scale(spec: dict, grid: str, setting: dict, long_steps: int | None
     steps = setting["train.steps"]
     long_steps = long_steps or steps * 3 // 2
     overrides = {k: v for k, v in setting.items() if k not in ("train.steps", "train.dropout")}
-    adversarial = {"train.adversarial.task": "B", "train.adversarial.d1": 32,
-                   "train.adversarial.d2": 32, "train.adversarial.pool": 256}
+    adversarial = dict(CPU_ADVERSARY)
     if adversarial_lambda is not None:
         adversarial["train.adversarial.lambda"] = adversarial_lambda
     return Scale(
