@@ -101,12 +101,15 @@ def _error(e: Exception, tmp: str) -> str:
     return f"error: {type(e).__name__}: {e}".replace(tmp, TMP)
 
 
-def trial_configs(sources: dict[str, str | None], tmp: str) -> dict:
+def trial_configs(sources: dict[str, str | None], tmp: str, *,
+                  scales: tuple[str, ...] = SCALE_NAMES,
+                  protocol_names: list[str] | None = None) -> dict:
     """scale -> protocol -> source label -> experiment label -> trial name -> sha256 (or the
-    error of a refused combination, in place of the trials)."""
+    error of a refused combination, in place of the trials); every scale and protocol unless
+    ``scales`` / ``protocol_names`` name fewer."""
     out: dict = {}
-    for scale in SCALE_NAMES:
-        for protocol in protocols():
+    for scale in scales:
+        for protocol in protocol_names or protocols():
             for label, source in sources.items():
                 group = out.setdefault(scale, {}).setdefault(protocol, {}).setdefault(label, {})
                 try:
