@@ -53,8 +53,8 @@ def place(caller: str, key: str, scale: str, protocol: str, source, experiment: 
     for table in ("CPU_SETTINGS", "CPU_ADVERSARY"):  # a table the scales share (written once)
         shared = getattr(scales, table, {})
         mine = sc.overrides if caller == "base" else sc.adversarial
-        if caller in ("base", "_with_adversary") and key in shared and mine.get(key) == shared[
-                key]:
+        if caller in ("base", "_with_adversary") and key in shared and all(
+                mine.get(k) == v for k, v in shared.items()):  # the scale holds the table
             return f"scales: {table}"
     parent = INHERITS.get(scale)
     if parent and caller in ("base", "_with_adversary"):  # written once, in the parent's table
