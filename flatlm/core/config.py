@@ -72,6 +72,7 @@ def _external(name: str) -> str:
     return name[:-1] if name.endswith("_") and keyword.iskeyword(name[:-1]) else name
 
 
+@functools.cache  # a class's hints do not change, and resolving them costs most of a config's build
 def _field_types(cls) -> dict[str, Any]:
     try:
         return typing.get_type_hints(cls)

@@ -178,7 +178,7 @@ def _sizes(sc, protocol, base, algorithms):
     # own shapes
     grown = {} if models[0].startswith("lstm-") else {
         "measure.grow_to": shape_string(lcm_shape(models)),
-        "measure.growth_compare": list(sc.growth_compare)}
+        **({"measure.growth_compare": list(sc.growth_compare)} if sc.growth_compare else {})}
     base = apply_overrides(_with_selection_measures(sc, base),
                            {**grown, **thirds, **sc.sizes_overrides})
     return base, {"model": models}, {}

@@ -13,8 +13,12 @@ changes no trial's config: it restates a lower layer or is dead. Places that wri
 
 from __future__ import annotations
 
+import inspect
+import re
 import sys
+import tempfile
 from collections import defaultdict
+from pathlib import Path
 
 import flatlm.experiments.paper as paper
 import flatlm.experiments.scales as scales
@@ -25,6 +29,7 @@ from tests.experiments.trial_configs import (
     PLAIN_SOURCES,
     SCALE_NAMES,
     _variants,
+    file_sources,
     protocols,
 )
 
@@ -45,6 +50,12 @@ def _recorder(module):
 def place(caller: str, key: str, scale: str, protocol: str, source, experiment: str) -> str:
     """The place (layer: table) that wrote ``key`` in a call from ``caller``."""
     sc = scales.scale(scale)
+    for table in ("CPU_SETTINGS", "CPU_ADVERSARY"):  # a table the scales share (written once)
+        shared = getattr(scales, table, {})
+        mine = sc.overrides if caller == "base" else sc.adversarial
+        if caller in ("base", "_with_adversary") and key in shared and all(
+                mine.get(k) == v for k, v in shared.items()):  # the scale holds the table
+            return f"scales: {table}"
     parent = INHERITS.get(scale)
     if parent and caller in ("base", "_with_adversary"):  # written once, in the parent's table
         table = "overrides" if caller == "base" else "adversarial"
@@ -68,7 +79,7 @@ def place(caller: str, key: str, scale: str, protocol: str, source, experiment: 
     if caller == "_long_run":
         if key in sc.long_overrides:
             return f"scale {scale}: long_overrides"
-        if key in ("train.steps", "train.checkpoint_steps"):
+        if key in re.findall(r'"(train\.\w+)"', inspect.getsource(paper._long_run)):
             return "experiments: _long_run"
         return f"experiment {experiment}"
     if caller == "_with_selection_measures":
@@ -190,4 +201,5 @@ def report(stats: dict) -> str:
 
 
 if __name__ == "__main__":
-    print(report(measure()))
+    with tempfile.TemporaryDirectory() as tmp:  # every source of the snapshot
+        print(report(measure({**PLAIN_SOURCES, **file_sources(Path(tmp))})))
