@@ -66,6 +66,7 @@ from flatlm.experiments.testbed_search.jobs import (
 )
 from flatlm.experiments.testbed_search.pool import run_all
 from flatlm.experiments.testbed_search.trials import (
+    candidate_pins,
     candidate_scale,
     expected_cost,
     learn,
@@ -184,7 +185,7 @@ def stage2(args, results: dict) -> None:
                              long_lr=args.long_lr)
         jobs += finalist_jobs(f["id"], sc, args.experiments, args.seeds, args.work,
                               variants=args.variants, variants_only=args.variants_only,
-                              long_steps=args.long_steps)
+                              long_steps=args.long_steps, pins=candidate_pins(f["setting"]))
     jobs.sort(key=lambda j: -expected_cost(j))  # longest first: the two workers end together
     stage = results.setdefault("stage2", {"runs": []})
     if not args.variants_only:
@@ -214,6 +215,7 @@ def stage2_of_scale(args, results: dict) -> None:
 def stage3(args, results: dict) -> None:
     """(d) on ``--scale`` or stage 2's first finalist (of ``--only``); stage 2's adamw and
     adversarial (lambda = 1, the default) runs of the candidate are reused."""
+    pins = None  # a committed scale's trials follow the protocol
     if args.scale:
         sc, cid = get_scale(args.scale), args.scale
     else:
@@ -222,12 +224,12 @@ def stage3(args, results: dict) -> None:
         spec = {r["id"]: r for r in results["stage0"]["candidates"]}[f["id"]]["spec"]
         sc = candidate_scale(spec, f["grid"], f["setting"], f["long_steps"],
                              long_lr=f.get("long_lr"))
-        cid = f["id"]
+        cid, pins = f["id"], candidate_pins(f["setting"])
     seed = args.seeds[0]
     done = {r["trial"]: r for r in results.get("stage2", {}).get("runs", [])
             if r["id"] == cid and r["experiment"] == "algorithms"}
     found = adversary_lambda(cid, sc, seed, args.work, done, args.jobs,
-                             say=lambda line: print(line, flush=True))
+                             say=lambda line: print(line, flush=True), pins=pins)
     results["stage3"] = {"command": _command(), "id": cid, "seed": seed, **found}
 
 

@@ -13,6 +13,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_name, "1")
 
+# Nothing in the tests may need the internet: the Hugging Face libraries read their local files
+# and caches only (as .ci/run sets them), here and in every process a test starts; without it
+# a tokenizer or dataset loaded by path waits on the Hub's timeouts where no network is.
+for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.setdefault(_name, "1")
+
 
 _WORKER_OPTIONS = ("-n", "--numprocesses", "--maxprocesses", "--dist", "-d", "--tx")
 

@@ -185,16 +185,26 @@ def _sizes(sc, protocol, base, algorithms):
 
 
 def _algorithms(sc, protocol, base, algorithms):
-    return (_with_adversary(sc, _with_selection_measures(sc, base)),
-            {"train.algorithm": list(algorithms or COMPARED_ALGORITHMS)}, {})
+    algorithms = list(algorithms or COMPARED_ALGORITHMS)
+    base = _with_adversary(sc, _with_selection_measures(sc, base), "adversarial" in algorithms)
+    return base, {"train.algorithm": algorithms}, {}
 
 
-def _with_adversary(sc: Scale, base: TrialConfig) -> TrialConfig:
+def _with_adversary(sc: Scale, base: TrialConfig, runs: bool) -> TrialConfig:
     """The scale's adversary settings; it attacks B (Table 1) if the trial measures B, else the
-    first task measured (an HMM's task-6, Dyck's g_star)."""
+    first task measured (an HMM's task-6, Dyck's g_star). A source without tasks is refused
+    where the adversarial algorithm ``runs``, else left with the defaults."""
     adversary = dict(sc.adversarial)
     if "train.adversarial.task" not in adversary:
         tasks = measured_tasks(base)
+        if not tasks and not runs:
+            return base
+        if not tasks:
+            raise ValueError(
+                f"the algorithms experiment: its adversarial run attacks a downstream task, and "
+                f"the source {str(base.source)!r} measures none; give a source with tasks (GLUE files "
+                f"beside real text, a PCFG, an HMM) or leave it out: --algorithms "
+                f"{','.join(a for a in COMPARED_ALGORITHMS if a != 'adversarial')}")
         adversary["train.adversarial.task"] = "B" if "B" in tasks else tasks[0]
     return apply_overrides(base, adversary)
 

@@ -13,7 +13,13 @@ from flatlm.experiments.scales import scale
 from flatlm.experiments.testbed_search.first import STEPS_VARIANTS
 from flatlm.experiments.testbed_search.jobs import finalist_jobs, scale_jobs
 from flatlm.experiments.testbed_search.pool import one_thread
-from flatlm.experiments.testbed_search.trials import expected_cost, experiment_trials, screen
+from flatlm.experiments.testbed_search.trials import (
+    candidate_pins,
+    candidate_scale,
+    expected_cost,
+    experiment_trials,
+    screen,
+)
 
 RESULTS = Path(__file__).parents[2] / "bench" / "results"
 
@@ -87,3 +93,30 @@ def test_expected_cost_orders_wider_longer_and_sam_trials_first():
              expected_cost(job("d64-h4-l2-i256", 100, "sam")),
              expected_cost(job("d64-h4-l2-i256", 300))]
     assert costs == [100, 300, 600, 900]
+
+
+def _common(built: dict, committed: dict) -> dict:
+    """``built`` cut to the keys ``committed`` has (settings added since keep their defaults)."""
+    return {k: _common(v, committed[k]) if isinstance(v, dict) and isinstance(committed[k], dict)
+            else v for k, v in built.items() if k in committed}
+
+
+def test_stage_2_rebuilds_its_committed_trials_with_the_setting_s_schedule():
+    """The finalist's stage-2 trials as committed: the sizes and algorithms runs at its setting's
+    linear decay and every trial with the search's measurement settings (the paper protocol's
+    constant rate, probe and B.1 labels would replace them without ``candidate_pins``), the long
+    runs constant."""
+    search = json.loads((RESULTS / "testbed_search.json").read_text())
+    (finalist,) = search["stage2"]["finalists"]
+    spec = next(c["spec"] for c in search["stage0"]["candidates"] if c["id"] == finalist["id"])
+    sc = candidate_scale(spec, finalist["grid"], finalist["setting"], finalist["long_steps"])
+    runs = {(r["experiment"], r["trial"]): r["config"] for r in search["stage2"]["runs"]
+            if r["experiment"] in ("sizes", "algorithms", "steps", "sgd")}
+    built = {(e, t): c for e, t, c in
+             experiment_trials(sc, ("sizes", "algorithms", "steps", "sgd"), (0,),
+                               pins=candidate_pins(finalist["setting"]))}
+    assert set(runs) <= set(built)
+    for key, committed in runs.items():
+        assert _common(built[key], committed) == committed, key
+    assert {runs[k]["train"]["schedule"] for k in runs if k[0] in ("sizes", "algorithms")} == {
+        "linear"}

@@ -14,17 +14,22 @@ flatlm config, a sweep script of one's own) and every experiment as ``flatlm rep
 (its replication seeds; the algorithms grid also over every registered algorithm with one
 seed; the testbed's experiments also without its selection measures). A combination that is
 refused is recorded by its error. Besides, the testbed searches' trials
-(``search_trial_configs``): their scales set what a protocol then replaces (a linear schedule,
-the probe's epochs), so they pin which layer wins.
+(``search_trial_configs``): a candidate's pins (a linear schedule, the probe's epochs) win over
+the protocol, a v2 scale's settings do not.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
+
+# as tests/conftest.py: the text and LM sources' files are local, the Hub is not asked
+for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.setdefault(_name, "1")
 
 from flatlm.core.config import apply_overrides, to_flat_dict
 from flatlm.experiments.grids import EXPERIMENTS, EXTRA_EXPERIMENTS, trial_name
@@ -135,22 +140,26 @@ def search_trial_configs() -> dict:
     from flatlm.experiments.scales import SCALES
     from flatlm.experiments.testbed_search import first, second
     from flatlm.experiments.testbed_search.trials import (
+        candidate_pins,
         candidate_scale,
         experiment_trials,
         v2_scale,
     )
 
     spec = second.PAPER_GRAMMAR["spec"]
-    scales = {f"candidate {grid} {name}": candidate_scale(spec, grid, setting, None)
+    scales = {f"candidate {grid} {name}": (candidate_scale(spec, grid, setting, None),
+                                           candidate_pins(setting))
               for grid in first.GRIDS for name, setting in first.SETTINGS.items()}
-    scales["candidate lambda+long_lr"] = candidate_scale(
-        spec, "tiny", first.SETTINGS["linear"], 9000, adversarial_lambda=0.0316, long_lr=2e-3)
-    scales.update({f"v2 {grid}": v2_scale(spec, grid) for grid in second.GRIDS})
+    scales["candidate lambda+long_lr"] = (candidate_scale(
+        spec, "tiny", first.SETTINGS["linear"], 9000, adversarial_lambda=0.0316, long_lr=2e-3),
+        candidate_pins(first.SETTINGS["linear"]))
+    scales.update({f"v2 {grid}": (v2_scale(spec, grid), None) for grid in second.GRIDS})
     before = {name: SCALES.get(name) for name in ("candidate", "v2-candidate")}
     out: dict = {}
     try:
-        for label, sc in scales.items():
-            for experiment, trial, config in experiment_trials(sc, EXPERIMENTS, (0, 1)):
+        for label, (sc, pins) in scales.items():
+            for experiment, trial, config in experiment_trials(sc, EXPERIMENTS, (0, 1),
+                                                               pins=pins):
                 text = json.dumps(config, sort_keys=True, default=repr)
                 out.setdefault(label, {}).setdefault(experiment, {})[trial] = hashlib.sha256(
                     text.encode()).hexdigest()[:16]

@@ -113,3 +113,15 @@ def test_lm_text_with_glue_also_fine_tunes_on_its_glue_tasks(tmp_path):
     assert sweep.base.measure.what == ("loss", "fisher", "hessian", "probe", "lookup", "glue")
     assert sweep_task(sweep) == "mask-1"
     check_sweep(sweep)
+
+
+def test_real_text_without_tasks_refuses_the_adversary_naming_the_way_out(tmp_path):
+    from flatlm.experiments.paper import build
+    from tests.assets.text_assets import make_text_assets, text_spec
+
+    bare = text_spec(make_text_assets(tmp_path, n_docs=40, n_glue=20), glue=False)
+    with pytest.raises(ValueError, match="adversarial run attacks a downstream task.*measures "
+                                         "none.*--algorithms adamw,noreg,sam"):
+        build("algorithms", scale="sweep", source=bare)
+    trials = build("algorithms", scale="sweep", source=bare, algorithms=("adamw", "sam"))
+    assert [cfg.train.algorithm for _, cfg in trials.trials()] == ["adamw", "sam"]

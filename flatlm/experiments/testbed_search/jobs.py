@@ -24,14 +24,15 @@ from flatlm.experiments.testbed_search.trials import (
 
 
 def finalist_jobs(cid: str, sc: Scale, experiments, seeds, work: Path, *, variants=(),
-                  variants_only: bool = False, long_steps: int | None = None) -> list[dict]:
+                  variants_only: bool = False, long_steps: int | None = None,
+                  pins: dict | None = None) -> list[dict]:
     """The trials of ``experiments`` at the finalist's scale ``sc`` (unless ``variants_only``;
     probes under the inside rule too for sizes and steps), and the steps run once per
     ``first.STEPS_VARIANTS`` name in ``variants`` (with ``variants_only``: the loss only, every
     1500 steps: a long run's KL at any multiple of 1500 is that of a run so long, at a constant
-    rate). ``long_steps`` only names the variants' trials."""
+    rate). ``long_steps`` only names the variants' trials; ``pins``: ``candidate_pins``."""
     jobs = []
-    for exp, trial, config in experiment_trials(sc, experiments, seeds):
+    for exp, trial, config in experiment_trials(sc, experiments, seeds, pins=pins):
         if not variants_only:
             jobs.append({"id": cid, "experiment": exp, "trial": trial, "config": config,
                          "work": str(work), "inside": exp in ("sizes", "steps")})
@@ -69,15 +70,15 @@ def scale_jobs(cid: str, sc: Scale, experiments, seeds, work: Path, runs: list[d
 
 
 def adversary_lambda(cid: str, sc: Scale, seed: int, work: Path, done: dict, jobs: int,
-                     say: Callable[[str], None] = print) -> dict:
+                     say: Callable[[str], None] = print, pins: dict | None = None) -> dict:
     """Criterion (d): adversarial runs (the pre-training loss only) at ``CRITERIA``'s lambdas,
     largest first, ``jobs`` at a time, until one ends within the tolerance of AdamW's KL (the
     algorithms experiment's adamw trial of the same seed); the largest such lambda is taken.
     ``done`` (trial name -> row of the algorithms experiment) is reused: its adamw trial, and its
     adversarial trial where its lambda is the one tried. Returns ``adamw_kl``, ``tried`` and
     ``lambda`` (None where none is within the tolerance)."""
-    adamw, adversarial = (loss_only(algorithm_trial(sc, a, seed)) for a in ("adamw",
-                                                                           "adversarial"))
+    adamw, adversarial = (loss_only(algorithm_trial(sc, a, seed, pins))
+                          for a in ("adamw", "adversarial"))
     base = done.get(f"adamw_seed{seed}") or run_one(
         {"id": cid, "experiment": "algorithms", "trial": f"adamw_seed{seed}", "config": adamw,
          "work": str(work)})

@@ -206,19 +206,34 @@ def v2_scale(spec: dict, grid: str, steps: int | None = None) -> Scale:
                    second_source=None, selection_what=(), selection_lrs=())
 
 
-def experiment_trials(sc: Scale, experiments, seeds,
-                      protocol: str = "paper") -> list[tuple[str, str, dict]]:
+# The experiments of one long run (paper._long_run): a constant rate whatever a scale says.
+LONG_RUNS = ("steps", "sgd")
+
+
+def candidate_pins(setting: dict) -> dict:
+    """What a first-search candidate's trials keep over the protocol (``experiment_trials``'s
+    ``pins``): its setting's schedule (the long runs aside), ``first.MEASURE``, and the
+    measurement settings of the time (the source's own label rule, Tr(F) from 8 labels per
+    input). Stage 2 ran these (bench/results/testbed_search.json's configs), fixed before any
+    claim was read; the paper protocol's constant rate, probe and B.1 labels came later and would
+    otherwise replace them."""
+    return {"train.schedule": setting["train.schedule"], **first.MEASURE,
+            "measure.label_rule": None, "measure.flatness.labels_per_input": 8}
+
+
+def experiment_trials(sc: Scale, experiments, seeds, protocol: str = "paper",
+                      pins: dict | None = None) -> list[tuple[str, str, dict]]:
     """(experiment, trial name, config dict) of each trial of ``experiments`` at scale ``sc``,
-    built by ``flatlm.experiments.paper.build`` (the scale registered under its name)."""
+    built by ``flatlm.experiments.paper.build`` (the scale registered under its name), ``pins``
+    (``candidate_pins``) set last: over the protocol, the long runs' schedule aside."""
     # build() looks scales up by name; a candidate's settings change between calls of the search
     register_scale(sc, replace=True)
     out = []
     for name in experiments:
-        # the steps run at a constant rate after warmup under every protocol (issue 23, fix 1;
-        # the sgd experiment already is)
-        constant = {"train.schedule": "constant"} if name == "steps" else None
+        kept = {k: v for k, v in (pins or {}).items()
+                if not (name in LONG_RUNS and k == "train.schedule")}
         exp = build(name, scale=sc.name, protocol=protocol, seeds=tuple(seeds),
-                    overrides=constant)
+                    overrides=kept or None)
         out += [(name, trial, to_dict(cfg)) for trial, cfg in exp.trials()]
     return out
 
@@ -230,7 +245,7 @@ def loss_only(config: dict) -> dict:
     return config
 
 
-def algorithm_trial(sc: Scale, algorithm: str, seed: int) -> dict:
+def algorithm_trial(sc: Scale, algorithm: str, seed: int, pins: dict | None = None) -> dict:
     """The config dict of the algorithms experiment's ``algorithm`` trial at ``sc``, ``seed``."""
-    trials = experiment_trials(sc, ["algorithms"], [seed])
+    trials = experiment_trials(sc, ["algorithms"], [seed], pins=pins)
     return next(c for _, t, c in trials if t.startswith(algorithm + "_"))
