@@ -6,6 +6,7 @@ Each test failed before its fix; the case number is the issue's.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import resource
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from flatlm.cli import main as flatlm
+from tests.inprocess import run_main
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = json.dumps({"kind": "pcfg", "random": {"vocab": 12, "depth": 2,
@@ -139,9 +141,8 @@ def test_2_the_analysis_scripts_refuse_an_out_that_is_a_link(tmp_path, script):
     trials = tmp_path / "trials"
     trials.mkdir()
     extra = ["--kl-threshold", "0.1"] if script == "report" else []
-    done = subprocess.run([sys.executable, f"analysis/{script}.py", "--trials", str(trials),
-                           "--out", str(tmp_path / "link"), *extra], capture_output=True,
-                          text=True, cwd=Path(__file__).parents[1], timeout=300)
+    done = run_main(importlib.import_module(f"analysis.{script}").main,
+                    ["--trials", trials, "--out", tmp_path / "link", *extra])
     assert done.returncode != 0 and "is a symbolic link" in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and list(target.iterdir()) == []
 
@@ -172,12 +173,11 @@ def test_3_a_password_in_any_scheme_case_is_refused_by_the_library(uri, tmp_path
     check_tracking_uri(f"sqlite:///{tmp_path}/a:b@c/mlflow.db")  # a path, not a password
 
 
-@pytest.mark.parametrize("script", ["analysis/report.py", "analysis/selection.py"])
+@pytest.mark.parametrize("script", ["report", "selection"])
 def test_3_the_analysis_refuses_a_password_without_echoing_it(tmp_path, script):
-    done = subprocess.run([sys.executable, str(REPO / script), "--experiment", "scaling",
-                           "--out", str(tmp_path / "r"), "--tracking-uri", UPPER,
-                           "--kl-threshold", "0.1"], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    done = run_main(importlib.import_module(f"analysis.{script}").main,
+                    ["--experiment", "scaling", "--out", tmp_path / "r", "--tracking-uri", UPPER,
+                     "--kl-threshold", "0.1"], cwd=tmp_path)
     assert done.returncode != 0 and "MLFLOW_TRACKING_PASSWORD" in done.stderr
     assert PASSWORD not in done.stdout + done.stderr
     assert not (tmp_path / "r").exists()

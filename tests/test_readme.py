@@ -8,7 +8,8 @@ in a shell block of a page under ``docs/`` (checked, not run).
 
 Commands come from the README's shell blocks (```bash) and from its inline code that starts with
 ``python`` or ``flatlm`` (the table of sweeps). ``--help`` runs in a subprocess with this
-interpreter and this checkout first on the path."""
+interpreter and this checkout first on the path: one for every ``flatlm`` command, one for every
+Python script in turn, one each for Ray's and MLflow's."""
 
 from __future__ import annotations
 
@@ -116,6 +117,31 @@ print(json.dumps(walk(build_parser(), [], {})))
 """
 
 
+# Every Python entry point's --help from one process, in turn (each imports torch: a process
+# each cost 5 s): argv[1:] of each as JSON on stdin -> {joined argv: [exit code, stdout, stderr]}.
+EVERY_SCRIPT_HELP = """
+import contextlib, io, json, os, runpy, sys
+out, path = {}, list(sys.path)
+for args in json.load(sys.stdin):
+    stdout, stderr, code = io.StringIO(), io.StringIO(), 0
+    sys.argv = [args[-1] if args[0] == "-m" else args[0], "--help"]
+    # as `python <script>` runs it: its folder first on the path
+    sys.path[:] = path if args[0] == "-m" else [os.path.dirname(os.path.abspath(args[0])), *path]
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            if args[0] == "-m":
+                runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(args[0], run_name="__main__")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException as e:  # noqa: BLE001 (reported as the script's failure)
+            code, stderr = 1, io.StringIO(f"{type(e).__name__}: {e}")
+    out[" ".join(args)] = [code, stdout.getvalue(), stderr.getvalue()]
+print(json.dumps(out))
+"""
+
+
 @functools.cache
 def run_help(argv: tuple[str, ...]) -> subprocess.CompletedProcess:
     """``argv --help`` with this checkout first on the path, from the repository root."""
@@ -123,8 +149,32 @@ def run_help(argv: tuple[str, ...]) -> subprocess.CompletedProcess:
         text = flatlm_helps().get(" ".join(argv[3:]))
         return subprocess.CompletedProcess(argv, 0 if text else 2, text or "", "" if text else
                                            f"no flatlm command {' '.join(argv[3:])!r}")
+    if argv[0] == sys.executable and argv[1:] in python_entry_points():
+        code, stdout, stderr = script_helps()[" ".join(argv[1:])]
+        return subprocess.CompletedProcess(argv, code, stdout, stderr)
     return subprocess.run([*argv, "--help"], cwd=ROOT, env=checkout_env(), capture_output=True,
                           text=True, timeout=180)
+
+
+@functools.cache
+def python_entry_points() -> tuple[tuple[str, ...], ...]:
+    """argv[1:] of every ``python <script>`` / ``python -m <module>`` the README and the docs
+    pages name (their --help texts come from one process: ``script_helps``)."""
+    commands = readme_commands(TEXT) + [
+        c for page in sorted((ROOT / "docs").glob("*.md"))
+        for line in shell_lines(page.read_text()) for c in split_commands(line)]
+    found = [entry_point(c)[0] for c in commands if c.program in ("python", "python3")]
+    return tuple(dict.fromkeys(a[1:] for a in found if a is not None))
+
+
+@functools.cache
+def script_helps() -> dict[str, list]:
+    """``python_entry_points`` -> [exit code, stdout, stderr] of its --help."""
+    done = subprocess.run([sys.executable, "-c", EVERY_SCRIPT_HELP], cwd=ROOT, env=checkout_env(),
+                          input=json.dumps(python_entry_points()), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
 
 
 @functools.cache

@@ -7,8 +7,6 @@ and exactly 0 with the loss, while the early checkpoints tie accuracy to the los
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +38,7 @@ from analysis.runs import load_runs, parse_metrics_jsonl  # noqa: E402
 from analysis.tables import summary_markdown, summary_table  # noqa: E402
 from flatlm.measure import ENTROPY, KL, LOSS, TRACE_FISHER, TRACE_HESSIAN  # noqa: E402
 from flatlm.tracking.tracker import default_tracking_uri, ensure_experiment  # noqa: E402
+from tests.inprocess import run_main  # noqa: E402
 
 RHO = 0.7
 ACC = "probe/A/acc_mean"
@@ -343,8 +342,10 @@ def test_summary_tables(runs):
 # -- report.py --------------------------------------------------------------------------------
 
 def report(*args, cwd=REPO):
-    cmd = [sys.executable, str(REPO / "analysis" / "report.py"), *map(str, args)]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+    """``python analysis/report.py ARGS`` from ``cwd``, its ``main`` in this process."""
+    from analysis.report import main
+
+    return run_main(main, list(args), cwd=cwd)
 
 
 def test_report_cli_writes_outputs_and_logs_one_report_run(store, tmp_path):
@@ -417,11 +418,9 @@ def test_conclusion_counts_runs_not_checkpoints(runs):
 
 
 def test_report_cli_requires_a_rule():
-    run = [sys.executable, "analysis/report.py"]
-    res = subprocess.run([*run, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    res = report("--help")
     assert res.returncode == 0 and "--kl-threshold" in res.stdout
-    res = subprocess.run([*run, "--experiment", "x", "--out", "y"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    res = report("--experiment", "x", "--out", "y")
     assert res.returncode == 2 and "--kl-threshold" in res.stderr
 
 

@@ -163,15 +163,14 @@ def test_damaged_records_are_left_out_with_a_warning_not_a_traceback(tmp_path, c
 
 @pytest.mark.parametrize("script", ["replication", "report"])
 def test_the_analysis_scripts_end_bad_trials_in_one_line(tmp_path, script):
-    import subprocess
-    import sys
-    from pathlib import Path
+    import importlib
 
+    from tests.inprocess import run_main
+
+    main = importlib.import_module(f"analysis.{script}").main
     _damaged_trials(tmp_path / "trials")
     extra = ["--kl-threshold", "0.1"] if script == "report" else []
     for trials in (tmp_path / "trials", tmp_path / "missing"):
-        done = subprocess.run([sys.executable, f"analysis/{script}.py", "--trials", str(trials),
-                               "--out", str(tmp_path / "out"), *extra], capture_output=True,
-                              text=True, cwd=Path(__file__).parents[2], timeout=300)
+        done = run_main(main, ["--trials", trials, "--out", tmp_path / "out", *extra])
         assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "no such directory" in done.stderr

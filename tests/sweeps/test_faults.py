@@ -1,11 +1,10 @@
-"""Fault tolerance of a sweep, with real Ray and real MLflow: a node dies, the driver dies, the
-tracking server goes away. In every case each trial ends FINISHED with one MLflow run holding
-every checkpoint's metrics exactly once.
+"""Fault tolerance of a sweep, with real Ray and real MLflow: a node dies, the tracking server goes
+away (the driver killed: tests/sweeps/test_resume_trust.py). In every case each trial ends
+FINISHED with one MLflow run holding every checkpoint's metrics exactly once.
 
 * a node killed mid-trial (``ray.cluster_utils.Cluster``, chaos from a ``tune.Callback`` in the
   driver's main thread) and the trial's local directory wiped: the trial is retried on a fresh
   node from Tune's copy of its last checkpoint (model, MLflow run id and tracker outbox);
-* the driver killed (SIGKILL to its session, Ray's processes with it): ``--resume`` finishes;
 * the ``mlflow server`` stopped after the first checkpoint result and restarted on the same store
   once a trial has ended in the outage: the trials' outboxes re-send what the outage held back,
   and the ends that could not be delivered (``sweeps.trainable.finish_trial``).
@@ -184,47 +183,6 @@ def test_node_killed_mid_sweep_trials_resume_from_checkpoint(tmp_path, ray_tmpdi
     assert [r["step"] for r in read_metrics(victim_dir)] == steps
     assert_exactly_once(f"sqlite:///{tmp_path / 'mlflow.db'}", sweep.name, trials_dir, steps,
                         n_trials=2)
-
-
-# -- the driver killed ------------------------------------------------------------------------
-
-def test_driver_killed_then_resumed_by_one_driver_at_a_time(tmp_path, ray_tmpdir):
-    steps = [10, 50, 100]
-    args = [*set_args({**TINY, "train.steps": "100",
-                       "train.checkpoint_steps": "[10,50,100]"}), "--cpus-per-trial", "0.5",
-            *LOOSE_RULE]
-    env = sweep_env(ray_tmpdir)
-    first = Sweep(args, tmp_path, env)
-    try:
-        assert first.first_result.wait(timeout=400), first.tail()
-        first.kill()
-        killed_at = time.time()
-    finally:
-        first.kill()
-        kill_own(None, f"{ray_tmpdir}/")
-    assert first.proc.returncode == -9
-    assert len(first.results()) < 3 * len(steps), "the sweep ended before the kill"
-
-    second = Sweep([*args, "--resume"], tmp_path, env)
-    try:
-        # a second driver of the same sweep refuses, naming the first, and runs nothing
-        assert second.first_result.wait(timeout=400), second.tail()
-        third = Sweep([*args, "--resume"], tmp_path, env)
-        assert third.wait(timeout=120) == 2, third.tail()
-        assert f"is being run by another driver (pid {second.proc.pid})" in third.stderr
-        assert third.results() == []
-        rc = second.wait(timeout=500)
-    finally:
-        kill_own(second.proc.pid, f"{ray_tmpdir}/")
-    assert rc == 0, second.tail()
-    trials_dir = tmp_path / "trials" / "scaling"
-    assert_exactly_once(f"sqlite:///{tmp_path / 'mlflow.db'}", "scaling", trials_dir, steps,
-                        n_trials=3)
-    # A checkpoint written before the kill was not trained again after it.
-    done = [p for p in trials_dir.glob(f"*/checkpoints/step-{steps[0]}/model.safetensors")
-            if p.stat().st_mtime < killed_at]
-    assert done, "no trial had a checkpoint before the kill"
-    assert "Per run, final checkpoint" in second.stdout  # the summary printed
 
 
 # -- the tracking server stopped and restarted --------------------------------------------------

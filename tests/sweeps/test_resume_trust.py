@@ -1,6 +1,11 @@
-"""Issue 27's sweep cases, with a real local Ray and a real MLflow store (slow): one tiny sweep,
-interrupted, resumed by pasting the printed command, then its state tampered with.
+"""A sweep's drivers dying and its state tampered with, with a real local Ray and a real MLflow
+store (slow): one tiny sweep, its driver killed, resumed, interrupted, resumed by pasting the
+printed command, then its state tampered with.
 
+* the driver killed (SIGKILL to its session, Ray's processes with it): ``--resume`` goes on from
+  the checkpoints written before the kill, a second ``--resume`` of the same sweep meanwhile is
+  refused naming the running driver, and in the end each trial has one FINISHED MLflow run
+  holding every checkpoint's metrics exactly once (the kill and the interrupt included);
 * 9: Ctrl-C (SIGINT) stops the sweep with the shell's exit code 130, marks the unfinished runs
   KILLED (none left RUNNING), prints no summary; the interrupt message counts the unfinished
   trials, and the printed ``--resume`` command works when pasted into a shell (a ``--set`` value
@@ -21,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +38,7 @@ from tests.sweeps.sweeptools import (  # noqa: E402
     SCALING,
     TINY,
     Sweep,
+    assert_exactly_once,
     kill_own,
     set_args,
     sweep_env,
@@ -92,35 +99,65 @@ def files_holding(root: Path, secret: bytes) -> list[Path]:
     return found
 
 
-def test_interrupt_resume_by_paste_and_tampered_state(tmp_path, ray_tmpdir):
-    env = sweep_env(ray_tmpdir, MLFLOW_TRACKING_USERNAME="alice",
-                    MLFLOW_TRACKING_PASSWORD=PASSWORD)
-    settings = {**TINY, "train.steps": "400", "train.checkpoint_steps": "[10,400]",
-                "measure.what": MEASURED}
-    args = [*set_args(settings), "--kl-threshold", "100"]
-    work = tmp_path / "work"
-    work.mkdir()
-
-    # 9: interrupted at the first result: every trial unfinished, counted
+def _killed_at_first_result(args: list[str], work: Path, env: dict, ray_tmpdir: Path,
+                            steps: list[int]) -> float:
+    """The sweep's driver SIGKILLed (its session, Ray's processes with it) at its first result;
+    the time of the kill."""
     first = Sweep(args, work, env)
     try:
         assert first.first_result.wait(timeout=400), first.tail()
-        first.proc.send_signal(signal.SIGINT)
-        rc = first.wait(timeout=300)
+        first.kill()
+        killed_at = time.time()
     finally:
-        kill_own(first.proc.pid, f"{ray_tmpdir}/")
-    assert rc == 130, first.tail()  # the shell's code for SIGINT
-    assert "3 trial(s) unfinished" in first.stderr, first.tail()
-    command = printed_command(first.stderr)
+        first.kill()
+        kill_own(None, f"{ray_tmpdir}/")
+    assert first.proc.returncode == -9
+    assert len(first.results()) < 3 * len(steps), "the sweep ended before the kill"
+    return killed_at
+
+
+def test_killed_interrupted_resumed_by_paste_and_tampered_state(tmp_path, ray_tmpdir):
+    env = sweep_env(ray_tmpdir, MLFLOW_TRACKING_USERNAME="alice",
+                    MLFLOW_TRACKING_PASSWORD=PASSWORD)
+    steps = [10, 200, 400]
+    settings = {**TINY, "train.steps": "400", "train.checkpoint_steps": "[10,200,400]",
+                "measure.what": MEASURED}
+    args = [*set_args(settings), "--cpus-per-trial", "0.5", "--kl-threshold", "100"]
+    work = tmp_path / "work"
+    work.mkdir()
+    killed_at = _killed_at_first_result(args, work, env, ray_tmpdir, steps)
+
+    # resumed; a second driver of the same sweep meanwhile refuses, naming the first, and runs
+    # nothing; then 9: interrupted at its first result, every trial unfinished, counted
+    second = Sweep([*args, "--resume"], work, env)
+    try:
+        assert second.first_result.wait(timeout=400), second.tail()
+        third = Sweep([*args, "--resume"], work, env)
+        assert third.wait(timeout=120) == 2, third.tail()
+        assert f"is being run by another driver (pid {second.proc.pid})" in third.stderr
+        assert third.results() == []
+        second.proc.send_signal(signal.SIGINT)
+        rc = second.wait(timeout=300)
+    finally:
+        kill_own(second.proc.pid, f"{ray_tmpdir}/")
+    assert rc == 130, second.tail()  # the shell's code for SIGINT
+    assert "3 trial(s) unfinished" in second.stderr, second.tail()
+    command = printed_command(second.stderr)
     assert shlex.split(command) == ["python", str(SCALING), *args, "--resume"]
-    assert "Per run, final checkpoint" not in first.stdout  # no partial summary
+    assert "Per run, final checkpoint" not in second.stdout  # no partial summary
     assert run_statuses(work) >= {"KILLED"} and "RUNNING" not in run_statuses(work)
 
-    # the printed command, pasted, finishes the sweep
+    # the printed command, pasted, finishes the sweep: every checkpoint's metrics once
     done = pasted(command, work, env)
     kill_own(None, f"{ray_tmpdir}/")
     assert done.returncode == 0, done.stderr[-4000:]
     assert "Per run, final checkpoint" in done.stdout  # the summary printed
+    trials_dir = work / "trials" / "scaling"
+    assert_exactly_once(f"sqlite:///{work / 'mlflow.db'}", "scaling", trials_dir, steps,
+                        n_trials=3)
+    # a checkpoint written before the kill was not trained again after it
+    assert [p for p in trials_dir.glob(f"*/checkpoints/step-{steps[0]}/model.safetensors")
+            if p.stat().st_mtime < killed_at], "no trial had a checkpoint before the kill"
 
     # 3: the password in the environment reached no file of the sweep nor Ray's session
     assert files_holding(work, PASSWORD.encode()) == []

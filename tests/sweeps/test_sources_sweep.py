@@ -9,8 +9,6 @@ The task the sweep shows, searches on and summarises comes from the source's def
 
 import csv
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -111,11 +109,13 @@ def tiny_lm(path: Path) -> str:
 
 def assert_the_report_reads_the_sweep(tmp_path, uri: str, task: str, models: list[str]) -> None:
     """``analysis/report.py`` on the sweep's store: every model's checkpoints in its table."""
+    from analysis.report import main
+    from tests.inprocess import run_main
+
     report = tmp_path / "report"
-    done = subprocess.run([sys.executable, str(REPO / "analysis" / "report.py"), "--experiment",
-                           "sources", "--task", task, "--out", str(report), "--kl-threshold",
-                           "100", "--tracking-uri", uri, "--n-boot", "50", "--no-log"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = run_main(main, ["--experiment", "sources", "--task", task, "--out", report,
+                           "--kl-threshold", "100", "--tracking-uri", uri, "--n-boot", "50",
+                           "--no-log"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     with open(report / "runs.csv") as f:
         rows = list(csv.DictReader(f))

@@ -4,8 +4,6 @@ its GLUE metric and one-hot loss reach MLflow, the summary uses --loss-tolerance
 KL), and analysis/report.py reads the runs back."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -65,10 +63,11 @@ def test_a_tiny_text_sweep_reaches_mlflow_and_the_report(tmp_path, ray_tmpdir):
     assert "pretrain/loss - min pretrain/loss (no truth) <= 10" in out, sweep.tail()
     assert "--loss-tolerance 10 " in out
 
-    report = subprocess.run(
-        [sys.executable, str(REPO / "analysis" / "report.py"), "--experiment", "text",
-         "--tracking-uri", uri, "--task", "sst2", "--loss-tolerance", "10", "--out",
-         str(tmp_path / "report"), "--n-boot", "50"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    from analysis.report import main
+    from tests.inprocess import run_main
+
+    report = run_main(main, ["--experiment", "text", "--tracking-uri", uri, "--task", "sst2",
+                             "--loss-tolerance", "10", "--out", tmp_path / "report",
+                             "--n-boot", "50"], cwd=tmp_path)
     assert report.returncode == 0, report.stderr[-3000:]
     assert "glue/sst2/accuracy" in (tmp_path / "report" / "runs.csv").read_text().splitlines()[0]
