@@ -41,7 +41,7 @@ import pandas as pd  # noqa: E402
 
 from analysis.correlate import MIN_RUNS, RUN, saturated, saturation_rule, to_markdown  # noqa: E402
 from analysis.labels import plain_name  # noqa: E402
-from analysis.output import write_figure
+from analysis.output import report_dir, write_csv, write_figure, write_file  # noqa: E402
 from analysis.store import (  # noqa: E402
     accuracy_key,
     load_table,
@@ -296,13 +296,14 @@ def selection_figure(table: pd.DataFrame, path: Path) -> Path:
 
 def write_selection(df, out: Path, acc_key: str, selectors=None, **kw) -> list[Path]:
     """``selection.md`` / ``.csv`` / ``.png`` under ``out``: the figure only with candidates
-    from ``MIN_RUNS`` runs or more, the CSV's rows only then (``too_few_runs``)."""
-    out.mkdir(parents=True, exist_ok=True)
+    from ``MIN_RUNS`` runs or more, the CSV's rows only then (``too_few_runs``); written whole,
+    never through a link (``analysis.output``), ``out`` refused if it is one."""
+    out = report_dir(out)
     table = selection_table(df, acc_key, selectors, **kw)
     if too_few_runs(table):
         table = table.iloc[:0]  # its attrs, and so its markdown, kept
-    (out / "selection.md").write_text(selection_markdown(table) + "\n")
-    table.to_csv(out / "selection.csv", index=False)
+    write_file(out / "selection.md", selection_markdown(table) + "\n")
+    write_csv(table, out / "selection.csv")
     paths = [out / "selection.md", out / "selection.csv"]
     if len(table):
         paths.append(selection_figure(table, out / "selection.png"))
@@ -331,9 +332,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:  # a password, no store, no such directory, no accuracy, an unknown selector
+    try:  # a password, a link for --out, no store, no such directory, no accuracy, a selector
         if args.tracking_uri:  # a password is refused, never echoed
             refuse_password(args.tracking_uri)
+        args.out = report_dir(args.out)  # before any work
         df, uri = load_table(args)
         if df.empty:
             print("no runs to select from", file=sys.stderr)

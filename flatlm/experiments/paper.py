@@ -202,8 +202,8 @@ def _with_adversary(sc: Scale, base: TrialConfig, runs: bool) -> TrialConfig:
         if not tasks:
             raise ValueError(
                 f"the algorithms experiment: its adversarial run attacks a downstream task, and "
-                f"the source {str(base.source)!r} measures none; give a source with tasks (GLUE files "
-                f"beside real text, a PCFG, an HMM) or leave it out: --algorithms "
+                f"the source {str(base.source)!r} measures none; give a source with tasks "
+                f"(GLUE files beside real text, a PCFG, an HMM) or leave it out: --algorithms "
                 f"{','.join(a for a in COMPARED_ALGORITHMS if a != 'adversarial')}")
         adversary["train.adversarial.task"] = "B" if "B" in tasks else tasks[0]
     return apply_overrides(base, adversary)

@@ -31,11 +31,11 @@ from pathlib import Path
 for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_name, "1")
 
-from flatlm.core.config import apply_overrides, to_flat_dict
-from flatlm.experiments.grids import EXPERIMENTS, EXTRA_EXPERIMENTS, trial_name
-from flatlm.experiments.paper import base_of, build
-from flatlm.experiments.protocols import BASES, SWITCHES
-from flatlm.experiments.scales import SCALES
+from flatlm.core.config import apply_overrides, to_flat_dict  # noqa: E402
+from flatlm.experiments.grids import EXPERIMENTS, EXTRA_EXPERIMENTS, trial_name  # noqa: E402
+from flatlm.experiments.paper import base_of, build  # noqa: E402
+from flatlm.experiments.protocols import BASES, SWITCHES  # noqa: E402
+from flatlm.experiments.scales import SCALES  # noqa: E402
 
 SNAPSHOT = Path(__file__).parent / "data" / "trial_configs.json"
 TMP = "<tmp>"
