@@ -189,6 +189,16 @@ def test_resume_refuses_a_tuner_pickle_others_could_have_written(tmp_path):
     (tmp_path / "tuner.pkl").symlink_to(tmp_path / "elsewhere.pkl")
     with pytest.raises(ValueError, match="symbolic link"):
         check_trusted(tmp_path)
+    (tmp_path / "tuner.pkl").unlink()
+    # the search algorithm's state, which Ray also unpickles (tests/sweeps/test_resume_trust.py
+    # plants one the user wrote; this one anybody could have)
+    planted = tmp_path / "basic-variant-state-9999-99-99_99-99-99.json"
+    planted.write_bytes(b"a pickle")
+    planted.chmod(0o600)
+    check_trusted(tmp_path)
+    planted.chmod(0o666)
+    with pytest.raises(ValueError, match=f"{planted.name}: it is not yours alone"):
+        check_trusted(tmp_path)
 
 
 def test_resume_refuses_a_tuner_pickle_flatlm_did_not_write(tmp_path, monkeypatch, capsys):
