@@ -7,11 +7,15 @@ import torch
 
 # Under pytest-xdist (pyproject's addopts: two workers on a 2-core machine) the processes a test
 # starts (the CLI, bench scripts, Ray's driver) use one OpenMP thread too, as the test processes
-# themselves do (``one_thread``): two workers each with two threads would oversubscribe the cores.
-# A variable the caller set wins.
+# themselves do: two workers each with two threads would oversubscribe the cores. A variable the
+# caller set wins. The worker itself is set here too, not only in each test (``one_thread``):
+# torch read the cores before this file set the variable, and a module- or session-scoped
+# fixture runs before any test's ``one_thread`` (the CPU replication's trials took 120 s in a
+# worker with two threads, 22 s alone).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_name, "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Nothing in the tests may need the internet: the Hugging Face libraries read their local files
 # and caches only (as .ci/run sets them), here and in every process a test starts; without it
