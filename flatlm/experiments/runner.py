@@ -176,6 +176,9 @@ class _Runner:
         """"done", "paused", "busy" or "diverged"; ``packing``: say why it is not in a pack."""
         root, on_trial = self.root, self.on_trial
         out = trial_dir(root, self.experiment, name)
+        if finished(out, cfg):  # since the list was made: another worker (--jobs) ran it
+            _tell(on_trial, name, "skip")
+            return "done"
         twin = None if find_checkpoints(out) else find_twin(root, self.experiment.protocol, out,
                                                             cfg)
         reason = unpacked_reason(cfg) if packing else None
