@@ -44,13 +44,14 @@ from flatlm.train.registry import (
 )
 
 __all__ = ["ALGORITHMS", "AlgorithmDefaults", "AdversarialConfig", "GrowConfig", "LabelNoiseConfig",
-           "SEQUENCE_PACKINGS", "SamConfig", "TrainConfig", "resolve", "sequence_packing_for",
-           "switch_on"]
+           "PREFETCH_WORKERS", "SEQUENCE_PACKINGS", "SamConfig", "TrainConfig", "resolve",
+           "sequence_packing_for", "switch_on"]
 
 PRECISIONS = ("auto", "fp32", "bf16")
 MASK_COUNTS = ("fixed", "bernoulli")  # train.mask_count (flatlm.train.data.mask_batch)
 # train.sequence_packing: how a pass's sentences meet the model ("auto": as train.unpad says)
 SEQUENCE_PACKINGS = ("auto", "padded", "unpadded", "rows")
+PREFETCH_WORKERS = ("threads", "processes")  # train.prefetch_workers (flatlm.train.data)
 _SWITCH_WORDS = {"true": True, "on": True, "false": False, "off": False, "auto": "auto"}
 
 
@@ -243,6 +244,16 @@ class TrainConfig:
     #   packs of flatlm.train.pack
     row_length: int = 64  # slots per row under sequence_packing="rows"; >= the source's
     #   max_length + 2 (checked when training starts); 64 holds 3 to 21 PCFG sentences
+    prefetch: int | str = "auto"  # updates whose batches are built ahead, in background
+    #   workers, while the current update runs: an integer >= 0 (0: each batch is built when its
+    #   update starts), or "auto" (0 on the CPU, whose cores train; on CUDA min(4, host cores /
+    #   2): a 4096-sentence batch of the paper's grammar takes ~0.1 s of a core to sample and
+    #   mask, longer than a small model's GPU update). Batches are the same either way: each is
+    #   a pure function of (seed, update), so a run is bit for bit the same at any depth
+    prefetch_workers: str = "threads"  # where batches are built ahead: "threads" (in this
+    #   process; sampling and masking release the GIL only in torch's kernels) or "processes"
+    #   (one spawned process per batch ahead, each with one torch thread: no GIL shared with the
+    #   training loop, a few seconds to start). Read only when prefetch resolves to > 0
     divergence_factor: float | None = 10.0  # stop the run (``Diverged``) when a logged loss
     #   exceeds this times the initial loss log V or the first logged loss; > 1; None = off
     #   (a non-finite loss always stops it)
@@ -369,6 +380,7 @@ class TrainConfig:
                    "use true, false or auto (on for CUDA, off on the CPU)")
             object.__setattr__(self, name, flag)
         self._check_sequence_packing()
+        self._check_prefetch()
         _check(self.divergence_factor is None or self.divergence_factor > 1,
                "divergence_factor", self.divergence_factor, "use a factor > 1, or None (off)")
         self._check_world_size()
@@ -385,6 +397,17 @@ class TrainConfig:
         _check(self.sequence_packing != "rows" or self.world_size == 1, "sequence_packing",
                self.sequence_packing, "rows run in one process; use train.world_size=1, or "
                "'unpadded' data-parallel")
+
+    def _check_prefetch(self) -> None:
+        prefetch = self.prefetch
+        if isinstance(prefetch, str) and prefetch.strip().lstrip("-").isdigit():
+            prefetch = int(prefetch)  # "2" from a command line
+        _check(prefetch == "auto" or (_is_int(prefetch) and prefetch >= 0), "prefetch",
+               self.prefetch, "use an integer >= 0 (batches built ahead; 0 = none) or auto "
+               "(none on the CPU, up to 4 on CUDA)")
+        object.__setattr__(self, "prefetch", prefetch)
+        _check(self.prefetch_workers in PREFETCH_WORKERS, "prefetch_workers",
+               self.prefetch_workers, f"use one of {', '.join(PREFETCH_WORKERS)}")
 
     def _check_world_size(self) -> None:
         _check(_is_int(self.world_size) and self.world_size >= 1, "world_size", self.world_size,

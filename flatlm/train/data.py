@@ -15,7 +15,8 @@ run would have:
 - ``DownstreamPool``: labelled sentences D for the adversarial algorithm, with disjoint D1, D2
   (``adversarial_pool``).
 - ``BatchPipeline``: update i -> ``StepInputs`` on the device, optionally prepared a few steps
-  ahead in background threads (CUDA), which changes nothing but the timing; laid out as
+  ahead in background threads or processes (``train.prefetch``, by default on CUDA only), which
+  changes nothing but the timing; laid out as
   ``train.sequence_packing`` says: padded, unpadded (each pass's sentences sorted by length, so
   that micro-batches are cut to their longest sentence; ``train.unpad``, on for CUDA) or in rows
   (``flatlm.train.rows``: each micro-batch's sentences end to end in fixed-length rows).
@@ -23,8 +24,9 @@ run would have:
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -354,32 +356,54 @@ class StepInputs:
         return StepInputs(mlm, _map(self.probe, pin) if self.probe else None)
 
 
-def prefetch_depth(device: torch.device) -> int:
-    """Updates to prepare ahead on ``device``: none on the CPU (the cores train), else up to 4
-    on half the host's cores. A 4096-sentence batch of the paper's grammar takes about 0.1 s of
-    one core to sample and mask, longer than a GPU update of a small model."""
+def prefetch_depth(cfg: TrainConfig, device: torch.device) -> int:
+    """Updates to prepare ahead on ``device`` (``train.prefetch``): the number given, or under
+    "auto" none on the CPU (the cores train), else up to 4 on half the host's cores. A
+    4096-sentence batch of the paper's grammar takes about 0.1 s of one core to sample and mask,
+    longer than a GPU update of a small model."""
+    if cfg.prefetch != "auto":
+        return cfg.prefetch
     if device.type != "cuda":
         return 0
     return max(1, min(4, (os.cpu_count() or 2) // 2))
 
 
+def _start_worker(pipeline: BatchPipeline) -> None:
+    """A prefetch process's initializer: it keeps its copy of the pipeline (a worker's only
+    state, read by ``_worker_inputs``) and one torch thread (it shares the host's cores)."""
+    global _WORKER_PIPELINE
+    torch.set_num_threads(1)
+    _WORKER_PIPELINE = pipeline
+
+
+_WORKER_PIPELINE: BatchPipeline | None = None  # set in a prefetch process only
+
+
+def _worker_inputs(i: int) -> StepInputs:
+    return _WORKER_PIPELINE.host_inputs(i)
+
+
 class BatchPipeline:
     """Update index -> ``StepInputs`` on ``device``, the masked batch changed by the algorithm's
     batch transform if it has one (label_noise). ``prefetch`` = k > 0 prepares updates
-    i + 1 .. i + k on the CPU in k background threads while update i runs; the inputs are the
-    same either way (each is a pure function of its index)."""
+    i + 1 .. i + k on the CPU in k background workers while update i runs (``workers``:
+    "threads" in this process, or "processes", each spawned with a copy of the pipeline); the
+    inputs are the same either way (each is a pure function of its index)."""
 
     def __init__(self, cfg: TrainConfig, sentences: FreshSamples | CorpusBatches,
                  device: torch.device, *, pool: DownstreamPool | None = None,
-                 prefetch: int = 0):
+                 prefetch: int = 0, workers: str = "threads"):
         self.cfg, self.sentences, self.device, self.pool = cfg, sentences, device, pool
         self.transform = algorithm_named(cfg.algorithm).transform()  # None for most
-        self.depth = int(prefetch)
-        self._executor = ThreadPoolExecutor(self.depth) if self.depth else None
+        self.depth, self.workers = int(prefetch), workers
+        self._executor: Executor | None = None  # started at the first update (processes: spawn)
         self._ahead: dict[int, Future] = {}  # update index -> its inputs being prepared
 
-    def cpu_inputs(self, i: int) -> StepInputs:
-        """Update i's inputs on the CPU, in pinned memory when bound for CUDA."""
+    def __getstate__(self) -> dict:  # a prefetch process's copy: no executor, nothing ahead
+        return {**self.__dict__, "_executor": None, "_ahead": {}, "depth": 0}
+
+    def host_inputs(self, i: int) -> StepInputs:
+        """Update i's inputs on the CPU, laid out for ``device`` (not pinned)."""
         tokens, lengths = self.sentences.batch_at(i)
         mlm = mask_batch(tokens, lengths, self.cfg.mask, generator(self.cfg.seed, "mask", i),
                          n_words=self.sentences.n_words, replace=self.cfg.mask_replace,
@@ -392,19 +416,42 @@ class BatchPipeline:
         elif layout == "rows":  # one micro-batch's sentences share rows, never two
             mlm = into_rows(mlm, self.cfg.row_length,
                             self.cfg.micro_batch_size or self.cfg.sentences_per_pass)
-        inputs = StepInputs(mlm, self.pool.draw(i) if self.pool is not None else None)
+        return StepInputs(mlm, self.pool.draw(i) if self.pool is not None else None)
+
+    def _pinned(self, inputs: StepInputs) -> StepInputs:
         return inputs.pin_memory() if self.device.type == "cuda" else inputs
 
-    def inputs_at(self, i: int) -> StepInputs:
+    def cpu_inputs(self, i: int) -> StepInputs:
+        """Update i's inputs on the CPU, in pinned memory when bound for CUDA."""
+        return self._pinned(self.host_inputs(i))
+
+    def _submit(self, j: int) -> Future:
         if self._executor is None:
+            if self.workers == "processes":
+                self._executor = ProcessPoolExecutor(
+                    self.depth, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_start_worker, initargs=(self,))
+            else:
+                self._executor = ThreadPoolExecutor(self.depth)
+        if self.workers == "processes":  # pinned here: pages pinned there do not travel
+            return self._executor.submit(_worker_inputs, j)
+        return self._executor.submit(self.cpu_inputs, j)
+
+    def inputs_at(self, i: int) -> StepInputs:
+        if not self.depth:
             return self.cpu_inputs(i).to(self.device)
         ahead = self._ahead.pop(i, None)
-        inputs = ahead.result() if ahead is not None else self.cpu_inputs(i)
+        if ahead is None:
+            inputs = self.cpu_inputs(i)
+        elif self.workers == "processes":
+            inputs = self._pinned(ahead.result())
+        else:
+            inputs = ahead.result()
         for j in [j for j in self._ahead if not i < j <= i + self.depth]:
             self._ahead.pop(j).cancel()  # a jump (resume, evaluation): not needed any more
         for j in range(i + 1, i + self.depth + 1):
             if j not in self._ahead:
-                self._ahead[j] = self._executor.submit(self.cpu_inputs, j)
+                self._ahead[j] = self._submit(j)
         return inputs.to(self.device)
 
     def close(self) -> None:

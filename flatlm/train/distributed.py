@@ -138,15 +138,14 @@ class ShardedPipeline(BatchPipeline):
     def of(cls, whole: BatchPipeline, rank: int, world_size: int) -> ShardedPipeline:
         whole.close()
         pipeline = cls(whole.cfg, whole.sentences, whole.device,
-                       prefetch=prefetch_depth(whole.device))
+                       prefetch=prefetch_depth(whole.cfg, whole.device), workers=whole.workers)
         pipeline.rank, pipeline.world_size = rank, world_size
         return pipeline
 
-    def cpu_inputs(self, i: int) -> StepInputs:
-        mlm = shard(super().cpu_inputs(i).mlm, self.rank, self.world_size,
+    def host_inputs(self, i: int) -> StepInputs:
+        mlm = shard(super().host_inputs(i).mlm, self.rank, self.world_size,
                     halves=algorithm_named(self.cfg.algorithm).halves_batch)
-        inputs = StepInputs(mlm)
-        return inputs.pin_memory() if self.device.type == "cuda" else inputs
+        return StepInputs(mlm)
 
 
 def shard(batch: MLMBatch, rank: int, world_size: int, *, halves: bool = False) -> MLMBatch:

@@ -70,7 +70,8 @@ StepHook = Callable[[int], None]  # told the step after every update (a progress
 TRAINING_INTERVAL = "training_interval"
 # Fields a resumed run may change: how long it runs and what it saves, not what it computes.
 RESUMABLE_CHANGES = ("steps", "checkpoint_steps", "log_every", "compile", "precision",
-                     "divergence_factor", "unpad", "sequence_packing", "row_length")
+                     "divergence_factor", "unpad", "sequence_packing", "row_length", "prefetch",
+                     "prefetch_workers")
 
 
 class CheckpointWriteError(OSError):
@@ -133,7 +134,8 @@ def build_pipeline(cfg, source, device, corpus) -> tuple[BatchPipeline, int]:
         sentences = CorpusBatches(tokens, lengths, cfg.batch_size, cfg.seed, n_words=source.V)
     make_pool = algorithm_named(cfg.algorithm).probe_pool  # adversarial: D1, D2 each update
     pool = load_ref(make_pool)(cfg, source, device) if make_pool is not None else None
-    pipeline = BatchPipeline(cfg, sentences, device, pool=pool, prefetch=prefetch_depth(device))
+    pipeline = BatchPipeline(cfg, sentences, device, pool=pool,
+                             prefetch=prefetch_depth(cfg, device), workers=cfg.prefetch_workers)
     return pipeline, pool.n_classes if pool else 0
 
 

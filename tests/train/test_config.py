@@ -51,6 +51,9 @@ def test_checkpoint_steps_are_sorted_and_unique():
     ({"mask": "all"}, "train.mask='all'"),
     ({"mask": 1.5}, "train.mask=1.5"),
     ({"precision": "fp16"}, "train.precision"),
+    ({"prefetch": -1}, "train.prefetch=-1"),
+    ({"prefetch": "some"}, "train.prefetch='some'"),
+    ({"prefetch_workers": "fork"}, "train.prefetch_workers='fork'"),
 ])
 def test_bad_fields_are_named(fields, named):
     with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(".", r"\.")):
