@@ -25,6 +25,13 @@ paper's batch 4096 runs for every preset on one GPU; the micro-batch each side u
 recorded. Same shape, dropout (0.1) and initialisation on every side. ``first_step_s``: each
 side's seconds from building its model to the end of its first update (compiling included).
 
+``--prefetch 0,auto,2:processes`` (``train.prefetch[:train.prefetch_workers]``): the update of
+the variant training runs on the device (unpadded on CUDA, padded on the CPU; else the first)
+again with each batch built as training builds it (sampled, masked, laid out,
+pinned and copied) at each setting, the same compiled model, ``--prefetch-steps`` updates each:
+whether a GPU update waits on the host (``train_tokens_per_s_prefetch`` rows, against the first
+setting; ``host_batch_s``: one batch built on the host alone).
+
 Throughput is the best of ``--repeats`` interleaved passes over ``--batches`` batches, counted
 two ways: real tokens ([CLS], the words, [SEP]: what the step must compute) and input positions
 (batch x 18, padding included); ``flatlm_positions_per_batch`` is what flatlm's trimmed
@@ -64,8 +71,8 @@ from flatlm.models import bert_config, build_model, count_parameters, parse_mode
 from flatlm.sources import load
 from flatlm.train.algorithms import StepContext, build_optimizer, standard_step
 from flatlm.train.compiled import loss_function
-from flatlm.train.config import TrainConfig, resolve, switch_on
-from flatlm.train.data import BatchPipeline, FreshSamples, StepInputs
+from flatlm.train.config import TrainConfig, resolve, sequence_packing_for, switch_on
+from flatlm.train.data import BatchPipeline, FreshSamples, StepInputs, prefetch_depth
 from flatlm.train.loop import autocast_for
 
 PEAK_FLOPS = 798e12  # dense bf16 matmul (8192^3), measured on the project's H100 80 GB
@@ -199,36 +206,69 @@ def fitting_side(side, device, args, micro: int):
         print(f"  out of memory: trying micro-batch {micro}", flush=True)
 
 
+def prefetch_times(step, src, device, args, micro: int, layout: str) -> dict[str, dict]:
+    """{setting: {"seconds_per_step", "depth", "workers"}} of ``step`` (built, compiled and
+    warm) with each update's batch built on the fly by a ``BatchPipeline`` at each
+    ``--prefetch`` setting, and ``host_batch_s`` under the key "host" (one batch on the host)."""
+    base = train_config(args, micro, layout)
+    pipeline = BatchPipeline(base, FreshSamples(src, args.batch_size, seed=2000), device)
+    start = time.perf_counter()
+    pipeline.cpu_inputs(0)
+    out = {"host": {"host_batch_s": time.perf_counter() - start}}
+    for setting in args.prefetch:
+        depth, _, workers = setting.partition(":")
+        cfg = dataclasses.replace(base, prefetch=depth, prefetch_workers=workers or "threads")
+        pipeline = BatchPipeline(cfg, FreshSamples(src, args.batch_size, seed=2000), device,
+                                 prefetch=prefetch_depth(cfg, device),
+                                 workers=cfg.prefetch_workers)
+        try:
+            warm = max(1, pipeline.depth + 1)  # its workers started and the queue full
+            for i in range(warm):
+                step(pipeline.inputs_at(i))
+            _sync(device)
+            start = time.perf_counter()
+            for i in range(warm, warm + args.prefetch_steps):
+                step(pipeline.inputs_at(i))
+            _sync(device)
+        finally:
+            pipeline.close()
+        out[setting] = {"seconds_per_step": (time.perf_counter() - start) / args.prefetch_steps,
+                        "depth": pipeline.depth, "workers": cfg.prefetch_workers}
+    return out
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
 
 
-def interleaved(builders, start, device, args):
-    """({side: [(wall, cpu) per pass]}, {side: (micro-batch, parameters, first step s)}), every
-    side built first and their passes interleaved, so that drifts in a shared machine's load
-    hit all alike."""
+def interleaved(builders, start, device, args, ahead_of):
+    """({side: [(wall, cpu) per pass]}, {side: (micro-batch, parameters, first step s)},
+    {side: ``ahead_of(side, step, micro)``}), every side built first and their passes
+    interleaved, so that drifts in a shared machine's load hit all alike."""
     sides = {name: fitting_side(side, device, args, start[name])
              for name, side in builders.items()}
     times = {name: [] for name in sides}
     for _ in range(args.repeats):
         for name, (step, data, _) in sides.items():
             times[name].append(seconds_per_step(step, data, device, 0))
-    return times, {name: s[2] for name, s in sides.items()}
+    ahead = {name: ahead_of(name, step, info[0]) for name, (step, _, info) in sides.items()}
+    return times, {name: s[2] for name, s in sides.items()}, ahead
 
 
-def one_at_a_time(builders, start, device, args):
+def one_at_a_time(builders, start, device, args, ahead_of):
     """As ``interleaved``, one side after the other, each freed before the next is built: a
     GPU is not shared, and four copies of bert-950m's AdamW state would not fit beside each
     other."""
-    times, sides = {}, {}
+    times, sides, ahead = {}, {}, {}
     for name, side in builders.items():
         step, data, sides[name] = fitting_side(side, device, args, start[name])
         times[name] = [seconds_per_step(step, data, device, 0) for _ in range(args.repeats)]
+        ahead[name] = ahead_of(name, step, sides[name][0])
         del step, data
         fresh_device(device)
-    return times, sides
+    return times, sides, ahead
 
 
 def fresh_device(device: torch.device) -> None:
@@ -278,7 +318,15 @@ def bench_preset(preset, src, device, args) -> list[dict]:
     model_cfg = dataclasses.replace(parse_model(preset), dropout=0.1)
     builders, start = side_builders(model_cfg, src, device, args)
     measure = interleaved if device.type == "cpu" else one_at_a_time
-    times, sides = measure(builders, start, device, args)
+    trained = sequence_packing_for(TrainConfig(), device.type)  # what training runs here
+    first = trained if trained in args.variants else args.variants[0]
+
+    def ahead_of(name, step, micro):  # that variant, at each --prefetch setting
+        if name != f"flatlm-{first}" or not args.prefetch:
+            return None
+        return prefetch_times(step, src, device, args, micro, first)
+
+    times, sides, ahead = measure(builders, start, device, args, ahead_of)
     assert len({s[1] for s in sides.values()}) == 1  # the same model on every side
     wall = {name: min(t[0] for t in ts) for name, ts in times.items()}
     cpu = {name: min(t[1] for t in ts) for name, ts in times.items()}
@@ -305,7 +353,24 @@ def bench_preset(preset, src, device, args) -> list[dict]:
                     "baseline_name": f"{name}: {BASELINES[name]}"}
             rows += metric_rows(side, name, wall, cpu, real, positions, n_params, device, args,
                                 base)
+    if ahead[f"flatlm-{first}"]:
+        rows += prefetch_rows(ahead[f"flatlm-{first}"], real, {**common, "variant": first})
     return rows
+
+
+def prefetch_rows(times: dict, real: float, common: dict) -> list[dict]:
+    """Real tokens per second with batches built on the fly at each ``--prefetch`` setting,
+    against the first setting."""
+    host = times.pop("host")["host_batch_s"]
+    (reference, ref), *_ = times.items()
+    return [{"metric": "train_tokens_per_s_prefetch", "prefetch": setting,
+             "prefetch_depth": t["depth"], "prefetch_workers": t["workers"],
+             "flatlm": real / t["seconds_per_step"], "baseline": real / ref["seconds_per_step"],
+             "ratio": ref["seconds_per_step"] / t["seconds_per_step"],
+             "seconds_per_step": t["seconds_per_step"], "host_batch_s": host,
+             "baseline_name": f"prefetch {reference}: the same update, batches built at the "
+                              "first --prefetch setting", **common}
+            for setting, t in times.items()]
 
 
 def metric_rows(side, name, wall, cpu, real, positions, n_params, device, args, base):
@@ -365,6 +430,12 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=3, help="steps per side before timing "
                    "(on CUDA: enough for torch.compile to see the micro-batch shapes)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per side (best kept)")
+    p.add_argument("--prefetch", default="",
+                   help="comma-separated train.prefetch[:train.prefetch_workers] settings, e.g. "
+                        "0,auto,2:processes: the update training runs on the device, with "
+                        "batches built on the fly at each (default: none)")
+    p.add_argument("--prefetch-steps", type=int, default=20,
+                   help="timed updates per --prefetch setting")
     p.add_argument("--peak-flops", type=float, default=PEAK_FLOPS)
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads for torch (default 1: OpenMP threads that wait on cores "
@@ -397,6 +468,13 @@ def parse_args(argv):
                                                            else sys.argv[1:])])
     for layout in args.variants:  # bad settings: the config's message, now
         train_config(args, args.flatlm_micro[layout], layout)
+    args.prefetch = [x.strip() for x in args.prefetch.split(",") if x.strip()]
+    for setting in args.prefetch:
+        depth, _, workers = setting.partition(":")
+        try:
+            TrainConfig(prefetch=depth, prefetch_workers=workers or "threads")
+        except ValueError as e:
+            p.error(f"--prefetch {setting}: {e}")
     return args
 
 

@@ -68,11 +68,11 @@ def timed_rate(fn, n_items: int, device, repeats: int = 3) -> float:
     return n_items / best
 
 
-def flatlm_rate(src, n, device, batch_size, **options) -> float:
+def flatlm_rate(src, n, device, batch_size, repeats: int = 3, **options) -> float:
     tokens, lengths = src.sample(n, seed=0)
     tokens, lengths = tokens.to(device), lengths.to(device)
     return timed_rate(lambda: src.conditionals(tokens, lengths, batch_size=batch_size, **options),
-                      n, device)
+                      n, device, repeats)
 
 
 def rules_per_sentence(src, n, device, min_group=None) -> float:
@@ -89,24 +89,25 @@ def rules_per_sentence(src, n, device, min_group=None) -> float:
     return total / n
 
 
-def fused_rows(src, n, device, batch_size, min_groups, **common) -> list[dict]:
+def fused_rows(src, n, device, batch_size, min_groups, repeats=3, **common) -> list[dict]:
     """flatlm's fused inside-outside (``flatlm.sources.inside_outside_fused``) against its
     split-by-split route, same sentences and length groups, for each min_group."""
     rows = []
     for m in min_groups or [None]:
-        fast = flatlm_rate(src, n, device, batch_size, min_group=m, fused=True)
-        plain = flatlm_rate(src, n, device, batch_size, min_group=m, fused=False)
+        fast = flatlm_rate(src, n, device, batch_size, repeats, min_group=m, fused=True)
+        plain = flatlm_rate(src, n, device, batch_size, repeats, min_group=m, fused=False)
         rows.append(row("pcfg_paper_conditionals", fast, plain,
                         "flatlm split by split (inside_outside), same length groups", device,
                         fused=True, min_group=m, n_sentences=n, batch_size=batch_size, **common))
     return rows
 
 
-def min_group_rows(src, n, device, batch_size, values, **common) -> list[dict]:
+def min_group_rows(src, n, device, batch_size, values, repeats=3, **common) -> list[dict]:
     """flatlm with neighbouring lengths merged into charts of >= min_group sentences, against one
     chart per length (min_group=1), in the same run (``flatlm.sources.pcfg.MIN_GROUP``)."""
-    per_length = flatlm_rate(src, n, device, batch_size, min_group=1)
-    return [row("pcfg_paper_conditionals", flatlm_rate(src, n, device, batch_size, min_group=m),
+    per_length = flatlm_rate(src, n, device, batch_size, repeats, min_group=1)
+    return [row("pcfg_paper_conditionals",
+                flatlm_rate(src, n, device, batch_size, repeats, min_group=m),
                 per_length, "flatlm, one chart per length (min_group=1)", device, min_group=m,
                 n_sentences=n, batch_size=batch_size, **common) for m in values]
 
@@ -120,7 +121,7 @@ def by_length(fn, tokens, lengths, batch_size, V):
     return out
 
 
-def torch_struct_row(src, n, device, batch_size, **common) -> dict:
+def torch_struct_row(src, n, device, batch_size, repeats=3, **common) -> dict:
     """flatlm and torch-struct on the same n sentences, same device, float32; agreement
     checked."""
     peer = TorchStructPCFG(src.grammar, device=device)
@@ -132,7 +133,7 @@ def torch_struct_row(src, n, device, batch_size, **common) -> dict:
     if not gap < AGREEMENT:
         raise SystemExit(f"flatlm and torch-struct disagree: max |diff| {gap:.3g} >= {AGREEMENT}")
     fast = timed_rate(lambda: src.conditionals(tokens, lengths, batch_size=batch_size), n,
-                      device)
+                      device, repeats)
     slow = timed_rate(lambda: by_length(peer.conditionals, tokens, lengths, batch_size, src.V),
                       n, device, repeats=1)
     return row("pcfg_paper_conditionals", fast, slow,
@@ -218,6 +219,8 @@ def main() -> None:
                     help="also time the fused inside-outside against the split-by-split route "
                          "(at 1 and each --min-group)")
     ap.add_argument("--skip-baselines", action="store_true")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed calls of flatlm after its warm-up, best kept (1: a smoke run)")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     ap.add_argument("--out", default="bench/results/truth_cpu.json")
     args = ap.parse_args()
@@ -228,8 +231,8 @@ def main() -> None:
             else f"{platform.processor() or 'cpu'} x{torch.get_num_threads()} threads")
     pcfg, hmm = load("pcfg:paper"), load("hmm:seed=0")
     unit = "sentences/s, all-position conditionals, float32"
-    pcfg_fast = flatlm_rate(pcfg, args.n, device, args.batch_size)
-    hmm_fast = flatlm_rate(hmm, args.n, device, args.batch_size)
+    pcfg_fast = flatlm_rate(pcfg, args.n, device, args.batch_size, args.repeats)
+    hmm_fast = flatlm_rate(hmm, args.n, device, args.batch_size, args.repeats)
     rows = []
     common = {"unit": unit, "hardware": desc, "torch": torch.__version__,
               "command": "python bench/truth.py " + " ".join(sys.argv[1:]),
@@ -242,7 +245,7 @@ def main() -> None:
     else:
         if installed("torch_struct"):
             rows.append(torch_struct_row(pcfg, args.n_torch_struct, device,
-                                         args.torch_struct_batch, **common))
+                                         args.torch_struct_batch, args.repeats, **common))
         if installed("nltk"):
             rows.append(row("pcfg_paper_conditionals", pcfg_fast, nltk_rate(pcfg, args.n_nltk),
                             "nltk.ViterbiParser (one best parse per sentence)", device, **common))
@@ -253,9 +256,11 @@ def main() -> None:
             rows.append(row("hmm_default_conditionals", hmm_fast, hmmlearn_rate(hmm, args.n),
                             "hmmlearn CategoricalHMM.predict_proba (forward-backward)", device,
                             **common))
-    rows += min_group_rows(pcfg, args.n, device, args.batch_size, args.min_group, **common)
+    rows += min_group_rows(pcfg, args.n, device, args.batch_size, args.min_group, args.repeats,
+                           **common)
     if args.fused:
-        rows += fused_rows(pcfg, args.n, device, args.batch_size, [1, *args.min_group], **common)
+        rows += fused_rows(pcfg, args.n, device, args.batch_size, [1, *args.min_group],
+                           args.repeats, **common)
     for r in rows:
         if r["metric"].startswith("pcfg"):  # rule evaluations per second, as grouped
             per = rules_per_sentence(pcfg, args.n, device, r.get("min_group"))

@@ -1,11 +1,8 @@
-"""bench/packs.py: its update-cost rows and its GPU part (the testbed's sizes experiment packed)
-run on the CPU at toy sizes; bench/gpu_check.sh's smoke part (spawned processes) is slow-marked."""
+"""bench/packs.py: its update-cost rows on the CPU at toy sizes; its comparison with separate
+processes and its GPU part (the testbed's sizes experiment packed) run in bench/gpu_check.sh's
+smoke run (tests/bench/test_gpu_check.py)."""
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,26 +24,3 @@ def test_update_costs_time_every_way_of_batching(bench):
         assert row[name] > 0, name
     assert row["speedup_hand_batched"] == pytest.approx(
         row["k_single_models_s"] / row["hand_batched_s"], rel=1e-2)
-
-
-def test_the_gpu_part_trains_each_size_of_the_testbed_as_one_pack(bench):
-    rows = bench.sizes_packed("cpu", 2, steps=2, smoke=True)
-    assert [r["model"] for r in rows] == ["d64-h4-l2-i256", "d64-h4-l3-i256", "d64-h4-l4-i256"]
-    for r in rows:  # two members, each a finite loss (no Diverged in their place)
-        assert len(r["last_loss"]) == 2 and all(isinstance(x, float) for x in r["last_loss"])
-
-
-@pytest.mark.slow
-def test_the_gpu_check_s_smoke_part_writes_its_json(tmp_path):
-    """bench/gpu_check.sh smoke cpu: the whole script (spawned processes) at toy sizes."""
-    subprocess.run(["bash", str(SCRIPT.parent / "gpu_check.sh"), "smoke", "cpu"], check=True,
-                   capture_output=True, env={**os.environ, "OUT": str(tmp_path),
-                                             "PYTHON": sys.executable})
-    report = json.loads((tmp_path / "packs_smoke.json").read_text())
-    assert report["baseline"].startswith("K separate trial processes")
-    (row,) = report["rows"]
-    assert row["ratio_packed_over_separate"] == pytest.approx(
-        row["packed_model_steps_per_s"] / row["separate_model_steps_per_s"], rel=1e-2)
-    assert len(report["sizes_packed"]) == 3
-    assert json.loads((tmp_path / "train_gpu_check_smoke.json").read_text())  # issue 40's parts
-    assert json.loads((tmp_path / "measure_cpu.json").read_text())["settings"]
