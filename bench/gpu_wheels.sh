@@ -2,7 +2,8 @@
 # The baselines' packages that the GPU host lacks (NLTK, torch-struct, hmmlearn, curvlinops and
 # einconv; the host has the rest: einops, linear_operator, opt_einsum, regex, joblib, click,
 # scikit-learn), downloaded as wheels for its Python 3.12 into .whl/ (in .gitignore). Run it
-# where pip reaches a package index; carry .whl with the call that runs bench/gpu_session.sh.
+# where pip reaches a package index; carry .whl with the call that runs bench/gpu_check.sh
+# (truth.py's baselines; curvlinops and einconv: bench/flatness.py's, when run on its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .whl
