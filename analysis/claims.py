@@ -83,6 +83,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from analysis import matched
 from analysis.paper_claims import CLAIMS, Claim, acc, deviation, lookup
 from analysis.room import (
     BOUND_SE,
@@ -92,6 +93,7 @@ from analysis.room import (
     arm_frame,
     is_accuracy,
     logit_pairs,
+    logit_slope,
     paired,
     room_check,
     with_accuracy_se,
@@ -138,6 +140,12 @@ class VerdictRule:
     measurement_error: bool = True  # fold the shared measurement s.e. into every interval
     room_factor: float = ROOM_FACTOR  # room < this x |paper's effect|: ceiling / floor
     bound_se: float = BOUND_SE  # an arm within this many s.e. of 100% / majority: at its bound
+    # the matched-loss rule (analysis/matched.py): off while target_kl is None
+    target_kl: float | None = None  # nats/token: the common KL every unsaturated arm is read at
+    match_tol: float = matched.MATCH_TOL  # the nearest checkpoint within this counts
+    slope_window: float = matched.SLOPE_WINDOW  # checkpoints this near the target: the slope
+    confound_share: float = matched.CONFOUND_SHARE  # bound above this x the effect: not matched
+    plateau_points: int = matched.PLATEAU_POINTS  # the last checkpoints a plateau is read on
 
     def __post_init__(self):
         for name in ("saturation", "tol"):
@@ -154,6 +162,17 @@ class VerdictRule:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"VerdictRule.{name}={getattr(self, name)!r}: give a factor "
                                  ">= 0 (default 2; 0 turns the check off)")
+        if self.target_kl is not None and not self.target_kl > 0:
+            raise ValueError(f"VerdictRule.target_kl={self.target_kl!r}: give the common KL "
+                             "in nats/token > 0 (e.g. 0.6 on testbed-v2), or None for the "
+                             "saturation rule alone")
+        for name in ("match_tol", "slope_window", "confound_share"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"VerdictRule.{name}={getattr(self, name)!r}: give a value "
+                                 ">= 0 (analysis/matched.py has the defaults)")
+        if self.plateau_points < 3:
+            raise ValueError(f"VerdictRule.plateau_points={self.plateau_points}: a slope with "
+                             "an s.e. needs >= 3 checkpoints (default 4)")
 
     def describe(self) -> str:
         return (f"saturated: KL <= {self.saturation:g} nats/token at every compared checkpoint, "
@@ -162,7 +181,13 @@ class VerdictRule:
                 + (" widened by the shared measurement s.e." if self.measurement_error else "")
                 + f"; accuracy room >= {self.room_factor:g} x the paper's effect size, arms "
                   f"more than "
-                  f"{self.bound_se:g} s.e. from 100% and the majority share")
+                  f"{self.bound_se:g} s.e. from 100% and the majority share"
+                + ("" if self.target_kl is None else
+                   f"; unsaturated arms read at KL {self.target_kl:g} (matched loss: "
+                   f"interpolated, or the nearest checkpoint within {self.match_tol:g}), the "
+                   f"KL confound bounded by the slope over +-{self.slope_window:g} nats and "
+                   f"at most {self.confound_share:g} x the effect; convergence claims need a "
+                   f"KL plateau over the last {self.plateau_points} checkpoints"))
 
 
 DEFAULT_RULE = VerdictRule()
@@ -241,6 +266,11 @@ class Effects:
     # the task's majority share and test size); values = change(treated, control)
     pairs: pd.DataFrame = field(default_factory=pd.DataFrame)
     fixed_treated: bool = False  # the treated arm is one measurement repeated (lookup table)
+    # the matched-loss rule (analysis/matched.py): the regime read, the confound bound in the
+    # effect's units, and a verdict that no interval decides ("precondition not met", ...)
+    regime: str = matched.SATURATED
+    confound: float = np.nan
+    precondition: str = ""
 
 
 def metric_key(metric: str) -> str:
@@ -371,11 +401,28 @@ def model_size(model: str) -> float:
 # -- the table --------------------------------------------------------------------------------
 
 def claim_effects(part: pd.DataFrame, claim: Claim, rule: VerdictRule) -> Effects:
+    """The saturation rule's effects; where they are not saturated and the rule has a target
+    KL, the matched-loss rule's (``analysis/matched.py``)."""
     if claim.experiment in ("steps", "sgd"):
-        return window_effects(part, claim.metric, rule, claim.relative)
-    if claim.experiment == "sizes":
-        return size_effects(part, claim.metric, rule, claim.relative)
-    return algorithm_effects(part, claim.metric, *claim.compare, rule, claim.relative)
+        eff = window_effects(part, claim.metric, rule, claim.relative)
+    elif claim.experiment == "sizes":
+        eff = size_effects(part, claim.metric, rule, claim.relative)
+    else:
+        eff = algorithm_effects(part, claim.metric, *claim.compare, rule, claim.relative)
+    if rule.target_kl is None or eff.saturated:
+        return eff
+    return matched_loss_effects(part, claim, rule)
+
+
+def matched_loss_effects(part: pd.DataFrame, claim: Claim, rule: VerdictRule) -> Effects:
+    """``claim`` read at ``rule.target_kl`` (``analysis.matched.matched_effects``)."""
+    m = matched.matched_effects(
+        part, experiment=claim.experiment, key=metric_key(claim.metric),
+        compare=claim.compare, relative=claim.relative, target=rule.target_kl,
+        level=rule.level, match_tol=rule.match_tol, window=rule.slope_window,
+        plateau_points=rule.plateau_points)
+    return Effects(m.values, False, True, m.kl_max, m.kl_spread, m.note, m.pairs,
+                   regime=matched.MATCHED, confound=m.confound, precondition=m.precondition)
 
 
 def claim_rows(df: pd.DataFrame, rule: VerdictRule = DEFAULT_RULE) -> pd.DataFrame:
@@ -414,12 +461,15 @@ def summarise(claim: Claim, eff: Effects, rule: VerdictRule = DEFAULT_RULE) -> S
         pairs = with_accuracy_se(pairs)
     kw = {"measurement_error": rule.measurement_error, "fixed_treated": eff.fixed_treated}
     se = mean_se(effect_se(pairs, relative=claim.relative, **kw)) if len(pairs) else 0.0
-    interval = measured_ci(eff.values, se, rule.level)
+    interval = matched.widen(measured_ci(eff.values, se, rule.level), eff.confound, rule.level)
     if not accuracy:
         return Summary(interval)
     on_logit = logit_pairs(pairs)
     logit = measured_ci(on_logit["treated"] - on_logit["control"],
                         mean_se(effect_se(on_logit, relative=False, **kw)), rule.level)
+    # the confound bound on the logit scale: its points at the control's mean accuracy
+    logit = matched.widen(logit, eff.confound * float(np.nanmean(
+        logit_slope(pairs["control"], pairs["n_test"]))), rule.level)
     name, space, words = room_check(pairs, claim.sign, claim.effect_size, rule.room_factor,
                                rule.bound_se)
     return Summary(interval, logit, name, space, words)
@@ -439,11 +489,28 @@ def _arm_not_run(part: pd.DataFrame, claim: Claim) -> bool:
     return any(arm != "lookup" and arm not in run for arm in claim.compare)
 
 
+def matched_verdict(claim: Claim, eff: Effects, summary: Summary, rule: VerdictRule) -> str:
+    """The matched-loss rule's verdict (``analysis/matched.py``): a precondition or target not
+    met, then the confound bound against ``confound_share`` of the effect, then the seeds,
+    then the interval (already widened by the bound) as the saturation rule reads it."""
+    iv = summary.interval
+    if eff.precondition:
+        return eff.precondition
+    if matched.confounded(eff.confound, claim.effect_size, iv.mean, rule.confound_share):
+        return matched.NOT_MATCHED
+    if iv.n < rule.min_seeds:
+        return too_few_seeds(rule.min_seeds)
+    return interval_verdict(claim.sign, (iv.low, iv.high), claim.effect_size, summary.bound)
+
+
 def claim_row(claim: Claim, eff: Effects, summary: Summary, rule: VerdictRule) -> dict:
     iv = summary.interval
-    result = verdict(claim.sign, (iv.low, iv.high), n=iv.n, paper_effect=claim.effect_size,
-                     saturated=eff.saturated, same_loss=eff.same_loss, rule=rule,
-                     bound=summary.bound)
+    if eff.regime == matched.MATCHED:
+        result = matched_verdict(claim, eff, summary, rule)
+    else:
+        result = verdict(claim.sign, (iv.low, iv.high), n=iv.n, paper_effect=claim.effect_size,
+                         saturated=eff.saturated, same_loss=eff.same_loss, rule=rule,
+                         bound=summary.bound)
     metric = claim.metric if claim.compare is None else compared_metric(claim.metric,
                                                                         *claim.compare)
     logit = summary.logit or Interval(np.nan, np.nan, np.nan, 0, np.nan, np.nan, np.nan)
@@ -464,7 +531,17 @@ def claim_row(claim: Claim, eff: Effects, summary: Summary, rule: VerdictRule) -
         "paper_in_ci": paper_in_ci((iv.low, iv.high), claim.effect_size), "verdict": result,
         "decided_by": decided_by(eff, summary, claim.effect_size, rule), "note": eff.note,
         "seeds_to_resolve": seeds_to_resolve(eff.values, rule.level, se_meas=iv.se_meas),
-    }
+    } | _matched_columns(eff, rule)
+
+
+def _matched_columns(eff: Effects, rule: VerdictRule) -> dict:
+    """The matched-loss rule's columns, in a report that uses it (a target KL) only: the
+    saturation rule's reports stay as they were."""
+    if rule.target_kl is None:
+        return {}
+    return {"regime": eff.regime, "target_kl": rule.target_kl, "confound_bound": eff.confound,
+            "confound_share": rule.confound_share, "match_tol": rule.match_tol,
+            "slope_window": rule.slope_window, "plateau_points": rule.plateau_points}
 
 
 def _saturation_part(eff: Effects, rule: VerdictRule) -> str:
@@ -482,14 +559,14 @@ def decided_by(eff: Effects, summary: Summary, paper_effect: float | None,
                rule: VerdictRule) -> str:
     """What decided a verdict, in words: each check of the rule with the value it saw."""
     iv = summary.interval
-    parts = [_saturation_part(eff, rule),
-             f"KL spread {eff.kl_spread:.3f} {'<=' if eff.same_loss else '>'} {rule.tol:g}"
-             if np.isfinite(eff.kl_spread) else "",
+    parts = [_regime_part(eff, paper_effect, iv.mean, rule),
              f"n={iv.n} {'>=' if iv.n >= rule.min_seeds else '<'} {rule.min_seeds} seeds"]
     if np.isfinite(iv.low):
+        confound = (f", the confound bound +-{eff.confound:.3g}"
+                    if eff.regime == matched.MATCHED and np.isfinite(eff.confound) else "")
         parts.append(f"{rule.level:.0%} CI [{iv.low:+.4g}, {iv.high:+.4g}] (seeds +-"
                      f"{iv.seed_half:.3g}, measurement s.e. {iv.se_meas:.3g}"
-                     f"{', the lookup table fixed' if eff.fixed_treated else ''})")
+                     f"{', the lookup table fixed' if eff.fixed_treated else ''}{confound})")
     if summary.room_words:
         parts.append(summary.room_words + (f": at its {summary.bound}" if summary.bound else ""))
     if paper_effect is None:
@@ -499,6 +576,23 @@ def decided_by(eff: Effects, summary: Summary, paper_effect: float | None,
         where = "" if inside is None else (" (in the CI)" if inside else " (outside the CI)")
         parts.append(f"paper's effect {paper_effect:+.4g}{where}")
     return "; ".join(p for p in parts if p)
+
+
+def _regime_part(eff: Effects, paper_effect: float | None, mean: float,
+                 rule: VerdictRule) -> str:
+    """The saturation checks as the verdict saw them, or the matched-loss rule's."""
+    if eff.regime != matched.MATCHED:
+        spread = (f"; KL spread {eff.kl_spread:.3f} {'<=' if eff.same_loss else '>'} "
+                  f"{rule.tol:g}" if np.isfinite(eff.kl_spread) else "")
+        return _saturation_part(eff, rule) + spread
+    text = f"not saturated: matched loss at KL {rule.target_kl:g}"
+    if eff.precondition:
+        return f"{text}; {eff.precondition}: {eff.note}"
+    size = paper_effect if paper_effect is not None else mean
+    over = matched.confounded(eff.confound, paper_effect, mean, rule.confound_share)
+    return (f"{text}; {eff.note}; confound bound {eff.confound:.3g} {'>' if over else '<='} "
+            f"{rule.confound_share:g} x |{'paper' if paper_effect is not None else 'our'} "
+            f"effect {size:+.3g}|")
 
 
 INTERVAL_VERDICTS = (REPRODUCES, CONTRADICTS, NO_EFFECT, UNDERPOWERED, NO_SIZE, AT_CEILING,

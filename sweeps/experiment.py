@@ -39,12 +39,37 @@ def experiment_of(name: str, args: argparse.Namespace, **choices) -> Experiment:
                  **choices)
 
 
+def grid_space(experiment: Experiment) -> dict:
+    """``experiment``'s grid as Ray Tune grid searches, and its ``linked`` settings as values
+    drawn from the point's own (a sizes grid's per-model schedule): the trials
+    ``Experiment.trials`` lists."""
+    from sweeps.rayenv import tune
+
+    space = {key: tune.grid_search(list(values)) for key, values in experiment.grid.items()}
+    for key, by_value in experiment.linked.items():
+        for setting in sorted({k for overrides in by_value.values() for k in overrides}):
+            base = getattr_dotted(experiment.base, setting)
+            space[setting] = tune.sample_from(
+                lambda spec, key=key, setting=setting, by_value=by_value, base=base:
+                by_value.get(spec.config[key], {}).get(setting, base))
+    return space
+
+
+def getattr_dotted(cfg, dotted: str):
+    """The value of ``train.steps``-style key ``dotted`` in a trial config (lists for tuples,
+    as a config dict holds them)."""
+    value = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return list(value) if isinstance(value, tuple) else value
+
+
 def sweep_of(experiment: Experiment, name: str, **fields) -> Sweep:
     """The Ray sweep of ``experiment``: its grid as grid searches, its distributions as Ray
     Tune's, its scale's resources and saturation rule; ``fields`` set the rest of the Sweep."""
     from sweeps.rayenv import tune
 
-    space = {key: tune.grid_search(list(values)) for key, values in experiment.grid.items()}
+    space = grid_space(experiment)
     space.update({key: getattr(tune, kind)(low, high)
                   for key, (kind, low, high) in experiment.space.items()})
     sc = get_scale(experiment.scale)

@@ -28,7 +28,7 @@ from flatlm.experiments.scales import scale
 from flatlm.tracking.tracker import default_tracking_uri
 from sweeps.cli import apply_arguments, interrupted, parser
 from sweeps.driver import run_sweep
-from sweeps.rayenv import tune
+from sweeps.experiment import grid_space
 from sweeps.signals import Interrupted
 from sweeps.spec import Sweep, shown_metrics
 
@@ -46,7 +46,7 @@ def build_sweeps(args: argparse.Namespace) -> list[Sweep]:
     sweeps = []
     for exp in experiments_from_args(args):
         sweep = Sweep(name=sweep_name(exp.protocol, exp.name), base=exp.base,
-                      space={k: tune.grid_search(list(v)) for k, v in exp.grid.items()},
+                      space=grid_space(exp),
                       gpus_per_trial=gpus)
         # --set is already in the experiments (applied before their grids): resources only
         resources = argparse.Namespace(**{**vars(args), "overrides": []})

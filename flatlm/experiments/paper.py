@@ -55,7 +55,9 @@ from flatlm.runs.trial import TrialConfig, measured_tasks
 @dataclass(frozen=True)
 class Experiment:
     """Trials = ``base`` with each point of ``grid`` (dotted key -> values; their product);
-    ``space`` holds a search's distributions (``SEARCH_SPACE``'s form), drawn by a searcher."""
+    ``space`` holds a search's distributions (``SEARCH_SPACE``'s form), drawn by a searcher;
+    ``linked`` the settings that go with a grid value (key -> value -> overrides: a sizes
+    grid's per-model schedule, ``Scale.model_overrides``), applied with the point."""
 
     name: str  # a registered experiment (EXPERIMENT_BUILDERS)
     protocol: str  # e.g. "paper", "paper-code", "paper+inside-labels"
@@ -63,6 +65,7 @@ class Experiment:
     base: TrialConfig
     grid: dict = field(default_factory=dict)
     space: dict = field(default_factory=dict)
+    linked: dict = field(default_factory=dict)
 
     def points(self) -> list[dict]:
         keys = list(self.grid)
@@ -71,7 +74,15 @@ class Experiment:
 
     def trials(self) -> list[tuple[str, TrialConfig]]:
         """(name, config) of every grid point; the name says what the trial varies."""
-        return [(trial_name(point), apply_overrides(self.base, point)) for point in self.points()]
+        return [(trial_name(point), apply_overrides(self.base, {**point, **self.linked_to(point)}))
+                for point in self.points()]
+
+    def linked_to(self, point: dict) -> dict:
+        """The ``linked`` settings of ``point``'s values (none for a value not listed)."""
+        out = {}
+        for key, by_value in self.linked.items():
+            out.update(by_value.get(point.get(key), {}))
+        return out
 
 
 def build(name: str, *, scale: str = "tiny", protocol: str = "paper",
@@ -98,12 +109,23 @@ def build(name: str, *, scale: str = "tiny", protocol: str = "paper",
     if not seeds:
         raise ValueError("seeds: give at least one training seed")
     grid["train.seed"] = list(seeds)
+    linked = _model_schedules(sc, protocol, grid)
     if overrides:
         base = apply_overrides(base, overrides)  # a bad value is named as such first
         refuse_varied(overrides, (*grid, *space), f"the {name} experiment",
                       "flatlm replicate: --seeds, --models and --algorithms choose what it varies")
+        linked = {k: {v: {kk: vv for kk, vv in o.items() if kk not in overrides}
+                      for v, o in by.items()} for k, by in linked.items()}  # --set wins
     return Experiment(name=name, protocol=protocol, scale=sc.name, base=base, grid=grid,
-                      space=space)
+                      space=space, linked=linked)
+
+
+def _model_schedules(sc: Scale, protocol: str, grid: dict) -> dict:
+    """The scale's per-model settings (``Scale.model_overrides``) for a grid over models, under
+    the protocol's model names (``-pre`` under pre-LN)."""
+    if not sc.model_overrides or "model" not in grid:
+        return {}
+    return {"model": {model_for(m, protocol): dict(o) for m, o in sc.model_overrides.items()}}
 
 
 def base_of(scale: str, protocol: str = "paper", source: str | None = None) -> TrialConfig:
@@ -168,7 +190,8 @@ def _sgd(sc, protocol, base, algorithms):
 def _sizes(sc, protocol, base, algorithms):
     models = [model_for(m, protocol) for m in sc.models]
     # thirds of the run (a size's curve), unless the scale spaces its runs' checkpoints itself
-    thirds = ({} if sc.run_checkpoints > 1 else {"train.checkpoint_steps": sc.run_steps(
+    thirds = ({} if sc.run_checkpoints > 1 or sc.checkpoint_steps else {
+        "train.checkpoint_steps": sc.run_steps(
         {sc.steps // 3, 2 * sc.steps // 3, sc.steps})})
     # Tr(F) of models of different sizes is compared in one parameterisation: each checkpoint
     # is also measured grown into the least common shape (flat/*_grown, Fig. 5, Table 4), by

@@ -1,0 +1,128 @@
+"""Testbed v2's pilot (issue 50, item 3), run before any claim is read: each candidate model's
+KL curve on the v2 grammar (loss only, a checkpoint every 250 steps) under the paper protocol,
+the adversary's KL at each lambda of the stated search, and the probe's sensitivity to the
+downstream set's size at the target. What it fixes in ``flatlm.experiments.scales.TESTBED_V2``:
+the grid, the target KL, each model's checkpoints around its crossing, the adversary's lambda
+(the largest of ``LAMBDAS`` whose KL at AdamW's crossing step lies within ``ADVERSARY_TOL`` of
+AdamW's) and ``measure.n_downstream`` (the paper's 100,000 if a trial stays within its budget,
+else the largest that does).
+
+    python bench/testbed_v2_pilot.py --run --out /tmp/pilot          # the trials (resumable)
+    python bench/testbed_v2_pilot.py --collect /tmp/pilot \\
+        --json bench/results/replication_testbed_v2/pilot.json         # their curves as JSON
+
+Each job is a ``flatlm trial`` (one thread); rerunning resumes or skips a finished one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from flatlm.experiments.scales import CPU_ADVERSARY, TESTBED_V2_SOURCE
+
+STEPS_MODEL = "d64-h4-l2-i256"
+ADVERSARY_TOL = 0.02  # nats: the first testbed's criterion (e), read at AdamW's crossing
+LAMBDAS = (0.1, 0.0316, 0.01)
+DOWNSTREAM_SIZES = (4000, 20000, 100000)
+ADVERSARY = {k: v for k, v in CPU_ADVERSARY.items()}
+# name -> (steps, checkpoint spacing, --set overrides)
+JOBS = {
+    "d64-h4-l1-i256": (9000, 250, {"model": "d64-h4-l1-i256"}),
+    "d64-h4-l2-i256": (6500, 250, {"model": STEPS_MODEL}),
+    "d128-h8-l2-i512": (3000, 250, {"model": "d128-h8-l2-i512"}),
+    "d128-h8-l4-i512": (2500, 250, {"model": "d128-h8-l4-i512"}),
+    **{f"adv-{lam:g}": (6000, 500, {"model": STEPS_MODEL, "train.algorithm": "adversarial",
+                                    "train.adversarial.lambda": lam, **ADVERSARY})
+       for lam in LAMBDAS},
+}
+
+
+def trial_command(name: str, out: Path) -> list[str]:
+    steps, every, sets = JOBS[name]
+    args = ["flatlm", "trial", "--no-progress", "--out", str(out / name), "--scale", "testbed",
+            "--protocol", "paper", "--source", TESTBED_V2_SOURCE,
+            "--eval-cache", str(out / "eval_cache"), "--set", f"train.steps={steps}",
+            "--set", f"train.checkpoint_steps={list(range(every, steps + 1, every))}",
+            "--set", 'measure.what=["loss"]']
+    for key, value in sets.items():
+        args += ["--set", f"{key}={json.dumps(value)}"]
+    return args
+
+
+def probe_command(checkpoint: Path, n: int, out: Path) -> list[str]:
+    """The paper protocol's probe (A.6: 100 epochs x 5 seeds, span labels) on ``n`` labelled
+    sentences per task."""
+    return ["flatlm", "measure", str(checkpoint), "--what", "probe", "--n-downstream", str(n),
+            "--json", "--no-progress", "--cache", str(out / f"probe_cache_{n}"),
+            "--out", str(out / f"probe_{n}.json"), "--set", "measure.label_rule=span",
+            "--set", "measure.spans=depth", "--set", "measure.probe.epochs=100",
+            "--set", "measure.probe.seeds=5", "--set", "measure.probe.batch_size=512"]
+
+
+def curves(out: Path) -> dict:
+    """name -> {step: KL} of every pilot trial under ``out``."""
+    got = {}
+    for name in JOBS:
+        path = out / name / "metrics.jsonl"
+        if path.exists():
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+            got[name] = {str(r["step"]): round(r["pretrain/kl"], 5) for r in rows}
+    return got
+
+
+def crossing(curve: dict, target: float) -> int | None:
+    """The first step whose KL is at most ``target``."""
+    for step, kl in sorted(curve.items(), key=lambda kv: int(kv[0])):
+        if kl <= target:
+            return int(step)
+    return None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", action="store_true", help="run (or resume) every pilot trial")
+    p.add_argument("--out", type=Path, default=Path("/tmp/pilot"))
+    p.add_argument("--collect", type=Path, help="a pilot directory to read")
+    p.add_argument("--json", type=Path, help="where to write the collected curves")
+    p.add_argument("--target", type=float, default=0.7)
+    p.add_argument("--only", nargs="*", default=None, help="pilot jobs to run")
+    args = p.parse_args(argv)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if args.run:
+        for name in args.only or JOBS:
+            subprocess.run(trial_command(name, args.out), check=True, env=env)
+    if args.collect:
+        got = curves(args.collect)
+        summary = {"target_kl": args.target, "curves": got,
+                   "crossing": {n: crossing(c, args.target) for n, c in got.items()},
+                   "probe_size": {str(n): _probe(args.collect / f"probe_{n}.json")
+                                  for n in DOWNSTREAM_SIZES},
+                   "commands": {n: " ".join(trial_command(n, Path("OUT"))) for n in JOBS}}
+        text = json.dumps(summary, indent=1, sort_keys=True) + "\n"
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(text)
+        else:
+            sys.stdout.write(text)
+    return 0
+
+
+def _probe(path: Path) -> dict | None:
+    """The probe's test and train accuracy, s.e. and time per task (and the random-init
+    reference's) at one downstream size."""
+    if not path.exists():
+        return None
+    d = json.loads(path.read_text())
+    keep = ("acc_mean", "acc_se", "train_acc", "n_train", "n_test")
+    return {k: round(v, 5) for k, v in d.items()
+            if k.startswith(("probe/", "random_init/", "time/"))
+            and (k.startswith("time/") or k.rsplit("/", 1)[1] in keep)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
