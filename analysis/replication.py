@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from analysis import matched
 from analysis.claims import (  # noqa: E402
     AT_CEILING,
     AT_FLOOR,
@@ -49,6 +50,7 @@ from analysis.claims import (  # noqa: E402
 )
 from analysis.correlate import to_markdown  # noqa: E402
 from analysis.fig1 import DEFAULT_FIG1, MIN_RUNS, Fig1Settings, fig1_rows  # noqa: E402
+from analysis.matched import CONFOUND_SHARE
 from analysis.output import report_dir, write_csv, write_file
 from analysis.paper_claims import FIG5_TASK
 from analysis.room import ROOM_FACTOR
@@ -74,6 +76,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tol", type=float, default=TOL,
                    help="nats: the compared checkpoints' KLs lie within this of each other "
                         f"(default {TOL})")
+    p.add_argument("--target-kl", type=float, default=None,
+                   help="nats/token: read unsaturated arms where their KL crosses this (the "
+                        "matched-loss rule, analysis/matched.py; testbed-v2's is 0.7); default: "
+                        "none, the saturation rule alone")
+    p.add_argument("--confound-share", type=float, default=CONFOUND_SHARE,
+                   help="matched loss: a confound bound above this share of the paper's effect "
+                        f"reads 'loss not matched' (default {CONFOUND_SHARE:g})")
     p.add_argument("--min-seeds", type=int, default=MIN_SEEDS,
                    help=f"fewer seeds reach no verdict (default {MIN_SEEDS})")
     p.add_argument("--room-factor", type=float, default=ROOM_FACTOR,
@@ -144,10 +153,13 @@ def claims_markdown(rows: pd.DataFrame) -> str:
         ours=[_interval(r) for r in rows.itertuples()],
         logit=[_logit_interval(r) for r in rows.itertuples()],
         room=[_room(r) for r in rows.itertuples()],
+        confound=[_confound(r) for r in rows.itertuples()],
         to_change=[_to_change(r) for r in rows.itertuples()])
     cols = ["figure", "claim", "paper_setting", "tested", "metric", "paper", "paper_effect",
-            "ours", "logit", "room", "verdict", "verdict_holm", "decided_by", "note",
-            "to_change"]
+            "ours", "logit", "room", "regime", "confound", "verdict", "verdict_holm",
+            "decided_by", "note", "to_change"]
+    if "regime" not in rows:  # a saturation-rule report (no target KL): as it always was
+        cols = [c for c in cols if c not in ("regime", "confound")]
     return to_markdown(shown[[c for c in cols if c in shown]])
 
 
@@ -194,11 +206,23 @@ def _room(r) -> str:
     return ", ".join(t for t in (text, f"at its {bound}" if bound else "") if t)
 
 
+def _confound(r) -> str:
+    """The matched-loss rule's confound bound in the effect's unit ("" where not read)."""
+    bound = getattr(r, "confound_bound", np.nan)
+    return _fmt(bound, r.effect_unit).lstrip("+") if np.isfinite(bound) else ""
+
+
 def _to_change(r) -> str:
     if r.verdict in (AT_CEILING, AT_FLOOR):
         return "a task further from its bounds (or a larger test set)"
     if r.verdict == NOT_SATURATED:
         return f"train to KL <= {r.saturation:g} (longer runs / larger models)"
+    if r.verdict == matched.NOT_MATCHED:
+        return "checkpoints closer around the target KL (or a flatter slope: more seeds)"
+    if r.verdict == matched.STILL_FALLING:
+        return "runs long enough for the KL to level off (saturation: --scale gpu)"
+    if r.verdict == matched.NOT_REACHED:
+        return "longer runs, or checkpoints that reach the target KL"
     if r.verdict.startswith("inconclusive (n <") or r.verdict.startswith("inconclusive (runs <"):
         return f"at least {r.min_seeds} {'runs' if r.experiment == 'all' else 'seeds'}"
     if r.verdict in (UNDERPOWERED, NO_SIZE):
@@ -394,7 +418,39 @@ def rule_text(rule: VerdictRule, fig1: Fig1Settings) -> str:
         f"{fig1.min_runs} runs no interval is claimed. A resample whose accuracy is constant "
         + ("counts as r = 0" if fig1.constant_as_zero else "is dropped")
         + f"; with more than {fig1.max_constant_share:.0%} of them an interval containing 0 "
-        "reads inconclusive (ceiling).")
+        "reads inconclusive (ceiling)."
+        + _matched_text(rule))
+
+
+def _matched_text(rule: VerdictRule) -> str:
+    """The matched-loss rule with this report's values (``analysis/matched.py``); "" when the
+    report reads the saturation regime alone."""
+    if rule.target_kl is None:
+        return ""
+    return (
+        "\n\n**Matched loss** (`--target-kl`, `analysis/matched.py`). A claim whose compared "
+        "checkpoints are not saturated is read in the *matched-loss regime* instead (column "
+        f"`regime`): each arm at the checkpoint where its KL crosses {rule.target_kl:g} "
+        "nats/token, the metric and its s.e. interpolated linearly in the KL between the "
+        "bracketing checkpoints (the s.e.s blended as if fully correlated), or the nearest "
+        f"checkpoint within {rule.match_tol:g} nats; a run that gets no nearer reads "
+        "inconclusive (target not reached). The KL difference that remains (the read KLs' mean "
+        "difference, plus z x the KL's measurement s.e. of the difference) times the steepest "
+        "arm's slope of the metric on the KL (least squares over each arm's checkpoints within "
+        f"{rule.slope_window:g} nats of the target, each seed its own intercept, plus z x its "
+        "s.e.) bounds what the loss could explain: the *confound bound* (column "
+        "`confound_bound`, relative to the control's mean for a relative effect) widens the "
+        "interval on both sides, and the p-value tests the mean shrunk by it toward 0. A bound "
+        f"above {rule.confound_share:g} x |the paper's effect| (|our mean| where the paper "
+        "states a direction only; `--confound-share`) reads inconclusive (loss not matched). "
+        "The claims that need the loss to have converged (Fig. 2a, Fig. 4 left, Fig. 10: "
+        "accuracy or Tr(H) moving with steps *after* convergence) read precondition not met "
+        "(the loss still falls) unless every run's KL is flat over its last "
+        f"{rule.plateau_points} checkpoints (least-squares slope on the step within one s.e. of "
+        "0); the lookup table (KL 0) has no trained run at its loss below saturation: "
+        "precondition not met (the lookup table is at KL 0). A matched-loss verdict answers "
+        "the paper's thesis for models at that KL, not in the saturation regime the paper "
+        "presupposes.")
 
 
 def _sizes_line(part: pd.DataFrame) -> str:
@@ -430,7 +486,8 @@ def _report(args) -> int:
         df = df[df["status"] == "FINISHED"]
     rule = VerdictRule(saturation=args.saturation, tol=args.tol, min_seeds=args.min_seeds,
                        room_factor=args.room_factor,
-                       measurement_error=not args.no_measurement_error)
+                       measurement_error=not args.no_measurement_error,
+                       target_kl=args.target_kl, confound_share=args.confound_share)
     fig1 = Fig1Settings(n_boot=args.n_boot, min_runs=args.fig1_min_runs)
     paths = write_report(df, args.out, rule=rule, fig1=fig1, command=args.command,
                          hardware=args.hardware)
@@ -440,6 +497,8 @@ def _report(args) -> int:
                             {"saturation": args.saturation, "tol": args.tol,
                              "min_seeds": args.min_seeds, "room_factor": args.room_factor,
                              "measurement_error": not args.no_measurement_error,
+                             "target_kl": args.target_kl,
+                             "confound_share": args.confound_share,
                              "trials": df["run_id"].nunique()})
         print(f"logged to MLflow run {run_id}")
     print(f"wrote {len(paths)} files to {args.out}")

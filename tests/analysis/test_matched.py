@@ -199,3 +199,19 @@ def test_without_a_target_the_saturation_rule_alone_reads_and_adds_no_columns():
 def test_bad_matched_settings_are_refused_by_name(field, value):
     with pytest.raises(ValueError, match=f"VerdictRule.{field}"):
         VerdictRule(**{field: value})
+
+
+def test_the_report_reads_the_matched_regime_and_states_its_rule(tmp_path):
+    from analysis.fig1 import Fig1Settings
+    from analysis.replication import write_report
+
+    df = sizes_df(gain=0.10).assign(protocol="paper", status="FINISHED",
+                                    **{"pretrain/entropy": 2.64})
+    write_report(df, tmp_path, rule=RULE, fig1=Fig1Settings(n_boot=10))
+    claims = pd.read_csv(tmp_path / "claims.csv")
+    row = claims[claims["figure"].str.startswith("Fig. 3a")].iloc[0]
+    assert row["regime"] == matched.MATCHED and row["verdict"] == REPRODUCES
+    assert np.isfinite(row["confound_bound"])
+    text = (tmp_path / "replication.md").read_text()
+    assert "**Matched loss**" in text and "crosses 0.6 nats/token" in text
+    assert "| regime |" in text and "| confound |" in text  # the columns are shown
