@@ -18,10 +18,11 @@ values it used):
   the mean over seeds of the effect's measurement s.e. (sqrt(se_a^2 + se_b^2) for a difference;
   ``analysis/uncertainty.py``). The lookup table is one measurement repeated in every trial: its
   s.e. counts either way, and its repetitions narrow nothing.
-- ``room_factor`` = 2.0 and ``bound_se`` = 2.0: an accuracy claim's *room* is 1 - control for
-  "better", control - majority share for "worse"; room < ``room_factor`` x |paper's effect|, or
-  an arm's mean within ``bound_se`` of its s.e. of 100% / of the majority share, puts the claim
-  at its ``ceiling`` / ``floor`` (``analysis/room.py``).
+- ``room_factor`` = 2.0 and ``bound_se`` = 2.0: an accuracy claim's *room* is ceiling - control
+  for "better" (the ceiling 100%, or the task's recorded Bayes ceiling where the sentence does
+  not determine the label), control - majority share for "worse"; room < ``room_factor`` x
+  |paper's effect|, or an arm's mean within ``bound_se`` of its s.e. of the ceiling / of the
+  majority share, puts the claim at its ``ceiling`` / ``floor`` (``analysis/room.py``).
 
 **Effects**, computed per training seed and averaged. An accuracy effect is a difference of
 accuracies (fractions; 0.016 = 1.6 points); a trace effect is *relative*, treatment / control - 1
@@ -139,7 +140,7 @@ class VerdictRule:
     level: float = LEVEL
     measurement_error: bool = True  # fold the shared measurement s.e. into every interval
     room_factor: float = ROOM_FACTOR  # room < this x |paper's effect|: ceiling / floor
-    bound_se: float = BOUND_SE  # an arm within this many s.e. of 100% / majority: at its bound
+    bound_se: float = BOUND_SE  # an arm within this many s.e. of its ceiling / majority: bound
     # the matched-loss rule (analysis/matched.py): off while target_kl is None
     target_kl: float | None = None  # nats/token: the common KL every unsaturated arm is read at
     match_tol: float = matched.MATCH_TOL  # the nearest checkpoint within this counts

@@ -217,8 +217,9 @@ class MatchedPair(NamedTuple):
 def pair_at_target(treated: dict, control: dict, key: str, target: float, *,
                    match_tol: float = MATCH_TOL, window: float = SLOPE_WINDOW) -> MatchedPair:
     """``treated`` and ``control`` (seed -> that seed's checkpoints) read at ``target`` in
-    ``key`` (an accuracy brings its task's majority share and test size), seeds with both."""
-    from analysis.room import arm_keys  # the columns an arm's value travels with
+    ``key`` (an accuracy brings its task's majority share, ceiling and test size), seeds with
+    both."""
+    from analysis.room import PAIR, TASK_COLUMNS, arm_keys  # what an arm's value travels with
 
     cols = arm_keys(key)
     rows, dkl, dkl_se, unreached, hows = [], [], [], [], []
@@ -229,14 +230,13 @@ def pair_at_target(treated: dict, control: dict, key: str, target: float, *,
         if missing:
             unreached += [f"{name} seed {seed}" for name in missing]
             continue
-        fixed = {name: _first(control[seed], cols.get(name)) for name in ("majority", "n_test")}
+        fixed = {name: _first(control[seed], cols.get(name)) for name in TASK_COLUMNS}
         rows.append({"seed": seed, "treated": t.value, "treated_se": t.se,
                      "control": c.value, "control_se": c.se, **fixed})
         dkl.append(t.kl - c.kl)
         dkl_se.append(float(np.hypot(np.nan_to_num(t.kl_se), np.nan_to_num(c.kl_se))))
         hows += [t.how, c.how]
-    pairs = pd.DataFrame(rows, columns=["seed", "treated", "treated_se", "control",
-                                        "control_se", "majority", "n_test"]).set_index("seed")
+    pairs = pd.DataFrame(rows, columns=["seed", *PAIR]).set_index("seed")
     slopes = tuple(slope_on_kl(list(arms.values()), target, key, window=window)
                    for arms in (treated, control))
     return MatchedPair(pairs, float(np.mean(dkl)) if dkl else np.nan,
@@ -245,8 +245,8 @@ def pair_at_target(treated: dict, control: dict, key: str, target: float, *,
 
 
 def _first(run: pd.DataFrame, key: str | None) -> float:
-    """The first finite value of ``key`` in ``run`` (a task's majority share or test size,
-    the same at every checkpoint), NaN where not recorded."""
+    """The first finite value of ``key`` in ``run`` (a task's majority share, ceiling or test
+    size, the same at every checkpoint), NaN where not recorded (a ceiling: 1, room.py)."""
     if key is None or key not in run:
         return np.nan
     v = run[key].dropna()
@@ -361,9 +361,9 @@ def _plateau_effects(part: pd.DataFrame, key: str, relative: bool, level: float,
         "treated_se": [_col(t, se_key(key))[-1] for t in tails],
         "control": [_col(t, key)[0] for t in tails],
         "control_se": [_col(t, se_key(key))[0] for t in tails]})
-    from analysis.room import arm_keys
+    from analysis.room import TASK_COLUMNS, arm_keys
 
-    for name in ("majority", "n_test"):
+    for name in TASK_COLUMNS:
         pairs[name] = [_first(t, arm_keys(key).get(name)) for t in tails]
     values = list(pairs["treated"] / pairs["control"] - 1 if relative
                   else pairs["treated"] - pairs["control"])

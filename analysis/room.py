@@ -2,16 +2,22 @@
 s.e. of an accuracy at the bounds, and the logit scale reported beside the points.
 
 A probe accuracy lies between the task's majority-class share (a probe that learned nothing
-reaches it) and 1. A claim that an arm probes *better* (the paper's effect > 0) needs room above
-the compared (control) arm; one that it probes *worse* needs room between the control and the
-majority share. Where there is none, "no effect as large as the paper's" could not have come
-out otherwise, so the rule (``analysis/claims.py``) reads the claim at its bound instead.
+reaches it) and its *ceiling*: 1 where the labels are a function of the sentence, else the exact
+Bayes accuracy on the probe's test sentences, E_x[max_y Pr(label = y | x)] (an HMM's rule
+``sampled`` labels by the hidden state the sampler drew; the runs record it as
+``<stage>/<task>/bayes_ceiling``, absent = 1). A claim that an arm probes *better* (the paper's
+effect > 0) needs room above the compared (control) arm; one that it probes *worse* needs room
+between the control and the majority share. Where there is none, "no effect as large as the
+paper's" could not have come out otherwise, so the rule (``analysis/claims.py``) reads the claim
+at its bound instead.
 
-- **Room** (means over seeds): 1 - control for "better"; control - majority for "worse".
+- **Room** (means over seeds): ceiling - control for "better"; control - majority for "worse".
 - **Bound**: ``ceiling`` for "better" (``floor`` for "worse") when room < ``room_factor`` x
   |paper's effect| (default 2: an effect of the paper's size, and as much again of spread,
   must fit); else ``ceiling`` when either arm's mean is within ``bound_se`` (default 2) of its
-  s.e. of 1, ``floor`` when within ``bound_se`` s.e. of the majority share. An arm's s.e. is
+  s.e. of the ceiling, ``floor`` when within ``bound_se`` s.e. of the majority share. The
+  ceiling and the majority share are the control's (the treated arm's where the control has
+  none; the mean over seeds). An arm's s.e. is
   sqrt(sd^2 / n + se_acc^2): its seed spread and its mean measurement s.e. A room that cannot
   be computed (no majority share in the runs) is not checked; a claim with a direction only is
   checked by its arms alone.
@@ -34,6 +40,8 @@ out otherwise, so the rule (``analysis/claims.py``) reads the claim at its bound
 'ceiling'
 >>> room_check(pairs, -1, -0.069)[0]  # room 0.6, but both arms sit within 2 s.e. of 100%
 'ceiling'
+>>> round(room(+1, control=0.85, majority=0.4, ceiling=0.9), 3)  # labels the sentence lacks
+0.05
 >>> round(float(logit(0.5, 800)), 6), round(float(logit(1.0, 800)), 2)
 (0.0, 7.38)
 """
@@ -43,14 +51,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from flatlm.measure import se_key
+from flatlm.measure import BAYES_CEILING, se_key
 
 ROOM_FACTOR = 2.0  # the paper's effect must fit this many times into the room
-BOUND_SE = 2.0  # an arm this many s.e. from 1 (or the majority share) is at its bound
+BOUND_SE = 2.0  # an arm this many s.e. from its ceiling (or the majority share) is at its bound
 CEILING, FLOOR = "ceiling", "floor"
 ACC_MEAN = "acc_mean"
-ARM = ("value", "se", "majority", "n_test")  # one arm's columns, per seed or run
-PAIR = ("treated", "treated_se", "control", "control_se", "majority", "n_test")
+ARM = ("value", "se", "majority", "ceiling", "n_test")  # one arm's columns, per seed or run
+PAIR = ("treated", "treated_se", "control", "control_se", "majority", "ceiling", "n_test")
+# the columns a pair takes from the control arm (else the treated one): the task's, not the arm's
+TASK_COLUMNS = ("majority", "ceiling", "n_test")
 
 
 def is_accuracy(key: str) -> bool:
@@ -60,17 +70,19 @@ def is_accuracy(key: str) -> bool:
 
 def arm_keys(key: str) -> dict[str, str]:
     """The columns one arm's value travels with: ``probe/B/acc_mean`` -> its ``acc_se``, the
-    task's ``majority_acc`` and ``n_test``; any other key has its ``_se`` only."""
+    task's ``majority_acc``, ``bayes_ceiling`` and ``n_test``; any other key has its ``_se``
+    only."""
     keys = {"value": key, "se": se_key(key)}
     if key.endswith("/" + ACC_MEAN):
         stem = key.removesuffix(ACC_MEAN)
-        keys |= {"majority": stem + "majority_acc", "n_test": stem + "n_test"}
+        keys |= {"majority": stem + "majority_acc", "ceiling": stem + BAYES_CEILING,
+                 "n_test": stem + "n_test"}
     return keys
 
 
 def arm_frame(rows: pd.DataFrame, key: str) -> pd.DataFrame:
-    """Per row of ``rows``: the arm's ``value``, ``se``, ``majority`` and ``n_test`` (NaN where
-    the runs do not record it)."""
+    """Per row of ``rows``: the arm's ``value``, ``se``, ``majority``, ``ceiling`` and
+    ``n_test`` (NaN where the runs do not record it; a ceiling not recorded is 1, ``paired``)."""
     keys = arm_keys(key)
     return pd.DataFrame({name: rows[keys[name]] if keys.get(name) in rows else np.nan
                          for name in ARM}, index=rows.index)
@@ -78,14 +90,16 @@ def arm_frame(rows: pd.DataFrame, key: str) -> pd.DataFrame:
 
 def paired(treated: pd.DataFrame, control: pd.DataFrame) -> pd.DataFrame:
     """Two arms (``arm_frame``) aligned on their index (seed or run), as the columns ``PAIR``:
-    the task's majority share and test size are the control's, else the treated arm's."""
+    the task's majority share, ceiling and test size are the control's, else the treated
+    arm's; a ceiling neither records is 1 (labels that are a function of the sentence)."""
     both = pd.merge(treated, control, how="inner", left_index=True, right_index=True,
                     suffixes=("_t", "_c"))
+    task = {name: both[name + "_c"].fillna(both[name + "_t"]) for name in TASK_COLUMNS}
+    task["ceiling"] = task["ceiling"].fillna(1.0)
     return pd.DataFrame({
         "treated": both["value_t"], "treated_se": both["se_t"],
-        "control": both["value_c"], "control_se": both["se_c"],
-        "majority": both["majority_c"].fillna(both["majority_t"]),
-        "n_test": both["n_test_c"].fillna(both["n_test_t"])}, index=both.index)
+        "control": both["value_c"], "control_se": both["se_c"], **task},
+        index=both.index, columns=list(PAIR))
 
 
 def accuracy_se(p, se, n):
@@ -104,10 +118,26 @@ def with_accuracy_se(pairs: pd.DataFrame) -> pd.DataFrame:
         control_se=accuracy_se(pairs["control"], pairs["control_se"], pairs["n_test"]))
 
 
-def room(sign: int, *, control: float, majority: float) -> float:
-    """How far the control's accuracy can move the paper's way: up to 1 for "better"
+def room(sign: int, *, control: float, majority: float, ceiling: float = 1.0) -> float:
+    """How far the control's accuracy can move the paper's way: up to the task's ceiling (1,
+    or the Bayes accuracy where the sentence does not determine the label) for "better"
     (``sign`` > 0), down to the majority share for "worse"."""
-    return 1 - control if sign > 0 else control - majority
+    return ceiling - control if sign > 0 else control - majority
+
+
+def task_ceiling(pairs: pd.DataFrame) -> float:
+    """The ceiling of ``pairs``' task: the mean of its ``ceiling`` column, 1 where it records
+    none (labels that are a function of the sentence)."""
+    ceiling = pairs.get("ceiling")
+    if ceiling is None or not ceiling.notna().any():
+        return 1.0
+    return float(ceiling.mean())
+
+
+def ceiling_words(ceiling: float) -> str:
+    """How the reason names the ceiling: "100%" (the report's words since issue 38), else the
+    Bayes ceiling's value."""
+    return "100%" if ceiling == 1.0 else f"the Bayes ceiling {ceiling:.4f}"
 
 
 def arm_mean_se(values: pd.Series, ses: pd.Series) -> tuple[float, float]:
@@ -126,9 +156,10 @@ def room_check(pairs: pd.DataFrame, sign: int, paper_effect: float | None,
     """(``ceiling``, ``floor`` or "", the room, what decided it in words) of an accuracy
     claim's arms (``PAIR`` columns, s.e. already floored: ``with_accuracy_se``)."""
     majority = float(pairs["majority"].mean()) if pairs["majority"].notna().any() else np.nan
+    ceiling = task_ceiling(pairs)
     arms = {name: arm_mean_se(pairs[name], pairs[name + "_se"])
             for name in ("treated", "control")}
-    space = room(sign, control=arms["control"][0], majority=majority)
+    space = room(sign, control=arms["control"][0], majority=majority, ceiling=ceiling)
     words = f"room {100 * space:.2f} pts" if np.isfinite(space) else "room unknown"
     if paper_effect is not None and np.isfinite(space):
         needed = room_factor * abs(paper_effect)
@@ -137,9 +168,9 @@ def room_check(pairs: pd.DataFrame, sign: int, paper_effect: float | None,
         if space < needed:
             return (CEILING if sign > 0 else FLOOR), space, words
     for name, (mean, se) in arms.items():
-        if 1 - mean <= bound_se * se:
+        if ceiling - mean <= bound_se * se:
             return CEILING, space, words + f"; {name} {mean:.4f} within {bound_se:g} s.e. " \
-                                           f"({se:.4f}) of 100%"
+                                           f"({se:.4f}) of {ceiling_words(ceiling)}"
         if mean - majority <= bound_se * se:
             return FLOOR, space, words + f"; {name} {mean:.4f} within {bound_se:g} s.e. " \
                                          f"({se:.4f}) of the majority share {majority:.3f}"

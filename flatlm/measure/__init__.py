@@ -95,6 +95,10 @@ the same held-out sentences, labelled as ``Source.sample_downstream`` labels the
   error: test-set sampling and the seed spread), train_acc, majority_acc (reference row: the
   training split's most frequent class), n_train, n_test, num_classes; with early stopping
   (ProbeConfig.patience) also epochs, the mean over seeds of the epoch each head was kept from.
+  Where the task's labels are not a function of the sentence (an HMM's rule ``sampled``: the
+  hidden state the sampler drew) also bayes_ceiling, the exact Bayes accuracy on the probe's test
+  sentences, the mean of max_y Pr(label = y | x) (``Source.bayes_accuracies``): no probe can
+  beat it; absent where the labels are the sentence's (the ceiling is 1).
     <stage>_ridge/<task>/<stat>   the closed-form ridge probe on the same features, split and
                         standardisation (``measure.ridge``; ProbeConfig.ridge): probe_ridge,
                         random_init_ridge, lookup_ridge; <stat> one of RIDGE_STATS: acc_mean (one
@@ -178,6 +182,8 @@ PROBE_STATS = ("acc_mean", "acc_std", "acc_se", "train_acc", "majority_acc", "n_
 PROBE_STAGES = ("probe", "random_init", "lookup")
 RIDGE_STATS = ("acc_mean", "acc_se", "train_acc", "alpha")
 EARLY_STOPPING_EPOCHS = "epochs"  # the probe statistic early stopping adds
+# the probe statistic of a task whose labels the sentence does not determine (its ceiling)
+BAYES_CEILING = "bayes_ceiling"
 
 
 def ridge_stage(stage: str) -> str:

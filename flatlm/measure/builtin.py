@@ -137,7 +137,7 @@ def lookup_rows(source, data, cfg, device) -> dict[str, float]:
                                    device=device)
         no_encoder = replace(cfg.probe, encoder_train_mode=False)
         return probe_rows(features, source, data.classes, no_encoder, "lookup",
-                          progress=showing_progress())
+                          bayes=data.bayes, progress=showing_progress())
 
     return reference_rows(data.cache_dir, data.key, "lookup", cfg.probe, device, measure)
 
@@ -154,7 +154,7 @@ def _probes(model, source, data, cfg, stage: str, device) -> dict[str, float]:
     draw = (train_mode_features(model, data.downstream_tokens, data.downstream_lengths,
                                 probe_cfg, device) if probe_cfg.encoder_train_mode else None)
     return probe_rows(features, source, data.classes, probe_cfg, stage, draw=draw,
-                      progress=showing_progress())
+                      bayes=data.bayes, progress=showing_progress())
 
 
 def run_finetune(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:

@@ -211,6 +211,9 @@ class EvalData:
     shape: dict | None = None  # the random-init model's ModelConfig, as a dict
     # what a measurement computes once per trial and keeps (cka_truth: the truth's features)
     cache: dict = field(default_factory=dict)
+    # task -> (n_downstream,) each sentence's Bayes accuracy, for the tasks whose labels the
+    # sentence does not determine (Source.bayes_accuracies; the probes' bayes_ceiling)
+    bayes: dict = field(default_factory=dict)
 
 
 def downstream_of(source: Source, cfg: MeasureConfig) -> tuple[str, tuple[str, ...]]:
@@ -237,6 +240,10 @@ def eval_data(source: Source, cfg: MeasureConfig, model_cfg=None, *, device=None
         "tasks": list(tasks)})
     start = time.perf_counter()
     t = cached_tensors(cache_dir, key, lambda: _draw(source, cfg, rule, tasks, device))
+    # not among the cached tensors (one forward-backward pass): the cache's files stay as they
+    # were
+    bayes = source.bayes_accuracies(t["downstream_tokens"], t["downstream_lengths"], rule,
+                                    tasks, device=device)
     seconds = time.perf_counter() - start
     skipped = skipped_without_truth(source, cfg)
     if skipped:
@@ -248,7 +255,7 @@ def eval_data(source: Source, cfg: MeasureConfig, model_cfg=None, *, device=None
         random_model = random_features_model(model_cfg, source, cfg.seed)
     classes = {task: t[f"class/{task}"] for task in tasks}
     return EvalData(t["tokens"], t["lengths"], t["downstream_tokens"], t["downstream_lengths"],
-                    classes, random_model, seconds=seconds, key=key,
+                    classes, random_model, seconds=seconds, key=key, bayes=bayes,
                     cache_dir=Path(cache_dir) if cache_dir is not None else None,
                     shape=asdict(model_cfg) if model_cfg is not None else None)
 

@@ -136,6 +136,15 @@ class Source(ABC):
                              f"tasks are {', '.join(self.tasks)}")
         return rule, tasks
 
+    def bayes_accuracies(self, tokens, lengths, rule: str, tasks, *,
+                         device=None) -> dict[str, torch.Tensor]:
+        """Per task whose labels under ``rule`` are not a function of the sentence: the chance
+        max_y Pr(label = y | x) that the best possible classifier labels each sentence right,
+        [n] float64 on the CPU (its mean over a test set is the probe's Bayes ceiling,
+        ``<stage>/<task>/bayes_ceiling``). By default {}: every rule labels by the sentence
+        alone, so the ceiling is 1. Sources that label by what the sampler drew override this."""
+        return {}
+
     def _labelled_sample(self, n, seed, rule, tasks, device):
         """(tokens, lengths, {task: raw labels}) of n downstream sentences: by default ``sample``
         labelled by ``labels``. Sources whose downstream distribution differs override this."""

@@ -23,6 +23,10 @@ z_k into S classes, by one of two rules:
 
 - ``"posterior"`` (the default): argmax_s Pr(z_k = s | x), computable from the sentence alone;
 - ``"sampled"``: the state the sampler actually drew (pass ``states`` from ``sample_with_states``).
+  The sentence does not determine it, so no classifier reaches 100%: the best one (argmax of
+  the posterior) is right with probability max_s Pr(z_k = s | x) on sentence x
+  (``bayes_accuracies``), and its mean over the probe's test sentences is the task's ceiling
+  (``<stage>/<task>/bayes_ceiling``).
 
 >>> src = HMM.from_spec({"kind": "hmm", "seed": 0, "vocab": 6, "states": 4, "length": 5,
 ...                      "blocks": 2})
@@ -58,6 +62,9 @@ RANDOM_DEFAULTS = {
 FILE_KEYS = ("kind", "file", "length")
 ARRAYS = ("initial", "transition", "emission")
 RULES = ("posterior", "sampled")
+# sentences per forward-backward pass of bayes_accuracies: (B, T, S) float64 messages, 4 of them
+# (alpha, beta, e, the posterior): 50 MB at the paper's T = 16, S = 100
+BAYES_BATCH = 1024
 
 
 def _check_keys(spec: dict, allowed, hint: str = "") -> None:
@@ -333,6 +340,21 @@ class HMM(Source):
         drawn = states if rule == "sampled" else None
         return tokens, lengths, {task: self.labels(tok, ln, task, rule, states=drawn)
                                  for task in tasks}
+
+    def bayes_accuracies(self, tokens, lengths, rule: str, tasks, *, device=None,
+                         batch_size: int = BAYES_BATCH) -> dict[str, torch.Tensor]:
+        """Rule "sampled" labels ``task-k`` by the state z_k the sampler drew, which the
+        sentence does not determine: per task, max_s Pr(z_k = s | x) for each sentence, [n]
+        float64 on the CPU (forward-backward in batches of ``batch_size`` sentences on
+        ``device``). Rule "posterior" labels by the sentence alone: {}."""
+        if rule != "sampled":
+            return {}
+        positions = {task: self._position(task) for task in tasks}
+        tokens, lengths = self._prepare(tokens, lengths, device)
+        best = [self.posteriors(tokens[i : i + batch_size], lengths[i : i + batch_size])
+                .amax(-1).cpu() for i in range(0, len(tokens), batch_size)]  # each (B, T)
+        best = torch.cat(best) if best else torch.zeros(0, self.max_length, dtype=torch.float64)
+        return {task: best[:, k] for task, k in positions.items()}
 
     def labels(self, tokens, lengths, task: str, rule: str = "posterior", states=None):
         """Hidden state at position k for ``task-k``: [n] int64, -1 where k > length.

@@ -21,6 +21,7 @@ from analysis.claims import (
     with_holm,
 )
 from analysis.fig1 import Fig1Settings, fig1_rows
+from analysis.room import room, room_check, with_accuracy_se
 from analysis.uncertainty import holm
 
 KL, TR = "pretrain/kl", "flat/trace_fisher"
@@ -28,20 +29,25 @@ N_TEST = 800.0
 
 
 def probe_columns(task: str, acc: float, se: float, majority: float, stage: str = "probe",
-                  n_test: float = N_TEST):
-    """One arm's probe record as the runs write it (``flatlm.measure`` keys)."""
-    return {f"{stage}/{task}/acc_mean": acc, f"{stage}/{task}/acc_se": se,
-            f"{stage}/{task}/majority_acc": majority, f"{stage}/{task}/n_test": n_test}
+                  n_test: float = N_TEST, ceiling: float | None = None):
+    """One arm's probe record as the runs write it (``flatlm.measure`` keys); ``ceiling``: the
+    task's Bayes ceiling, recorded where the sentence does not determine the label."""
+    out = {f"{stage}/{task}/acc_mean": acc, f"{stage}/{task}/acc_se": se,
+           f"{stage}/{task}/majority_acc": majority, f"{stage}/{task}/n_test": n_test}
+    if ceiling is not None:
+        out[f"{stage}/{task}/bayes_ceiling"] = ceiling
+    return out
 
 
-def sizes_table(acc_small, acc_large, *, se=0.001, majority=0.4, seeds=(0, 1, 2, 3, 4)):
+def sizes_table(acc_small, acc_large, *, se=0.001, majority=0.4, seeds=(0, 1, 2, 3, 4),
+                ceiling=None):
     """Two saturated models per seed; task B accuracies given per seed."""
     rows = []
     for seed in seeds:
         for model, accs in (("d16-h1-l1-i64", acc_small), ("d64-h4-l2-i256", acc_large)):
             rows.append({"run_id": f"{model}-{seed}", "experiment": "sizes", "model": model,
                          "train.seed": seed, "step": 10, KL: 0.01,
-                         **probe_columns("B", accs[seed], se, majority)})
+                         **probe_columns("B", accs[seed], se, majority, ceiling=ceiling)})
     return pd.DataFrame(rows)
 
 
@@ -127,6 +133,47 @@ def test_a_bound_does_not_overturn_an_interval_off_zero():
     rows = claim_rows(algorithms_table([1.0] * 3, [0.99] * 3, lookup=0.96, lookup_se=0.005))
     lookup = row(rows, "lookup:B (lookup - adamw)")
     assert lookup["bound"] == "ceiling" and lookup["verdict"] == REPRODUCES
+
+
+# -- the Bayes ceiling: labels the sentence does not determine (issue 50) ---------------------
+
+def test_the_room_of_a_better_claim_ends_at_the_bayes_ceiling():
+    assert room(+1, control=0.7, majority=0.4, ceiling=0.9) == pytest.approx(0.9 - 0.7)
+    assert room(+1, control=0.7, majority=0.4) == pytest.approx(1 - 0.7)  # no ceiling: 1
+    assert room(-1, control=0.7, majority=0.4, ceiling=0.9) == pytest.approx(0.7 - 0.4)
+
+
+def test_a_recorded_bayes_ceiling_gives_the_room_below_it():
+    # the claim of test_room_enough_and_no_arm_at_a_bound_keeps_no_effect, on labels whose
+    # Bayes accuracy is 90%: room 0.9 - control, and the verdict is unchanged (30 points fit)
+    small = [0.60, 0.61, 0.59, 0.60, 0.605]
+    large = [0.61, 0.60, 0.595, 0.605, 0.60]
+    rows = claim_rows(sizes_table(small, large, se=0.005, ceiling=0.9))
+    fig3a = rows[rows["figure"] == "Fig. 3a (2.3)"].iloc[0]
+    assert fig3a["room"] == pytest.approx(0.9 - np.mean(small))
+    assert fig3a["verdict"] == NO_EFFECT and fig3a["bound"] == ""
+    # at a ceiling of 62%, 6.9 points do not fit twice: the claim is at its ceiling
+    near = row(claim_rows(sizes_table(small, large, se=0.005, ceiling=0.62)), "probe/B/acc_mean")
+    near = near.iloc[0] if isinstance(near, pd.DataFrame) else near
+    assert near["room"] == pytest.approx(0.62 - np.mean(small)) and near["verdict"] == AT_CEILING
+
+
+def ceiling_pairs(ceiling: float | None) -> pd.DataFrame:
+    """Three seeds' arms 0.15 below and 0.0015 below 90% on a large test set (s.e. 0.001)."""
+    pairs = pd.DataFrame({"treated": [0.8985] * 3, "control": [0.75] * 3,
+                          "treated_se": [0.001] * 3, "control_se": [0.001] * 3,
+                          "majority": [0.4] * 3, "n_test": [1e6] * 3})
+    return pairs if ceiling is None else pairs.assign(ceiling=ceiling)
+
+
+def test_the_ceiling_bound_is_within_bound_se_of_the_bayes_ceiling_not_of_100_percent():
+    bound, space, words = room_check(with_accuracy_se(ceiling_pairs(0.9)), +1, None)
+    assert bound == "ceiling" and space == pytest.approx(0.15)
+    assert words.endswith("treated 0.8985 within 2 s.e. (0.0010) of the Bayes ceiling 0.9000")
+    for absent in (None, np.nan):  # no ceiling recorded: 1, and 0.8985 is far from it
+        assert room_check(with_accuracy_se(ceiling_pairs(absent)), +1, None)[0] == ""
+    assert room_check(with_accuracy_se(ceiling_pairs(1.0)), +1, None)[:2] == (
+        "", pytest.approx(0.25))
 
 
 # -- measurement error ----------------------------------------------------------------------
