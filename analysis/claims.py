@@ -16,8 +16,11 @@ values it used):
 - ``measurement_error`` = True: the interval also counts the measurement s.e. every seed shares
   (one test set, the same probe seeds): half-width = sqrt(t_half^2 + (z se_meas)^2), se_meas
   the mean over seeds of the effect's measurement s.e. (sqrt(se_a^2 + se_b^2) for a difference;
-  ``analysis/uncertainty.py``). The lookup table is one measurement repeated in every trial: its
-  s.e. counts either way, and its repetitions narrow nothing.
+  ``analysis/uncertainty.py``). For an accuracy, se_a and se_b are each accuracy's s.e. as
+  ``analysis/room.py`` defines it (the recorded ``acc_se``, at least the binomial s.e. at the
+  Laplace-smoothed accuracy), not the recorded ``acc_se`` alone. The lookup table is one
+  measurement repeated in every trial: its s.e. counts either way, and its repetitions narrow
+  nothing.
 - ``room_factor`` = 2.0 and ``bound_se`` = 2.0: an accuracy claim's *room* is ceiling - control
   for "better" (the ceiling 100%, or the task's recorded Bayes ceiling where the sentence does
   not determine the label), control - majority share for "worse"; room < ``room_factor`` x
@@ -35,7 +38,10 @@ then averaged, with its interval by the same rule (``effect_logit``; ``analysis/
   ``saturation``; the effect is the window's last minus its first checkpoint. Every run needs a
   window of >= 2 checkpoints whose KLs lie within ``tol`` of each other. (The rule this replaces,
   "checkpoints within tol of the final KL", held for any monotone KL curve however far from the
-  truth.)
+  truth.) The KL spread checked against ``tol``: for steps / sgd the largest over runs of one
+  run's window on its own (max - min over all its checkpoints; the whole curve where it has no
+  window); for sizes and algorithms max - min over every compared checkpoint, all seeds and both
+  arms together.
 - sizes: the *saturated models* are those whose final checkpoint is saturated in every seed; the
   effect is the largest minus the smallest of them, per seed, and needs two of them within
   ``tol``. Otherwise the effect is shown across every size, unsaturated.
@@ -78,6 +84,7 @@ Fig. 1's included), each with the p-value of its effect against 0 from the same 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -438,8 +445,44 @@ def claim_rows(df: pd.DataFrame, rule: VerdictRule = DEFAULT_RULE) -> pd.DataFra
             continue
         eff = claim_effects(part, claim, rule)
         row = claim_row(claim, eff, summarise(claim, eff, rule), rule)
-        rows.append({**row, "deviation": deviation(claim, part.get("train.lr", ()))})
+        rows.append({**row, "deviation": deviation(claim, part.get("train.lr", ())),
+                     "fragile": fragile_thresholds(part, claim, rule, eff, row["verdict"])})
     return pd.DataFrame(rows)
+
+
+# A verdict is *fragile* when a small change of one threshold changes it: each of these moved
+# by FRAGILE_STEP (10%) either way; the level by one point either way.
+FRAGILE_STEP = 0.1
+FRAGILE_FIELDS = ("saturation", "tol", "room_factor", "bound_se", "target_kl", "confound_share")
+EFFECT_FIELDS = ("saturation", "tol", "target_kl")  # the thresholds that choose checkpoints
+
+
+def threshold_variants(rule: VerdictRule) -> list[tuple[str, VerdictRule]]:
+    """(name, rule) for each small change of one of the rule's thresholds."""
+    out = [(f"level {v:g}", dataclasses.replace(rule, level=v))
+           for v in (rule.level - 0.01, rule.level + 0.01) if 0 < v < 1]
+    for name in FRAGILE_FIELDS:
+        value = getattr(rule, name)
+        if value is None or value == 0:
+            continue
+        out += [(f"{name} {value * f:.4g}", dataclasses.replace(rule, **{name: value * f}))
+                for f in (1 - FRAGILE_STEP, 1 + FRAGILE_STEP)]
+    return out
+
+
+def fragile_thresholds(part: pd.DataFrame, claim: Claim, rule: VerdictRule, eff: Effects,
+                       result: str) -> str:
+    """The threshold changes (``threshold_variants``) under which ``claim``'s verdict is no
+    longer ``result``, each with the verdict it gives ("" when none: a robust verdict); ``eff``
+    is reused where the change does not choose other checkpoints."""
+    moved = []
+    for name, variant in threshold_variants(rule):
+        moved_eff = claim_effects(part, claim, variant) if name.split()[0] in EFFECT_FIELDS \
+            else eff
+        other = row_verdict(claim, moved_eff, summarise(claim, moved_eff, variant), variant)
+        if other != result:
+            moved.append(f"{name}: {other}")
+    return "; ".join(moved)
 
 
 @dataclass(frozen=True)
@@ -504,14 +547,20 @@ def matched_verdict(claim: Claim, eff: Effects, summary: Summary, rule: VerdictR
     return interval_verdict(claim.sign, (iv.low, iv.high), claim.effect_size, summary.bound)
 
 
-def claim_row(claim: Claim, eff: Effects, summary: Summary, rule: VerdictRule) -> dict:
+def row_verdict(claim: Claim, eff: Effects, summary: Summary, rule: VerdictRule) -> str:
+    """The verdict of ``claim``'s row: the matched-loss rule's in its regime, else the
+    saturation rule's."""
     iv = summary.interval
     if eff.regime == matched.MATCHED:
-        result = matched_verdict(claim, eff, summary, rule)
-    else:
-        result = verdict(claim.sign, (iv.low, iv.high), n=iv.n, paper_effect=claim.effect_size,
-                         saturated=eff.saturated, same_loss=eff.same_loss, rule=rule,
-                         bound=summary.bound)
+        return matched_verdict(claim, eff, summary, rule)
+    return verdict(claim.sign, (iv.low, iv.high), n=iv.n, paper_effect=claim.effect_size,
+                   saturated=eff.saturated, same_loss=eff.same_loss, rule=rule,
+                   bound=summary.bound)
+
+
+def claim_row(claim: Claim, eff: Effects, summary: Summary, rule: VerdictRule) -> dict:
+    iv = summary.interval
+    result = row_verdict(claim, eff, summary, rule)
     metric = claim.metric if claim.compare is None else compared_metric(claim.metric,
                                                                         *claim.compare)
     logit = summary.logit or Interval(np.nan, np.nan, np.nan, 0, np.nan, np.nan, np.nan)
@@ -526,6 +575,7 @@ def claim_row(claim: Claim, eff: Effects, summary: Summary, rule: VerdictRule) -
         "measurement_error": rule.measurement_error, "effect_logit": logit.mean,
         "logit_low": logit.low, "logit_high": logit.high, "room": summary.room,
         "room_factor": rule.room_factor, "bound_se": rule.bound_se, "bound": summary.bound,
+        "scales_agree": scales_agree(iv, summary.logit),
         "min_seeds": rule.min_seeds, "saturation": rule.saturation, "tol": rule.tol,
         "kl_max": eff.kl_max, "kl_spread": eff.kl_spread, "saturated": eff.saturated,
         "same_loss": eff.same_loss,
@@ -533,6 +583,21 @@ def claim_row(claim: Claim, eff: Effects, summary: Summary, rule: VerdictRule) -
         "decided_by": decided_by(eff, summary, claim.effect_size, rule), "note": eff.note,
         "seeds_to_resolve": seeds_to_resolve(eff.values, rule.level, se_meas=iv.se_meas),
     } | _matched_columns(eff, rule)
+
+
+def interval_side(low: float, high: float) -> int:
+    """+1: the interval lies above 0; -1: below; 0: it contains 0 (or is not finite)."""
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return 0
+    return 1 if low > 0 else -1 if high < 0 else 0
+
+
+def scales_agree(points: Interval, logit: Interval | None) -> bool | float:
+    """Whether the logit interval lies on the same side of 0 as the points interval, which
+    decides (module docstring); NaN for a claim without a logit twin."""
+    if logit is None or not np.isfinite(logit.low) or not np.isfinite(points.low):
+        return np.nan
+    return interval_side(points.low, points.high) == interval_side(logit.low, logit.high)
 
 
 def _matched_columns(eff: Effects, rule: VerdictRule) -> dict:
@@ -602,12 +667,24 @@ INTERVAL_VERDICTS = (REPRODUCES, CONTRADICTS, NO_EFFECT, UNDERPOWERED, NO_SIZE, 
 
 def with_holm(rows: pd.DataFrame, level: float = LEVEL) -> pd.DataFrame:
     """A report's claims (every protocol, Fig. 1 included) with ``p_holm`` and
-    ``verdict_holm``: Holm over the rows with an interval verdict (module docstring)."""
+    ``verdict_holm``: Holm over the rows with an interval verdict (module docstring), the whole
+    report one family; beside them, where the rows name their protocol, the same with each
+    protocol a family of its own (``p_holm_protocol``, ``verdict_holm_protocol``): the
+    sensitivity of the family's choice."""
+    out = rows.assign(**_holm_columns(rows, level))
+    if "protocol" not in rows:
+        return out
+    per = [_holm_columns(part, level) for _, part in rows.groupby("protocol", sort=False)]
+    return out.assign(p_holm_protocol=pd.concat([c["p_holm"] for c in per]),
+                      verdict_holm_protocol=pd.concat([c["verdict_holm"] for c in per]))
+
+
+def _holm_columns(rows: pd.DataFrame, level: float) -> dict:
+    """``p_holm`` and ``verdict_holm`` of ``rows`` taken as one family."""
     tested = rows["verdict"].isin(INTERVAL_VERDICTS) & rows["p_value"].notna()
     p_holm = pd.Series(holm(rows["p_value"].where(tested)), index=rows.index)
     demoted = rows["verdict"].isin([REPRODUCES, CONTRADICTS]) & ~(p_holm <= 1 - level)
-    return rows.assign(p_holm=p_holm,
-                       verdict_holm=rows["verdict"].mask(demoted, NOT_SIGNIFICANT_HOLM))
+    return {"p_holm": p_holm, "verdict_holm": rows["verdict"].mask(demoted, NOT_SIGNIFICANT_HOLM)}
 
 
 def _measured(df: pd.DataFrame, metric: str) -> bool:

@@ -21,7 +21,10 @@ Rows are checkpoints and several come from one run, so they are not independent:
 interval and the p-value come from a **cluster bootstrap** that resamples runs (``run_id``) with
 all their saturated checkpoints. The interval is the percentile interval; the two-sided p-value
 is 2 min(P*(r <= 0), P*(r >= 0)) over the resamples (+1 smoothed), the test that inverts it (p <
-1 - level exactly when the interval excludes 0). Below ``min_runs`` runs a warning says so and
+1 - level exactly when the interval excludes 0). **Ties**: a resample whose correlation is 0 up to
+rounding (|r| <= ``TIE_TOL`` = 1e-12: least squares leaves +-1e-16 where the residuals' true
+correlation is exactly 0) counts as exactly 0, so on both sides of the count, whatever the sign
+its rounding took. Below ``min_runs`` runs a warning says so and
 no p-value is given (NaN): n runs have only C(2n - 1, n) distinct resamples (10 for 3 runs), too
 few for a test.
 """
@@ -211,7 +214,7 @@ def partial_correlation_ci(x, y, z, clusters, *, method: str = "spearman", n_boo
     constant = np.array([len(rows_b) >= 4 and np.ptp(y[rows_b]) == 0 for rows_b in rows])
     if constant_as is not None:
         boot[constant] = constant_as
-    finite = boot[np.isfinite(boot)]
+    finite = _untied(boot[np.isfinite(boot)])
     out["distinct"] = len({tuple(sorted(pick)) for pick in picks.tolist()})
     out["resamples"], out["constant"] = int(finite.size), int(constant.sum())
     if finite.size:
@@ -326,6 +329,14 @@ def _stat(method: str, x: np.ndarray, y: np.ndarray, z: np.ndarray | None) -> fl
     raise ValueError(method)
 
 
+TIE_TOL = 1e-12  # a resampled correlation this close to 0 is a tie (module docstring)
+
+
+def _untied(boot: np.ndarray) -> np.ndarray:
+    """``boot`` with the rounding of exact zeros undone (module docstring: ties)."""
+    return np.where(np.abs(boot) <= TIE_TOL, 0.0, boot)
+
+
 def _cluster_bootstrap(method: str, x, y, z, clusters, n_boot: int, level: float,
                        rng: np.random.Generator) -> tuple[float, float, float]:
     """(p, ci_low, ci_high) of the statistic over ``n_boot`` resamples of whole clusters (runs):
@@ -340,7 +351,7 @@ def _cluster_bootstrap(method: str, x, y, z, clusters, n_boot: int, level: float
     for b, pick in enumerate(idx):
         rows = np.concatenate([members[c] for c in pick])
         boot[b] = _stat(method, x[rows], y[rows], None if z is None else z[rows])
-    boot = boot[np.isfinite(boot)]
+    boot = _untied(boot[np.isfinite(boot)])
     if boot.size == 0:
         return math.nan, math.nan, math.nan
     alpha = (1 - level) / 2

@@ -4,14 +4,20 @@ loss is accounted for?
 The paper's Fig. 1 plots task-B accuracy against Tr(H) for AdamW models of several sizes and
 steps whose losses lie within 0.004 nats, and calls the correlation strong. Here it is the
 **partial correlation** of the flatness measure with the accuracy given the KL (both regressed
-on the KL; the residuals correlated; Spearman by default, on ranks), over the checkpoints in the
-**saturated window** (KL <= ``VerdictRule.saturation``), on measures in **one
+on the KL; the residuals correlated; Spearman by default: the measure, the accuracy and the KL
+are ranked first, then the ranks regressed), over the **saturated checkpoints**: every
+checkpoint at KL <= ``VerdictRule.saturation``, not only a run's final stretch, on measures in
+**one
 parameterisation**: Tr(F) of one model shape at a time (``model``), or Tr(F) grown into one
 shape (``flat/trace_fisher_grown``, one group per ``measure.grow*`` setting). Traces of different
 shapes are never pooled: their scale differs by construction, not by flatness.
 
 The interval is a cluster bootstrap over runs (a run's checkpoints share its initialisation and
-data); each row states the number of runs, of checkpoints, and of distinct resamples. Below
+data): the percentile interval, p as in ``analysis/correlate.py`` (2 min(P*(r <= 0), P*(r >=
+0)), +1 smoothed; a resample at 0 up to rounding is a tie, counted on both sides). A *run* is a
+training, not a trial: trials of one training (``analysis/same_training.py``: the steps, sizes
+and AdamW trials of one seed) are one run with the union of their checkpoints. Each row states
+the number of runs, of checkpoints, and of distinct resamples. Below
 ``min_runs`` runs (default 5) the row gives r and no interval, and no verdict.
 
 The paper gives no size for the correlation ("strong"), so an interval that contains 0 reads

@@ -157,7 +157,7 @@ def claims_markdown(rows: pd.DataFrame) -> str:
         to_change=[_to_change(r) for r in rows.itertuples()])
     cols = ["figure", "claim", "paper_setting", "tested", "metric", "paper", "paper_effect",
             "ours", "logit", "room", "regime", "confound", "verdict", "verdict_holm",
-            "decided_by", "note", "to_change"]
+            "fragile", "decided_by", "note", "to_change"]
     if "regime" not in rows:  # a saturation-rule report (no target KL): as it always was
         cols = [c for c in cols if c not in ("regime", "confound")]
     return to_markdown(shown[[c for c in cols if c in shown]])
@@ -194,7 +194,9 @@ def _logit_interval(r) -> str:
         return ""
     if not np.isfinite(r.logit_low):
         return f"{mean:+.2f}, no interval"
-    return f"{mean:+.2f} [{r.logit_low:+.2f}, {r.logit_high:+.2f}]"
+    flag = "" if getattr(r, "scales_agree", True) is not False else \
+        " (other side of 0 than the points: the points decide)"
+    return f"{mean:+.2f} [{r.logit_low:+.2f}, {r.logit_high:+.2f}]{flag}"
 
 
 def _room(r) -> str:
@@ -352,6 +354,7 @@ def _markdown(df, tables, main, robust, rule, fig1, command, hardware) -> str:
                   "verdict that differs between the columns depends on the grammar.", "",
                   _sizes_line(part), "", to_markdown(robustness_table(tables, protocol)), "",
                   *_reference_lines(part)]
+    lines += _multiplicity_lines(tables)
     diag = diagnosis_table(tables, df)
     if len(diag) > 1:
         lines += ["## Diagnosis: which protocol switch decides the verdicts", "",
@@ -368,6 +371,24 @@ def _markdown(df, tables, main, robust, rule, fig1, command, hardware) -> str:
     return "\n".join(lines)
 
 
+def _multiplicity_lines(tables: dict[str, pd.DataFrame]) -> list[str]:
+    """The Holm family's choice and its sensitivity: the rows whose verdict would differ with
+    each protocol a family of its own."""
+    rows = pd.concat([t.assign(protocol=p) for p, t in tables.items()], ignore_index=True)
+    if "verdict_holm_protocol" not in rows:
+        return []
+    tested = int(rows["p_holm"].notna().sum())
+    differ = rows[rows["verdict_holm"] != rows["verdict_holm_protocol"]]
+    lines = ["## Multiplicity", "",
+             f"Holm's family is the whole report: {tested} tests over {len(tables)} "
+             f"protocol(s). With each protocol a family of its own, {len(differ)} verdict(s) "
+             "would differ" + (":" if len(differ) else "."), ""]
+    if len(differ):
+        lines += [to_markdown(differ[["protocol", "figure", "claim", "metric", "verdict",
+                                      "verdict_holm", "verdict_holm_protocol"]]), ""]
+    return lines
+
+
 def _reference_lines(part: pd.DataFrame) -> list[str]:
     return ["Reference points (final AdamW checkpoints, mean over runs):", "",
             to_markdown(reference_points(part)), ""]
@@ -382,8 +403,11 @@ def rule_text(rule: VerdictRule, fig1: Fig1Settings) -> str:
         f"data); its interval is the {rule.level:.0%} Student-t interval over seeds"
         + (", widened by the measurement s.e. every seed shares (one test set, the same probe "
            "seeds): half-width = sqrt(t_half^2 + (z se_meas)^2), se_meas the mean over seeds of "
-           "sqrt(se_a^2 + se_b^2) of the two compared measurements (`--no-measurement-error` "
-           "turns it off)" if rule.measurement_error else "")
+           "sqrt(se_a^2 + se_b^2) of the two compared measurements, where an accuracy's s.e. is "
+           "the recorded one (`acc_se`) floored at the binomial s.e. at the Laplace-smoothed "
+           "accuracy, sqrt(p~ (1 - p~) / n), p~ = (p n + 1) / (n + 2), n the test sentences "
+           "(`analysis/room.py`; the same s.e. the room's bounds use) "
+           "(`--no-measurement-error` turns it off)" if rule.measurement_error else "")
         + ". The lookup table is one measurement repeated in every trial: its s.e. counts once, "
         "whatever the number of seeds. A claim is about the paper's *saturation regime*: every "
         f"compared checkpoint must be at KL <= {rule.saturation:g} nats/token from the truth "
@@ -401,12 +425,21 @@ def rule_text(rule: VerdictRule, fig1: Fig1Settings) -> str:
         "not move an interval off 0, so it decides only intervals that contain 0); an interval "
         "containing 0 that excludes the paper's effect -> inconclusive (no effect as large as "
         "the paper's); one containing both -> inconclusive (underpowered); a claim whose paper "
-        "number is a direction only -> inconclusive (paper states no size). `verdict_holm` "
+        "number is a direction only -> inconclusive (paper states no size). The verdict is read "
+        "in points (accuracy differences); the logit interval beside it is a second view, and "
+        "a row whose logit interval lies on another side of 0 is flagged in its logit cell and "
+        "by `scales_agree` = False. A verdict is *fragile* (column `fragile`) when a change of "
+        "one threshold by 10% either way (saturation, tolerance, room factor, bound s.e., "
+        "target KL, confound share) or of the level by one point changes it; the column names "
+        "each such change with the verdict it gives. `verdict_holm` "
         f"adjusts for multiplicity: Holm at family-wise level {1 - rule.level:.2g} over every "
         "row of this report (all protocols) with an interval verdict, each with the p-value of "
         "its effect against 0 from the same t statistic (Fig. 1: the bootstrap's); a "
         "reproduces / contradicts whose adjusted p exceeds it reads inconclusive (not "
-        "significant after Holm). Each row's `decided_by` gives the values each check saw; "
+        "significant after Holm). The family is the whole report, every protocol at once (the "
+        "stricter choice: a reader takes in all its rows); `verdict_holm_protocol` gives the "
+        "verdict with each protocol a family of its own, and the section *Multiplicity* counts "
+        "where the two differ. Each row's `decided_by` gives the values each check saw; "
         "`claims.csv` has them as columns (`room`, `bound`, `se_meas`, `ci_seed_half`, "
         "`effect_logit`, `p_value`, `p_holm`, `verdict_holm`). Rows marked *analogue* test on "
         "the PCFG a claim the paper made on other data. Tr(H) in the paper is its B.1 "

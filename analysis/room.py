@@ -18,7 +18,10 @@ at its bound instead.
   s.e. of the ceiling, ``floor`` when within ``bound_se`` s.e. of the majority share. The
   ceiling and the majority share are the control's (the treated arm's where the control has
   none; the mean over seeds). An arm's s.e. is
-  sqrt(sd^2 / n + se_acc^2): its seed spread and its mean measurement s.e. A room that cannot
+  sqrt(sd^2 / n + se_acc^2): its seed spread (sd the sample standard deviation over seeds, n - 1
+  in its denominator) and its mean measurement s.e. "Within" is <= (an arm exactly at the bound
+  is at it); the ceiling is checked before the floor, arm by arm, treated first. ``bound`` is the
+  room check's result whichever step of the rule decides the verdict. A room that cannot
   be computed (no majority share in the runs) is not checked; a claim with a direction only is
   checked by its arms alone.
 - **An accuracy's s.e.** is the measured one (``<stage>/<task>/acc_se``: test-set sampling and

@@ -129,7 +129,6 @@ def seeds_to_resolve(values, level: float = 0.95, most: int = 1000,
     shared = stats.norm.ppf(0.5 + level / 2) * se_meas
     if sd == 0 and shared < mean:
         return float(len(v))
-    for n in range(2, most + 1):
-        if np.hypot(stats.t.ppf(0.5 + level / 2, n - 1) * sd / np.sqrt(n), shared) < mean:
-            return float(n)
-    return np.nan
+    n = np.arange(2, most + 1)  # every candidate at once: the first that resolves
+    resolved = np.hypot(stats.t.ppf(0.5 + level / 2, n - 1) * sd / np.sqrt(n), shared) < mean
+    return float(n[np.argmax(resolved)]) if resolved.any() else np.nan
