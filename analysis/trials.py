@@ -30,6 +30,7 @@ import pandas as pd
 from analysis.runs import ID_COLUMNS as RUN_ID_COLUMNS
 from analysis.runs import TAG_COLUMNS
 from flatlm.core.config import flatten_dict
+from flatlm.experiments.grids import EXPERIMENTS
 from flatlm.storage.diverged import divergence
 from flatlm.storage.metrics_log import METRICS_FILE, is_number, read_metrics
 
@@ -43,6 +44,22 @@ def trial_dirs(root: str | Path) -> list[Path]:
     root = Path(root)
     found = [p.parent for p in root.rglob(CONFIG_FILE) if (p.parent / METRICS_FILE).exists()]
     return sorted(found)
+
+
+def finished_trials(root: Path, experiments=EXPERIMENTS) -> tuple[list[Path], list[Path]]:
+    """(finished, unfinished) trial directories of ``experiments`` (``<protocol>/<experiment>/
+    <trial>`` under ``root``): finished = the last configured checkpoint is in ``metrics.jsonl``.
+    Other experiments under ``root`` (the selection's lr axis) are not the paper's: left out."""
+    done, running = [], []
+    for config_file in sorted(root.rglob("config.json")):
+        trial = config_file.parent
+        parts = trial.relative_to(root).parts
+        if ("eval_cache" in parts or len(parts) != 3 or parts[1] not in experiments
+                or not (trial / METRICS_FILE).exists()):
+            continue
+        last = max(json.loads(config_file.read_text())["train"]["checkpoint_steps"])
+        (done if last in read_metrics(trial) else running).append(trial)
+    return done, running
 
 
 def copy_records(trials: list[Path], root: Path, out: Path) -> None:

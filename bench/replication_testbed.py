@@ -28,9 +28,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.replication import main as replication_report
-from analysis.trials import copy_records, load_trials
-from flatlm.experiments.grids import EXPERIMENTS
-from flatlm.storage.metrics_log import METRICS_FILE, read_metrics
+from analysis.trials import copy_records, finished_trials, load_trials
 
 # the criteria as the search fixed them before any run (bench/testbed_search.py's CRITERIA, saved
 # with its results)
@@ -40,22 +38,6 @@ CRITERIA = json.loads(SEARCH.read_text())["criteria"]
 KL = "pretrain/kl"
 TASKS = ("A", "B", "C")
 ADAMW_LIKE = ("adamw",)  # criterion (a): AdamW runs (sizes, steps, algorithms' adamw)
-
-
-def finished_trials(root: Path, experiments=EXPERIMENTS) -> tuple[list[Path], list[Path]]:
-    """(finished, unfinished) trial directories of ``experiments`` (``<protocol>/<experiment>/
-    <trial>`` under ``root``): finished = the last configured checkpoint is in ``metrics.jsonl``.
-    Other experiments under ``root`` (the selection's lr axis) are not the paper's: left out."""
-    done, running = [], []
-    for config_file in sorted(root.rglob("config.json")):
-        trial = config_file.parent
-        parts = trial.relative_to(root).parts
-        if ("eval_cache" in parts or len(parts) != 3 or parts[1] not in experiments
-                or not (trial / METRICS_FILE).exists()):
-            continue
-        last = max(json.loads(config_file.read_text())["train"]["checkpoint_steps"])
-        (done if last in read_metrics(trial) else running).append(trial)
-    return done, running
 
 
 def final_rows(df: pd.DataFrame) -> pd.DataFrame:
