@@ -13,6 +13,7 @@ import textwrap
 import warnings
 from pathlib import Path
 
+from analysis.answer import answer_lines
 from analysis.conclusion import conclusion
 from analysis.correlate import (
     MIN_RUNS,
@@ -22,6 +23,7 @@ from analysis.correlate import (
     correlation_table,
     saturated,
 )
+from analysis.effects import design
 from analysis.reach import REACH_OPENINGS
 from analysis.run_table import glance
 from analysis.runs import load_runs
@@ -56,6 +58,10 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None, *,
         print(f"\n{_paragraphs(reach)}")
     print(f"\n{glance(runs, key, **rule)}")
     print(f"\nWhat this sweep shows ({key}):\n{_paragraphs(words)}")
+    committed = answer_lines(design(runs)[0])
+    if committed:  # the answer flatlm has, and what this run adds beside it (issue 53)
+        print("\n" + "\n".join(committed))
+        print(_paragraphs(ADDS))
     cost = measurement_cost(runs)
     if cost:
         print(f"\n{cost}")
@@ -65,6 +71,13 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None, *,
     if verbose or sweep.selection:
         _print_selection(sweep, runs, key)
     _print_commands(sweep, workdir, uri, verbose, runs.attrs.get("experiment_id"))
+
+
+# What a no-argument sweep adds to the committed answer, and why it reads no verdict itself.
+ADDS = ("What this run adds: a direction on the sweep's own grammar and models, one seed each, "
+        "beside the committed verdicts; it cannot confirm or contradict one (the matched-loss "
+        "rule needs 3 seeds of each arm read at the same KL, about 2 CPU-hours on testbed v2: "
+        "the command above).")
 
 
 def _resamples(runs, rule: dict) -> int:
