@@ -307,6 +307,11 @@ TESTBED_V2 = replace(
     # of each checkpoint at 4x a d64 model's size is the largest measurement of this scale
     growth_compare=(), selection_what=(), selection_lrs=(),
     second_source=TESTBED_V2_SECOND_SOURCE, kl_threshold=TESTBED_V2_TARGET_KL,
+    # the adversary's lambda by the pilot's search (bench/testbed_v2_pilot.py): the largest of
+    # 0.1, 0.0316, 0.01, 0.00316 whose KL at AdamW's first step at the target (2750) lies within
+    # 0.02 nats of it: 0.1 stalls (KL 1.27 at step 1000), 0.01 is 0.022 above, 0.00316 0.017
+    # (0.0316 not run: the KL rises with lambda and 0.01 already fails)
+    adversarial={**CPU_ADVERSARY, "train.adversarial.lambda": 0.00316},
     # the probe's downstream set: the paper's 100,000 sentences would take ~7 CPU-min a
     # checkpoint (35 a trial, over the 30 CPU-min budget); 20,000 is the largest that stays
     # within it, and lifts the probes 10 points over 4,000's, whose probe is data-bound (train
