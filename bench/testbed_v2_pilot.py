@@ -27,7 +27,10 @@ from flatlm.experiments.scales import CPU_ADVERSARY, TESTBED_V2_SOURCE
 
 STEPS_MODEL = "d64-h4-l2-i256"
 ADVERSARY_TOL = 0.02  # nats: the first testbed's criterion (e), read at AdamW's crossing
-LAMBDAS = (0.1, 0.0316, 0.01)
+# the stated search, largest first; each run until it passes AdamW's crossing step (2750): 0.1
+# stopped at 1000 (stalled at KL 1.27), 0.01 at 3000, 0.00316 at 3000; 0.0316 not run (the KL
+# rises with lambda and 0.01 already fails)
+LAMBDAS = (0.1, 0.0316, 0.01, 0.00316)
 DOWNSTREAM_SIZES = (4000, 20000, 100000)
 ADVERSARY = {k: v for k, v in CPU_ADVERSARY.items()}
 # name -> (steps, checkpoint spacing, --set overrides)
@@ -83,6 +86,30 @@ def crossing(curve: dict, target: float) -> int | None:
     return None
 
 
+def adversary_search(got: dict, target: float) -> dict:
+    """Each lambda's KL at AdamW's first step at the target (linear in steps between its
+    checkpoints), its gap to the target and whether it lies within ``ADVERSARY_TOL``; the
+    chosen lambda: the largest that does."""
+    import numpy as np
+
+    at = crossing(got.get(STEPS_MODEL, {}), target)
+    rows = {}
+    for lam in LAMBDAS:
+        curve = got.get(f"adv-{lam:g}")
+        if at is None or not curve:
+            continue
+        steps = sorted(int(s) for s in curve)
+        if steps[-1] < at:
+            rows[f"{lam:g}"] = {"kl": None, "note": f"stopped at step {steps[-1]}: stalled"}
+            continue
+        kl = float(np.interp(at, steps, [curve[str(s)] for s in steps]))
+        rows[f"{lam:g}"] = {"kl": round(kl, 5), "gap": round(kl - target, 5),
+                            "met": abs(kl - target) <= ADVERSARY_TOL}
+    chosen = [lam for lam, r in rows.items() if r.get("met")]
+    return {"adamw_step": at, "tol": ADVERSARY_TOL, "lambdas": rows,
+            "chosen": max(chosen, key=float) if chosen else None}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", action="store_true", help="run (or resume) every pilot trial")
@@ -100,6 +127,7 @@ def main(argv=None) -> int:
         got = curves(args.collect)
         summary = {"target_kl": args.target, "curves": got,
                    "crossing": {n: crossing(c, args.target) for n, c in got.items()},
+                   "adversary": adversary_search(got, args.target),
                    "probe_size": {str(n): _probe(args.collect / f"probe_{n}.json")
                                   for n in DOWNSTREAM_SIZES},
                    "commands": {n: " ".join(trial_command(n, Path("OUT"))) for n in JOBS}}
