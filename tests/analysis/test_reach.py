@@ -121,3 +121,18 @@ def test_the_command_that_would_conclude_carries_the_time_its_dry_run_states():
     trials, minutes = re.search(r"sizes: (\d+) trials, about (\d+) CPU-min", dry).groups()
     opening = _words(scaling_runs(), A).split("\n\n")[0]
     assert f"({trials} trials, about {minutes} CPU-minutes (measured)" in opening
+
+
+def test_the_room_a_sweep_needs_is_its_own_tasks_effect_or_names_the_task_it_borrows():
+    """Issue 53: the sizes sweep on task A read Fig. 3a's task-B +6.9 points as A's threshold."""
+    import pandas as pd
+
+    from analysis.reach import accuracy_bound, lead_effect
+
+    assert lead_effect("algorithms", "A") == (-0.068, "A")  # Table 1 gives A its own size
+    assert lead_effect("sizes", "A") == (0.069, "B")  # Fig. 8 gives A a direction only
+    final = pd.DataFrame({"probe/A/acc_mean": [0.95, 0.96]}, index=["small", "large"])
+    df = pd.DataFrame({"probe/A/n_test": [4000.0], "probe/A/majority_acc": [0.3]})
+    bound = accuracy_bound(final, df, "probe/A/acc_mean", "sizes")
+    assert bound.kind == "ceiling" and "(its task B; the paper gives this one none)" in \
+        bound.words
