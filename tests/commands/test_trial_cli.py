@@ -154,3 +154,27 @@ def test_trials_beside_each_other_draw_the_evaluation_data_and_references_once(t
     assert main(["trial", "--out", str(alone), "--no-progress", *TINY,
                  "--eval-cache", "none"]) == 0
     assert {p.name for p in cache.iterdir()} == set(drawn)
+
+
+def test_a_diverged_trial_is_recorded_and_not_trained_again(tmp_path, capsys, monkeypatch):
+    """Issue 52, item 2: a diverged ``flatlm trial`` wrote no diverged.json, and run again
+    trained again and diverged again (as ``flatlm replicate`` does not: the same mechanism,
+    ``flatlm.runs.trial.run_trial_once``)."""
+    from flatlm.commands import DIVERGED_EXIT
+    from flatlm.storage.diverged import DIVERGED_FILE, divergence
+
+    out = tmp_path / "d"
+    argv = ["trial", "--out", str(out), "--no-progress", *TINY, "--set", "train.lr=1e20",
+            "--set", "train.warmup_steps=0"]
+    assert main(argv) == DIVERGED_EXIT
+    first = capsys.readouterr().err
+    assert "diverged at step" in first and divergence(out)["step"] is not None
+
+    def trains(*args, **kwargs):
+        raise AssertionError("a recorded divergence was trained again")
+
+    monkeypatch.setattr("flatlm.runs.trial.run_trial", trains)
+    assert main(argv) == DIVERGED_EXIT
+    again = capsys.readouterr().err
+    assert f"recorded in {out / DIVERGED_FILE}" in again and "delete that directory" in again
+    assert again.count("\n") == 1  # one line, no traceback
