@@ -55,6 +55,7 @@ from analysis.room import ROOM_FACTOR
 from analysis.runs import load_runs
 from analysis.store import log_report, refuse_password
 from analysis.trials import load_trials
+from flatlm.core.flags import COUNT, NON_NEGATIVE, POSITIVE
 from flatlm.experiments.protocols import describe, is_robustness, parse_protocol
 from flatlm.measure import KL, SATURATED_KL, TRACE_FISHER_GROWN  # noqa: E402
 
@@ -68,23 +69,23 @@ def parse_args(argv=None) -> argparse.Namespace:
                           "(sweeps/replicate.py)")
     p.add_argument("--out", required=True, type=Path, help="directory for the report")
     p.add_argument("--tracking-uri", default=None, help="MLflow store (read and log)")
-    p.add_argument("--saturation", type=float, default=SATURATED_KL,
+    p.add_argument("--saturation", type=POSITIVE, default=SATURATED_KL,
                    help="nats/token: a checkpoint is saturated when its KL to the truth is at "
                         f"most this; unsaturated claims reach no verdict (default {SATURATED_KL})")
-    p.add_argument("--tol", type=float, default=TOL,
+    p.add_argument("--tol", type=NON_NEGATIVE, default=TOL,
                    help="nats: the compared checkpoints' KLs lie within this of each other "
                         f"(default {TOL})")
-    p.add_argument("--min-seeds", type=int, default=MIN_SEEDS,
+    p.add_argument("--min-seeds", type=COUNT, default=MIN_SEEDS,
                    help=f"fewer seeds reach no verdict (default {MIN_SEEDS})")
-    p.add_argument("--room-factor", type=float, default=ROOM_FACTOR,
+    p.add_argument("--room-factor", type=POSITIVE, default=ROOM_FACTOR,
                    help="an accuracy claim whose room is below this many times the paper's "
                         f"effect is at its ceiling / floor (default {ROOM_FACTOR:g})")
     p.add_argument("--no-measurement-error", action="store_true",
                    help="intervals over seeds alone, without the shared measurement s.e. (the "
                         "lookup table's s.e. counts either way)")
-    p.add_argument("--fig1-min-runs", type=int, default=MIN_RUNS,
+    p.add_argument("--fig1-min-runs", type=COUNT, default=MIN_RUNS,
                    help=f"Fig. 1: fewer runs give no interval (default {MIN_RUNS})")
-    p.add_argument("--n-boot", type=int, default=1000,
+    p.add_argument("--n-boot", type=COUNT, default=1000,
                    help="Fig. 1: cluster-bootstrap resamples (default 1000)")
     p.add_argument("--command", default=None, help="the command that made the trials (quoted "
                                                     "in the report)")

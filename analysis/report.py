@@ -56,6 +56,7 @@ from analysis.store import (  # noqa: E402
     report_experiment,
 )
 from analysis.tables import summary_markdown, summary_table, table_rule  # noqa: E402
+from flatlm.core.flags import COUNT, NON_NEGATIVE, POSITIVE, SEED  # noqa: E402
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN  # noqa: E402
 from flatlm.storage.metrics_log import N_PARAMS  # noqa: E402
 
@@ -72,14 +73,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="probe task: accuracy column probe/<task>/acc_mean (a full column name "
                         "with '/' is used as is); default: the first probe/*/acc_mean column")
     rule = p.add_mutually_exclusive_group(required=True)
-    rule.add_argument("--kl-threshold", type=float, default=None,
+    rule.add_argument("--kl-threshold", type=POSITIVE, default=None,
                       help="saturation regime (one of the two is required): pretrain/kl < X")
-    rule.add_argument("--loss-tolerance", type=float, default=None,
+    rule.add_argument("--loss-tolerance", type=NON_NEGATIVE, default=None,
                       help="saturation regime: pretrain/loss - pretrain/entropy <= Y (no "
                            "entropy, e.g. real text: within Y of the lowest loss reached)")
-    p.add_argument("--n-boot", type=int, default=1000,
+    p.add_argument("--n-boot", type=COUNT, default=1000,
                    help="cluster-bootstrap resamples (runs resampled)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--seed", type=SEED, default=0, help="bootstrap seed")
     p.add_argument("--source", choices=("auto", "artifact", "history"), default="auto",
                    help="per-checkpoint metrics from metrics.jsonl artifacts or histories")
     p.add_argument("--no-log", action="store_true", help="do not log the report run to MLflow")

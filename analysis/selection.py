@@ -49,6 +49,7 @@ from analysis.store import (  # noqa: E402
     refuse_password,
     report_experiment,
 )
+from flatlm.core.flags import COUNT, NON_NEGATIVE, POSITIVE, SEED  # noqa: E402
 from flatlm.measure import HESSIAN_FISHER_GAP, LOSS  # noqa: E402
 
 RANDOM = "random choice"
@@ -319,13 +320,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--task", default=None, help="probe task (default: the first measured)")
     rule = p.add_mutually_exclusive_group(required=True)
-    rule.add_argument("--kl-threshold", type=float, default=None)
-    rule.add_argument("--loss-tolerance", type=float, default=None)
+    rule.add_argument("--kl-threshold", type=POSITIVE, default=None)
+    rule.add_argument("--loss-tolerance", type=NON_NEGATIVE, default=None)
     p.add_argument("--selectors", default=None,
                    help="comma-separated metric columns, lower = picked (default: every flat/* "
                         "measure and pretrain/loss)")
-    p.add_argument("--n-boot", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-boot", type=COUNT, default=2000)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--no-log", action="store_true")
     return p.parse_args(argv)
 
