@@ -279,12 +279,17 @@ def _lookup_gap(part: pd.DataFrame) -> str:
     return f"{mean:+.3g} {ci} (n={n})"
 
 
+# Every file write_report writes: checked for links before any is written
+REPLICATION_FILES = ("claims.csv", "steps.png", "sizes.png", "algorithms.png", "fig1_scatter.png",
+                     "replication.md")
+
+
 def write_report(df: pd.DataFrame, out: Path, *, rule: VerdictRule = DEFAULT_RULE,
                  fig1: Fig1Settings = DEFAULT_FIG1, command: str | None = None,
                  hardware: str | None = None) -> list[Path]:
     from analysis.replication_figures import algorithm_bars, over_sizes, over_steps, scatter
 
-    out = report_dir(out)
+    out = report_dir(out, files=REPLICATION_FILES)
     protocols = sorted(p for p in df["protocol"].dropna().unique())
     tables = {p: protocol_table(df[df["protocol"] == p], rule, fig1) for p in protocols}
     frames = [t.assign(protocol=p) for p, t in tables.items() if not t.empty]
@@ -413,7 +418,7 @@ def main(argv=None) -> int:
     try:  # a password, a link or a file for --out, no such directory, no claim readable
         if args.tracking_uri:  # before anything is read: a password is refused, never echoed
             refuse_password(args.tracking_uri)
-        args.out = report_dir(args.out)  # before any work
+        args.out = report_dir(args.out, files=REPLICATION_FILES)  # before any work
         return _report(args)
     except ValueError as e:  # one line, no traceback
         raise SystemExit(f"error: {e}") from None

@@ -295,11 +295,14 @@ def selection_figure(table: pd.DataFrame, path: Path) -> Path:
     return path
 
 
+SELECTION_FILES = ("selection.md", "selection.csv", "selection.png")  # what write_selection writes
+
+
 def write_selection(df, out: Path, acc_key: str, selectors=None, **kw) -> list[Path]:
     """``selection.md`` / ``.csv`` / ``.png`` under ``out``: the figure only with candidates
     from ``MIN_RUNS`` runs or more, the CSV's rows only then (``too_few_runs``); written whole,
-    never through a link (``analysis.output``), ``out`` refused if it is one."""
-    out = report_dir(out)
+    never through a link (``analysis.output``), ``out`` refused if it is one or holds one."""
+    out = report_dir(out, files=SELECTION_FILES)
     table = selection_table(df, acc_key, selectors, **kw)
     if too_few_runs(table):
         table = table.iloc[:0]  # its attrs, and so its markdown, kept
@@ -336,7 +339,7 @@ def main(argv=None) -> int:
     try:  # a password, a link for --out, no store, no such directory, no accuracy, a selector
         if args.tracking_uri:  # a password is refused, never echoed
             refuse_password(args.tracking_uri)
-        args.out = report_dir(args.out)  # before any work
+        args.out = report_dir(args.out, files=SELECTION_FILES)  # before any work
         df, uri = load_table(args)
         if df.empty:
             print("no runs to select from", file=sys.stderr)
