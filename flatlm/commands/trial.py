@@ -43,7 +43,7 @@ from flatlm.commands import DEFAULT_DEVICE, DEFAULT_PROTOCOL, DEFAULT_SCALE
 from flatlm.core.config import apply_overrides, parse_assignments
 from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import check_output_dir
-from flatlm.runs.closing import closing_lines
+from flatlm.runs.closing import QUICK_WHAT, closing_lines
 from flatlm.runs.console import Console
 from flatlm.storage.dirlock import writer_lock
 
@@ -85,7 +85,7 @@ def trial_config(args):
     from flatlm.experiments.paper import base_of
     from flatlm.runs.trial import validate_trial
 
-    quick = ["measure.what=loss"] if getattr(args, "quick", False) else []
+    quick = [f"measure.what={','.join(QUICK_WHAT)}"] if getattr(args, "quick", False) else []
     cfg = apply_overrides(base_of(args.scale, args.protocol, args.source),
                           parse_assignments([*quick, *args.overrides]))
     validate_trial(cfg)
@@ -113,7 +113,7 @@ def run(args) -> int:
         with console.ticking() if console else contextlib.nullcontext():
             rows = run_trial_once(cfg, args.out, report, device=device, eval_cache=cache,
                                   on_progress=console.show if console else None)
-    print("\n".join(closing_lines(args.out, rows)), flush=True)
+    print("\n".join(closing_lines(args.out, rows, cfg.measure.what, args.quick)), flush=True)
     return 0
 
 

@@ -107,8 +107,8 @@ def test_a_trial_shows_its_progress_short_lines_and_where_its_files_are(tmp_path
                         r"\(KL [\d.]+ at step 0\)", ending[4])
     assert re.fullmatch(r"step 4 probe accuracy: g_star [\d.]+ \(random-init [\d.]+, "
                         r"majority [\d.]+\)", ending[5])
-    assert re.fullmatch(r"time: training \d+ s, measuring \d+ s \(\d+% of the time\); .*",
-                        ending[6])
+    assert re.fullmatch(r"time: training \d+ s, measuring \d+ s \(\d+% of the time: loss, "
+                        r"probe\); .*", ending[6])
     assert len(ending) == 7
 
 
@@ -135,6 +135,27 @@ def test_quick_measures_the_loss_and_kl_only_and_a_set_key_still_wins(tmp_path, 
     args = build_parser().parse_args(["trial", "--out", "x", "--quick", "--set",
                                       'measure.what=["loss","fisher"]'])
     assert trial_config(args).measure.what == ("loss", "fisher")
+
+
+def test_the_closing_line_describes_the_measurements_that_ran(tmp_path, capsys):
+    """Issue 52, item 6: ``--quick --set measure.what=["loss","fisher"]`` measured Tr(F) too
+    (the --set wins), yet the closing line said --quick measures only the loss and KL."""
+    from flatlm.runs import closing
+
+    i = TINY.index('measure.what=["loss","probe"]')
+    argv = ["trial", "--out", str(tmp_path / "q"), "--no-progress", *TINY[:i - 1],
+            *TINY[i + 1:], "--quick", "--set", 'measure.what=["loss","fisher"]',
+            "--set", "measure.flatness.labels_per_input=2"]
+    assert main(argv) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert "of the time: loss, fisher)" in last
+    assert "--quick measures" not in last
+    rows = {0: {"step": 0, "time/measure_s": 9.0, "time/train_s": 1.0}}  # measuring dominates
+    assert "--set measure.what overrode --quick (the loss and KL only)" in closing.time_line(
+        rows, ("loss", "fisher"), quick=True)
+    assert "--quick measures the loss and KL only" in closing.time_line(
+        rows, ("loss", "probe"), quick=False)
+    assert "--quick" not in closing.time_line(rows, ("loss",), quick=True)
 
 
 def test_trials_beside_each_other_draw_the_evaluation_data_and_references_once(tmp_path):
