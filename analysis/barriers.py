@@ -24,6 +24,7 @@ import pandas as pd
 
 from analysis.checkpoints import final_checkpoints
 from analysis.trials import load_trials
+from flatlm.core.flags import COUNT, NON_NEGATIVE, SEED, number_flag
 from flatlm.measure import KL, LOSS
 from flatlm.measure.landscape.barrier import loss_barrier
 from flatlm.measure.loss import POSITIONS, LossConfig, pair_truth, per_token_loss
@@ -99,12 +100,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", required=True, type=Path, help="a root of trial directories")
     p.add_argument("--out", required=True, type=Path, help="the CSV to write")
-    p.add_argument("--max-pairs", type=int, default=10)
-    p.add_argument("--kl-tol", type=float, default=0.05,
+    p.add_argument("--max-pairs", type=COUNT, default=10)
+    p.add_argument("--kl-tol", type=NON_NEGATIVE, default=0.05,
                    help="largest difference of the runs' final pretrain/kl (nats)")
-    p.add_argument("--points", type=int, default=11, help="t values on the segment, ends included")
-    p.add_argument("--n-eval", type=int, default=1000, help="validation sentences")
-    p.add_argument("--seed", type=int, default=0, help="draws the validation sentences")
+    p.add_argument("--points", type=number_flag(int, at_least=3), default=11,
+                   help="t values on the segment, ends included")
+    p.add_argument("--n-eval", type=COUNT, default=1000, help="validation sentences")
+    p.add_argument("--seed", type=SEED, default=0, help="draws the validation sentences")
     p.add_argument("--positions", default="one", choices=POSITIONS,
                    help="masked positions per sentence (measure.loss.positions)")
     p.add_argument("--device", default="cpu")
@@ -113,9 +115,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.max_pairs < 1 or args.points < 3 or args.n_eval < 1 or args.kl_tol < 0:
-        raise SystemExit("error: use --max-pairs >= 1, --points >= 3, --n-eval >= 1, "
-                         "--kl-tol >= 0")
     if not args.trials.is_dir():
         raise SystemExit(f"error: --trials {args.trials}: no such directory")
     runs = final_runs(args.trials)

@@ -53,6 +53,7 @@ from analysis.selection import (
     weighted_ranks,
 )
 from analysis.trials import load_trials
+from flatlm.core.flags import COUNT, POSITIVE, SEED
 from flatlm.measure import (
     CRITICAL_SHARPNESS,
     LLC,
@@ -627,13 +628,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", required=True, type=Path, help="a root of trial directories")
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--kl-threshold", type=float, default=KL_THRESHOLD)
+    p.add_argument("--kl-threshold", type=POSITIVE, default=KL_THRESHOLD)
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--measures", default=None,
                    help="comma-separated metric keys (default: every measure present)")
-    p.add_argument("--n-boot", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--wall-min", type=float, default=None, help="the data's wall time, minutes")
+    p.add_argument("--n-boot", type=COUNT, default=2000)
+    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--wall-min", type=POSITIVE, default=None, help="the data's wall time, minutes")
     p.add_argument("--hardware", default=None, help="the hardware the data was made on")
     p.add_argument("--protocol", default=None,
                    help="comma-separated protocols whose trials count (default: every trial)")

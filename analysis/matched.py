@@ -67,7 +67,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from analysis.room import PAIR, TASK_COLUMNS, arm_keys
+from analysis.uncertainty import Interval, t_p_value
 from flatlm.measure import KL, se_key
+from flatlm.models.presets import parameter_count, parse_model
 
 MATCH_TOL = 0.02  # nats: the nearest checkpoint counts when no pair brackets the target
 SLOPE_WINDOW = 0.1  # nats: checkpoints this near the target give the slope on the KL
@@ -219,8 +222,6 @@ def pair_at_target(treated: dict, control: dict, key: str, target: float, *,
     """``treated`` and ``control`` (seed -> that seed's checkpoints) read at ``target`` in
     ``key`` (an accuracy brings its task's majority share, ceiling and test size), seeds with
     both."""
-    from analysis.room import PAIR, TASK_COLUMNS, arm_keys  # what an arm's value travels with
-
     cols = arm_keys(key)
     rows, dkl, dkl_se, unreached, hows = [], [], [], [], []
     for seed in sorted(set(treated) & set(control)):
@@ -319,8 +320,6 @@ def _empty(precondition: str, note: str) -> Matched:
 def _arms(part: pd.DataFrame, experiment: str, compare):
     """((name, seed -> run), (name, seed -> run)) of the treated and control arms: the largest
     and smallest model of a sizes grid, or the compared algorithms; None with fewer than two."""
-    from flatlm.models.presets import parameter_count, parse_model
-
     if experiment == "sizes":
         models = sorted(part["model"].dropna().unique(), key=lambda m: parameter_count(
             parse_model(m), vocab_size=100, max_length=32))
@@ -361,8 +360,6 @@ def _plateau_effects(part: pd.DataFrame, key: str, relative: bool, level: float,
         "treated_se": [_col(t, se_key(key))[-1] for t in tails],
         "control": [_col(t, key)[0] for t in tails],
         "control_se": [_col(t, se_key(key))[0] for t in tails]})
-    from analysis.room import TASK_COLUMNS, arm_keys
-
     for name in TASK_COLUMNS:
         pairs[name] = [_first(t, arm_keys(key).get(name)) for t in tails]
     values = list(pairs["treated"] / pairs["control"] - 1 if relative
@@ -383,8 +380,6 @@ def widen(iv, bound: float, level: float):
     """``iv`` (``analysis.uncertainty.Interval``) widened by ``bound`` on both sides, its p the
     t test of the mean shrunk toward 0 by ``bound`` (so p < 1 - level exactly when the widened
     interval excludes 0)."""
-    from analysis.uncertainty import Interval, t_p_value
-
     if not (np.isfinite(bound) and np.isfinite(iv.low)):
         return iv
     q = float(stats.t.ppf(0.5 + level / 2, iv.n - 1))

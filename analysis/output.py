@@ -18,16 +18,21 @@ as the ``flatlm`` commands (``flatlm.core.safe_io``).
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
 
-from flatlm.core.safe_io import check_output_dir, write_atomic
+from flatlm.core.safe_io import check_output_dir, refuse_links_among, write_atomic
 
 
-def report_dir(path: str | Path, flag: str = "--out") -> Path:
-    """``path``, created if missing; a ValueError naming ``flag`` if it is a link or a file."""
-    return check_output_dir(path, flag)
+def report_dir(path: str | Path, flag: str = "--out", files: Iterable[str] = ()) -> Path:
+    """``path``, created if missing; a ValueError naming ``flag`` if it is a link or a file, or
+    if one of the ``files`` the script writes there is a link: all checked before any is
+    written, so that a refused report writes nothing."""
+    out = check_output_dir(path, flag)
+    refuse_links_among(out, files, flag)
+    return out
 
 
 def write_file(path: str | Path, data: str | bytes) -> None:

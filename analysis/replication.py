@@ -57,6 +57,7 @@ from analysis.room import ROOM_FACTOR
 from analysis.runs import load_runs
 from analysis.store import log_report, refuse_password
 from analysis.trials import load_trials
+from flatlm.core.flags import COUNT, NON_NEGATIVE, POSITIVE
 from flatlm.experiments.protocols import describe, is_robustness, parse_protocol
 from flatlm.measure import KL, SATURATED_KL, TRACE_FISHER_GROWN  # noqa: E402
 
@@ -70,30 +71,30 @@ def parse_args(argv=None) -> argparse.Namespace:
                           "(sweeps/replicate.py)")
     p.add_argument("--out", required=True, type=Path, help="directory for the report")
     p.add_argument("--tracking-uri", default=None, help="MLflow store (read and log)")
-    p.add_argument("--saturation", type=float, default=SATURATED_KL,
+    p.add_argument("--saturation", type=POSITIVE, default=SATURATED_KL,
                    help="nats/token: a checkpoint is saturated when its KL to the truth is at "
                         f"most this; unsaturated claims reach no verdict (default {SATURATED_KL})")
-    p.add_argument("--tol", type=float, default=TOL,
+    p.add_argument("--tol", type=NON_NEGATIVE, default=TOL,
                    help="nats: the compared checkpoints' KLs lie within this of each other "
                         f"(default {TOL})")
-    p.add_argument("--target-kl", type=float, default=None,
+    p.add_argument("--target-kl", type=POSITIVE, default=None,
                    help="nats/token: read unsaturated arms where their KL crosses this (the "
                         "matched-loss rule, analysis/matched.py; testbed-v2's is 0.7); default: "
                         "none, the saturation rule alone")
-    p.add_argument("--confound-share", type=float, default=CONFOUND_SHARE,
+    p.add_argument("--confound-share", type=NON_NEGATIVE, default=CONFOUND_SHARE,
                    help="matched loss: a confound bound above this share of the paper's effect "
                         f"reads 'loss not matched' (default {CONFOUND_SHARE:g})")
-    p.add_argument("--min-seeds", type=int, default=MIN_SEEDS,
+    p.add_argument("--min-seeds", type=COUNT, default=MIN_SEEDS,
                    help=f"fewer seeds reach no verdict (default {MIN_SEEDS})")
-    p.add_argument("--room-factor", type=float, default=ROOM_FACTOR,
+    p.add_argument("--room-factor", type=POSITIVE, default=ROOM_FACTOR,
                    help="an accuracy claim whose room is below this many times the paper's "
                         f"effect is at its ceiling / floor (default {ROOM_FACTOR:g})")
     p.add_argument("--no-measurement-error", action="store_true",
                    help="intervals over seeds alone, without the shared measurement s.e. (the "
                         "lookup table's s.e. counts either way)")
-    p.add_argument("--fig1-min-runs", type=int, default=MIN_RUNS,
+    p.add_argument("--fig1-min-runs", type=COUNT, default=MIN_RUNS,
                    help=f"Fig. 1: fewer runs give no interval (default {MIN_RUNS})")
-    p.add_argument("--n-boot", type=int, default=1000,
+    p.add_argument("--n-boot", type=COUNT, default=1000,
                    help="Fig. 1: cluster-bootstrap resamples (default 1000)")
     p.add_argument("--command", default=None, help="the command that made the trials (quoted "
                                                     "in the report)")
@@ -304,12 +305,17 @@ def _lookup_gap(part: pd.DataFrame) -> str:
     return f"{mean:+.3g} {ci} (n={n})"
 
 
+# Every file write_report writes: checked for links before any is written
+REPLICATION_FILES = ("claims.csv", "steps.png", "sizes.png", "algorithms.png", "fig1_scatter.png",
+                     "replication.md")
+
+
 def write_report(df: pd.DataFrame, out: Path, *, rule: VerdictRule = DEFAULT_RULE,
                  fig1: Fig1Settings = DEFAULT_FIG1, command: str | None = None,
                  hardware: str | None = None) -> list[Path]:
     from analysis.replication_figures import algorithm_bars, over_sizes, over_steps, scatter
 
-    out = report_dir(out)
+    out = report_dir(out, files=REPLICATION_FILES)
     protocols = sorted(p for p in df["protocol"].dropna().unique())
     tables = {p: protocol_table(df[df["protocol"] == p], rule, fig1) for p in protocols}
     frames = [t.assign(protocol=p) for p, t in tables.items() if not t.empty]
@@ -501,7 +507,7 @@ def main(argv=None) -> int:
     try:  # a password, a link or a file for --out, no such directory, no claim readable
         if args.tracking_uri:  # before anything is read: a password is refused, never echoed
             refuse_password(args.tracking_uri)
-        args.out = report_dir(args.out)  # before any work
+        args.out = report_dir(args.out, files=REPLICATION_FILES)  # before any work
         return _report(args)
     except ValueError as e:  # one line, no traceback
         raise SystemExit(f"error: {e}") from None

@@ -47,7 +47,7 @@ from analysis.figures import accuracy_scatter, metrics_over_size, metrics_over_s
 from analysis.labels import plain_name  # noqa: E402
 from analysis.output import report_dir, write_csv, write_file  # noqa: E402
 from analysis.run_table import glance  # noqa: E402
-from analysis.selection import write_selection  # noqa: E402
+from analysis.selection import SELECTION_FILES, write_selection  # noqa: E402
 from analysis.store import (  # noqa: E402
     accuracy_key,
     load_table,
@@ -56,6 +56,7 @@ from analysis.store import (  # noqa: E402
     report_experiment,
 )
 from analysis.tables import summary_markdown, summary_table, table_rule  # noqa: E402
+from flatlm.core.flags import COUNT, NON_NEGATIVE, POSITIVE, SEED  # noqa: E402
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_FISHER_GROWN  # noqa: E402
 from flatlm.storage.metrics_log import N_PARAMS  # noqa: E402
 
@@ -72,18 +73,26 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="probe task: accuracy column probe/<task>/acc_mean (a full column name "
                         "with '/' is used as is); default: the first probe/*/acc_mean column")
     rule = p.add_mutually_exclusive_group(required=True)
-    rule.add_argument("--kl-threshold", type=float, default=None,
+    rule.add_argument("--kl-threshold", type=POSITIVE, default=None,
                       help="saturation regime (one of the two is required): pretrain/kl < X")
-    rule.add_argument("--loss-tolerance", type=float, default=None,
+    rule.add_argument("--loss-tolerance", type=NON_NEGATIVE, default=None,
                       help="saturation regime: pretrain/loss - pretrain/entropy <= Y (no "
                            "entropy, e.g. real text: within Y of the lowest loss reached)")
-    p.add_argument("--n-boot", type=int, default=1000,
+    p.add_argument("--n-boot", type=COUNT, default=1000,
                    help="cluster-bootstrap resamples (runs resampled)")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--seed", type=SEED, default=0, help="bootstrap seed")
     p.add_argument("--source", choices=("auto", "artifact", "history"), default="auto",
                    help="per-checkpoint metrics from metrics.jsonl artifacts or histories")
     p.add_argument("--no-log", action="store_true", help="do not log the report run to MLflow")
     return p.parse_args(argv)
+
+
+# Every file write_report may write (tests/analysis pins the list to what it writes): checked
+# for links before any is written
+REPORT_FILES = ("fig1_accuracy_scatter.png", "fig2_over_steps.png", "fig3_over_size.png",
+                "correlations.csv", "correlations.md", "conclusion.md", "runs.csv",
+                "table1_by_algorithm.csv", "table1_by_algorithm.md", "table2_by_model.csv",
+                "table2_by_model.md", *SELECTION_FILES)
 
 
 def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_tolerance=None,
@@ -92,7 +101,7 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
     """Write every output under ``out``; returns (paths, correlation Markdown). ``sweep``
     names the runs' source in ``conclusion.md``'s header (default: the runs' ``sweep``
     column), ``when`` its date (default: now)."""
-    out = report_dir(out)
+    out = report_dir(out, files=REPORT_FILES)
     rule = dict(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)
     regime = saturated(df, **rule)
     with warnings.catch_warnings():  # an empty or thin regime is said in the conclusion
@@ -192,7 +201,7 @@ def main(argv=None) -> int:
     try:  # a password, a link or a file for --out, no store, no such directory, no accuracy
         if args.tracking_uri:  # also with --trials: a password is refused, never echoed
             refuse_password(args.tracking_uri)
-        args.out = report_dir(args.out)  # before any work
+        args.out = report_dir(args.out, files=REPORT_FILES)  # before any work
         df, uri = load_table(args)
         acc_key = None if df.empty else accuracy_key(df.columns, args.task)
     except ValueError as e:  # one line, no traceback

@@ -49,6 +49,7 @@ from analysis.store import (  # noqa: E402
     refuse_password,
     report_experiment,
 )
+from flatlm.core.flags import COUNT, NON_NEGATIVE, POSITIVE, SEED  # noqa: E402
 from flatlm.measure import HESSIAN_FISHER_GAP, LOSS  # noqa: E402
 
 RANDOM = "random choice"
@@ -294,11 +295,14 @@ def selection_figure(table: pd.DataFrame, path: Path) -> Path:
     return path
 
 
+SELECTION_FILES = ("selection.md", "selection.csv", "selection.png")  # what write_selection writes
+
+
 def write_selection(df, out: Path, acc_key: str, selectors=None, **kw) -> list[Path]:
     """``selection.md`` / ``.csv`` / ``.png`` under ``out``: the figure only with candidates
     from ``MIN_RUNS`` runs or more, the CSV's rows only then (``too_few_runs``); written whole,
-    never through a link (``analysis.output``), ``out`` refused if it is one."""
-    out = report_dir(out)
+    never through a link (``analysis.output``), ``out`` refused if it is one or holds one."""
+    out = report_dir(out, files=SELECTION_FILES)
     table = selection_table(df, acc_key, selectors, **kw)
     if too_few_runs(table):
         table = table.iloc[:0]  # its attrs, and so its markdown, kept
@@ -319,13 +323,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--task", default=None, help="probe task (default: the first measured)")
     rule = p.add_mutually_exclusive_group(required=True)
-    rule.add_argument("--kl-threshold", type=float, default=None)
-    rule.add_argument("--loss-tolerance", type=float, default=None)
+    rule.add_argument("--kl-threshold", type=POSITIVE, default=None)
+    rule.add_argument("--loss-tolerance", type=NON_NEGATIVE, default=None)
     p.add_argument("--selectors", default=None,
                    help="comma-separated metric columns, lower = picked (default: every flat/* "
                         "measure and pretrain/loss)")
-    p.add_argument("--n-boot", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-boot", type=COUNT, default=2000)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--no-log", action="store_true")
     return p.parse_args(argv)
 
@@ -335,7 +339,7 @@ def main(argv=None) -> int:
     try:  # a password, a link for --out, no store, no such directory, no accuracy, a selector
         if args.tracking_uri:  # a password is refused, never echoed
             refuse_password(args.tracking_uri)
-        args.out = report_dir(args.out)  # before any work
+        args.out = report_dir(args.out, files=SELECTION_FILES)  # before any work
         df, uri = load_table(args)
         if df.empty:
             print("no runs to select from", file=sys.stderr)

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING
 
 from flatlm.commands import DEFAULT_PROTOCOL, DEFAULT_SCALE
 from flatlm.core.config import apply_overrides, parse_assignments, refuse_varied
+from flatlm.core.flags import NON_NEGATIVE, POSITIVE, number_flag
 from flatlm.core.registry import PLUGIN_HELP, load_command_plugins
-from flatlm.runs.pack_size import CUDA_PACK
+from flatlm.runs.pack_size import CUDA_PACK, PACK_SIZE
 from sweeps.delivery import TrackingIncomplete
 
 if TYPE_CHECKING:
@@ -35,6 +36,9 @@ if TYPE_CHECKING:
 
 # Nothing heavy at import: ``--help`` must not wait for Ray, torch or transformers; the
 # sweep's modules are imported once the arguments are parsed.
+
+# a negative count would reach Ray, which reads it as unlimited retries
+MAX_FAILURES = number_flag(int, at_least=0, hint="Ray reads a negative one as unlimited retries")
 
 
 def parse_overrides(pairs: list[str]) -> dict:
@@ -89,26 +93,27 @@ def parser(doc: str, *, trial_options: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--trust-state", action="store_true",
                    help="with --resume: accept a sweep whose state has no digest recorded on "
                         "this machine (copied or moved here); Ray unpickles it")
-    p.add_argument("--cpus-per-trial", type=float, help="CPUs Ray reserves for each trial")
-    p.add_argument("--gpus-per-trial", type=float,
+    p.add_argument("--cpus-per-trial", type=POSITIVE,
+                   help="CPUs Ray reserves for each trial")
+    p.add_argument("--gpus-per-trial", type=NON_NEGATIVE,
                    help="GPUs per trial; a fraction packs several small trials on one GPU, "
                         "a whole N > 1 trains each trial data-parallel on N (train.world_size)")
-    p.add_argument("--pack", type=int, metavar="K",
+    p.add_argument("--pack", type=PACK_SIZE, metavar="K",
                    help="train up to K grid points of one shape as one model in one Ray trial, "
                         "each still its own MLflow run (flatlm.runs.pack; 1: each alone); "
                         f"default: 1 (off) without GPUs, {CUDA_PACK} where --gpus-per-trial > "
                         "0 (a GPU is launch-bound on small trials; bench/packs.py found no gain "
                         "on a CPU at the testbed's batch)")
-    p.add_argument("--max-failures", type=int,
+    p.add_argument("--max-failures", type=MAX_FAILURES,
                    help="retries of a failed trial from its last checkpoint (default 3)")
     p.add_argument("--verbose", action="store_true",
                    help="keep Ray's per-checkpoint log lines (off by default; FLATLM_VERBOSE=1) "
                         "and end with the correlation table and the model-selection verdict")
-    p.add_argument("--kl-threshold", type=float,
+    p.add_argument("--kl-threshold", type=POSITIVE,
                    help="saturation rule of the closing summary: checkpoints with "
                         "pretrain/kl below this (default: the scale's, e.g. 0.05 nats for "
                         "--scale sweep, whose models get below it; 0.1 for gpu)")
-    p.add_argument("--loss-tolerance", type=float,
+    p.add_argument("--loss-tolerance", type=NON_NEGATIVE,
                    help="the summary's rule instead: pretrain/loss within this of the entropy "
                         "(a source without a truth, e.g. text: of the lowest loss reached)")
     return p

@@ -9,6 +9,7 @@ scale) maximising the probe accuracy of the first task measured (``probe/<task>/
 
 import sys
 
+from flatlm.core.flags import COUNT
 from sweeps.cli import main
 
 
@@ -23,7 +24,7 @@ def add_arguments(p) -> None:
     p.add_argument("--objective", action="append", default=[],
                    help="METRIC:min|max, repeatable (default: probe/<task>/acc_mean:max of "
                         "the first task measured)")
-    p.add_argument("--samples", type=int,
+    p.add_argument("--samples", type=COUNT,
                    help="trials to draw (default 4 on a CPU scale, 64 on gpu)")
 
 

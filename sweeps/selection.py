@@ -17,6 +17,7 @@ CPU (6 trials, the ``sweep`` scale); more seeds give tighter intervals.
 import sys
 from dataclasses import replace
 
+from flatlm.core.flags import COUNT
 from flatlm.experiments.grids import SELECTION_ALGORITHMS
 from flatlm.train.config import ALGORITHMS
 from sweeps.cli import main
@@ -26,7 +27,7 @@ def add_arguments(p) -> None:
     default = ",".join(SELECTION_ALGORITHMS)
     p.add_argument("--algorithms", default=default,
                    help=f"comma-separated train.algorithm values (default {default})")
-    p.add_argument("--seeds", type=int, default=2, help="training seeds per algorithm (>= 1)")
+    p.add_argument("--seeds", type=COUNT, default=2, help="training seeds per algorithm (>= 1)")
     p.add_argument("--lrs", default=None,
                    help="comma-separated learning rates to vary too (default: the scale's)")
 
@@ -48,8 +49,6 @@ def build(args):
     if not algorithms or any(a not in ALGORITHMS for a in algorithms):
         raise ValueError(f"--algorithms {args.algorithms!r}: use a comma-separated list of "
                          f"{', '.join(ALGORITHMS)}")
-    if args.seeds < 1:
-        raise ValueError(f"--seeds {args.seeds}: use at least 1")
     exp = experiment_of("selection", args, algorithms=tuple(algorithms),
                         seeds=tuple(range(args.seeds)))
     if args.lrs:  # the learning rate varied too: a grid dimension of the sweep's own

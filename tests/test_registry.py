@@ -114,3 +114,48 @@ def test_load_plugins_imports_once_and_names_a_missing_module(monkeypatch, tmp_p
         load_plugins(["no_such_plugin_mod"])
     assert core.loaded_plugins() == ("plugin_toy_mod",)
     sys.modules.pop("plugin_toy_mod", None)
+
+
+# Issue 52, item 4: a plug-in that fails to import other than by being absent ended the command
+# in a traceback; each way is one line naming where it was given and the fix.
+BROKEN_PLUGINS = {
+    "raises": ("raise RuntimeError('boom')\n",
+               r"plug-in 'broken_raises_mod' \(--plugin\): importing it raised RuntimeError: "
+               r"boom \(at .*broken_raises_mod\.py:1\): fix the module, or leave it out"),
+    "missing": ("import no_such_dependency_mod\n",
+                r"plug-in 'broken_missing_mod' \(--plugin\) imports 'no_such_dependency_mod', "
+                r"which is not installed: install it"),
+    "syntax": ("x = (\n", r"plug-in 'broken_syntax_mod' \(--plugin\): importing it raised "
+                          r"SyntaxError: .* \(at .*broken_syntax_mod\.py:1\)"),
+}
+
+
+def _plant(tmp_path, monkeypatch, kind: str) -> str:
+    module = f"broken_{kind}_mod"
+    (tmp_path / f"{module}.py").write_text(BROKEN_PLUGINS[kind][0])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(core, "_LOADED", [])
+    return module
+
+
+@pytest.mark.parametrize("kind", sorted(BROKEN_PLUGINS))
+def test_a_plugin_that_fails_to_import_is_one_line_naming_the_flag(kind, tmp_path, monkeypatch):
+    module = _plant(tmp_path, monkeypatch, kind)
+    with pytest.raises(ValueError, match=BROKEN_PLUGINS[kind][1]) as e:
+        load_plugins([module], {module: "--plugin"})
+    assert "\n" not in str(e.value) and core.loaded_plugins() == ()
+
+
+@pytest.mark.parametrize("given", ["plugins/my_plugin.py", "my_plugin.py", "/abs/my_plugin.py"])
+def test_a_plugin_given_as_a_file_path_names_its_module(given):
+    with pytest.raises(ValueError, match=rf"plug-in '{given}' \(--plugin\) is a file path: give "
+                                         r"its module name \(my_plugin\), with its directory"):
+        load_plugins([given], {given: "--plugin"})
+
+
+def test_the_message_says_which_of_the_flag_and_the_variable_named_it(tmp_path, monkeypatch):
+    module = _plant(tmp_path, monkeypatch, "raises")
+    with pytest.raises(ValueError, match=rf"'{module}' \(FLATLM_PLUGINS\)"):
+        core.load_command_plugins([], {"FLATLM_PLUGINS": module})
+    with pytest.raises(ValueError, match=rf"'{module}' \(--plugin\)"):
+        core.load_command_plugins(["--plugin", module], {})

@@ -13,6 +13,7 @@ import time
 
 from flatlm.commands import DEFAULT_DEVICE
 from flatlm.core.devices import resolve_device
+from flatlm.core.flags import COUNT, SEED, number_flag
 from flatlm.core.stats import ratio_mean_se
 from flatlm.sources import load
 
@@ -26,12 +27,13 @@ def register(subparsers) -> None:
     make = sub.add_parser("make", help="write train / validation / downstream Arrow splits "
                                        "and metadata.json")
     _source_args(make)
-    make.add_argument("--n", type=int, required=True, help="training sentences")
-    make.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
+    make.add_argument("--n", type=COUNT, required=True, help="training sentences")
+    make.add_argument("--seed", type=SEED, default=0, help="corpus seed (default 0)")
     make.add_argument("--out", required=True, help="output directory (new or empty)")
-    make.add_argument("--n-validation", type=int, help="validation sentences (default n/10)")
-    make.add_argument("--n-downstream", type=int, help="labelled sentences (default n/10)")
-    make.add_argument("--n-entropy", type=int, default=20_000,
+    make.add_argument("--n-validation", type=COUNT, help="validation sentences (default n/10)")
+    make.add_argument("--n-downstream", type=COUNT, help="labelled sentences (default n/10)")
+    make.add_argument("--n-entropy", type=number_flag(int, at_least=0, hint="0: skip"),
+                      default=20_000,
                       help="validation sentences whose exact conditionals give the recorded "
                            "entropy (default 20000; 0 = skip)")
     make.add_argument("--tasks", help="comma-separated downstream tasks (default: all)")
@@ -42,10 +44,10 @@ def register(subparsers) -> None:
     entropy = sub.add_parser("entropy", help="per-token mean conditional entropy (nats) with "
                                              "its standard error")
     _source_args(entropy)
-    entropy.add_argument("--n", type=int, required=True, help="sentences to average over")
-    entropy.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    entropy.add_argument("--n", type=COUNT, required=True, help="sentences to average over")
+    entropy.add_argument("--seed", type=SEED, default=0, help="sampling seed (default 0)")
     entropy.add_argument("--json", action="store_true", help="print one JSON object")
-    entropy.add_argument("--batch-size", type=int, default=2048,
+    entropy.add_argument("--batch-size", type=COUNT, default=2048,
                          help="sentences per exact-conditional batch (default 2048)")
     entropy.set_defaults(run=run_entropy)
 
@@ -74,15 +76,9 @@ def _device(name: str | None) -> str:
     return str(resolve_device(name))
 
 
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-
-
 def run_make(args) -> int:
     from flatlm.corpus import CorpusConfig, make_corpus
 
-    _positive("--n", args.n)
     src = _load_source(args.source)
     cfg = CorpusConfig(
         n_train=args.n, n_validation=args.n_validation, n_downstream=args.n_downstream,
@@ -107,8 +103,6 @@ def _pm(mean: float, se: float | None) -> str:
 
 def run_entropy(args) -> int:
 
-    _positive("--n", args.n)
-    _positive("--batch-size", args.batch_size)
     src = _load_source(args.source)
     device = _device(args.device)
     start = time.perf_counter()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flatlm.core.flags import SEED, number_flag
 from flatlm.models.checkpoint import load_checkpoint
 from flatlm.models.constructions import CONSTRUCTIONS, DEFAULT_CONSTRUCTION
 
@@ -32,10 +33,11 @@ def register(subparsers) -> None:
                    help="where the width factor 1/m goes: 'paper' (B.4.2 / enlarge.py: input "
                         "embeddings / m, added blocks zero) or 'head-norm' (the MLM head's "
                         f"LayerNorm / m); default {DEFAULT_CONSTRUCTION!r}")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=SEED, default=0,
                    help="initialises the free parameters of added blocks under 'head-norm' "
                         "(default 0)")
-    p.add_argument("--check", type=int, default=0, metavar="N",
+    p.add_argument("--check", type=number_flag(int, at_least=0, hint="0: no check"), default=0,
+                   metavar="N",
                    help="compare logits on N random sentences and print the largest difference "
                         "(default 0: no check)")
     p.set_defaults(run=run)
@@ -46,8 +48,6 @@ def run(args) -> int:
 
     if not args.checkpoint.is_dir():
         raise ValueError(f"CHECKPOINT {args.checkpoint} is not a directory")
-    if args.check < 0:
-        raise ValueError(f"--check must be >= 0, got {args.check}")
     out = grow_checkpoint(args.checkpoint, args.to, args.out, seed=args.seed,
                           construction=args.construction)
     big, info = load_checkpoint(out)

@@ -23,6 +23,7 @@ from flatlm.commands import DEFAULT_DEVICE
 from flatlm.commands.trial import eval_cache_dir
 from flatlm.core.config import apply_overrides, section_assignments
 from flatlm.core.devices import resolve_device
+from flatlm.core.flags import COUNT, SEED
 from flatlm.core.safe_io import write_atomic
 from flatlm.measure.registry import measurement_names
 from flatlm.models.checkpoint import check_language, load_checkpoint
@@ -42,19 +43,19 @@ def register(sub) -> None:
     p.add_argument("--source", help="source spec; default: the checkpoint's")
     p.add_argument("--what", default="loss,fisher,hessian,probe,lookup",
                    help=f"comma-separated, from {', '.join(measurement_names())}")
-    p.add_argument("--n-eval", type=int,
+    p.add_argument("--n-eval", type=COUNT,
                    help="validation sentences (measure.n_eval: the loss, and what each "
                         "measurement draws its inputs from; Tr(F)'s own count is "
                         "--set measure.flatness.n_inputs=N)")
-    p.add_argument("--n-inputs", type=int, help=argparse.SUPPRESS)  # renamed: an error
-    p.add_argument("--n-downstream", type=int, help="labelled sentences per task")
+    p.add_argument("--n-inputs", help=argparse.SUPPRESS)  # renamed: an error naming the new one
+    p.add_argument("--n-downstream", type=COUNT, help="labelled sentences per task")
     p.add_argument("--tasks", help="comma-separated downstream tasks (default: all)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="any measure.* key of the trial config, as in the sweeps, e.g. "
                         "measure.probe.seeds=5")
     p.add_argument("--device", default=DEFAULT_DEVICE,
                    help=f"auto, cpu, cuda or cuda:i (default: {DEFAULT_DEVICE})")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--out", help="where to save the JSON (default CHECKPOINT/measure.json; "
                                  "files a measurement writes stay in CHECKPOINT)")
     p.add_argument("--json", action="store_true", help="print only the JSON object")

@@ -37,6 +37,7 @@ from flatlm.commands import DEFAULT_DEVICE, DEFAULT_PROTOCOL, DEFAULT_SCALE, DIV
 from flatlm.commands.config import trial_config_lines
 from flatlm.core.config import parse_assignments
 from flatlm.core.devices import resolve_device
+from flatlm.core.flags import COUNT, POSITIVE
 from flatlm.core.safe_io import check_output_dir
 from flatlm.experiments.costs import experiment_minutes
 from flatlm.experiments.layers import base_layers, grid_layers
@@ -46,7 +47,7 @@ from flatlm.experiments.runner import DIVERGED
 from flatlm.experiments.scales import SCALES
 from flatlm.runs.console import Console
 from flatlm.runs.pack import check_pack_request
-from flatlm.runs.pack_size import DEFAULT_RULE, default_pack_size
+from flatlm.runs.pack_size import DEFAULT_RULE, PACK_SIZE, default_pack_size
 from flatlm.train.config import ALGORITHMS  # every registered algorithm
 
 OUT_OF_TIME_EXIT = 4
@@ -62,14 +63,14 @@ def register(subparsers) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, type=Path, help="root of the trial directories")
     add_selection_arguments(p)
-    p.add_argument("--minutes", type=float, default=None,
+    p.add_argument("--minutes", type=POSITIVE, default=None,
                    help="time budget; stops after the checkpoint that exceeds it (exit 4)")
     p.add_argument("--device", default=DEFAULT_DEVICE,
                    help=f"auto, cpu, cuda or cuda:i (default: {DEFAULT_DEVICE})")
-    p.add_argument("--jobs", type=int, default=1,
+    p.add_argument("--jobs", type=COUNT, default=1,
                    help="worker processes sharing the trials, one torch thread each on a "
                         "CPU (default: 1)")
-    p.add_argument("--pack", type=int, default=None, metavar="K",
+    p.add_argument("--pack", type=PACK_SIZE, default=None, metavar="K",
                    help="train up to K trials of one shape together as one model (flatlm.runs"
                         f".pack; 1: each alone); {DEFAULT_RULE}")
     p.add_argument("--dry-run", action="store_true", help="list the trials and stop")
@@ -95,7 +96,7 @@ def add_selection_arguments(p) -> None:
     p.add_argument("--scale", default=DEFAULT_SCALE, choices=sorted(SCALES),
                    help=f"sweep: the CPU sweeps' (default {DEFAULT_SCALE}); tiny: CPU minutes; "
                         "testbed: a CPU scale where the models saturate; gpu: the paper's sizes")
-    p.add_argument("--seeds", type=int, default=None,
+    p.add_argument("--seeds", type=COUNT, default=None,
                    help="training seeds per grid point (default: the scale's: "
                         + ", ".join(f"{s.name} {_default_seeds(s)}" for s in SCALES.values())
                         + ")")
@@ -131,8 +132,6 @@ def experiments_from_args(args) -> list:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"--algorithms {algorithm!r}: use one of {', '.join(ALGORITHMS)}")
     protocols = diagnosis_protocols() if args.diagnose else args.protocol.split(",")
-    if args.seeds is not None and args.seeds < 1:
-        raise ValueError("--seeds must be >= 1")
     overrides = parse_assignments(args.overrides)
     models = None if args.models is None else tuple(args.models.split(","))
     experiments = [build(name, scale=args.scale, protocol=protocol, seeds=_seeds(args, name),
@@ -186,8 +185,6 @@ def run(args) -> int:
             for name, _ in exp.trials():
                 print(f"  {exp.protocol}/{exp.name}/{name}")
         return 0
-    if args.jobs < 1:
-        raise ValueError("--jobs must be >= 1")
     args.out = check_output_dir(args.out)  # a link or a file: refused before any trial
     code = run_workers(args) if args.jobs > 1 else _run_here(args, experiments, device)
     if code == 0:

@@ -11,7 +11,8 @@ The trial is the base of a scale under a protocol (``flatlm.experiments``: the s
 sweeps and ``flatlm replicate`` start from), on ``--source`` with its kind's settings, then the
 ``--set`` keys (the trial config's, as everywhere: ``train.lr=3e-3``, ``measure.probe.seeds=5``).
 It writes ``OUT/config.json``, ``OUT/metrics.jsonl`` and ``OUT/checkpoints/step-N/``, and resumes
-from its newest checkpoint when run again with the same ``--out``. While it runs, one line says
+from its newest checkpoint when run again with the same ``--out``; a trial that diverged (exit 3)
+records it in ``OUT/diverged.json`` and is not trained again. While it runs, one line says
 where it is (the step, steps/s and the time left, or the measurement part under way); each
 checkpoint prints the sweeps' short line (loss, KL, Tr(F), a probe's accuracy; every metric is in
 metrics.jsonl); it ends with where its files are and what they show.
@@ -42,7 +43,7 @@ from flatlm.commands import DEFAULT_DEVICE, DEFAULT_PROTOCOL, DEFAULT_SCALE
 from flatlm.core.config import apply_overrides, parse_assignments
 from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import check_output_dir
-from flatlm.runs.closing import closing_lines
+from flatlm.runs.closing import QUICK_WHAT, closing_lines
 from flatlm.runs.console import Console
 from flatlm.storage.dirlock import writer_lock
 
@@ -84,7 +85,7 @@ def trial_config(args):
     from flatlm.experiments.paper import base_of
     from flatlm.runs.trial import validate_trial
 
-    quick = ["measure.what=loss"] if getattr(args, "quick", False) else []
+    quick = [f"measure.what={','.join(QUICK_WHAT)}"] if getattr(args, "quick", False) else []
     cfg = apply_overrides(base_of(args.scale, args.protocol, args.source),
                           parse_assignments([*quick, *args.overrides]))
     validate_trial(cfg)
@@ -92,7 +93,7 @@ def trial_config(args):
 
 
 def run(args) -> int:
-    from flatlm.runs.trial import printer, run_trial
+    from flatlm.runs.trial import printer, run_trial_once
 
     cfg = trial_config(args)
     device = resolve_device(args.device)
@@ -110,9 +111,9 @@ def run(args) -> int:
         rows = _train_and_follow(cfg, args, device, cache)
     else:
         with console.ticking() if console else contextlib.nullcontext():
-            rows = run_trial(cfg, args.out, report, device=device, eval_cache=cache,
-                             on_progress=console.show if console else None)
-    print("\n".join(closing_lines(args.out, rows)), flush=True)
+            rows = run_trial_once(cfg, args.out, report, device=device, eval_cache=cache,
+                                  on_progress=console.show if console else None)
+    print("\n".join(closing_lines(args.out, rows, cfg.measure.what, args.quick)), flush=True)
     return 0
 
 
@@ -120,14 +121,15 @@ def _train_and_follow(cfg, args, device, cache) -> dict:
     """Trains here while ``flatlm measure --follow OUT`` measures in a second process; waits
     for it, and returns the rows it wrote. The trial's lock is taken before the follower starts,
     so it sees a training under way."""
-    from flatlm.runs.trial import read_metrics, run_trial
+    from flatlm.runs.trial import read_metrics, run_trial_once
 
     command = [sys.executable, "-m", "flatlm", "measure", "--follow", str(args.out),
                "--device", str(device), "--cache", str(cache) if cache else "none"]
     with writer_lock(args.out):
         follower = subprocess.Popen(command)
         try:
-            run_trial(cfg, args.out, device=device, eval_cache=cache, measure_in="background")
+            run_trial_once(cfg, args.out, device=device, eval_cache=cache,
+                           measure_in="background")
         except BaseException:
             follower.terminate()
             follower.wait()

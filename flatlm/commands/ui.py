@@ -29,6 +29,7 @@ import urllib.request
 import webbrowser
 from pathlib import Path
 
+from flatlm.core.flags import number_flag
 from flatlm.tracking.tracker import default_tracking_uri
 from flatlm.tracking.ui import experiment_url
 
@@ -47,7 +48,7 @@ def register(subparsers) -> None:
                    help="the directory a sweep ran in (its mlflow.db; default: here)")
     p.add_argument("--experiment", help="the experiment (sweep) name (default: the one with "
                                         "runs most recently updated)")
-    p.add_argument("--port", type=int, default=None,
+    p.add_argument("--port", type=number_flag(int, at_least=1, at_most=65535), default=None,
                    help=f"the UI's port on {HOST} (default: {DEFAULT_PORT}, or a free one if it "
                         "is taken)")
     p.add_argument("--no-browser", action="store_true", help="print the address only")

@@ -35,7 +35,9 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import sys
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from pathlib import PurePath
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -171,35 +173,77 @@ def plugin_modules(given: Iterable[str] = (), env_value: str | None = None) -> t
     """The plug-in modules a process imports, each once in order: those of the ``flatlm.plugins``
     entry points of installed packages, then ``env_value`` (``FLATLM_PLUGINS``: comma-separated),
     then ``given`` (``--plugin``)."""
-    named = [ep.value.partition(":")[0] for ep in importlib.metadata.entry_points(
-        group=ENTRY_POINT_GROUP)]
-    named += [m for m in (env_value or "").split(",")]
-    named += list(given)
-    return tuple(dict.fromkeys(m.strip() for m in named if m and m.strip()))
+    return tuple(plugin_origins(given, env_value))
+
+
+def plugin_origins(given: Iterable[str] = (), env_value: str | None = None) -> dict[str, str]:
+    """``plugin_modules``, each with where it was named (``--plugin``, ``FLATLM_PLUGINS``, an
+    entry point), for the message of one that does not import; the first naming counts."""
+    named = [(ep.value.partition(":")[0], f"the {ENTRY_POINT_GROUP!r} entry point {ep.value!r}")
+             for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)]
+    named += [(m, PLUGINS_ENV) for m in (env_value or "").split(",")]
+    named += [(m, "--plugin") for m in given]
+    origins: dict[str, str] = {}
+    for module, origin in named:
+        if module and module.strip():
+            origins.setdefault(module.strip(), origin)
+    return origins
 
 
 _LOADED: list[str] = []  # the plug-in modules this process loaded, in order (loaded_plugins)
 
 
-def load_plugins(modules: Iterable[str]) -> tuple[str, ...]:
+def load_plugins(modules: Iterable[str],
+                 origins: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """Imports each plug-in module (its import registers its entries) and returns their names;
-    a module imported before is not imported again. One that cannot be imported is a ValueError
-    naming it and the fix. Every module loaded is kept in ``loaded_plugins()``, which the
-    processes this one starts (data-parallel ranks, Ray workers) load in turn."""
+    a module imported before is not imported again. One that cannot be imported (absent, given
+    as a file path, importing a missing module, or raising) is a one-line ValueError naming it,
+    where it was named (``origins[module]``: ``--plugin``, ``FLATLM_PLUGINS``; default both) and
+    the fix. Every module loaded is kept in ``loaded_plugins()``, which the processes this one
+    starts (data-parallel ranks, Ray workers) load in turn."""
     modules = tuple(modules)
     for module in modules:
         if module not in sys.modules:
-            try:
-                importlib.import_module(module)
-            except ModuleNotFoundError as e:
-                if e.name is None or not module.startswith(e.name):
-                    raise  # the plug-in imports a module that is missing: its own error
-                raise ValueError(f"plug-in {module!r} (--plugin, {PLUGINS_ENV}): cannot "
-                                 f"import it ({e}); give an importable module (installed, "
-                                 "or on PYTHONPATH in every process of a sweep)") from None
+            _import_plugin(module, (origins or {}).get(module, f"--plugin or {PLUGINS_ENV}"))
         if module not in _LOADED:
             _LOADED.append(module)
     return modules
+
+
+def _import_plugin(module: str, origin: str) -> None:
+    """Imports one plug-in; any failure a ValueError saying what went wrong and the fix (a
+    plug-in's own exception would end the command in a traceback through this module)."""
+    named = f"plug-in {module!r} ({origin})"
+    if module.endswith(".py") or "/" in module or "\\" in module:
+        path = PurePath(module)
+        raise ValueError(f"{named} is a file path: give its module name ({path.stem}), with its "
+                         f"directory ({path.parent}) on PYTHONPATH")
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (module + ".").startswith(e.name + "."):  # it, or its package
+            raise ValueError(f"{named}: cannot import it ({e}); give an importable module "
+                             "(installed, or on PYTHONPATH in every process of a sweep)") from None
+        raise ValueError(f"{named} imports {e.name!r}, which is not installed: install it (in "
+                         f"every process of a sweep), or leave the plug-in out") from None
+    except Exception as e:  # whatever the plug-in's code raises
+        raise ValueError(f"{named}: importing it raised {_what(e)} (at {_where(e)}): fix the "
+                         "module, or leave it out") from None
+
+
+def _what(e: BaseException) -> str:
+    """``Type: message``, on one line (a syntax error's message without its place)."""
+    text = e.msg if isinstance(e, SyntaxError) else str(e)
+    first = text.strip().splitlines()[0] if text and text.strip() else ""
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+
+def _where(e: BaseException) -> str:
+    """``file:line`` where ``e`` was raised (a syntax error: where its text is)."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"{e.filename}:{e.lineno}"
+    frames = traceback.extract_tb(e.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "unknown"
 
 
 def loaded_plugins() -> tuple[str, ...]:
@@ -227,7 +271,8 @@ def load_command_plugins(argv: Iterable[str], environ: MutableMapping[str, str]
     the plug-ins of the installed entry points, of ``environ[FLATLM_PLUGINS]`` and of ``argv``'s
     ``--plugin`` options, and writes them all to ``environ[FLATLM_PLUGINS]`` (``environ``: the
     process's ``os.environ``), so that the processes it starts load them too."""
-    loaded = load_plugins(plugin_modules(plugins_in(argv), environ.get(PLUGINS_ENV)))
+    origins = plugin_origins(plugins_in(argv), environ.get(PLUGINS_ENV))
+    loaded = load_plugins(origins, origins)
     if loaded:
         environ[PLUGINS_ENV] = ",".join(loaded)
     return loaded

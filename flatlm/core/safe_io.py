@@ -118,6 +118,19 @@ def make_fresh_dir(path: str | os.PathLike) -> Path:
     return path
 
 
+def refuse_links_among(directory: str | os.PathLike, names, flag: str = "--out") -> None:
+    """Before any of the files ``names`` is written in ``directory``: a ValueError naming the
+    first that is a symbolic link (it, or the temporary ``write_atomic`` writes beside it),
+    ``flag`` and the fix. Each write refuses a link too, but only when its turn comes: a writer
+    stopped there would leave the files before it new and the others old."""
+    for name in names:
+        for path in (Path(directory) / name, Path(directory) / f"{name}.tmp"):
+            if path.is_symlink():
+                raise ValueError(f"{flag} {directory}: {path.name} there is a symbolic link (to "
+                                 f"{os.readlink(path)}), and flatlm writes no file through a "
+                                 f"link: remove it, or give another {flag}")
+
+
 def check_output_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
     """The output directory ``path`` as an absolute path, created if missing, or a ValueError
     naming ``flag`` and the fix: a link (dangling or not), a file, or a place that cannot be

@@ -31,12 +31,12 @@ from flatlm.runs.pack import check_pack_size, group_packs, run_pack, unpacked_re
 from flatlm.runs.progress import Sink
 from flatlm.runs.trial import (
     TRAINED_BY,
-    run_trial,
+    run_trial_once,
     training_identity,
     with_downstream_resolved,
 )
 from flatlm.storage.dirlock import DirectoryBusyError, writer_lock
-from flatlm.storage.diverged import DIVERGED_FILE, divergence, record_divergence
+from flatlm.storage.diverged import DIVERGED_FILE, divergence
 from flatlm.storage.manifest import MANIFEST, listed_files, verify_manifest
 from flatlm.storage.metrics_log import CHECKPOINT_METRICS_FILE, TRAIN_LOG_FILE, read_metrics
 from flatlm.train.run import Diverged
@@ -188,17 +188,16 @@ class _Runner:
         try:
             if twin is not None:
                 carry_training(twin, out, root)
-            run_trial(cfg, out, _stop_when(self.budget), device=self.device,
-                      progress=self.progress, eval_cache=root / "eval_cache",
-                      on_progress=self.sink(name))
+            run_trial_once(cfg, out, _stop_when(self.budget), device=self.device,
+                           progress=self.progress, eval_cache=root / "eval_cache",
+                           on_progress=self.sink(name))
         except OutOfTime:
             _tell(on_trial, name, "paused")
             return "paused"
         except DirectoryBusyError:  # another worker runs it (flatlm replicate --jobs)
             _tell(on_trial, name, "busy (another process runs it)")
             return "busy"
-        except Diverged as e:  # recorded and reported; the other trials go on
-            record_divergence(out, e)
+        except Diverged as e:  # recorded (run_trial_once) and reported; the others go on
             _tell(on_trial, name, f"{DIVERGED}: {e}")
             return DIVERGED
         _tell(on_trial, name, "done")

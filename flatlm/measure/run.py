@@ -46,6 +46,7 @@ from flatlm.measure.registry import (
 )
 from flatlm.measure.representations.cka import CKAConfig
 from flatlm.models.constructions import check_construction
+from flatlm.models.masked_lm import non_finite_part
 from flatlm.sources.base import Source
 from flatlm.sources.pcfg import SPAN_RULES
 
@@ -299,14 +300,14 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
         if on_part is not None:
             on_part(f"{name} ({names.index(name) + 1}/{len(names)})")
 
-    finite = bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
+    broken = non_finite_part(model)  # a diverged model: what fails to measure reads NaN
     with progress_bar(progress):
         model.eval()
         for run, name in runs.items():
             tell(name)
             start = time.perf_counter()
             args = (model, source, data, cfg, device, artifact_dir)
-            metrics = _run_one(run, name, [m for m in chosen if m.run is run], finite, args)
+            metrics = _run_one(run, name, [m for m in chosen if m.run is run], broken, args)
             out.update(metrics)
             # the built-in runs time their parts (time/flatness_s, time/finetune_<task>_s);
             # a registered one that does not is timed whole
@@ -316,21 +317,21 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
     return out
 
 
-def _run_one(run, name: str, sharing: list, finite: bool, args: tuple) -> dict:
-    """One measurement run. On a model whose weights are not finite (a diverged checkpoint)
-    an estimator may fail where it would sample or diagonalise (Tr(F)'s labels, the spectral
-    density's eigh): its keys then read NaN, with a warning, like the loss and probes, instead
-    of ending the command."""
+def _run_one(run, name: str, sharing: list, broken: str | None, args: tuple) -> dict:
+    """One measurement run. On a model with weights or outputs that are not finite (``broken``
+    names which: a diverged checkpoint) an estimator may fail where it would sample or
+    diagonalise (Tr(F)'s labels, the spectral density's eigh): its keys then read NaN, with a
+    warning, like the loss and probes, instead of ending the command."""
     try:
         return run(*args)
     except (RuntimeError, ValueError, torch.linalg.LinAlgError):
-        if finite:
+        if broken is None:
             raise
         tasks = tuple(args[2].classes)  # the eval data's downstream tasks
         keys = [k for m in sharing for k in (m.keys_for(tasks) or ())]
         if not keys:
             raise
-        log.warning("the model's weights are not finite: %s reads NaN", name)
+        log.warning("the model's %s are not finite: %s reads NaN", broken, name)
         return dict.fromkeys(keys, float("nan"))
 
 

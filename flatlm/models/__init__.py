@@ -30,7 +30,8 @@ _EXPORTS = {
     "architectures": "Architecture all_architectures architecture register_architecture",
     "masked_lm": (
         "architecture_of build_model cls_features count_parameters encoder_features "
-        "find_architecture ln_mode_of model_layout sentence_features unwrap word_logits"
+        "find_architecture ln_mode_of model_layout non_finite_part sentence_features unwrap "
+        "word_logits"
     ),
     "bert": (
         "bert_config is_transformer ln_mode position_ids pre_ln_config transformer_config "

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from flatlm.core.tokens import WORD_OFFSET, TokenLayout
+from flatlm.core.tokens import WORD_OFFSET, TokenLayout, encode
 from flatlm.models.architectures import Architecture, all_architectures, architecture
 from flatlm.models.presets import ModelConfig
 
@@ -150,6 +150,28 @@ def word_logits(
 def count_parameters(model: nn.Module) -> int:
     """Distinct parameters; the tied decoder weight counts once."""
     return sum(p.numel() for p in model.parameters())
+
+
+def non_finite_part(model: nn.Module) -> str | None:
+    """"weights" or "outputs (logits)" where ``model`` has a value that is not finite, else None:
+    the one finiteness check of training (a diverged update) and measurement (a diverged
+    checkpoint reads NaN). The outputs are read too because finite weights can still overflow
+    the logits (weights x1e30, or one update at lr 1e20), which breaks an estimator as NaN
+    weights do. They are read on one fixed input (the longest sentence, words 0, 1, ..),
+    without gradients and in eval mode (no dropout draws: the RNG is untouched)."""
+    if not bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all()):
+        return "weights"
+    layout = model_layout(model)
+    device = next(model.parameters()).device
+    words = torch.arange(layout.max_length, device=device)[None] % layout.n_words
+    input_ids, attention_mask = encode(words, torch.tensor([layout.max_length], device=device))
+    training = model.training
+    try:
+        with torch.no_grad():
+            logits = word_logits(model.eval(), input_ids, attention_mask)
+    finally:
+        model.train(training)
+    return None if bool(torch.isfinite(logits).all()) else "outputs (logits)"
 
 
 def model_layout(model: nn.Module) -> TokenLayout:

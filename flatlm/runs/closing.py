@@ -11,11 +11,16 @@ from flatlm.runs.progress import duration
 from flatlm.storage.metrics_log import METRICS_FILE
 from flatlm.train.state import find_checkpoints
 
+QUICK_WHAT = ("loss",)  # what ``flatlm trial --quick`` measures (measure.what): the loss and KL
 
-def closing_lines(out_dir: Path, rows: dict[int, dict]) -> list[str]:
+
+def closing_lines(out_dir: Path, rows: dict[int, dict], what: tuple[str, ...],
+                  quick: bool) -> list[str]:
     """The files under ``out_dir`` and the summary of ``rows`` (step -> that checkpoint's
-    metrics, as ``run_trial`` returns them)."""
-    return [*file_lines(out_dir, rows), *summary_lines(rows, probed_tasks(rows))]
+    metrics, as ``run_trial`` returns them); ``what``: the measurements that ran (the trial's
+    ``measure.what``, after every ``--set``), ``quick``: whether ``--quick`` was given."""
+    return [*file_lines(out_dir, rows),
+            *summary_lines(rows, probed_tasks(rows), tuple(what), quick)]
 
 
 def probed_tasks(rows: dict[int, dict]) -> tuple[str, ...]:
@@ -36,13 +41,14 @@ def file_lines(out_dir: Path, rows: dict[int, dict]) -> list[str]:
             f"  checkpoints/    {checkpoints or 'none'}: model, training state, metrics.json"]
 
 
-def summary_lines(rows: dict[int, dict], tasks: tuple[str, ...]) -> list[str]:
+def summary_lines(rows: dict[int, dict], tasks: tuple[str, ...], what: tuple[str, ...],
+                  quick: bool) -> list[str]:
     if not rows:
         return ["no checkpoint was measured"]
     step = max(rows)
     last = rows[step]
     return [pretraining_line(step, last, rows[min(rows)]),
-            probe_line(step, last, tasks), time_line(rows)]
+            probe_line(step, last, tasks), time_line(rows, what, quick)]
 
 
 def pretraining_line(step: int, last: dict, first: dict) -> str:
@@ -76,13 +82,23 @@ def probe_line(step: int, last: dict, tasks: tuple[str, ...]) -> str:
     return f"step {step} probe accuracy: " + "; ".join(shown)
 
 
-def time_line(rows: dict[int, dict]) -> str:
-    """Training and measuring time over the checkpoints, and measuring's share of their sum."""
+def time_line(rows: dict[int, dict], what: tuple[str, ...], quick: bool) -> str:
+    """Training and measuring time over the checkpoints, measuring's share of their sum and
+    what was measured (``what``); where measuring took longer, the cheaper mode, in words
+    true of the run: none when it measured the loss only, and when ``--quick`` was given
+    (``quick``) but a ``--set measure.what`` overrode it, that."""
     measure_s = sum(r.get("time/measure_s", 0.0) for r in rows.values())
     train_s = sum(r.get("time/train_s", 0.0) for r in rows.values())
     total = measure_s + train_s
-    share = f" ({measure_s / total:.0%} of the time)" if total > 0 else ""
-    cheaper = ("; --quick measures the loss and KL only" if total > 0 and measure_s > train_s
-               else "")
-    return (f"time: training {duration(train_s)}, measuring {duration(measure_s)}{share}"
-            f"{cheaper}; the row of every checkpoint is in {METRICS_FILE}")
+    share = f"{measure_s / total:.0%} of the time: " if total > 0 else ""
+    return (f"time: training {duration(train_s)}, measuring {duration(measure_s)} ({share}"
+            f"{', '.join(what)}){_cheaper(what, quick) if measure_s > train_s else ''}; the "
+            f"row of every checkpoint is in {METRICS_FILE}")
+
+
+def _cheaper(what: tuple[str, ...], quick: bool) -> str:
+    if tuple(what) == QUICK_WHAT:
+        return ""
+    if quick:
+        return "; --set measure.what overrode --quick (the loss and KL only)"
+    return "; --quick measures the loss and KL only"

@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -40,12 +39,13 @@ from flatlm.runs.trial import (
     TrialConfig,
     TrialMeasurer,
     labelled_source,
-    run_trial,
+    recorded_divergence,
+    run_trial_once,
     validate_trial,
     with_downstream_resolved,
 )
 from flatlm.storage.dirlock import writer_lock
-from flatlm.storage.diverged import divergence, record_divergence
+from flatlm.storage.diverged import record_divergence
 from flatlm.train.config import ALGORITHMS, resolve
 from flatlm.train.pack import SHARED_FIELDS, train_pack
 from flatlm.train.registry import algorithm_named
@@ -144,8 +144,8 @@ def run_pack(cfgs: Sequence[TrialConfig], out_dirs: Sequence[str | Path],
     results: list[MemberResult | None] = [None] * len(cfgs)
     packed = []
     for k, cfg in enumerate(cfgs):
-        if (record := divergence(out_dirs[k])) is not None:
-            results[k] = _recorded(record)
+        if (recorded := recorded_divergence(out_dirs[k])) is not None:
+            results[k] = recorded
         elif (reason := unpacked_reason(cfg)) is not None:
             log.warning("trial %s runs unpacked: %s", out_dirs[k].name, reason)
         else:
@@ -169,19 +169,11 @@ def run_pack(cfgs: Sequence[TrialConfig], out_dirs: Sequence[str | Path],
     return results
 
 
-def _recorded(record: dict) -> Diverged:
-    """The ``Diverged`` a member's ``diverged.json`` records (it is not trained again)."""
-    loss = record.get("loss")
-    return Diverged(record.get("step") if record.get("step") is not None else -1,
-                    math.nan if loss is None else loss, "(recorded in diverged.json)")
-
-
 def _alone(cfg, out_dir, report, device, progress, eval_cache, on_progress) -> MemberResult:
     try:
-        return run_trial(cfg, out_dir, report, device=device, progress=progress,
-                         eval_cache=eval_cache, on_progress=on_progress)
-    except Diverged as e:
-        record_divergence(out_dir, e)
+        return run_trial_once(cfg, out_dir, report, device=device, progress=progress,
+                              eval_cache=eval_cache, on_progress=on_progress)
+    except Diverged as e:  # recorded by run_trial_once
         return e
 
 

@@ -4,6 +4,12 @@ here: the command lines' ``--help`` reads it.
 
 from __future__ import annotations
 
+from flatlm.core.flags import number_flag
+
+# ``--pack``'s parser (flatlm replicate, the sweeps): the same range as check_pack_size
+PACK_SIZE = number_flag(int, at_least=1, hint="the most trials trained as one model; 1 trains "
+                                              "every trial alone")
+
 
 def check_pack_size(size) -> None:
     """A K is a whole number >= 1 (a ValueError naming ``--pack`` otherwise)."""

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from flatlm.runs.headline import headline_keys, headline_task, short_line
 from flatlm.runs.progress import Sink, TrialProgress
 from flatlm.sources import SourceSpec, load
 from flatlm.storage.dirlock import writer_lock
+from flatlm.storage.diverged import DIVERGED_FILE, divergence, record_divergence
 from flatlm.storage.metrics_log import (
     CHECKPOINT_METRICS_FILE,
     N_PARAMS,
@@ -47,7 +49,7 @@ from flatlm.storage.metrics_log import (
     read_metrics,
 )
 from flatlm.train.config import SCHEDULING_KEYS, TrainConfig, resolve
-from flatlm.train.loop import TRAINING_INTERVAL
+from flatlm.train.loop import TRAINING_INTERVAL, Diverged
 from flatlm.train.registry import check_before_training
 from flatlm.train.registry import unused_sections as unused_train_sections
 from flatlm.train.sizes import check_fits
@@ -234,6 +236,35 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
                           watch)
 
 
+def run_trial_once(cfg: TrialConfig, out_dir: str | Path, report: Report | None = None,
+                   **options) -> dict[int, dict]:
+    """``run_trial`` (``options`` passed on), a divergence recorded in the trial's
+    ``diverged.json`` (``flatlm.storage.diverged``) and raised. A trial that has one already
+    raises it again before any work: the same seed would diverge at the same step. The one way
+    every runner starts a trial alone (``flatlm trial``, ``flatlm replicate``, a pack's
+    unpacked members)."""
+    recorded = recorded_divergence(out_dir)
+    if recorded is not None:
+        raise recorded
+    try:
+        return run_trial(cfg, out_dir, report, **options)
+    except Diverged as e:
+        record_divergence(out_dir, e)
+        raise
+
+
+def recorded_divergence(out_dir: str | Path) -> Diverged | None:
+    """The ``Diverged`` the trial's ``diverged.json`` records, None if it has none."""
+    record = divergence(out_dir)
+    if record is None:
+        return None
+    step, loss = record.get("step"), record.get("loss")
+    reason = record.get("reason", "")  # not in records written before it was kept
+    return Diverged(step if step is not None else -1, math.nan if loss is None else loss,
+                    f"{reason} (recorded in {Path(out_dir) / DIVERGED_FILE}; not trained again: "
+                    "delete that directory to run it anew)".lstrip())
+
+
 def _train_only(cfg, source, model_cfg, out_dir: Path, device, progress,
                 watch: TrialProgress) -> dict[int, dict]:
     """The training of a trial measured in another process: its checkpoints, no metrics."""
@@ -398,5 +429,6 @@ def printer(step: int, metrics: dict, ckpt_dir: Path, *, task: str | None = None
 
 
 __all__ = ["EvalData", "Report", "TrialConfig", "TrialMeasurer", "labelled_source",
-           "measured_tasks", "printer", "read_metrics", "run_trial", "tracked_params",
+           "measured_tasks", "printer", "read_metrics", "recorded_divergence", "run_trial",
+           "run_trial_once", "tracked_params",
            "training_identity", "validate_trial"]

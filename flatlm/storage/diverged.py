@@ -19,14 +19,15 @@ from pathlib import Path
 
 from flatlm.core.safe_io import write_atomic
 
-DIVERGED_FILE = "diverged.json"  # {"step", "loss" (null when not finite), "message"}
+DIVERGED_FILE = "diverged.json"  # {"step", "loss" (null when not finite), "message", "reason"}
 
 
 def record_divergence(out_dir: str | Path, e) -> None:
     """Writes ``e`` (a ``flatlm.train.run.Diverged``) as valid JSON (no NaN or inf)."""
     loss = e.loss if math.isfinite(e.loss) else None
     write_atomic(Path(out_dir) / DIVERGED_FILE, json.dumps(
-        {"step": e.step, "loss": loss, "message": str(e)}, allow_nan=False) + "\n")
+        {"step": e.step, "loss": loss, "message": str(e), "reason": e.reason},
+        allow_nan=False) + "\n")
 
 
 def divergence(out_dir: str | Path) -> dict | None:

@@ -36,6 +36,7 @@ from flatlm.models.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from flatlm.models.masked_lm import non_finite_part
 from flatlm.storage.manifest import write_manifest
 from flatlm.storage.metrics_log import write_train_log
 from flatlm.train.algorithms import STEPS, StepContext, build_optimizer
@@ -292,15 +293,15 @@ class Run:
         return record
 
     def check_window(self) -> None:
-        """Checks the loss of the updates since the last read-out, and that the weights are
-        finite: the loss of an update is taken before it, so the update just before a
-        checkpoint can leave non-finite weights that no loss has shown yet (two host syncs a
-        checkpoint)."""
+        """Checks the loss of the updates since the last read-out, and that the weights and the
+        outputs are finite (``non_finite_part``): the loss of an update is taken before it, so
+        the update just before a checkpoint can leave non-finite weights, or finite weights
+        that overflow the logits, that no loss has shown yet (a few host syncs a checkpoint)."""
         if self.window_count and "train/loss" in self.window:
             self.check_loss(float(self.window["train/loss"]) / self.window_count)
-        finite = torch.stack([torch.isfinite(p).all() for p in self.ctx.model.parameters()])
-        if not bool(finite.all()):
-            raise Diverged(self.step, float("nan"), "(the weights after the last update are "
+        broken = non_finite_part(self.ctx.model)
+        if broken is not None:
+            raise Diverged(self.step, float("nan"), f"(the {broken} after the last update are "
                                                      "not finite)")
 
     def check_loss(self, loss: float) -> None:

@@ -53,7 +53,6 @@ def test_make_writes_a_corpus(tmp_path, capsys):
     (["data", "entropy", "pcfg:no/such/rules.txt", "--n", "5"], "no/such/rules.txt"),
     (["data", "entropy", '{"kind": "hmm", ', "--n", "5"], "not valid JSON"),
     (["data", "entropy", "hmm:seed=0,colours=3", "--n", "5"], "unknown key 'colours'"),
-    (["data", "entropy", "dyck:6", "--n", "0"], "--n must be >= 1"),
     (["data", "make", TINY_HMM, "--n", "5", "--out", "{tmp}/x", "--label-rule", "viterbi"],
      "label rule 'viterbi'"),
 ])
@@ -62,6 +61,14 @@ def test_bad_input_exits_2_with_a_message(argv, message, tmp_path, capsys):
     assert main([*argv, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.startswith("flatlm data: error:"), err
+
+
+def test_a_count_below_one_is_refused_naming_the_flag(capsys):
+    """argparse's error, from the one parser of numeric flags (``flatlm.core.flags``)."""
+    with pytest.raises(SystemExit) as e:
+        main(["data", "entropy", "dyck:6", "--n", "0", "--no-progress"])
+    assert e.value.code == 2
+    assert "argument --n: 0 is out of range: give a whole number >= 1" in capsys.readouterr().err
 
 
 def test_make_refuses_a_full_directory(tmp_path, capsys):

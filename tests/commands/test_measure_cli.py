@@ -51,8 +51,14 @@ def test_bad_options_fail_with_a_message(checkpoint, capsys, args, match):
     assert match in capsys.readouterr().err
 
 
-def test_a_model_with_non_finite_weights_reads_nan_instead_of_crashing(tmp_path, capsys,
-                                                                        caplog):
+@pytest.mark.parametrize("poison, part", [
+    ("nan", "weights"),
+    # Issue 52, item 1: every weight finite but x1e30, so the logits overflow: Tr(F) crashed
+    # in its label sampling as on NaN weights, the weights' check saying nothing was wrong
+    ("x1e30", "outputs (logits)"),
+])
+def test_a_model_with_non_finite_weights_or_outputs_reads_nan_instead_of_crashing(
+        tmp_path, capsys, caplog, poison, part):
     """Issue 43, item 11: on a model that outputs NaN, Tr(F) crashed in its label sampling
     ("invalid multinomial distribution") and the spectral density in eigh; the loss and probe
     reported NaN as they should."""
@@ -64,7 +70,12 @@ def test_a_model_with_non_finite_weights_reads_nan_instead_of_crashing(tmp_path,
     cfg = parse_model("d16-h2-l1-i32")
     model = build_model(cfg, src.V, src.max_length, seed=0)
     with torch.no_grad():
-        next(model.parameters()).fill_(float("nan"))
+        if poison == "nan":
+            next(model.parameters()).fill_(float("nan"))
+        else:
+            for p in model.parameters():
+                p.mul_(1e30)
+            assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
     ckpt = save_checkpoint(model, tmp_path / "ckpt", source_spec=src.spec, model_cfg=cfg)
     rc = main(["measure", str(ckpt), "--what", "loss,fisher,density", "--n-eval", "16",
                "--json", "--set", "measure.flatness.batch_size=16",
@@ -73,7 +84,7 @@ def test_a_model_with_non_finite_weights_reads_nan_instead_of_crashing(tmp_path,
     assert rc == 0, captured.err[-2000:]
     out = json.loads(captured.out.strip().splitlines()[-1])
     assert math.isnan(out["flat/trace_fisher"]) and math.isnan(out["pretrain/kl"])
-    assert "weights are not finite" in caplog.text
+    assert f"{part} are not finite" in caplog.text
 
 
 def test_n_eval_sets_n_eval_and_the_old_n_inputs_is_an_error_naming_it(checkpoint, capsys):

@@ -85,8 +85,7 @@ def test_without_the_plugins_the_command_names_the_fix(tmp_path):
     assert "--plugin MODULE" in done.stderr
     missing = _flatlm(["trial", "--out", "t", "--plugin", "tests.assets.no_such_toy"], tmp_path)
     assert missing.returncode == 2
-    assert "plug-in 'tests.assets.no_such_toy' (--plugin, FLATLM_PLUGINS): cannot import" \
-        in missing.stderr
+    assert "plug-in 'tests.assets.no_such_toy' (--plugin): cannot import" in missing.stderr
 
 
 def test_replicate_runs_a_plugin_experiment_named_by_the_flag(tmp_path):
@@ -122,3 +121,31 @@ def test_an_unknown_experiment_lists_the_registered_ones(tmp_path):
     assert typo.returncode == 2
     assert "use one of the registered experiments, steps, sizes, algorithms, sgd, selection, " \
            "search, lr_pair (add one with" in " ".join(typo.stderr.split())
+
+
+@pytest.mark.parametrize("how", ["flag", "variable", "sweep script"])
+def test_a_plugin_that_raises_is_one_line_at_each_entry_point(how, tmp_path, monkeypatch,
+                                                               capsys):
+    """Issue 52, item 4: ``flatlm config --plugin X``, ``FLATLM_PLUGINS=X flatlm ...`` and
+    ``python sweeps/scaling.py --plugin X`` ended in the plug-in's traceback."""
+    from flatlm.cli import main
+    from flatlm.core import registry
+
+    (tmp_path / "raising_plugin_mod.py").write_text("raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_LOADED", [])
+    monkeypatch.delenv("FLATLM_PLUGINS", raising=False)
+    if how == "flag":
+        code, named = main(["config", "--plugin", "raising_plugin_mod"]), "--plugin"
+    elif how == "variable":
+        monkeypatch.setenv("FLATLM_PLUGINS", "raising_plugin_mod")
+        code, named = main(["config"]), "FLATLM_PLUGINS"
+    else:
+        from sweeps import scaling
+        from sweeps.cli import main as sweep_main
+
+        monkeypatch.setattr(sys, "argv", ["sweeps/scaling.py", "--plugin", "raising_plugin_mod"])
+        code, named = sweep_main(scaling.build, scaling.__doc__), "--plugin"
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"plug-in 'raising_plugin_mod' ({named}): importing it raised RuntimeError: boom" in err

@@ -131,12 +131,12 @@ def test_each_trial_says_where_it_is_among_all_of_the_command(tmp_path, capfd):
                    for line in err)
 
 
-def test_a_bad_pack_is_refused_before_any_work(tmp_path):
-    from flatlm.commands.replicate import run
-
-    args = build_parser().parse_args(["replicate", "--out", str(tmp_path / "o"), "--pack", "0"])
-    with pytest.raises(ValueError, match=r"--pack 0: give a whole number >= 1"):
-        run(args)
+def test_a_bad_pack_is_refused_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:  # the parser of numeric flags (flatlm.core.flags)
+        main(["replicate", "--out", str(tmp_path / "o"), "--pack", "0"])
+    assert e.value.code == 2
+    assert "argument --pack: 0 is out of range: give a whole number >= 1" in \
+        capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

@@ -107,8 +107,8 @@ def test_a_trial_shows_its_progress_short_lines_and_where_its_files_are(tmp_path
                         r"\(KL [\d.]+ at step 0\)", ending[4])
     assert re.fullmatch(r"step 4 probe accuracy: g_star [\d.]+ \(random-init [\d.]+, "
                         r"majority [\d.]+\)", ending[5])
-    assert re.fullmatch(r"time: training \d+ s, measuring \d+ s \(\d+% of the time\); .*",
-                        ending[6])
+    assert re.fullmatch(r"time: training \d+ s, measuring \d+ s \(\d+% of the time: loss, "
+                        r"probe\); .*", ending[6])
     assert len(ending) == 7
 
 
@@ -137,6 +137,27 @@ def test_quick_measures_the_loss_and_kl_only_and_a_set_key_still_wins(tmp_path, 
     assert trial_config(args).measure.what == ("loss", "fisher")
 
 
+def test_the_closing_line_describes_the_measurements_that_ran(tmp_path, capsys):
+    """Issue 52, item 6: ``--quick --set measure.what=["loss","fisher"]`` measured Tr(F) too
+    (the --set wins), yet the closing line said --quick measures only the loss and KL."""
+    from flatlm.runs import closing
+
+    i = TINY.index('measure.what=["loss","probe"]')
+    argv = ["trial", "--out", str(tmp_path / "q"), "--no-progress", *TINY[:i - 1],
+            *TINY[i + 1:], "--quick", "--set", 'measure.what=["loss","fisher"]',
+            "--set", "measure.flatness.labels_per_input=2"]
+    assert main(argv) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert "of the time: loss, fisher)" in last
+    assert "--quick measures" not in last
+    rows = {0: {"step": 0, "time/measure_s": 9.0, "time/train_s": 1.0}}  # measuring dominates
+    assert "--set measure.what overrode --quick (the loss and KL only)" in closing.time_line(
+        rows, ("loss", "fisher"), quick=True)
+    assert "--quick measures the loss and KL only" in closing.time_line(
+        rows, ("loss", "probe"), quick=False)
+    assert "--quick" not in closing.time_line(rows, ("loss",), quick=True)
+
+
 def test_trials_beside_each_other_draw_the_evaluation_data_and_references_once(tmp_path):
     first, second = tmp_path / "seed0", tmp_path / "seed1"
     assert main(["trial", "--out", str(first), "--no-progress", *TINY]) == 0
@@ -154,3 +175,27 @@ def test_trials_beside_each_other_draw_the_evaluation_data_and_references_once(t
     assert main(["trial", "--out", str(alone), "--no-progress", *TINY,
                  "--eval-cache", "none"]) == 0
     assert {p.name for p in cache.iterdir()} == set(drawn)
+
+
+def test_a_diverged_trial_is_recorded_and_not_trained_again(tmp_path, capsys, monkeypatch):
+    """Issue 52, item 2: a diverged ``flatlm trial`` wrote no diverged.json, and run again
+    trained again and diverged again (as ``flatlm replicate`` does not: the same mechanism,
+    ``flatlm.runs.trial.run_trial_once``)."""
+    from flatlm.commands import DIVERGED_EXIT
+    from flatlm.storage.diverged import DIVERGED_FILE, divergence
+
+    out = tmp_path / "d"
+    argv = ["trial", "--out", str(out), "--no-progress", *TINY, "--set", "train.lr=1e20",
+            "--set", "train.warmup_steps=0"]
+    assert main(argv) == DIVERGED_EXIT
+    first = capsys.readouterr().err
+    assert "diverged at step" in first and divergence(out)["step"] is not None
+
+    def trains(*args, **kwargs):
+        raise AssertionError("a recorded divergence was trained again")
+
+    monkeypatch.setattr("flatlm.runs.trial.run_trial", trains)
+    assert main(argv) == DIVERGED_EXIT
+    again = capsys.readouterr().err
+    assert f"recorded in {out / DIVERGED_FILE}" in again and "delete that directory" in again
+    assert again.count("\n") == 1  # one line, no traceback

@@ -4,6 +4,7 @@ non-finite config values are errors naming the field."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -44,7 +45,8 @@ def test_cli_lr_1000_exits_3_within_a_few_steps_and_saves_nothing_after(tmp_path
 
 @pytest.mark.parametrize("algorithm", ["adamw", "sgd"])
 def test_nonfinite_loss_raises_even_with_the_factor_off(tmp_path, algorithm):
-    with pytest.raises(Diverged, match="is not finite") as e:
+    # the loss, or at a checkpoint before any loss shows it the logits (issue 52, item 1)
+    with pytest.raises(Diverged, match=r"is not finite|logits\) after the last update") as e:
         train(_cfg(algorithm=algorithm, lr=1000.0, divergence_factor=None),
               load(SourceSpec(SOURCE)), MODEL, tmp_path, progress=False)
     assert e.value.step <= 10 and max(find_checkpoints(tmp_path)) < e.value.step
@@ -109,8 +111,14 @@ def test_cli_rejects_nonfinite_before_work(tmp_path, capsys, option, text):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("poison, part", [
+    ("nan", "weights"),
+    # Issue 52, item 1: finite weights whose logits overflow (one update at lr 1e20) were saved
+    # and measured, Tr(F) then crashing in its label sampling; the outputs are checked too
+    ("x1e30", "outputs (logits)"),
+])
 def test_an_update_that_leaves_non_finite_weights_just_before_a_checkpoint_is_caught(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, poison, part):
     """Issue 43, item 8: the loss of an update is read before it, so an update just before a
     checkpoint could leave non-finite weights that no loss had shown: the checkpoint was saved
     and measured (flatlm trial: exit 1, a traceback). The weights are checked before saving."""
@@ -127,12 +135,17 @@ def test_an_update_that_leaves_non_finite_weights_just_before_a_checkpoint_is_ca
             metrics = step(ctx, inputs)
             if self.step == 4:  # the update into step 5, a checkpoint step; no read-out yet
                 with torch.no_grad():
-                    next(ctx.model.parameters()).fill_(float("nan"))
+                    if poison == "nan":
+                        next(ctx.model.parameters()).fill_(float("nan"))
+                    else:
+                        for p in ctx.model.parameters():
+                            p.mul_(1e30)
             return metrics
         return update
 
     monkeypatch.setattr(run_module.Run, "update_function", poisoned)
-    with pytest.raises(Diverged, match="weights after the last update are not finite") as e:
+    with pytest.raises(Diverged, match=rf"{re.escape(part)} after the last update are not "
+                                       "finite") as e:
         train(_cfg(steps=10, log_every=10, checkpoint_steps=(0, 5, 10)),
               load(SourceSpec(SOURCE)), MODEL, tmp_path, progress=False)
     assert e.value.step == 5 and list(find_checkpoints(tmp_path)) == [0]
