@@ -178,6 +178,8 @@ def main(argv=None) -> int:
     p.add_argument("--wall-min", type=float, default=None)
     p.add_argument("--command", default="flatlm replicate --scale testbed-v2 --protocol paper "
                    "--jobs 2 --out repl-v2/")
+    p.add_argument("--records-only", action="store_true",
+                   help="copy the finished trials' records and stop (commit them as they land)")
     args = p.parse_args(argv)
     done, running = finished_trials(args.trials)
     if not done:
@@ -186,6 +188,9 @@ def main(argv=None) -> int:
     records = args.out / "trials"
     shutil.rmtree(records, ignore_errors=True)
     copy_records(done, args.trials, records)
+    if args.records_only:
+        print(f"{len(done)} finished trial(s) -> {records}; {len(running)} not finished")
+        return 0
     code = replication_report(["--trials", str(records), "--out", str(args.out / "room"),
                                "--no-log", "--target-kl", str(TARGET), "--command",
                                args.command])
