@@ -8,6 +8,8 @@ algorithm sit in their own small config, the field its ``Algorithm.section`` nam
 ``cfg.sam`` (``SamConfig``), ``cfg.adversarial`` (``AdversarialConfig``), ``cfg.grow``
 (``GrowConfig``) and ``cfg.label_noise`` (``LabelNoiseConfig``); their keys are
 ``train.sam.rho``, ``train.adversarial.lambda``, ``train.grow.steps``, ``train.label_noise.p`` etc.
+Muon's (``train.muon.*``) are declared as a plug-in declares its own (``Algorithm.config``:
+``flatlm.train.muon.MuonConfig``), read as ``cfg.settings("muon")``, and are no field here.
 ``flatlm.core.config`` converts to and from dicts (``to_dict``, ``from_dict``).
 
 >>> cfg = resolve(TrainConfig(algorithm="noreg", steps=100))
@@ -181,7 +183,8 @@ class TrainConfig:
     OPEN_SECTIONS: ClassVar[str] = "plugin_sections"
 
     algorithm: str = "adamw"  # a registered algorithm (flatlm.train.registry): adamw, sgd,
-    #   noreg, sam, adversarial, grow, label_noise
+    #   noreg, sam, adversarial, grow, label_noise, muon (its settings: train.muon.*,
+    #   flatlm.train.muon.MuonConfig)
     steps: int = 1000  # optimizer updates in the run; >= 1 (paper: 30K+ for PCFG)
     batch_size: int = 4096  # sentences per update; >= 1 (paper: 4096); sam: even
     micro_batch_size: int | None = None  # sentences per forward/backward (gradient

@@ -76,6 +76,9 @@ def saved_optimizer(checkpoint_dir, model: nn.Module,
     if state is None:
         return None, f"no {TRAINING_STATE_NAME} in {checkpoint_dir} (not a training checkpoint)"
     saved = state["optimizer"]
+    if "param_groups" not in saved:  # train.algorithm=muon saves {"muon": ..., "adamw": ...}
+        return None, (f"the saved optimizer is in parts {sorted(saved)}, not one torch "
+                      "optimizer (muon: Muon and AdamW): not read here")
     entries, why = _per_parameter(saved, model, params)
     if entries is None:
         return None, why
