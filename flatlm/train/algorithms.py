@@ -88,10 +88,26 @@ class StepContext:
 def mlm_loss_sum(model: nn.Module, batch: MLMBatch) -> torch.Tensor:
     """Summed cross-entropy (nats) of the masked words; the head runs only at those words."""
     logits = word_logits(model, batch.input_ids, batch.attention_mask, batch.positions)
-    targets = batch.targets[batch.positions] if batch.positions.dtype == torch.bool \
-        else batch.targets  # (n,) or (k,)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32
+    return masked_word_loss(logits, batch)
+
+
+def masked_word_loss(logits: torch.Tensor, batch: MLMBatch) -> torch.Tensor:
+    """Summed cross-entropy (nats) of the masked words' ``logits`` (n or k, V) against their
+    targets (``masked_targets``): -log q(x_t), or -sum_c p(c) log q(c) = H(p) + KL(p || q)
+    against the true conditional p (``train.targets="truth"``), whose gradient in the logits,
+    q - p, is 0 at the truth."""
+    targets = masked_targets(batch)
+    if targets.is_floating_point():
+        targets = targets.to(logits.dtype)
     return F.cross_entropy(logits, targets, reduction="sum")
+
+
+def masked_targets(batch: MLMBatch) -> torch.Tensor:
+    """The masked words' targets, in the order of their logits: word ids (n,) or (k,), or under
+    ``train.targets="truth"`` the true conditionals (n, V) or (k, V) (``batch.soft_targets``)."""
+    targets = batch.targets if batch.soft_targets is None else batch.soft_targets
+    return targets[batch.positions] if batch.positions.dtype == torch.bool else targets
 
 
 def accumulate_mlm(ctx: StepContext, batch: MLMBatch) -> torch.Tensor:

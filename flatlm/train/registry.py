@@ -286,8 +286,12 @@ BUILT_IN = (
     Algorithm(name="muon", section="muon", config=MuonConfig, step=_STANDARD,
               make_optimizer="flatlm.train.muon:muon_optimizer",
               model_check="flatlm.train.muon:check_model",
-              one_process_reason="its data-parallel run is not tested yet (Muon's bfloat16 "
-                                 "Newton-Schulz steps on gradients reduced in another order)",
+              # measured: two ranks' reduced gradient, summed in another order, flips bfloat16
+              # roundings in Newton-Schulz: 1e-4 from the one-process weights after one update,
+              # 8e-3 after six (the other algorithms: 1e-7)
+              one_process_reason="its bfloat16 Newton-Schulz step turns the ranks' float-order "
+                                 "differences into weight differences of 1e-3, not the "
+                                 "one-process run",
               unpacked_reason="the packed optimizer (flatlm.train.packed_optim) has no Muon",
               defaults=AlgorithmDefaults(**_PAPER_ADAMW, summary=(
                   "Muon (torch.optim.Muon, train.muon.*) on the encoder's hidden matrices, "

@@ -135,8 +135,21 @@ def build_pipeline(cfg, source, device, corpus) -> tuple[BatchPipeline, int]:
     make_pool = algorithm_named(cfg.algorithm).probe_pool  # adversarial: D1, D2 each update
     pool = load_ref(make_pool)(cfg, source, device) if make_pool is not None else None
     pipeline = BatchPipeline(cfg, sentences, device, pool=pool,
-                             prefetch=prefetch_depth(cfg, device), workers=cfg.prefetch_workers)
+                             prefetch=prefetch_depth(cfg, device), workers=cfg.prefetch_workers,
+                             truth=truth_for_targets(cfg, source))
     return pipeline, pool.n_classes if pool else 0
+
+
+def truth_for_targets(cfg, source):
+    """The source whose true conditionals are the targets (``train.targets="truth"``), or None
+    (the sampled words); a source without them is refused before any work."""
+    if cfg.targets == "sampled":
+        return None
+    if not source.has_truth:
+        raise ValueError(f"train.targets={cfg.targets!r}: the source ({type(source).__name__}) "
+                         "has no exact conditionals (Source.has_truth); use train.targets="
+                         "sampled")
+    return source
 
 
 def start_checkpoint(cfg, model_cfg, out_dir, resume, source=None):

@@ -176,3 +176,9 @@ def test_a_resume_with_other_muon_settings_is_refused(src, tmp_path, stop_at):
             train(changed, src, MODEL, tmp_path, progress=False, resume=True)
     same = apply_overrides(default_lr, {"muon.lr": 0.05, "muon.momentum": 0.95})  # as given
     assert train(same, src, MODEL, tmp_path, progress=False, resume=True).step == 4
+
+
+def test_it_runs_in_one_process_and_says_why():
+    with pytest.raises(ValueError, match=r"train\.world_size=2: train\.algorithm='muon' runs in "
+                                         r"one process only \(its bfloat16 Newton-Schulz"):
+        TrainConfig(algorithm="muon", batch_size=16, world_size=2)

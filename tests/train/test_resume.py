@@ -24,6 +24,7 @@ RESUME_CASES = {
     "sgd-rate": dict(algorithm="sgd", lr=0.1, mask=0.3),
     "lstm": dict(algorithm="adamw"),
     "muon": dict(algorithm="muon", log_every=4),  # Muon's momentum and AdamW's moments saved
+    "truth-rate": dict(algorithm="adamw", targets="truth", mask=0.3),  # soft targets [n, T, V]
 }
 
 
