@@ -26,10 +26,10 @@ MODEL = "d16-h1-l1-i64"
 SEED = 5
 
 
-def _pipeline(src, **fields) -> BatchPipeline:
+def _pipeline(src, prefetch=0, **fields) -> BatchPipeline:
     cfg = TrainConfig(targets="truth", batch_size=32, seed=SEED, **fields)
     return BatchPipeline(cfg, FreshSamples(src, cfg.batch_size, cfg.seed), torch.device("cpu"),
-                         truth=src)
+                         truth=src, prefetch=prefetch)
 
 
 def _model(src):
@@ -132,6 +132,16 @@ def test_the_unpadded_layout_carries_the_soft_targets_with_its_rows(src):
             total[layout] = sum(float(mlm_loss_sum(model, micro.trimmed()))
                                 for micro in batch.split(8))
     assert total["unpadded"] == pytest.approx(total["padded"], rel=1e-6)
+
+
+def test_batches_built_ahead_carry_the_same_soft_targets(src):
+    now, ahead = _pipeline(src, mask=0.3), _pipeline(src, mask=0.3, prefetch=2)
+    try:
+        for i in range(3):
+            assert torch.equal(now.inputs_at(i).mlm.soft_targets,
+                               ahead.inputs_at(i).mlm.soft_targets)
+    finally:
+        ahead.close()
 
 
 def test_bad_values_and_combinations_are_refused_naming_the_key():
