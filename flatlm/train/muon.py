@@ -20,7 +20,7 @@ by, so warmup and decay shape both parts alike and ``train.muon.lr`` is Muon's p
 
 The two optimizers are one to the loop (``MuonWithAdamW``): one ``zero_grad``, one ``step``, one
 ``state_dict`` holding both parts, which the checkpoint saves and a resume loads, so that a resumed
-run equals the uninterrupted one bit for bit on the CPU (tests/train/test_muon.py).
+run equals the uninterrupted one bit for bit on the CPU (tests/train/test_resume.py, "muon").
 
 torch is imported where the optimizer is built: the registry imports this module for
 ``MuonConfig`` when configs are parsed, which imports no torch.
