@@ -68,6 +68,8 @@ def unpacked_reason(cfg: TrialConfig) -> str | None:
         return f"train.algorithm={algorithm.name}: {algorithm.unpacked_reason}"
     if cfg.train.world_size != 1:
         return f"train.world_size={cfg.train.world_size}: a pack is one process"
+    if cfg.train.targets != "sampled":
+        return f"train.targets={cfg.train.targets}: the packed updates train on the sampled words"
     return None
 
 

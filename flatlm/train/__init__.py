@@ -9,6 +9,8 @@
 - ``data``: batch streams whose position is one integer, masking, the adversarial D pool.
 - ``growth``: algorithm "grow", the model replaced by its function-preserving embedding mid-run.
 - ``label_noise``: algorithm "label_noise", SGD on targets replaced by uniform words.
+- ``muon``: algorithm "muon", torch's Muon on the encoder's hidden matrices and AdamW on the
+  rest as one optimizer (``MuonWithAdamW``), its settings ``train.muon.*`` (``MuonConfig``).
 - ``state``: ``TrainState`` and the checkpoint layout ``OUT/checkpoints/step-<N>/``.
 - ``run``: ``Run``, a run in progress, shared by the loop and the data-parallel ranks.
 - ``loop``: ``train(cfg, source, model_cfg, out_dir, *, device, on_checkpoint, ...)``.

@@ -38,23 +38,37 @@ from torch import nn
 from flatlm.models.bert import sentence_features, word_logits
 from flatlm.train.config import ALGORITHMS, TrainConfig
 from flatlm.train.data import MLMBatch, StepInputs
-from flatlm.train.registry import Algorithm, RegistryView
+from flatlm.train.registry import Algorithm, RegistryView, algorithm_named, load_ref
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module, *, fused: bool = False):
-    """The algorithm's optimizer over ``model``'s parameters (``cfg`` resolved).
+    """The algorithm's optimizer over ``model``'s parameters (``cfg`` resolved): its own
+    (``Algorithm.make_optimizer``: muon's), else AdamW or SGD as its defaults say.
 
     Weight decay applies to matrices and embeddings (dim >= 2), not to biases or LayerNorm
     weights, as in BERT and Izsak et al. (2021). The learning rate is set by the loop each update.
     ``fused`` selects the fused AdamW kernel (CUDA).
     """
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
+    make = algorithm_named(cfg.algorithm).make_optimizer
+    if make is not None:
+        return load_ref(make)(cfg, model, fused=fused)
+    groups = decay_groups(cfg, [p for p in model.parameters() if p.requires_grad])
+    if ALGORITHMS[cfg.algorithm].optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.0)
+    return adamw_optimizer(cfg, groups, fused=fused)
+
+
+def decay_groups(cfg: TrainConfig, params: list[nn.Parameter]) -> list[dict]:
+    """``params`` in two groups: matrices and embeddings (dim >= 2) decayed by
+    ``cfg.weight_decay``, then the rest (biases, LayerNorms) undecayed."""
+    return [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    if ALGORITHMS[cfg.algorithm].optimizer == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=0.0)
+
+
+def adamw_optimizer(cfg: TrainConfig, groups: list[dict], *, fused: bool = False):
+    """torch's AdamW over ``groups`` with the run's rate, betas and epsilon."""
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps,
                              fused=fused or None)
 
@@ -74,10 +88,26 @@ class StepContext:
 def mlm_loss_sum(model: nn.Module, batch: MLMBatch) -> torch.Tensor:
     """Summed cross-entropy (nats) of the masked words; the head runs only at those words."""
     logits = word_logits(model, batch.input_ids, batch.attention_mask, batch.positions)
-    targets = batch.targets[batch.positions] if batch.positions.dtype == torch.bool \
-        else batch.targets  # (n,) or (k,)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32
+    return masked_word_loss(logits, batch)
+
+
+def masked_word_loss(logits: torch.Tensor, batch: MLMBatch) -> torch.Tensor:
+    """Summed cross-entropy (nats) of the masked words' ``logits`` (n or k, V) against their
+    targets (``masked_targets``): -log q(x_t), or -sum_c p(c) log q(c) = H(p) + KL(p || q)
+    against the true conditional p (``train.targets="truth"``), whose gradient in the logits,
+    q - p, is 0 at the truth."""
+    targets = masked_targets(batch)
+    if targets.is_floating_point():
+        targets = targets.to(logits.dtype)
     return F.cross_entropy(logits, targets, reduction="sum")
+
+
+def masked_targets(batch: MLMBatch) -> torch.Tensor:
+    """The masked words' targets, in the order of their logits: word ids (n,) or (k,), or under
+    ``train.targets="truth"`` the true conditionals (n, V) or (k, V) (``batch.soft_targets``)."""
+    targets = batch.targets if batch.soft_targets is None else batch.soft_targets
+    return targets[batch.positions] if batch.positions.dtype == torch.bool else targets
 
 
 def accumulate_mlm(ctx: StepContext, batch: MLMBatch) -> torch.Tensor:

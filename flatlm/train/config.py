@@ -8,6 +8,8 @@ algorithm sit in their own small config, the field its ``Algorithm.section`` nam
 ``cfg.sam`` (``SamConfig``), ``cfg.adversarial`` (``AdversarialConfig``), ``cfg.grow``
 (``GrowConfig``) and ``cfg.label_noise`` (``LabelNoiseConfig``); their keys are
 ``train.sam.rho``, ``train.adversarial.lambda``, ``train.grow.steps``, ``train.label_noise.p`` etc.
+Muon's (``train.muon.*``) are declared as a plug-in declares its own (``Algorithm.config``:
+``flatlm.train.muon.MuonConfig``), read as ``cfg.settings("muon")``, and are no field here.
 ``flatlm.core.config`` converts to and from dicts (``to_dict``, ``from_dict``).
 
 >>> cfg = resolve(TrainConfig(algorithm="noreg", steps=100))
@@ -44,11 +46,12 @@ from flatlm.train.registry import (
 )
 
 __all__ = ["ALGORITHMS", "AlgorithmDefaults", "AdversarialConfig", "GrowConfig", "LabelNoiseConfig",
-           "PREFETCH_WORKERS", "SEQUENCE_PACKINGS", "SamConfig", "TrainConfig", "resolve",
-           "sequence_packing_for", "switch_on"]
+           "PREFETCH_WORKERS", "SEQUENCE_PACKINGS", "SamConfig", "TARGETS", "TrainConfig",
+           "resolve", "sequence_packing_for", "switch_on"]
 
 PRECISIONS = ("auto", "fp32", "bf16")
 MASK_COUNTS = ("fixed", "bernoulli")  # train.mask_count (flatlm.train.data.mask_batch)
+TARGETS = ("sampled", "truth")  # train.targets (flatlm.train.algorithms.masked_targets)
 # train.sequence_packing: how a pass's sentences meet the model ("auto": as train.unpad says)
 SEQUENCE_PACKINGS = ("auto", "padded", "unpadded", "rows")
 PREFETCH_WORKERS = ("threads", "processes")  # train.prefetch_workers (flatlm.train.data)
@@ -181,7 +184,8 @@ class TrainConfig:
     OPEN_SECTIONS: ClassVar[str] = "plugin_sections"
 
     algorithm: str = "adamw"  # a registered algorithm (flatlm.train.registry): adamw, sgd,
-    #   noreg, sam, adversarial, grow, label_noise
+    #   noreg, sam, adversarial, grow, label_noise, muon (its settings: train.muon.*,
+    #   flatlm.train.muon.MuonConfig)
     steps: int = 1000  # optimizer updates in the run; >= 1 (paper: 30K+ for PCFG)
     batch_size: int = 4096  # sentences per update; >= 1 (paper: 4096); sam: even
     micro_batch_size: int | None = None  # sentences per forward/backward (gradient
@@ -209,6 +213,11 @@ class TrainConfig:
     #   always [MASK]. Each >= 0, summing to 1
     max_predictions: int | None = None  # at a rate: at most this many masked words per
     #   sentence (the released code: 5); None = no cap. >= 1
+    targets: str = "sampled"  # what each masked word's cross-entropy is taken against:
+    #   "sampled", the word the sentence holds (one-hot; the paper's); or "truth", the source's
+    #   true conditional Pr(. | x_{-t}) of that word given the others (soft targets: the
+    #   expectation of the one-hot target given x_{-t}, the loss H + KL of flatlm.measure.loss);
+    #   "truth" needs a source with exact conditionals, and no rows layout, pack or label noise
     schedule: str = "constant"  # after warmup: "constant" (the paper: checkpoints comparable,
     #   training continuable) or "linear" decay to 0 at ``steps`` (the released code's "time")
     data: str = "fresh"  # "fresh": new sentences from the source at every step (population
@@ -347,6 +356,7 @@ class TrainConfig:
         object.__setattr__(self, "mask", mask)
         _check(self.mask_count in MASK_COUNTS, "mask_count", self.mask_count,
                f"use one of {', '.join(MASK_COUNTS)}")
+        self._check_targets()
         replace = tuple(self.mask_replace)
         _check(len(replace) == 3 and all(p >= 0 for p in replace)
                and abs(sum(replace) - 1.0) < 1e-9, "mask_replace", self.mask_replace,
@@ -397,6 +407,18 @@ class TrainConfig:
         _check(self.sequence_packing != "rows" or self.world_size == 1, "sequence_packing",
                self.sequence_packing, "rows run in one process; use train.world_size=1, or "
                "'unpadded' data-parallel")
+
+    def _check_targets(self) -> None:
+        _check(self.targets in TARGETS, "targets", self.targets,
+               f"use one of {', '.join(TARGETS)}")
+        if self.targets == "sampled":
+            return
+        _check(self.sequence_packing != "rows", "targets", self.targets,
+               "the rows layout (train.sequence_packing='rows') carries no soft targets; use "
+               "'padded', 'unpadded' or 'auto', or train.targets=sampled")
+        _check(algorithm_named(self.algorithm).batch_transform is None, "targets", self.targets,
+               f"{self.algorithm} changes the sampled targets (its batch transform), which "
+               "train.targets='truth' replaces; use train.targets=sampled")
 
     def _check_prefetch(self) -> None:
         prefetch = self.prefetch

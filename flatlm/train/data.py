@@ -24,6 +24,7 @@ run would have:
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -136,7 +137,9 @@ class MLMBatch:
 
     With one masked word per sentence ``positions`` [n] holds the 0-based word position and
     ``targets`` [n] the word there; at a rate, ``positions`` [n, T] is a bool mask of the masked
-    words and ``targets`` [n, T] the words there (-1 elsewhere).
+    words and ``targets`` [n, T] the words there (-1 elsewhere). Under ``train.targets="truth"``
+    ``soft_targets`` holds the true conditionals the loss is taken against instead
+    (``true_targets``): [n, V] at the masked word, or [n, T, V] at every word at a rate.
     """
 
     input_ids: torch.Tensor  # (n, T+2) with [MASK] at the masked words
@@ -145,6 +148,7 @@ class MLMBatch:
     targets: torch.Tensor  # (n,) or (n, T) int64 word ids
     lengths: tuple[int, ...] | None = None  # words per sentence, kept on the host so that
     #   ``trimmed`` needs no device sync; None = not known (``trimmed`` keeps every column)
+    soft_targets: torch.Tensor | None = None  # float32 Pr(. | x_{-t}); None = the targets
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -159,7 +163,10 @@ class MLMBatch:
                                          self.targets)]
         lengths = ([self.lengths[i:i + size] for i in range(0, len(self), size)]
                    if self.lengths is not None else [None] * len(parts[0]))
-        return [MLMBatch(*p, lengths=n) for *p, n in zip(*parts, lengths, strict=True)]
+        soft = (self.soft_targets.split(size) if self.soft_targets is not None
+                else [None] * len(parts[0]))
+        return [MLMBatch(*p, lengths=n, soft_targets=q)
+                for *p, n, q in zip(*parts, lengths, soft, strict=True)]
 
     def trimmed(self) -> MLMBatch:
         """The batch cut to its longest sentence (+ [CLS], [SEP]); itself if ``lengths`` is None.
@@ -173,9 +180,11 @@ class MLMBatch:
         if words + 2 >= self.input_ids.shape[1]:
             return self
         cut = self.positions.dtype == torch.bool  # (n, T) masks lose their padding columns too
+        soft = self.soft_targets
         return MLMBatch(self.input_ids[:, :words + 2], self.attention_mask[:, :words + 2],
                         self.positions[:, :words] if cut else self.positions,
-                        self.targets[:, :words] if cut else self.targets, lengths=self.lengths)
+                        self.targets[:, :words] if cut else self.targets, lengths=self.lengths,
+                        soft_targets=soft[:, :words] if cut and soft is not None else soft)
 
     def grouped_by_length(self, lengths: torch.Tensor, pass_size: int) -> MLMBatch:
         """The rows sorted by ``lengths`` (longest first, stable) within each consecutive pass of
@@ -188,7 +197,9 @@ class MLMBatch:
             start + lengths[start:start + pass_size].argsort(descending=True, stable=True)
             for start in range(0, len(self), pass_size)])
         rows = (self.input_ids, self.attention_mask, self.positions, self.targets)
-        return MLMBatch(*(t[order] for t in rows), lengths=tuple(lengths[order].tolist()))
+        soft = self.soft_targets
+        return MLMBatch(*(t[order] for t in rows), lengths=tuple(lengths[order].tolist()),
+                        soft_targets=soft[order] if soft is not None else None)
 
     def to(self, device: torch.device) -> MLMBatch:
         return _to(self, device)
@@ -276,6 +287,28 @@ def _replaced(chosen, replace, gen, n_words, words) -> torch.Tensor:
         random_words = torch.randint(0, n_words, chosen.shape, generator=gen)  # (n, T)
         words[to_random] = random_words[to_random] + WORD_OFFSET
     return chosen & (u < p_mask)
+
+
+TRUTH_CHUNK = 1024  # sentences whose exact conditionals (float64, [c, T, V]) are computed at once
+
+
+def true_targets(source: Source, tokens: torch.Tensor, lengths: torch.Tensor,
+                 positions: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The soft targets of ``train.targets="truth"``: the source's true conditional
+    Pr(x_t = . | x_{-t}) of the sentences ``tokens`` [n, T], ``lengths`` [n], float32 on the CPU:
+    at each sentence's masked word ([n, V], ``positions`` [n]) or, at a rate (``positions`` a
+    bool [n, T]), at every word ([n, T, V]; the loss reads the masked ones). Computed in float64
+    on ``device``, ``TRUTH_CHUNK`` sentences at a time, as ``Source.conditionals`` gives them to
+    ``flatlm.measure.loss`` (the KL to the truth)."""
+    parts = []
+    for i in range(0, len(tokens), TRUTH_CHUNK):
+        probs = source.conditionals(tokens[i:i + TRUTH_CHUNK], lengths[i:i + TRUTH_CHUNK],
+                                    device=device, dtype=torch.float64)  # (c, T, V)
+        if positions.dtype != torch.bool:
+            at = positions[i:i + TRUTH_CHUNK].to(probs.device)
+            probs = probs[torch.arange(len(at), device=probs.device), at]  # (c, V)
+        parts.append(probs.float().cpu())
+    return torch.cat(parts) if parts else torch.zeros(0, source.V)
 
 
 # ------------------------------------------------------------------------------ downstream data
@@ -385,17 +418,24 @@ def _worker_inputs(i: int) -> StepInputs:
 
 class BatchPipeline:
     """Update index -> ``StepInputs`` on ``device``, the masked batch changed by the algorithm's
-    batch transform if it has one (label_noise). ``prefetch`` = k > 0 prepares updates
+    batch transform if it has one (label_noise) and given the true conditionals of ``truth``
+    as soft targets under ``train.targets="truth"``. ``prefetch`` = k > 0 prepares updates
     i + 1 .. i + k on the CPU in k background workers while update i runs (``workers``:
     "threads" in this process, or "processes", each spawned with a copy of the pipeline); the
     inputs are the same either way (each is a pure function of its index)."""
 
     def __init__(self, cfg: TrainConfig, sentences: FreshSamples | CorpusBatches,
                  device: torch.device, *, pool: DownstreamPool | None = None,
-                 prefetch: int = 0, workers: str = "threads"):
+                 prefetch: int = 0, workers: str = "threads", truth: Source | None = None):
         self.cfg, self.sentences, self.device, self.pool = cfg, sentences, device, pool
         self.transform = algorithm_named(cfg.algorithm).transform()  # None for most
         self.depth, self.workers = int(prefetch), workers
+        self.truth = truth  # the source whose conditionals are the targets; None: sampled
+        # the truth's inference runs on the training device (a GPU computes the paper grammar's
+        # in a fraction of the ~9 s a CPU core takes for 4096 sentences), except in spawned
+        # prefetch processes, which stay off the GPU
+        processes = workers == "processes" and self.depth > 0
+        self.truth_device = torch.device("cpu") if processes else torch.device(device)
         self._executor: Executor | None = None  # started at the first update (processes: spawn)
         self._ahead: dict[int, Future] = {}  # update index -> its inputs being prepared
 
@@ -410,6 +450,9 @@ class BatchPipeline:
                          max_predictions=self.cfg.max_predictions, count=self.cfg.mask_count)
         if self.transform is not None:  # label_noise: its own random stream, the rest as sgd
             mlm = self.transform(mlm, self.cfg, self.sentences.n_words, i)
+        if self.truth is not None:  # train.targets="truth"
+            mlm = dataclasses.replace(mlm, soft_targets=true_targets(
+                self.truth, tokens, lengths, mlm.positions, self.truth_device))
         layout = sequence_packing_for(self.cfg, self.device.type)
         if layout == "unpadded":
             mlm = mlm.grouped_by_length(lengths, self.cfg.sentences_per_pass)

@@ -138,7 +138,8 @@ class ShardedPipeline(BatchPipeline):
     def of(cls, whole: BatchPipeline, rank: int, world_size: int) -> ShardedPipeline:
         whole.close()
         pipeline = cls(whole.cfg, whole.sentences, whole.device,
-                       prefetch=prefetch_depth(whole.cfg, whole.device), workers=whole.workers)
+                       prefetch=prefetch_depth(whole.cfg, whole.device), workers=whole.workers,
+                       truth=whole.truth)  # every rank: the whole batch's truth, then its slice
         pipeline.rank, pipeline.world_size = rank, world_size
         return pipeline
 
@@ -154,10 +155,11 @@ def shard(batch: MLMBatch, rank: int, world_size: int, *, halves: bool = False) 
     if not halves:
         return batch.split(len(batch) // world_size)[rank]
     first, second = (h.split(len(h) // world_size)[rank] for h in batch.split(len(batch) // 2))
-    tensors = (torch.cat([getattr(first, f.name), getattr(second, f.name)])
-               for f in dataclasses.fields(MLMBatch) if f.name != "lengths")
+    tensors = {f.name: torch.cat([getattr(first, f.name), getattr(second, f.name)])
+               for f in dataclasses.fields(MLMBatch)
+               if isinstance(getattr(first, f.name), torch.Tensor)}  # soft_targets may be None
     lengths = None if first.lengths is None else first.lengths + second.lengths  # host tuples
-    return MLMBatch(*tensors, lengths=lengths)
+    return dataclasses.replace(first, **tensors, lengths=lengths)
 
 
 # ------------------------------------------------------------------------------ the updates

@@ -184,6 +184,9 @@ def check_packable(cfgs: Sequence[TrainConfig], shape: ModelConfig, out_dirs) ->
                          "'unpadded' or 'auto' (or train these trials unpacked)")
     if cfgs[0].world_size != 1:
         raise ValueError("pack: train.world_size must be 1 (a pack is one process)")
+    if any(c.targets != "sampled" for c in cfgs):
+        raise ValueError("pack: train.targets='truth': the packed updates train on the sampled "
+                         "words; train these trials unpacked (or with train.targets=sampled)")
     kinds = {("one" if c.mask == "one" else "rate") for c in cfgs}
     optimizers = {ALGORITHMS[c.algorithm].optimizer for c in cfgs}
     updates = {algorithm_named(c.algorithm).packed_step for c in cfgs}

@@ -9,8 +9,10 @@ names. The tables other modules know are views of this one: ``ALGORITHMS`` (defa
 (``unused_sections``).
 
 Layering: this module imports only the ground floor (``flatlm.core.registry``: the table and the
-lazy importer every registry shares), so ``flatlm.train.config``, which is read when configs are
-parsed and imports no torch, checks ``train.algorithm`` against it. A function is given as itself
+lazy importer every registry shares) and ``flatlm.train.muon``'s settings class (muon's module
+imports torch only where it builds the optimizer), so ``flatlm.train.config``, which is read
+when configs are parsed and imports no torch, checks ``train.algorithm`` against it. A function
+is given as itself
 or as ``"module:name"``, imported when first used; the built-ins below name theirs that way, so
 neither parsing a config nor the modules of ``flatlm.train`` import each other to find a step
 (``data.py`` no longer imports ``label_noise.py``, which imports it).
@@ -43,6 +45,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from flatlm.core.registry import Ref, Registry, check_ref, load_ref
+from flatlm.train.muon import MuonConfig  # torch-free: a settings class, read at parse time
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmDefaults", "REGISTRY", "Ref", "algorithm_named",
            "load_ref", "register_algorithm", "unused_sections"]
@@ -98,6 +101,10 @@ class Algorithm:
     packed_step: Ref | None = None  # the same update for K members trained as one model
     #   (flatlm.train.pack, flatlm.train.pack_steps); None: its members train unpacked ...
     unpacked_reason: str = "it has no packed update"  # ... and this says why
+    make_optimizer: Ref | None = None  # (TrainConfig, model, *, fused) -> its optimizer: an
+    #   object with torch's param_groups, zero_grad, step, state_dict and load_state_dict (muon:
+    #   Muon and AdamW as one); None: defaults.optimizer's (adamw or sgd), built by
+    #   flatlm.train.algorithms.build_optimizer
 
     def __post_init__(self):
         _require(isinstance(self.name, str) and self.name.isidentifier(),
@@ -111,7 +118,7 @@ class Algorithm:
                  f"{self.name}: config={self.config!r}: give a dataclass of its settings and "
                  "the section that holds them (section='...')")
         for hook in ("step", "data_parallel_step", "batch_transform", "probe_pool",
-                     "config_check", "model_check", "packed_step"):
+                     "config_check", "model_check", "packed_step", "make_optimizer"):
             ref = getattr(self, hook)
             _require((ref is None and hook != "step") or check_ref(ref),
                      f"{self.name}: {hook}={ref!r}: give a function or 'module:name'")
@@ -274,6 +281,22 @@ BUILT_IN = (
                   "sgd (its defaults) whose masked-word targets are each replaced, with "
                   "probability train.label_noise.p, by a uniformly drawn word (Section 3.3; "
                   "flatlm.train.label_noise)"))),
+    # its settings declared as a plug-in declares them (config=, keys train.muon.*): no
+    # TrainConfig field, so configs that do not set them write what they wrote before
+    Algorithm(name="muon", section="muon", config=MuonConfig, step=_STANDARD,
+              make_optimizer="flatlm.train.muon:muon_optimizer",
+              model_check="flatlm.train.muon:check_model",
+              # measured: two ranks' reduced gradient, summed in another order, flips bfloat16
+              # roundings in Newton-Schulz: 1e-4 from the one-process weights after one update,
+              # 8e-3 after six (the other algorithms: 1e-7)
+              one_process_reason="its bfloat16 Newton-Schulz step turns the ranks' float-order "
+                                 "differences into weight differences of 1e-3, not the "
+                                 "one-process run",
+              unpacked_reason="the packed optimizer (flatlm.train.packed_optim) has no Muon",
+              defaults=AlgorithmDefaults(**_PAPER_ADAMW, summary=(
+                  "Muon (torch.optim.Muon, train.muon.*) on the encoder's hidden matrices, "
+                  "AdamW (adamw's defaults) on embeddings, the MLM head, biases and LayerNorms "
+                  "(Jordan et al. 2024; flatlm.train.muon)"))),
 )
 for _algorithm in BUILT_IN:
     register_algorithm(_algorithm)

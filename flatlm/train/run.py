@@ -136,8 +136,21 @@ def build_pipeline(cfg, source, device, corpus) -> tuple[BatchPipeline, int]:
     make_pool = algorithm_named(cfg.algorithm).probe_pool  # adversarial: D1, D2 each update
     pool = load_ref(make_pool)(cfg, source, device) if make_pool is not None else None
     pipeline = BatchPipeline(cfg, sentences, device, pool=pool,
-                             prefetch=prefetch_depth(cfg, device), workers=cfg.prefetch_workers)
+                             prefetch=prefetch_depth(cfg, device), workers=cfg.prefetch_workers,
+                             truth=truth_for_targets(cfg, source))
     return pipeline, pool.n_classes if pool else 0
+
+
+def truth_for_targets(cfg, source):
+    """The source whose true conditionals are the targets (``train.targets="truth"``), or None
+    (the sampled words); a source without them is refused before any work."""
+    if cfg.targets == "sampled":
+        return None
+    if not source.has_truth:
+        raise ValueError(f"train.targets={cfg.targets!r}: the source ({type(source).__name__}) "
+                         "has no exact conditionals (Source.has_truth); use train.targets="
+                         "sampled")
+    return source
 
 
 def start_checkpoint(cfg, model_cfg, out_dir, resume, source=None):
@@ -155,9 +168,11 @@ def start_checkpoint(cfg, model_cfg, out_dir, resume, source=None):
         return None, unreadable
     state = load_state(ckpt)
     renamed = TrainConfig.RENAMED_KEYS  # a checkpoint saved before the keys moved
+    own = own_open_section(cfg)  # a section not given writes no keys: compare its defaults
     saved = {**flatten_dict(to_dict(TrainConfig())),  # a key added since: its default
+             **own,
              **{renamed.get(k, k): v for k, v in flatten_dict(state.config).items()}}
-    now = flatten_dict(to_dict(cfg))
+    now = {**own, **flatten_dict(to_dict(cfg))}
     # what the run does not read may differ too: the sections of the other algorithms
     unread = {*RESUMABLE_CHANGES, *unused_sections(cfg.algorithm)}
     changed = [k for k in now if k.split(".")[0] not in unread and saved.get(k) != now[k]]
@@ -178,6 +193,16 @@ def start_checkpoint(cfg, model_cfg, out_dir, resume, source=None):
     return (ckpt, state), unreadable
 
 
+
+
+def own_open_section(cfg: TrainConfig) -> dict:
+    """The defaults of the algorithm's own open section (``Algorithm.config``: muon's, a
+    plug-in's), flat (``{"muon.lr": 0.02, ...}``); {} when its settings are a field or none.
+    Such a section writes keys only when given, so a resume compares it with its defaults."""
+    algorithm = algorithm_named(cfg.algorithm)
+    if algorithm.config is None:
+        return {}
+    return flatten_dict({algorithm.section: to_dict(algorithm.config())})
 
 
 class Run:
@@ -237,7 +262,8 @@ class Run:
                 lr = learning_rate(self.step, peak=cfg.lr, warmup_steps=cfg.warmup_steps,
                                    total_steps=cfg.steps, schedule=cfg.schedule)
                 for group in self.ctx.optimizer.param_groups:  # grow replaces it
-                    group["lr"] = lr
+                    # a group's lr_scale: its peak as a multiple of train.lr (muon's Muon part)
+                    group["lr"] = lr * group.get("lr_scale", 1.0)
                 metrics = step_fn(self.ctx, self.pipeline.inputs_at(self.step))
                 self.step += 1
                 self.accumulate(metrics)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from flatlm.core.memory import require
 from flatlm.models.architectures import counts_by_building
 from flatlm.models.presets import parameter_count, shape_string
+from flatlm.train.data import TRUTH_CHUNK
 
 _FLOAT = 4  # bytes of a float32
 _INT = 8  # bytes of an int64 token id
@@ -51,6 +52,15 @@ def check_fits(cfg, model_cfg, source, device) -> None:
             f"(train.batch_size / train.micro_batch_size and the source's length)",
             "lower train.micro_batch_size (or train.batch_size), or use a source with shorter "
             "sentences", device=device)
+    if cfg.targets == "truth":  # the batch's soft targets, and one chunk's exact conditionals
+        per_sentence = (1 if cfg.mask == "one" else length) * n_words * _FLOAT
+        chunk = min(cfg.batch_size, TRUTH_CHUNK) * length * n_words * 2 * _FLOAT
+        require(cfg.batch_size * per_sentence + chunk,
+                f"the soft targets of train.targets=truth: {n_words} words' conditionals at "
+                f"{'each masked word' if cfg.mask == 'one' else f'each of {length} words'} of "
+                f"train.batch_size={cfg.batch_size} sentences",
+                "lower train.batch_size, use train.mask=one, or train.targets=sampled",
+                device=device)
     require(cfg.batch_size * length * _INT * 2,
             f"one batch of train.batch_size={cfg.batch_size} sentences of the source's length "
             f"{length}", "lower train.batch_size, or use a source with shorter sentences")

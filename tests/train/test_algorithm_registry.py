@@ -75,7 +75,7 @@ def test_the_derived_tables_include_the_toy(sign_sgd):
     assert ALGORITHMS["sign_sgd"] is sign_sgd.defaults
     assert STEPS["sign_sgd"] is toy.sign_sgd_step
     assert DATA_PARALLEL_STEPS["sign_sgd"] is toy.data_parallel_sign_sgd_step
-    assert unused_sections("sign_sgd") == ["sam", "adversarial", "grow", "label_noise"]
+    assert unused_sections("sign_sgd") == ["sam", "adversarial", "grow", "label_noise", "muon"]
     assert resolve(TrainConfig(algorithm="sign_sgd")).warmup_steps == 0  # its defaults
     params = tracked_params(_trial())
     assert params["train.algorithm"] == "sign_sgd" and params["train.dropout"] == 0.0
@@ -114,7 +114,8 @@ def test_every_built_in_crosses_to_a_rank():
 
 def test_an_unknown_algorithm_names_the_field_and_the_known_ones(sign_sgd):
     with pytest.raises(ValueError, match=r"train\.algorithm='signsgd': use one of adamw, sgd, "
-                                         r"noreg, sam, adversarial, grow, label_noise, sign_sgd"):
+                                         r"noreg, sam, adversarial, grow, label_noise, muon, "
+                                         r"sign_sgd"):
         TrainConfig(algorithm="signsgd")
     with pytest.raises(ValueError, match=r"train\.algorithm='signsgd': use one of"):
         _trial(**{"train.algorithm": "signsgd"})

@@ -47,7 +47,7 @@ def test_its_setting_is_a_key_checked_against_its_own_defaults(scaled_sign):
     with pytest.raises(ValueError, match=r"train.scaled_sign.scale=-1.0: use a multiple > 0"):
         _trial(**{"train.scaled_sign.scale": -1})
     with pytest.raises(ConfigError, match=r"unknown config key 'train.scaled_signs'.*sections "
-                                          "of registered components: scaled_sign"):
+                                          "of registered components: muon, scaled_sign"):
         _trial(**{"train.scaled_signs.scale": 1})
 
 

@@ -75,7 +75,7 @@ def test_bad_algorithm_settings_are_named(fields, named):
 
 def test_every_field_is_a_documented_algorithm_input():
     assert set(ALGORITHMS) == {"adamw", "sgd", "noreg", "sam", "adversarial", "grow",
-                               "label_noise"}
+                               "label_noise", "muon"}
     cfg = TrainConfig(steps=5, checkpoint_steps=(5,), sam=SamConfig(rho=0.1),
                       adversarial=AdversarialConfig(lambda_=0.5, task="C"))
     assert from_dict(TrainConfig, json.loads(json.dumps(to_dict(cfg)))) == cfg

@@ -32,6 +32,9 @@ CASES = {
     "label_noise": dict(algorithm="label_noise", dropout=0.0, label_noise=LabelNoiseConfig(p=0.3)),
     "grow": dict(algorithm="grow", dropout=0.0,
                  grow=GrowConfig(steps=(3,), to=("d32-h2-l2-i64",))),
+    # soft targets computed on the whole batch, then sliced with its rows; sam's halves too
+    "noreg-truth-rate": dict(algorithm="noreg", targets="truth", mask=0.3, micro_batch_size=4),
+    "sam-truth": dict(algorithm="sam", targets="truth"),
 }
 
 

@@ -23,6 +23,8 @@ RESUME_CASES = {
                         adversarial=AdversarialConfig(d1=16, d2=16, pool=128)),
     "sgd-rate": dict(algorithm="sgd", lr=0.1, mask=0.3),
     "lstm": dict(algorithm="adamw"),
+    "muon": dict(algorithm="muon", log_every=4),  # Muon's momentum and AdamW's moments saved
+    "truth-rate": dict(algorithm="adamw", targets="truth", mask=0.3),  # soft targets [n, T, V]
 }
 
 

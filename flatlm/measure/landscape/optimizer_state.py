@@ -7,7 +7,8 @@ build_optimizer``'s (measure may not import train, so it is restated here and ch
 the saved groups' sizes and every moment's shape): the trainable parameters in
 ``model.parameters()`` order (tied ones once), matrices and embeddings (dim >= 2) first, then the
 rest. ``saved_optimizer`` returns the state of the parameters asked for, in their order, or the
-reason there is none usable (no training state, an optimizer this module does not read).
+reason there is none usable (no training state, an optimizer this module does not read: muon's
+state is two optimizers', ``{"muon": ..., "adamw": ...}``).
 
 Adam's moments are read as torch's AdamW keeps them (``exp_avg`` m, ``exp_avg_sq`` v, ``step``
 t): before bias correction, so m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t), and
@@ -76,6 +77,9 @@ def saved_optimizer(checkpoint_dir, model: nn.Module,
     if state is None:
         return None, f"no {TRAINING_STATE_NAME} in {checkpoint_dir} (not a training checkpoint)"
     saved = state["optimizer"]
+    if "param_groups" not in saved:  # train.algorithm=muon saves {"muon": ..., "adamw": ...}
+        return None, (f"the saved optimizer is in parts {sorted(saved)}, not one torch "
+                      "optimizer (muon: Muon and AdamW): not read here")
     entries, why = _per_parameter(saved, model, params)
     if entries is None:
         return None, why
