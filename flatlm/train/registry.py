@@ -9,8 +9,8 @@ names. The tables other modules know are views of this one: ``ALGORITHMS`` (defa
 (``unused_sections``).
 
 Layering: this module imports only the ground floor (``flatlm.core.registry``: the table and the
-lazy importer every registry shares) and ``flatlm.train.muon``'s settings class (muon's module
-imports torch only where it builds the optimizer), so ``flatlm.train.config``, which is read
+lazy importer every registry shares) and ``flatlm.train.muon_config``'s settings class (torch-free;
+muon's optimizer module is reached lazily), so ``flatlm.train.config``, which is read
 when configs are parsed and imports no torch, checks ``train.algorithm`` against it. A function
 is given as itself
 or as ``"module:name"``, imported when first used; the built-ins below name theirs that way, so
@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from flatlm.core.registry import Ref, Registry, check_ref, load_ref
-from flatlm.train.muon import MuonConfig  # torch-free: a settings class, read at parse time
+from flatlm.train.muon_config import MuonConfig  # torch-free, read at parse time
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmDefaults", "REGISTRY", "Ref", "algorithm_named",
            "load_ref", "register_algorithm", "unused_sections"]

@@ -18,7 +18,8 @@ from flatlm.models import build_model, parse_model
 from flatlm.train import TrainConfig, resolve, train
 from flatlm.train.algorithms import StepContext, build_optimizer, mlm_loss_sum, standard_step
 from flatlm.train.data import StepInputs, generator, mask_batch
-from flatlm.train.muon import MuonConfig, MuonWithAdamW, hidden_matrices
+from flatlm.train.muon import MuonWithAdamW, hidden_matrices
+from flatlm.train.muon_config import MuonConfig
 
 MODEL = "d16-h1-l1-i64"
 
