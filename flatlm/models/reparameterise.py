@@ -1,10 +1,11 @@
 """Function-preserving reparameterisations of a post-LN BERT: other weights, the same logits.
 
 A reparameterisation that keeps every prediction can move a curvature measure by orders of
-magnitude (Dinh, Pascanu, Bengio and Bengio, *Sharp Minima Can Generalize For Deep Nets*, 2017,
-and its 2026 sequels), so a measure that claims to explain generalisation should survive them.
-Each one here maps a ``BertForMaskedLM`` (``flatlm.models.build_model``, post-LN) to a new model
-whose logits equal the old one's on every input, in eval and train mode alike:
+magnitude (Dinh, Pascanu, Bengio and Bengio, *Sharp Minima Can Generalize For Deep Nets*, 2017;
+the 2026 critique of issue 54), so a measure that claims to explain generalisation should survive
+them. Each one here maps a ``BertForMaskedLM`` (``flatlm.models.build_model``, post-LN) to a new
+model whose logits equal the old one's on every input (in eval mode; in train mode too but for
+where dropout's draws land under the permutation):
 
 - ``query-key``: every layer's query weight and bias times c, its key weight and bias / c. The
   scores (x W_Q^T + b_Q)(x W_K^T + b_K)^T are unchanged term by term: exact.
