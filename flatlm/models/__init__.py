@@ -10,6 +10,8 @@
 - ``bert``: the transformers (post- and pre-LN); ``lstm``: ``BiLSTMForMaskedLM``
   (``lstm_unrolled``: its forward in plain tensor ops).
 - ``checkpoint``: ``save_checkpoint`` / ``load_checkpoint`` (``save_pretrained`` + ``flatlm.json``).
+- ``growth``: function-preserving growth into a larger shape (paper B.4); ``reparameterise``:
+  function-preserving maps within one shape (scalings, a permutation), for invariance tests.
 """
 
 from __future__ import annotations
