@@ -1,0 +1,61 @@
+"""A committed trial rerun from its own ``config.json``, checkpoint by checkpoint against its
+``metrics.jsonl``: the bit-for-bit check of a replication's records (issue 50: "one v2 trial
+rerun from its config.json").
+
+    python bench/rerun_trial.py TRIAL_DIR --checkpoints 1   # e.g. a committed v2 trial
+
+Trains the trial again in a temporary directory up to its first ``--checkpoints`` checkpoints
+(the config's own, cut there; nothing else changed) and compares every recorded metric but the
+timings (``time/*``) exactly. Prints the counts and each difference; exit 1 if any differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from flatlm.core.config import from_dict
+from flatlm.core.flags import COUNT
+from flatlm.runs.trial import TrialConfig, run_trial
+from flatlm.storage.metrics_log import read_metrics
+
+
+def rerun(trial: Path, checkpoints: int) -> tuple[int, list[str]]:
+    """(metrics compared, differences) of ``trial`` rerun to its first ``checkpoints``."""
+    cfg = from_dict(TrialConfig, json.loads((trial / "config.json").read_text()))
+    steps = sorted(cfg.train.checkpoint_steps)[:checkpoints]
+    cut = replace(cfg, train=replace(cfg.train, steps=steps[-1], checkpoint_steps=tuple(steps)))
+    committed = read_metrics(trial)
+    with tempfile.TemporaryDirectory() as tmp:
+        again = run_trial(cut, tmp, eval_cache=Path(tmp) / "eval_cache")
+    compared, differ = 0, []
+    for step in steps:
+        for key, value in committed[step].items():
+            if key.startswith("time/"):
+                continue
+            compared += 1
+            if again[step].get(key) != value:
+                differ.append(f"step {step} {key}: committed {value!r}, rerun "
+                              f"{again[step].get(key)!r}")
+    return compared, differ
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("trial", type=Path, help="a trial directory with config.json, metrics.jsonl")
+    p.add_argument("--checkpoints", type=COUNT, default=1, help="how many of its checkpoints")
+    args = p.parse_args(argv)
+    compared, differ = rerun(args.trial, args.checkpoints)
+    print(f"{args.trial}: {compared} metrics compared over {args.checkpoints} checkpoint(s), "
+          f"{len(differ)} differ")
+    for line in differ:
+        print("  " + line)
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
