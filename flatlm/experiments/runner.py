@@ -24,13 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from flatlm.core.config import from_dict, to_dict
+from flatlm.core.config import from_dict
 from flatlm.core.safe_io import make_fresh_dir, refuse_link, write_atomic
 from flatlm.experiments.paper import Experiment
 from flatlm.runs.pack import check_pack_size, group_packs, run_pack, unpacked_reason
 from flatlm.runs.progress import Sink
 from flatlm.runs.trial import (
     TRAINED_BY,
+    check_same_config,
     run_trial_once,
     training_identity,
     with_downstream_resolved,
@@ -73,27 +74,6 @@ def finished(out: Path, cfg) -> bool:
     return set(cfg.train.checkpoint_steps) <= set(read_metrics(out)) if out.exists() else False
 
 
-def check_same_config(out: Path, cfg) -> None:
-    """A trial directory resumes only the config it was started with. Its ``config.json`` is
-    read as this version's config, so a field added to flatlm since counts as its default."""
-    path = out / "config.json"
-    if not path.exists():
-        return
-    if _as_current(json.loads(path.read_text()), cfg) != to_dict(with_downstream_resolved(cfg)):
-        raise ValueError(f"{out} holds a trial started with another config (its config.json "
-                         "differs): the settings changed since. Pass another --out, or delete "
-                         "that directory to start the trial again")
-
-
-def _as_current(saved: dict, cfg) -> dict:
-    """``saved`` (a config.json) with the fields it lacks at their defaults; as read if it no
-    longer parses (a field since removed: then it differs, as it should)."""
-    try:
-        return to_dict(from_dict(type(cfg), saved))
-    except (TypeError, ValueError):
-        return saved
-
-
 def run_experiment(experiment: Experiment, root: str | Path, *, device: str = "cpu",
                    budget: Budget | None = None, progress: bool = False,
                    on_trial: Callable[[str, str], None] | None = None,
@@ -112,7 +92,7 @@ def run_experiment(experiment: Experiment, root: str | Path, *, device: str = "c
     check_pack_size(pack)
     trials = experiment.trials()
     for name, cfg in trials:  # every config checked before any work
-        check_same_config(trial_dir(root, experiment, name), cfg)
+        check_same_config(trial_dir(root, experiment, name), with_downstream_resolved(cfg))
     pending = []
     for name, cfg in trials:
         out = trial_dir(root, experiment, name)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from flatlm.core.config import to_dict, to_flat_dict
+from flatlm.core.config import from_dict, to_dict, to_flat_dict
 from flatlm.core.safe_io import write_text
 from flatlm.measure.registry import unused_sections as unused_measure_sections
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
@@ -202,6 +202,45 @@ def tracked_params(cfg: TrialConfig) -> dict:
 MEASURE_IN = ("process", "background")  # run_trial's measure_in
 
 
+def check_same_config(out: Path, cfg) -> None:
+    """A trial directory resumes only the config it was started with (every entry point: this
+    is ``run_trial``'s first check). Its ``config.json`` is read as this version's config, so a
+    field added to flatlm since counts as its default; a difference is refused naming the keys
+    that differ, before any work (a rerun with ``--quick`` would otherwise rewrite the config
+    beside metrics measured under another)."""
+    path = Path(out) / "config.json"
+    if not path.exists():
+        return
+    saved, now = _as_current(json.loads(path.read_text()), cfg), to_dict(cfg)
+    if saved != now:
+        keys = _differing(saved, now)
+        raise ValueError(f"{out} holds a trial started with another config (its config.json "
+                         f"differs in {', '.join(keys[:6])}{' ...' if len(keys) > 6 else ''}): "
+                         "the settings changed since. Pass another --out, or delete that "
+                         "directory to start the trial again")
+
+
+def _differing(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two nested config dicts."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _differing(x, y, f"{prefix}{key}.")
+        elif x != y:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def _as_current(saved: dict, cfg) -> dict:
+    """``saved`` (a config.json) with the fields it lacks at their defaults; as read if it no
+    longer parses (a field since removed: then it differs, as it should)."""
+    try:
+        return to_dict(from_dict(type(cfg), saved))
+    except (TypeError, ValueError):
+        return saved
+
+
 def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = None, *,
               device: str | torch.device = "cpu", progress: bool = False,
               eval_cache: str | Path | None = None, source=None,
@@ -225,6 +264,7 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
         raise ValueError(f"measure_in={measure_in!r}: use one of {', '.join(MEASURE_IN)}")
     source, model_cfg = validate_trial(cfg, source)
     cfg = with_downstream_resolved(cfg, source)
+    check_same_config(out_dir, cfg)
     check_fits(cfg.train, model_cfg, source, torch.device(device))  # before the eval data too
     out_dir = Path(out_dir).absolute()
     with writer_lock(out_dir):  # one writer per trial directory (flatlm.storage.dirlock)

@@ -199,3 +199,17 @@ def test_a_diverged_trial_is_recorded_and_not_trained_again(tmp_path, capsys, mo
     again = capsys.readouterr().err
     assert f"recorded in {out / DIVERGED_FILE}" in again and "delete that directory" in again
     assert again.count("\n") == 1  # one line, no traceback
+
+
+def test_a_rerun_with_other_settings_is_refused_before_it_rewrites_the_config(tmp_path, capsys):
+    """Issue 53: ``--quick`` on a finished full trial rewrote its config.json to loss only,
+    beside a metrics.jsonl measured under the full one."""
+    out = tmp_path / "t"
+    assert main(["trial", "--out", str(out), "--no-progress", *TINY]) == 0
+    before = (out / "config.json").read_text()
+    i = TINY.index('measure.what=["loss","probe"]')  # --set would win over --quick
+    assert main(["trial", "--out", str(out), "--no-progress", *TINY[:i - 1], *TINY[i + 1:],
+                 "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a trial started with another config" in err and "measure.what" in err
+    assert (out / "config.json").read_text() == before  # nothing rewritten
