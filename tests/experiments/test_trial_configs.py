@@ -57,7 +57,7 @@ def snapshot() -> dict:
 
 def test_the_snapshot_covers_every_scale_protocol_source_and_experiment(snapshot):
     assert count(snapshot) > 20_000
-    assert set(snapshot) == {"sweep", "tiny", "gpu", "testbed", "testbed searches"}
+    assert set(snapshot) == {*SCALE_NAMES, "testbed searches"}
     assert set(snapshot["tiny"]["paper"]) == {*PLAIN_SOURCES, "text", "text-glue", "lm",
                                               "lm-glue"}
 

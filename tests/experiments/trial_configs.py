@@ -42,8 +42,8 @@ TMP = "<tmp>"
 
 # The built-in scales and algorithms (a plug-in another test loaded may have added to the
 # registries).
-SCALE_NAMES = ("sweep", "tiny", "gpu", "testbed")
-ALGORITHMS = ("adamw", "sgd", "noreg", "sam", "adversarial", "grow", "label_noise")
+SCALE_NAMES = ("sweep", "tiny", "gpu", "testbed", "testbed-v2")
+ALGORITHMS = ("adamw", "sgd", "noreg", "sam", "adversarial", "grow", "label_noise", "muon")
 PLAIN_SOURCES = {
     "scale": None,
     "pcfg": "pcfg:seed=3,random.vocab=20",
