@@ -70,7 +70,8 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None, *,
         print(correlation_markdown(table))
     if verbose or sweep.selection:
         _print_selection(sweep, runs, key)
-    _print_commands(sweep, workdir, uri, verbose, runs.attrs.get("experiment_id"))
+    _print_commands(sweep, workdir, uri, verbose, runs.attrs.get("experiment_id"),
+                    accuracy=key if key in runs and runs[key].notna().any() else None)
 
 
 # What a no-argument sweep adds to the committed answer, and why it reads no verdict itself.
@@ -123,11 +124,17 @@ def _paragraphs(words: str) -> str:
 
 
 def _print_commands(sweep: Sweep, workdir: Path, uri: str, verbose: bool,
-                    experiment_id: str | None) -> None:
+                    experiment_id: str | None, accuracy: str | None = "") -> None:
+    """Where to look next; ``accuracy``: the accuracy key the runs measured (None: none did,
+    so there is no report to make: its command would fail; "": not checked)."""
     report = ["--experiment", sweep.name, "--tracking-uri", uri, "--task", sweep_task(sweep),
               *saturation_flag(sweep).split(), "--out", str(workdir / "report" / sweep.name)]
     print()
     print(ui_lines(uri, workdir, experiment_id, sweep.name))
+    if accuracy is None:  # a --quick sweep: the report reads a probe's accuracy
+        print(f"Report:     none: no run measured {accuracy_key(sweep)} (--quick measures the "
+              "loss and KL only); run the sweep without --quick for the report")
+        return
     print(f"Report:     {shlex.join(['python', str(REPO / 'analysis' / 'report.py'), *report])}")
     if not verbose:
         print("            (figures, correlations and model selection; --verbose prints the "

@@ -60,3 +60,20 @@ def test_the_summary_on_an_unreachable_store_is_a_message_and_exit_code_3(tmp_pa
     err = capsys.readouterr().err
     assert "2 run(s) not ended (a, b)" in err and "No summary" in err
     assert "python sweeps/scaling.py --workdir w --resume" in err
+
+
+def test_a_sweep_without_an_accuracy_prints_no_report_command_that_would_fail(tmp_path, capsys):
+    """Issue 53: after a --quick sweep the printed Report command failed ("column
+    'probe/task-6/acc_mean' not in the runs; pass --task" with --task passed)."""
+    from flatlm.runs.trial import TrialConfig
+    from sweeps import summary
+    from sweeps.spec import Sweep
+
+    sweep = Sweep(name="scaling", base=TrialConfig())
+    summary._print_commands(sweep, tmp_path, f"sqlite:///{tmp_path}/mlflow.db", False, None,
+                            accuracy=None)
+    printed = capsys.readouterr().out
+    assert "Report:     none: no run measured" in printed and "report.py" not in printed
+    summary._print_commands(sweep, tmp_path, f"sqlite:///{tmp_path}/mlflow.db", False, None,
+                            accuracy="probe/A/acc_mean")
+    assert "analysis/report.py" in capsys.readouterr().out
