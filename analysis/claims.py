@@ -279,6 +279,7 @@ class Effects:
     regime: str = matched.SATURATED
     confound: float = np.nan
     precondition: str = ""
+    confound_read_kl: float = np.nan  # the bound from the read KLs' difference alone
 
 
 def metric_key(metric: str) -> str:
@@ -430,7 +431,8 @@ def matched_loss_effects(part: pd.DataFrame, claim: Claim, rule: VerdictRule) ->
         level=rule.level, match_tol=rule.match_tol, window=rule.slope_window,
         plateau_points=rule.plateau_points)
     return Effects(m.values, False, True, m.kl_max, m.kl_spread, m.note, m.pairs,
-                   regime=matched.MATCHED, confound=m.confound, precondition=m.precondition)
+                   regime=matched.MATCHED, confound=m.confound, precondition=m.precondition,
+                   confound_read_kl=m.confound_read_kl)
 
 
 def claim_rows(df: pd.DataFrame, rule: VerdictRule = DEFAULT_RULE) -> pd.DataFrame:
@@ -606,6 +608,7 @@ def _matched_columns(eff: Effects, rule: VerdictRule) -> dict:
     if rule.target_kl is None:
         return {}
     return {"regime": eff.regime, "target_kl": rule.target_kl, "confound_bound": eff.confound,
+            "confound_bound_read_kl": eff.confound_read_kl,
             "confound_share": rule.confound_share, "match_tol": rule.match_tol,
             "slope_window": rule.slope_window, "plateau_points": rule.plateau_points}
 
