@@ -41,10 +41,10 @@ where s is the slope of the metric on the KL along the arm's own trajectory arou
 s.e. from the residuals, at least the checkpoints' mean measurement s.e.) and z the normal
 quantile of the rule's ``level``. A relative effect (a trace: treated / control - 1) divides the
 bound by the control's mean. The bound is a column of every row (``confound_bound``) and widens
-the interval on both sides: [low - bound, high + bound]. Beside it the report gives the bound from (i)
-alone (``confound_bound_read_kl``, 0 where both arms are interpolated): the reading that trusts
-the measured KLs as exact. The difference between the two is what the KL's sampling error on the
-evaluation set could hide; a larger ``measure.n_eval`` shrinks it.
+the interval on both sides: [low - bound, high + bound]. Beside it the report gives the bound
+from (i) alone (``confound_bound_read_kl``, 0 where both arms are interpolated): the reading
+that trusts the measured KLs as exact. The difference between the two is what the KL's sampling
+error on the evaluation set could hide; a larger ``measure.n_eval`` shrinks it.
 
 **Claims that need convergence** (Fig. 2 / Fig. 4: accuracy rising with steps *after* the loss
 converges; SGD's Fig. 4 left) read ``precondition not met (the loss still falls)`` unless every
