@@ -212,7 +212,12 @@ def _room(r) -> str:
 def _confound(r) -> str:
     """The matched-loss rule's confound bound in the effect's unit ("" where not read)."""
     bound = getattr(r, "confound_bound", np.nan)
-    return _fmt(bound, r.effect_unit).lstrip("+") if np.isfinite(bound) else ""
+    if not np.isfinite(bound):
+        return ""
+    read = getattr(r, "confound_bound_read_kl", np.nan)
+    alone = (f" (the read KLs alone: {_fmt(read, r.effect_unit).lstrip('+')})"
+             if np.isfinite(read) else "")
+    return _fmt(bound, r.effect_unit).lstrip("+") + alone
 
 
 def _to_change(r) -> str:
