@@ -226,7 +226,8 @@ def _to_change(r) -> str:
     if r.verdict == NOT_SATURATED:
         return f"train to KL <= {r.saturation:g} (longer runs / larger models)"
     if r.verdict == matched.NOT_MATCHED:
-        return "checkpoints closer around the target KL (or a flatter slope: more seeds)"
+        return ("the KL on more evaluation sentences (measure.n_eval: its s.e. is most of the "
+                "bound when the arms are interpolated), or checkpoints closer around the target")
     if r.verdict == matched.STILL_FALLING:
         return "runs long enough for the KL to level off (saturation: --scale gpu)"
     if r.verdict == matched.NOT_REACHED:
