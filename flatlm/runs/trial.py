@@ -202,18 +202,24 @@ def tracked_params(cfg: TrialConfig) -> dict:
 MEASURE_IN = ("process", "background")  # run_trial's measure_in
 
 
-def check_same_config(out: Path, cfg) -> None:
-    """A trial directory resumes only the config it was started with (every entry point: this
-    is ``run_trial``'s first check). Its ``config.json`` is read as this version's config, so a
-    field added to flatlm since counts as its default; a difference is refused naming the keys
-    that differ, before any work (a rerun with ``--quick`` would otherwise rewrite the config
-    beside metrics measured under another)."""
+# What a trial may change when it is run again in its directory: its length and its schedule of
+# checkpoints and log lines (a run continued further); nothing that its records were measured by.
+EXTENDABLE = ("train.steps", "train.checkpoint_steps", "train.log_every")
+
+
+def check_same_config(out: Path, cfg, *, extendable: tuple[str, ...] = ()) -> None:
+    """A trial directory resumes only the config it was started with (every entry point:
+    ``run_trial`` checks it first, with ``EXTENDABLE`` allowed to change; ``flatlm replicate``
+    allows nothing). Its ``config.json`` is read as this version's config, so a field added to
+    flatlm since counts as its default; a difference is refused naming the keys that differ,
+    before any work (a rerun with ``--quick`` would otherwise rewrite the config beside metrics
+    measured under another)."""
     path = Path(out) / "config.json"
     if not path.exists():
         return
     saved, now = _as_current(json.loads(path.read_text()), cfg), to_dict(cfg)
-    if saved != now:
-        keys = _differing(saved, now)
+    keys = [k for k in _differing(saved, now) if k not in extendable]
+    if keys:
         raise ValueError(f"{out} holds a trial started with another config (its config.json "
                          f"differs in {', '.join(keys[:6])}{' ...' if len(keys) > 6 else ''}): "
                          "the settings changed since. Pass another --out, or delete that "
@@ -264,7 +270,7 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
         raise ValueError(f"measure_in={measure_in!r}: use one of {', '.join(MEASURE_IN)}")
     source, model_cfg = validate_trial(cfg, source)
     cfg = with_downstream_resolved(cfg, source)
-    check_same_config(out_dir, cfg)
+    check_same_config(out_dir, cfg, extendable=EXTENDABLE)
     check_fits(cfg.train, model_cfg, source, torch.device(device))  # before the eval data too
     out_dir = Path(out_dir).absolute()
     with writer_lock(out_dir):  # one writer per trial directory (flatlm.storage.dirlock)
