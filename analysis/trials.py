@@ -62,6 +62,16 @@ def finished_trials(root: Path, experiments=EXPERIMENTS) -> tuple[list[Path], li
     return done, running
 
 
+def replace_records(root: Path, out: Path) -> tuple[list[Path], list[Path]]:
+    """The finished trials of ``root`` (``finished_trials``) with their records copied to
+    ``out``, replacing what was there; returns (finished, unfinished)."""
+    done, running = finished_trials(root)
+    if done:
+        shutil.rmtree(out, ignore_errors=True)
+        copy_records(done, root, out)
+    return done, running
+
+
 def copy_records(trials: list[Path], root: Path, out: Path) -> None:
     """Each trial's record (its config and metrics log; never a checkpoint) from under
     ``root`` to the same relative place under ``out``."""

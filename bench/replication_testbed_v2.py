@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -36,7 +35,7 @@ import pandas as pd
 
 from analysis.matched import read_at
 from analysis.replication import main as replication_report
-from analysis.trials import copy_records, finished_trials, load_trials
+from analysis.trials import load_trials, replace_records
 from flatlm.experiments.scales import TESTBED_V2
 
 V2_SEARCH = Path(__file__).parent / "results" / "testbed_v2_search.json"
@@ -181,13 +180,11 @@ def main(argv=None) -> int:
     p.add_argument("--records-only", action="store_true",
                    help="copy the finished trials' records and stop (commit them as they land)")
     args = p.parse_args(argv)
-    done, running = finished_trials(args.trials)
+    records = args.out / "trials"
+    done, running = replace_records(args.trials, records)
     if not done:
         print(f"--trials {args.trials}: no finished trial", file=sys.stderr)
         return 2
-    records = args.out / "trials"
-    shutil.rmtree(records, ignore_errors=True)
-    copy_records(done, args.trials, records)
     if args.records_only:
         print(f"{len(done)} finished trial(s) -> {records}; {len(running)} not finished")
         return 0
