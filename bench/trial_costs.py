@@ -1,9 +1,9 @@
 """The committed cost table ``flatlm/experiments/data/trial_costs.json`` (``flatlm.experiments.
 costs``), from the committed trials' own timings: per model, algorithm and batch the seconds a
 training step took (each trial's ``time/train_s`` summed over its checkpoints, over the steps it
-trained), per model and measurement set the seconds a checkpoint's measurements took (each
-trial's ``time/measure_s`` over its checkpoints, the first one's evaluation data and reference
-probes included); the median over trials. The GPU rows are typed from
+trained), per model, measurement set and downstream-set size the seconds a checkpoint's
+measurements took (each trial's ``time/measure_s`` over its checkpoints, the first one's
+evaluation data and reference probes included); the median over trials. The GPU rows are typed from
 ``bench/results/gpu_replication_h200.md`` (no trial records came back from that run).
 
     python bench/trial_costs.py                 # rewrites the table from the records
@@ -20,7 +20,8 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDS = ("bench/results/replication_testbed/trials",)
+RECORDS = ("bench/results/replication_testbed/trials",
+           "bench/results/replication_testbed_v2/trials")
 TABLE = ROOT / "flatlm" / "experiments" / "data" / "trial_costs.json"
 CPU = "cpu"  # one torch thread a trial, two trials on the 2-core machine that ran them
 GPU_SOURCE = ("bench/results/gpu_replication_h200.md: per process, 15 testbed processes "
@@ -48,7 +49,8 @@ def trial_timings(trial: Path) -> dict | None:
         return None
     return {"model": cfg["model"], "algorithm": cfg["train"]["algorithm"],
             "batch_size": cfg["train"]["batch_size"],
-            "measure_what": sorted(cfg["measure"]["what"]), "step_s": train_s / steps,
+            "measure_what": sorted(cfg["measure"]["what"]),
+            "n_downstream": cfg["measure"]["n_downstream"], "step_s": train_s / steps,
             "checkpoint_s": sum(r.get("time/measure_s", 0.0) for r in rows) / len(rows),
             "trial": str(trial.relative_to(ROOT))}
 
@@ -58,15 +60,16 @@ def table_of(timings: list[dict]) -> dict:
     train, measure = defaultdict(list), defaultdict(list)
     for t in timings:
         train[(t["model"], t["algorithm"], t["batch_size"])].append(t["step_s"])
-        measure[(t["model"], tuple(t["measure_what"]))].append(t["checkpoint_s"])
+        measure[(t["model"], tuple(t["measure_what"]), t["n_downstream"])].append(t["checkpoint_s"])
     source = ", ".join(RECORDS) + f" ({CPU}: one torch thread a trial)"
     return {
         "train": [{"device": CPU, "model": m, "algorithm": a, "batch_size": b,
                    "seconds": statistics.median(v), "trials": len(v), "source": source}
                   for (m, a, b), v in sorted(train.items())] + GPU_ROWS["train"],
         "measure": [{"device": CPU, "model": m, "batch_size": 1, "measure_what": list(w),
-                     "seconds": statistics.median(v), "trials": len(v), "source": source}
-                    for (m, w), v in sorted(measure.items())] + GPU_ROWS["measure"],
+                     "n_downstream": n, "seconds": statistics.median(v), "trials": len(v),
+                     "source": source}
+                    for (m, w, n), v in sorted(measure.items())] + GPU_ROWS["measure"],
     }
 
 

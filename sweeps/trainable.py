@@ -23,6 +23,7 @@ import torch
 from flatlm.core.config import apply_overrides, from_dict
 from flatlm.core.registry import load_plugins
 from flatlm.core.safe_io import write_bytes
+from flatlm.experiments.costs import measure_prior_s
 from flatlm.experiments.presets import scale_and_protocol_of
 from flatlm.measure import KL, LOSS, TRACE_FISHER, TRACE_HESSIAN, probe_keys
 from flatlm.runs.headline import display_columns
@@ -88,7 +89,8 @@ def trainable(config: dict) -> None:
     try:
         run_trial(cfg, out_dir, report, device=device, source=source,
                   eval_cache=Path(sweep["trials_dir"]).parents[1] / "eval_cache",
-                  on_progress=poster(name))  # the driver prints where it is (sweeps.progress)
+                  on_progress=poster(name),  # the driver prints where it is (sweeps.progress)
+                  measure_prior_s=measure_prior_s(cfg, device))
     except Diverged as e:  # ends here, not retried: a retry would diverge the same way
         end_diverged(tracker, out_dir, e)
         return

@@ -93,6 +93,7 @@ def trial_config(args):
 
 
 def run(args) -> int:
+    from flatlm.experiments.costs import budget_line, measure_prior_s
     from flatlm.runs.trial import printer, run_trial_once
 
     cfg = trial_config(args)
@@ -100,6 +101,10 @@ def run(args) -> int:
     args.out = check_output_dir(args.out)  # a link, a file or an unwritable place: a message
     print(f"trial {cfg.model} on {cfg.source} ({args.scale} scale, {args.protocol}) -> "
           f"{args.out}", flush=True)
+    budget = budget_line(cfg, device)
+    if budget is not None:  # measuring can dominate a short run: said before it starts
+        hint = "" if args.quick else "; --quick measures only the loss and KL"
+        print(f"expected: {budget}{hint}", flush=True)
     cache = eval_cache_dir(args.eval_cache, args.out)
     if cache is not None:
         print(f"evaluation data and reference rows: {cache} (shared by the trials beside it)",
@@ -112,7 +117,8 @@ def run(args) -> int:
     else:
         with console.ticking() if console else contextlib.nullcontext():
             rows = run_trial_once(cfg, args.out, report, device=device, eval_cache=cache,
-                                  on_progress=console.show if console else None)
+                                  on_progress=console.show if console else None,
+                                  measure_prior_s=measure_prior_s(cfg, device))
     print("\n".join(closing_lines(args.out, rows, cfg.measure.what, args.quick)), flush=True)
     return 0
 

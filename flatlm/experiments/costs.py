@@ -63,9 +63,7 @@ def trial_estimate(cfg, device: str = "cpu") -> Estimate:
     model = str(cfg.model)  # a preset name or a shape string
     train = _rate(cost_table()["train"], device, model, cfg.train.batch_size,
                   {"algorithm": cfg.train.algorithm, "batch_size": cfg.train.batch_size})
-    what = sorted(cfg.measure.what)
-    measure = _rate(cost_table()["measure"], device, model, 1,  # not per batch
-                    {"measure_what": what})
+    measure = checkpoint_seconds(cfg, device)
     if train is None or measure is None:
         return Estimate(math.nan, f"no committed {device} benchmark of {model}")
     seconds = (cfg.train.steps * train[0]
@@ -75,6 +73,61 @@ def trial_estimate(cfg, device: str = "cpu") -> Estimate:
 
 
 HOW_ORDER = ("measured", "nearest row", "extrapolated")
+
+
+def checkpoint_seconds(cfg, device: str = "cpu") -> tuple[float, str] | None:
+    """(seconds one checkpoint's measurements of ``cfg`` take on ``device``, how the figure was
+    reached), or None. Only a row of the same measurement set is read (the sets' costs differ
+    a hundredfold: the loss alone takes seconds, the probes minutes); one measured on another
+    downstream-set size is scaled by the ratio of sizes (the probe, which reads every
+    downstream sentence each epoch, dominates) and is the "nearest row"."""
+    what, size = sorted(cfg.measure.what), cfg.measure.n_downstream
+    rows = [r for r in cost_table()["measure"]
+            if r["measure_what"] is None or sorted(r["measure_what"]) == what]
+    rate = _rate(rows, device, str(cfg.model), 1, {"n_downstream": size})  # not per batch
+    if rate is None or rate[1] == "measured":
+        return rate
+    row_size = _nearest_row(rows, device, str(cfg.model)).get("n_downstream")
+    return (rate[0] * size / row_size, rate[1]) if row_size else rate
+
+
+def budget_line(cfg, device) -> str | None:
+    """What the trial is expected to cost and how much of it is measuring, from the table, or
+    None where it has no row: 'about 12 min on this CPU: 3 min training, 9 min measuring 5
+    checkpoints (75%) (nearest row of flatlm/experiments/data/trial_costs.json)'."""
+    kind = "gpu" if str(device).startswith("cuda") else "cpu"
+    train = _rate(cost_table()["train"], kind, str(cfg.model), cfg.train.batch_size,
+                  {"algorithm": cfg.train.algorithm, "batch_size": cfg.train.batch_size})
+    measure = checkpoint_seconds(cfg, kind)
+    if train is None or measure is None:
+        return None
+    n = len(cfg.train.checkpoint_steps)
+    train_min, measure_min = cfg.train.steps * train[0] / 60, n * measure[0] / 60
+    share = measure_min / (train_min + measure_min) if train_min + measure_min > 0 else 0.0
+    how = max((train[1], measure[1]), key=HOW_ORDER.index)
+    return (f"about {_minutes(train_min + measure_min)} on this {kind.upper()}: "
+            f"{_minutes(train_min)} training, {_minutes(measure_min)} measuring {n} "
+            f"checkpoint{'s' * (n != 1)} ({share:.0%}) ({how} of flatlm/experiments/data/"
+            f"{COSTS_FILE}, from runs of one torch thread each, two on a 2-core machine)")
+
+
+def _minutes(minutes: float) -> str:
+    return f"{minutes:.0f} min" if minutes >= 1 else f"{minutes * 60:.0f} s"
+
+
+def measure_prior_s(cfg, device) -> float | None:
+    """``checkpoint_seconds`` of ``cfg`` on ``device`` (a torch device or its name: CUDA reads
+    the GPU rows), or None where the table has no row for it: what a trial's progress line
+    counts for the measurements before it has timed one."""
+    kind = "gpu" if str(device).startswith("cuda") else "cpu"
+    rate = checkpoint_seconds(cfg, kind)
+    return None if rate is None else rate[0]
+
+
+def _nearest_row(rows: list[dict], device: str, model: str) -> dict:
+    """The row ``_rate`` falls back to for ``model`` on ``device`` (its first), or {}."""
+    same = [r for r in rows if r["device"] == device and r["model"] == model]
+    return same[0] if same else {}
 
 
 def _rate(rows: list[dict], device: str, model: str, batch: int, want: dict

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from flatlm.core.config import from_dict
 from flatlm.core.safe_io import make_fresh_dir, refuse_link, write_atomic
+from flatlm.experiments.costs import measure_prior_s
 from flatlm.experiments.paper import Experiment
 from flatlm.runs.pack import check_pack_size, group_packs, run_pack, unpacked_reason
 from flatlm.runs.progress import Sink
@@ -170,7 +171,8 @@ class _Runner:
                 carry_training(twin, out, root)
             run_trial_once(cfg, out, _stop_when(self.budget), device=self.device,
                            progress=self.progress, eval_cache=root / "eval_cache",
-                           on_progress=self.sink(name))
+                           on_progress=self.sink(name),
+                           measure_prior_s=measure_prior_s(cfg, self.device))
         except OutOfTime:
             _tell(on_trial, name, "paused")
             return "paused"

@@ -60,6 +60,9 @@ def progress_line(trial: int, n_trials: int, step: int, total_steps: int, elapse
     >>> progress_line(1, 1, 1000, 2000, 80.0, doing="measuring step 1000: probe (3/7)",
     ...               doing_s=40)
     'trial 1 of 1  measuring step 1000: probe (3/7) for 40 s  ~1 min 20 s left'
+    >>> progress_line(1, 1, 0, 2000, 0.0, doing="measuring step 0: probe (3/7)", doing_s=40,
+    ...               extra_left_s=500)
+    'trial 1 of 1  measuring step 0: probe (3/7) for 40 s  ~8 min 20 s of measuring left'
     """
     head = f"trial {trial} of {n_trials}"
     done = step - start_step
@@ -67,6 +70,8 @@ def progress_line(trial: int, n_trials: int, step: int, total_steps: int, elapse
     left = None if rate is None else (total_steps - step) / rate + extra_left_s
     if doing is not None:
         tail = "" if left is None else f"  ~{duration(left)} left"
+        if left is None and extra_left_s > 0:  # no training yet to time: the measurements' part
+            tail = f"  ~{duration(extra_left_s)} of measuring left"
         return f"{head}  {doing} for {duration(doing_s)}{tail}"
     if rate is None:
         return f"{head}  step {step}/{total_steps}  starting"
@@ -91,19 +96,23 @@ class TrialProgress:
     (a measurement part starts, training resumes), else at most every ``every_s`` seconds while
     training. ``stepped`` is called after every update, so it costs one clock read.
 
-    The time left counts the measurements still to come at the mean time of those measured so
-    far after the first (the first also builds the evaluation data and the reference probes,
-    once a trial)."""
+    The time left counts the measurements still to come, the one under way included, at the
+    mean time of those measured so far after the first (the first also builds the evaluation
+    data and the reference probes, once a trial); before any is measured, at
+    ``measure_prior_s`` a checkpoint (the committed cost table's figure,
+    ``flatlm.experiments.costs.checkpoint_seconds``; None: not counted until one is)."""
 
     def __init__(self, total_steps: int, checkpoint_steps, show: Sink, *, every_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time):
+                 wall: Callable[[], float] = time.time, measure_prior_s: float | None = None):
         self.total_steps, self.checkpoints = total_steps, sorted(set(checkpoint_steps))
         self.show, self.every_s, self.clock, self.wall = show, every_s, clock, wall
         self.step, self.start_step = 0, None
         self.train_s, self.training_since = 0.0, None  # clock() while training, else None
         self.doing, self.doing_since = None, 0.0
         self.measured_s: dict[int, float] = {}
+        self.measure_prior_s = measure_prior_s
+        self.measuring_step, self.measuring_since = None, 0.0  # the checkpoint under way
         self.next_show = 0.0
 
     def preparing(self, what: str) -> None:
@@ -127,11 +136,14 @@ class TrialProgress:
     def measuring(self, step: int, part: str) -> None:
         """A part of checkpoint ``step``'s measurement starts: ``probe (3/7)``."""
         self.step = step
+        if self.measuring_step != step:
+            self.measuring_step, self.measuring_since = step, self.clock()
         self._pause(f"measuring step {step}: {part}")
 
     def measured(self, step: int, seconds: float) -> None:
         """Checkpoint ``step`` was measured in ``seconds``; training goes on from now."""
         self.measured_s[step] = seconds
+        self.measuring_step = None
         self.training_since = self.clock()
 
     def snapshot(self) -> Snapshot:
@@ -151,8 +163,17 @@ class TrialProgress:
         self.show(self.snapshot())
 
     def _measure_left_s(self) -> float:
-        later = [s for s in self.measured_s.values()][1:] or list(self.measured_s.values())
-        if not later:
+        per = self._checkpoint_s()
+        if per is None:
             return 0.0
         to_come = [s for s in self.checkpoints if s > self.step and s not in self.measured_s]
-        return len(to_come) * sum(later) / len(later)
+        left = len(to_come) * per
+        if self.measuring_step is not None:  # the one under way: what its mean time leaves
+            left += max(per - (self.clock() - self.measuring_since), 0.0)
+        return left
+
+    def _checkpoint_s(self) -> float | None:
+        """Seconds a checkpoint's measurements take: the mean of those measured after the
+        first (else the first), else the prior."""
+        later = list(self.measured_s.values())[1:] or list(self.measured_s.values())
+        return sum(later) / len(later) if later else self.measure_prior_s

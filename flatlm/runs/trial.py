@@ -250,7 +250,8 @@ def _as_current(saved: dict, cfg) -> dict:
 def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = None, *,
               device: str | torch.device = "cpu", progress: bool = False,
               eval_cache: str | Path | None = None, source=None,
-              on_progress: Sink | None = None, measure_in: str = "process") -> dict[int, dict]:
+              on_progress: Sink | None = None, measure_in: str = "process",
+              measure_prior_s: float | None = None) -> dict[int, dict]:
     """Runs (or resumes) the trial; returns step -> metrics for every checkpoint.
 
     ``eval_cache``: a directory where the trials of a sweep share their evaluation data and
@@ -265,6 +266,8 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
     ``measure_in``: "process" (default) measures each checkpoint here, training waiting;
     "background" only trains and saves the checkpoints, which another process measures as they
     appear (``flatlm.runs.follow``: ``flatlm measure --follow OUT``), writing the same rows.
+    ``measure_prior_s``: the seconds a checkpoint's measurements are expected to take
+    (``flatlm.experiments.costs.measure_prior_s``), counted in the time left until one is timed.
     """
     if measure_in not in MEASURE_IN:
         raise ValueError(f"measure_in={measure_in!r}: use one of {', '.join(MEASURE_IN)}")
@@ -275,7 +278,8 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
     out_dir = Path(out_dir).absolute()
     with writer_lock(out_dir):  # one writer per trial directory (flatlm.storage.dirlock)
         watch = TrialProgress(cfg.train.steps, cfg.train.checkpoint_steps,
-                              on_progress or (lambda snapshot: None))
+                              on_progress or (lambda snapshot: None),
+                              measure_prior_s=measure_prior_s)
         if measure_in == "background":
             return _train_only(cfg, source, model_cfg, out_dir, device, progress, watch)
         return _run_trial(cfg, source, model_cfg, out_dir, report, device, progress, eval_cache,

@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from flatlm.core.config import apply_overrides, from_dict
-from flatlm.experiments.costs import compute_weight, experiment_minutes, trial_estimate
+from flatlm.experiments.costs import (
+    budget_line,
+    checkpoint_seconds,
+    compute_weight,
+    cost_table,
+    experiment_minutes,
+    measure_prior_s,
+    trial_estimate,
+)
 from flatlm.experiments.paper import build
 from flatlm.runs.trial import TrialConfig
 
@@ -43,11 +51,11 @@ def test_the_estimates_sum_to_what_the_committed_trials_took(protocol):
 
 def test_a_model_not_in_the_table_is_extrapolated_by_compute_and_never_on_a_gpu():
     _, base = build("steps", scale="testbed").trials()[0]
-    wide = apply_overrides(base, {"model": "d128-h8-l2-i512"})
+    wide = apply_overrides(base, {"model": "d192-h8-l2-i768"})  # no committed trial of it
     small, large = trial_estimate(base), trial_estimate(wide)
     assert small.how == "measured" and large.how == "extrapolated"
     assert large.minutes > small.minutes
-    assert compute_weight("d128-h8-l2-i512") > 3 * compute_weight("d64-h4-l2-i256")
+    assert compute_weight("d192-h8-l2-i768") > 3 * compute_weight("d64-h4-l2-i256")
     assert math.isnan(trial_estimate(wide, "gpu").minutes)
     lstm = apply_overrides(base, {"model": "lstm-h64-l1"})
     assert math.isnan(trial_estimate(lstm).minutes)
@@ -76,3 +84,29 @@ def test_the_readme_states_the_dry_runs_total():
     total = out.split("in all: 35 trials, about ")[1].split(" CPU-minutes")[0]
     readme = (ROOT / "README.md").read_text()
     assert f"the first command is about {total} CPU-minutes" in readme
+
+
+def test_a_checkpoint_measured_on_another_downstream_size_is_scaled_by_the_sizes():
+    """A row of the model's measured on 4,000 downstream sentences, read for 20,000: five times
+    its seconds, and said to be the nearest row (the probe reads every sentence each epoch)."""
+    _, base = build("steps", scale="testbed").trials()[0]
+    bigger = apply_overrides(base, {"measure.n_downstream": 5 * base.measure.n_downstream})
+    (seconds, how), (scaled, scaled_how) = checkpoint_seconds(base), checkpoint_seconds(bigger)
+    assert how == "measured" and scaled_how == "nearest row"
+    assert scaled == pytest.approx(5 * seconds)
+    assert measure_prior_s(base, "cpu") == seconds
+
+
+def test_the_budget_line_says_the_measuring_share_and_never_guesses_another_set():
+    _, base = build("steps", scale="testbed").trials()[0]
+    short = apply_overrides(base, {"train.steps": 200})
+    line = budget_line(short, "cpu")
+    n = len(short.train.checkpoint_steps)
+    seconds, _ = checkpoint_seconds(short)
+    share = n * seconds / (n * seconds + 200 *
+                           next(r["seconds"] for r in cost_table()["train"]
+                                if r["model"] == str(short.model)
+                                and r["algorithm"] == short.train.algorithm))
+    assert f"measuring {n} checkpoints ({share:.0%})" in line
+    loss_only = apply_overrides(short, {"measure.what": ["loss"]})
+    assert budget_line(loss_only, "cpu") is None  # no committed row of that set: no figure

@@ -87,6 +87,30 @@ def test_the_time_left_leaves_out_the_first_measurement():
     assert watch.snapshot().measure_left_s == pytest.approx(8.0)  # 200 and 300, 4 s each
 
 
+def test_before_any_checkpoint_is_timed_the_prior_counts_and_the_one_under_way_too():
+    """Issue 53 item 2: the estimate covers the measurements from the first line (the committed
+    cost table's figure a checkpoint), and the last measurement's own time is not '~0 s left'."""
+    clock = FakeClock()
+    watch = TrialProgress(200, (100, 200), lambda s: None, clock=clock, wall=clock,
+                          measure_prior_s=30.0)
+    watch.stepped(0)
+    assert watch.snapshot().measure_left_s == pytest.approx(60.0)  # 100 and 200, 30 s each
+    watch.stepped(100)
+    watch.measuring(100, "loss (1/3)")
+    clock.t += 10
+    assert watch.snapshot().measure_left_s == pytest.approx(20.0 + 30.0)  # 100's rest, 200
+    watch.measured(100, 40.0)  # timed now: 40 s a checkpoint from here on
+    watch.stepped(200)
+    watch.measuring(200, "loss (1/3)")
+    clock.t += 15
+    assert watch.snapshot().measure_left_s == pytest.approx(25.0)  # the last one's rest
+    clock.t += 30  # longer than its estimate: nothing below zero
+    assert watch.snapshot().measure_left_s == 0.0
+    without = TrialProgress(200, (100, 200), lambda s: None, clock=clock, wall=clock)
+    without.stepped(0)
+    assert without.snapshot().measure_left_s == 0.0  # no prior: counted once one is timed
+
+
 def snapshot(**changes):
     now = time.time()
     return Snapshot(**{"step": 10, "total_steps": 100, "start_step": 0, "train_s": 1.0,
