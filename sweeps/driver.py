@@ -30,7 +30,13 @@ from sweeps.progress import start_board
 from sweeps.rayenv import ray, tune
 from sweeps.resume import check_resume_settings, one_driver, record_settings
 from sweeps.signals import Interrupted, count_unfinished, sigterm_as_sigint
-from sweeps.spec import Sweep, check_sweep, check_tracking_uri, planned_trials, runs_view
+from sweeps.spec import (
+    Sweep,
+    check_sweep,
+    check_tracking_uri,
+    experiment_tags,
+    planned_trials,
+)
 from sweeps.trust import check_digest, check_trusted, record_digest
 from sweeps.tuner import build_tuner, check_resources
 
@@ -103,7 +109,7 @@ def _run(sweep: Sweep, workdir: Path, uri: str, trials_dir: Path, address: str |
     try:
         check_resources(sweep)  # before the experiment: a refused sweep leaves no experiment
         experiment_id = ensure_experiment(uri, sweep.name, default_artifact_location(workdir),
-                                          tags=runs_view(sweep))
+                                          tags=experiment_tags(sweep))
         sweep_info = {"name": sweep.name, "scale": sweep.scale, "protocol": sweep.protocol,
                       "tracking_uri": uri,
                       "experiment_id": experiment_id, "trials_dir": str(trials_dir),

@@ -28,7 +28,7 @@ from flatlm.runs.pack import check_pack_request, check_pack_size, group_packs
 from flatlm.runs.trial import TrialConfig, measured_tasks, validate_trial
 from flatlm.storage.metrics_log import N_PARAMS
 from flatlm.tracking.tracker import check_tracking_uri as check
-from flatlm.tracking.ui import runs_view_tag
+from flatlm.tracking.ui import RUNS_VIEW_ID, description_tag, runs_view_tag
 
 MODEL, SEED = "model", "train.seed"  # params every trial logs: the runs table shows them
 
@@ -194,6 +194,30 @@ def runs_view(sweep: Sweep) -> dict[str, str]:
         charts=[LOSS, KL, *probes, TRACE_FISHER, TRACE_HESSIAN], log_scale=[KL],
         metrics=[*metric_keys(sweep.base.measure.what, tasks), *references, N_PARAMS])
     return {key: value}
+
+
+def experiment_tags(sweep: Sweep) -> dict[str, str]:
+    """The tags the sweep's MLflow experiment carries: its saved view and its description."""
+    return {**runs_view(sweep), **description_tag(description(sweep))}
+
+
+def description(sweep: Sweep) -> str:
+    """What the experiment is, for whoever opens MLflow without the printed address: the
+    sweep, what varies, what each run holds, the saved view and the model-training switch."""
+    where = ", ".join(x for x in (sweep.scale and f"{sweep.scale} scale",
+                                  sweep.protocol and f"{sweep.protocol} protocol") if x)
+    varies = ", ".join(varied(sweep)) or "nothing (one grid point)"
+    tasks = ", ".join(measured_tasks(sweep.base)) or "none"
+    return (f"flatlm sweep {sweep.name} ({where or 'its own base'}): "
+            f"{planned_trials(sweep)} trial(s) of {sweep.base.model} on {sweep.base.source}, "
+            f"varying {varies}. Each run is one trial; its metrics are logged at every "
+            f"checkpoint (x axis: the training step): pre-training loss ({LOSS}), "
+            f"KL to the true conditionals ({KL}), traces of the Fisher and Hessian "
+            f"({TRACE_FISHER}, {TRACE_HESSIAN}), linear-probe accuracy per task ({tasks}: "
+            f"{probe_keys('<task>')[0]}); a standard error is se/<key>. Columns and charts in "
+            f"reading order: the saved view '{RUNS_VIEW_ID}' (the Views menu above the runs "
+            "table). If this page opens on traces (MLflow's GenAI view), switch the "
+            "experiment type to machine learning / model training.")
 
 
 def varied(sweep: Sweep) -> list[str]:

@@ -49,6 +49,9 @@ RUN_NAME_WIDTH, COLUMN_WIDTH = 260, 120  # pixels: a trial's whole name; a numbe
 DISPLAY_WIDTH = 90  # pixels: a rounded value ("0.03134") and its short name ("acc A")
 DISPLAY_DIGITS = 4  # significant digits of the rounded columns: a KL of 0.03134 vs 0.03139
 #   still differs, and 4 digits fit DISPLAY_WIDTH
+EXPERIMENT_NOTE = "mlflow.note.content"  # the experiment's description: the experiments list's
+#   "Description" column and the experiment page's header show it (MLflow 3.17's UI)
+MAX_NOTE_CHARS = 5000  # the experiment tag value every MLflow store keeps (its docs' guarantee)
 MAX_VIEW_CHARS = 20_000  # the longest experiment tag value MLflow stores (and a view it saves)
 
 
@@ -137,6 +140,16 @@ def experiment_url(ui: str, experiment_id: str, view: str | None = RUNS_VIEW_ID)
     """
     query = {**WORKFLOW, **({"viewStateShareKey": view} if view else {})}
     return f"{ui.rstrip('/')}/#/experiments/{experiment_id}/runs?{urlencode(query)}"
+
+
+def description_tag(text: str) -> dict[str, str]:
+    """The experiment tag holding ``text`` as its description, cut to what every store keeps.
+
+    >>> description_tag("a sweep")
+    {'mlflow.note.content': 'a sweep'}
+    """
+    cut = text if len(text) <= MAX_NOTE_CHARS else text[:MAX_NOTE_CHARS - 1] + "…"
+    return {EXPERIMENT_NOTE: cut}
 
 
 def chart_section(name: str) -> str:

@@ -17,7 +17,7 @@ from flatlm.core.config import apply_overrides  # noqa: E402
 from flatlm.experiments.paper import base_of  # noqa: E402
 from flatlm.tracking.tracker import default_tracking_uri, ensure_experiment  # noqa: E402
 from flatlm.tracking.ui import MAX_VIEW_CHARS, runs_view_tag  # noqa: E402
-from sweeps.spec import Sweep, runs_view  # noqa: E402
+from sweeps.spec import Sweep, experiment_tags, runs_view  # noqa: E402
 from sweeps.summary import ui_lines  # noqa: E402
 
 SIZES = ["d16-h1-l1-i64", "d32-h2-l1-i128"]
@@ -34,7 +34,7 @@ def experiment(tmp_path_factory):
                                                        {"measure.tasks": ["A", "B"]}),
                   space={"model": SIZES})
     uri = default_tracking_uri(workdir)
-    return uri, workdir, ensure_experiment(uri, sweep.name, tags=runs_view(sweep)), sweep
+    return uri, workdir, ensure_experiment(uri, sweep.name, tags=experiment_tags(sweep)), sweep
 
 
 def saved_view(uri: str, experiment_id: str) -> tuple[dict, dict]:
@@ -45,6 +45,22 @@ def saved_view(uri: str, experiment_id: str) -> tuple[dict, dict]:
     assert isinstance(envelope["name"], str) and isinstance(envelope["state"], str)
     assert isinstance(envelope["createdAt"], int) and envelope["updatedAt"] >= envelope["createdAt"]
     return envelope, json.loads(envelope["state"])
+
+
+def test_the_experiment_says_what_it_is_where_the_experiments_list_shows_it(experiment):
+    """Issue 53 item 3: whoever opens ``mlflow ui`` without the printed address reads, in the
+    experiments list's Description column (``mlflow.note.content``), what the runs are, which
+    metric is which, the saved view, and the switch out of MLflow's GenAI view."""
+    uri, _, eid, sweep = experiment
+    tags = MlflowClient(uri).get_experiment(eid).tags
+    note = tags["mlflow.note.content"]
+    assert note.startswith("flatlm sweep scaling (its own base): ")  # the fixture names no scale
+    assert "varying model." in note
+    for key in ("pretrain/loss", "pretrain/kl", "flat/trace_fisher", "probe/<task>/acc_mean",
+                "se/<key>", "'flatlm'", "model training"):
+        assert key in note, key
+    assert "A, B" in note  # the tasks measured
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 def test_the_printed_address_opens_the_runs_table_in_the_model_training_view(experiment):
