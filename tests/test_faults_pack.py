@@ -1,0 +1,170 @@
+"""Issue 52's hostile-user probe, the packs and the processes beside a training: real
+``flatlm`` processes, killed with SIGKILL at a chosen point (a patch in the killed process
+itself sends the signal, so the point is exact), real damaged files. Each test failed before its
+fix; the item number is the issue's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from flatlm.cli import main as flatlm
+from flatlm.storage.metrics_log import METRICS_FILE, read_metrics
+from tests.experiments.fastcfg import fast_set_flags
+
+# three trials of one shape (seeds 0-2), steps 6, checkpoints 0, 3, 6, the loss alone measured
+MEMBERS = ("seed0", "seed1", "seed2")
+REPLICATE = ["replicate", "--scale", "tiny", "--experiment", "steps", "--protocol", "paper",
+             "--seeds", "3", "--pack", "3", *fast_set_flags(), "--set", 'measure.what=["loss"]']
+
+
+def replicate_killed(out: Path, patch: str) -> subprocess.CompletedProcess:
+    """``flatlm replicate`` (REPLICATE) in a process of its own, ``patch`` run first (it sends
+    the process SIGKILL where the test wants it)."""
+    code = f"import os, signal, sys\n{patch}\nfrom flatlm.cli import main\n" \
+           "sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, *REPLICATE, "--out", str(out)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def member(out: Path, name: str) -> Path:
+    return out / "paper" / "steps" / name
+
+
+def rows_per_step(trial: Path) -> Counter:
+    """How many rows of each step ``metrics.jsonl`` holds."""
+    return Counter(json.loads(line)["step"] for line in (trial / METRICS_FILE).open())
+
+
+def untimed(trial: Path) -> dict:
+    return {s: {k: v for k, v in r.items() if not k.startswith("time/")}
+            for s, r in read_metrics(trial).items()}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    """The three trials run once, never stopped: what every recovered run must equal."""
+    out = tmp_path_factory.mktemp("straight")
+    assert flatlm([*REPLICATE, "--out", str(out)]) == 0
+    return out
+
+
+def flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+# -- 2: a metrics row written once whatever the resume path -----------------------------------
+
+# killed after seed0's step-3 files, before seed1's: seed0 one checkpoint ahead of the others
+KILL_MID_ROUND = """
+from flatlm.train import pack
+_write = pack.MemberRun.write_due_checkpoint
+def _dying(self):
+    _write(self)
+    if self.step == 3 and self.out_dir.name == "seed0":
+        os.kill(os.getpid(), signal.SIGKILL)
+pack.MemberRun.write_due_checkpoint = _dying
+"""
+# killed as the last round starts: every member's step 3 written and measured, none's step 6
+KILL_BEFORE_LAST_ROUND = """
+from flatlm.train import pack
+_write = pack.MemberRun.write_due_checkpoint
+def _dying(self):
+    if self.step == 6:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _write(self)
+pack.MemberRun.write_due_checkpoint = _dying
+"""
+
+
+def test_2_a_member_killed_one_checkpoint_ahead_has_each_row_once(tmp_path, straight):
+    """Before: seed0's step-3 row twice (the rerun measured its newer checkpoint, then resumed
+    the pack from step 0, retrained it and measured it again)."""
+    out = tmp_path / "run"
+    killed = replicate_killed(out, KILL_MID_ROUND)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (member(out, "seed0") / "checkpoints" / "step-3").is_dir()
+    assert not (member(out, "seed1") / "checkpoints" / "step-3").exists()
+    assert flatlm([*REPLICATE, "--out", str(out)]) == 0
+    for name in MEMBERS:
+        assert rows_per_step(member(out, name)) == {0: 1, 3: 1, 6: 1}, name
+        assert untimed(member(out, name)) == untimed(member(straight, name))
+        row = json.loads((member(out, name) / "checkpoints/step-3/metrics.json").read_text())
+        assert row["pretrain/loss"] == read_metrics(member(out, name))[3]["pretrain/loss"]
+
+
+def test_2_a_damaged_member_sends_the_pack_back_and_the_others_rows_stay_once(tmp_path,
+                                                                               straight):
+    """Killed between rounds, seed1's step 3 then damaged: seed1 resumes from step 0 and the
+    others go back with it. Before: seed0's and seed2's steps 0 and 3 twice."""
+    out = tmp_path / "run"
+    killed = replicate_killed(out, KILL_BEFORE_LAST_ROUND)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    flip_last_byte(member(out, "seed1") / "checkpoints" / "step-3" / "model.safetensors")
+    assert flatlm([*REPLICATE, "--out", str(out)]) == 0
+    for name in MEMBERS:
+        assert rows_per_step(member(out, name)) == {0: 1, 3: 1, 6: 1}, name
+        assert untimed(member(out, name)) == untimed(member(straight, name))
+    assert (member(out, "seed1") / "checkpoints" / "step-3.corrupt").is_dir()
+
+
+# -- 3: a damaged checkpoint read only to be measured ------------------------------------------
+
+def lose_step(trial: Path, step: int) -> None:
+    """The row of ``step`` gone from metrics.jsonl and from its checkpoint's metrics.json."""
+    lines = [line for line in (trial / METRICS_FILE).read_text().splitlines()
+             if json.loads(line)["step"] != step]
+    (trial / METRICS_FILE).write_text("".join(f"{line}\n" for line in lines))
+    (trial / "checkpoints" / f"step-{step}" / "metrics.json").unlink()
+
+
+# killed as the trial trains its step 3 again (set aside on the rerun before): not yet written
+KILL_RETRAINING_STEP_3 = """
+from flatlm.train import run
+_checkpoint = run.Run.checkpoint
+def _dying(self, on_checkpoint):
+    if self.step == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _checkpoint(self, on_checkpoint)
+run.Run.checkpoint = _dying
+"""
+
+
+@pytest.mark.parametrize("pending", ["alone", "in-a-pack", "killed-while-recovering"])
+def test_3_a_damaged_unmeasured_checkpoint_is_set_aside_and_trained_again(tmp_path, straight,
+                                                                          capsys, pending):
+    """A finished pack; seed1's step 3 flipped and its measurements deleted ("in-a-pack":
+    seed2's step-6 row deleted too, so both run as one pack; "killed-while-recovering": the
+    first rerun killed before it wrote step 3 again). Before: every rerun exited 2 ("SHA-256
+    differs from the manifest's") and nothing was set aside."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(straight, out)
+    seed1 = member(out, "seed1")
+    flip_last_byte(seed1 / "checkpoints" / "step-3" / "model.safetensors")
+    lose_step(seed1, 3)
+    if pending == "in-a-pack":
+        lose_step(member(out, "seed2"), 6)
+    if pending == "killed-while-recovering":
+        killed = replicate_killed(out, KILL_RETRAINING_STEP_3)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+        assert not (seed1 / "checkpoints" / "step-3").exists()
+    capsys.readouterr()
+    assert flatlm([*REPLICATE, "--out", str(out)]) == 0, capsys.readouterr().err[-2000:]
+    assert (seed1 / "checkpoints" / "step-3.corrupt").is_dir()
+    for name in MEMBERS:
+        assert untimed(member(out, name)) == untimed(member(straight, name)), name
+        assert set(rows_per_step(member(out, name)).values()) == {1}, name
+
