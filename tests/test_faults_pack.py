@@ -168,3 +168,25 @@ def test_3_a_damaged_unmeasured_checkpoint_is_set_aside_and_trained_again(tmp_pa
         assert untimed(member(out, name)) == untimed(member(straight, name)), name
         assert set(rows_per_step(member(out, name)).values()) == {1}, name
 
+
+
+def test_3_the_background_measurer_sets_a_damaged_checkpoint_aside_for_the_rerun(tmp_path):
+    """``measure_in="background"``: the follower meets a damaged checkpoint it was to measure.
+    Before: ``flatlm measure --follow`` stopped at it (exit 2) on every rerun."""
+    from flatlm.runs.follow import follow_trial
+    from flatlm.runs.trial import run_trial
+    from tests.test_trial import tiny
+
+    cfg = tiny(**{"train.steps": 4, "train.checkpoint_steps": [0, 2, 4],
+                  "measure.what": ["loss"]})
+    in_process = run_trial(cfg, tmp_path / "here")
+    out = tmp_path / "beside"
+    run_trial(cfg, out, measure_in="background")
+    flip_last_byte(out / "checkpoints" / "step-2" / "model.safetensors")
+    assert sorted(follow_trial(out)) == [0, 4]  # step 2 set aside, not measured
+    assert (out / "checkpoints" / "step-2.corrupt").is_dir()
+    run_trial(cfg, out, measure_in="background")  # the rerun trains step 2 again
+    assert sorted(follow_trial(out)) == [0, 2, 4]
+    assert rows_per_step(out) == {0: 1, 2: 1, 4: 1}
+    assert untimed(out) == {s: {k: v for k, v in r.items() if not k.startswith("time/")}
+                            for s, r in in_process.items()}
