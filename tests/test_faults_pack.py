@@ -190,3 +190,119 @@ def test_3_the_background_measurer_sets_a_damaged_checkpoint_aside_for_the_rerun
     assert rows_per_step(out) == {0: 1, 2: 1, 4: 1}
     assert untimed(out) == {s: {k: v for k, v in r.items() if not k.startswith("time/")}
                             for s, r in in_process.items()}
+
+# -- processes beside the training: a batch worker (7), the background measurer (10) ------------
+
+SOURCE = json.dumps({"kind": "pcfg", "random": {"vocab": 12, "depth": 2,
+                                                "nonterminals_per_level": 3, "roots": 2},
+                     "seed": 0})
+TINY_TRAIN = ["--source", SOURCE, "--model", "d16-h1-l1-i32", "--batch-size", "8",
+              "--warmup-steps", "0", "--no-progress", "--device", "cpu"]
+
+
+def start(args: list[str]) -> subprocess.Popen:
+    """``python -m flatlm ARGS`` started, its output in pipes."""
+    return subprocess.Popen([sys.executable, "-m", "flatlm", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def children(pid: int) -> dict[int, str]:
+    """pid -> command line of every child of process ``pid``."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        for child in (task / "children").read_text().split():
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            except FileNotFoundError:  # gone since
+                continue
+            out[int(child)] = cmdline.replace(b"\0", b" ").decode()
+    return out
+
+
+def wait_for(condition, what: str, timeout: float = 120.0):
+    """Polls ``condition()`` until it returns something true; fails naming ``what``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := condition():
+            return found
+        time.sleep(0.2)
+    pytest.fail(f"waited {timeout:.0f} s for {what}")
+
+
+def test_7_a_killed_batch_worker_is_one_message_and_the_resume_command(tmp_path):
+    """``train.prefetch_workers=processes``, one worker killed -9. Before: a BrokenProcessPool
+    traceback, no ``flatlm train:`` line, no resume hint (exit 1)."""
+    out = tmp_path / "run"
+    trainer = start(["train", *TINY_TRAIN, "--steps", "100000", "--checkpoint-steps", "0,50",
+                     "--set", "train.prefetch=1", "--set", "train.prefetch_workers=processes",
+                     "--out", str(out)])
+    try:
+        def a_worker():
+            workers = [pid for pid, cmd in children(trainer.pid).items()
+                       if "spawn_main" in cmd]
+            return workers if (out / "checkpoints" / "step-50").is_dir() and workers else None
+
+        worker = wait_for(a_worker, "a prefetch worker and the step-50 checkpoint")[0]
+        os.kill(worker, signal.SIGKILL)
+        _, err = trainer.communicate(timeout=120)
+    finally:
+        trainer.kill()
+    assert trainer.returncode == 6, err[-2000:]
+    assert "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if line.startswith("flatlm train:")]
+    assert "batch" in line and "the same command with --resume" in line
+    done = subprocess.run([sys.executable, "-m", "flatlm", "train", *TINY_TRAIN, "--steps", "60",
+                           "--checkpoint-steps", "0,50,60", "--resume", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "unreadable" not in done.stderr  # resumed from its step-50 checkpoint, intact
+
+
+QUICK_TRIAL = ["trial", "--quick", "--measure-in", "background", "--no-progress",
+               "--eval-cache", "none", "--source", SOURCE,
+               "--set", "model=d16-h1-l1-i32", "--set", "train.batch_size=8",
+               "--set", "train.warmup_steps=0", "--set", "measure.n_eval=16"]
+
+
+def background_trial(out: Path, steps: int, every: int) -> list[str]:
+    checkpoints = json.dumps(list(range(0, steps + 1, every)))
+    return [*QUICK_TRIAL, "--set", f"train.steps={steps}",
+            "--set", f"train.checkpoint_steps={checkpoints}", "--out", str(out)]
+
+
+def follower_of(trainer: subprocess.Popen) -> int | None:
+    found = [pid for pid, cmd in children(trainer.pid).items() if "--follow" in cmd]
+    return found[0] if found else None
+
+
+@pytest.mark.slow  # about a minute: two trainings of 2,000 steps beside their measurers
+@pytest.mark.parametrize("killed", ["measurer", "trainer"])
+def test_10_a_killed_background_process_is_recovered_by_a_rerun(tmp_path, killed):
+    """``flatlm trial --measure-in background``, the measuring process or the training one
+    killed -9 once a checkpoint was measured. The rerun measures every checkpoint, each once."""
+    out = tmp_path / "trial"
+    args = background_trial(out, 2000, 500)
+    trainer = start(args)
+    try:
+        follower = wait_for(lambda: follower_of(trainer), "the measuring process")
+        wait_for(lambda: (out / METRICS_FILE).is_file(), "a first measured checkpoint")
+        os.kill(follower if killed == "measurer" else trainer.pid, signal.SIGKILL)
+        _, err = trainer.communicate(timeout=300)
+    finally:
+        trainer.kill()
+    if killed == "measurer":  # the training goes on to its end, then says what happened
+        assert trainer.returncode == 6, err[-2000:]
+        assert "Traceback" not in err
+        (line,) = [line for line in err.splitlines() if line.startswith("flatlm trial:")]
+        assert "SIGKILL" in line and "run the same command again" in line
+    else:  # the measurer, left alone, ends by itself once nothing holds the trial
+        wait_for(lambda: not Path(f"/proc/{follower}").exists()
+                 or "zombie" in Path(f"/proc/{follower}/status").read_text(),
+                 "the orphaned measurer to stop", timeout=300)
+    done = subprocess.run([sys.executable, "-m", "flatlm", *args], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert rows_per_step(out) == {step: 1 for step in range(0, 2001, 500)}
