@@ -191,6 +191,53 @@ def test_3_the_background_measurer_sets_a_damaged_checkpoint_aside_for_the_rerun
     assert untimed(out) == {s: {k: v for k, v in r.items() if not k.startswith("time/")}
                             for s, r in in_process.items()}
 
+
+# -- 10: one pack member diverging alone --------------------------------------------------------
+
+def test_10_a_pack_member_diverging_at_a_checkpoint_stops_alone_as_its_trial_would(tmp_path):
+    """flatlm replicate's runner, a pack of three where the lr-3 member's loss passes twice
+    the initial one at step 3, a checkpoint step (finite weights). The others finish as they
+    would alone; the diverged one is recorded and never retried. Before: the pack still wrote
+    the diverged member's step-3 checkpoint (alone: none after step 2)."""
+    from dataclasses import replace
+
+    from flatlm.experiments.paper import build
+    from flatlm.experiments.runner import run_experiment, trial_dir
+    from flatlm.runs.trial import run_trial
+    from flatlm.storage.diverged import divergence
+    from flatlm.train.run import Diverged
+    from flatlm.train.state import find_checkpoints
+    from tests.experiments.fastcfg import FAST
+
+    every_step = {**FAST, "model": "d16-h2-l1-i32", "train.algorithm": "sgd",
+                  "train.warmup_steps": 0, "train.divergence_factor": 2.0, "train.log_every": 1,
+                  "train.checkpoint_steps": list(range(7)), "measure.what": ["loss"]}
+    exp = replace(build("steps", protocol="paper", seeds=(0,), overrides=every_step),
+                  grid={"train.lr": [0.1, 3.0, 0.05]})
+    states: dict[str, list[str]] = {}
+    assert run_experiment(exp, tmp_path / "packed", pack=3, on_trial=lambda name, state:
+                          states.setdefault(name, []).append(state))
+    (good, _), (bad, bad_cfg), (other, _) = exp.trials()
+    assert all(s[0].startswith("start (a pack of 3") for s in states.values())
+    assert states[bad][-1].startswith("diverged:") and states[good][-1] == "done"
+    with pytest.raises(Diverged) as alone:
+        run_trial(bad_cfg, tmp_path / "alone")
+    diverged = trial_dir(tmp_path / "packed", exp, bad)
+    assert divergence(diverged)["step"] == alone.value.step == 3
+    assert list(find_checkpoints(diverged)) == list(find_checkpoints(tmp_path / "alone"))
+    assert untimed(diverged) == untimed(tmp_path / "alone")
+    assert run_experiment(exp, tmp_path / "alone-all")  # each trial alone
+    for name in (good, other):
+        assert untimed(trial_dir(tmp_path / "packed", exp, name)) == untimed(
+            trial_dir(tmp_path / "alone-all", exp, name)) != {}
+    before = {p: p.stat().st_mtime_ns for p in diverged.rglob("*")}
+    states.clear()
+    run_experiment(exp, tmp_path / "packed", pack=3, on_trial=lambda name, state:
+                   states.setdefault(name, []).append(state))
+    assert states[bad] == ["diverged at step 3 (recorded in diverged.json; delete the "
+                           "directory to run it again)"] and states[good] == ["skip"]
+    assert {p: p.stat().st_mtime_ns for p in diverged.rglob("*")} == before  # not retried
+
 # -- processes beside the training: a batch worker (7), the background measurer (10) ------------
 
 SOURCE = json.dumps({"kind": "pcfg", "random": {"vocab": 12, "depth": 2,

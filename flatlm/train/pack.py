@@ -261,7 +261,11 @@ class MemberRun(Run):
             self.pack.ctx.model.load_member(self.index, self.ctx.model)
 
     def checkpoint_due(self) -> bool:
-        return self.step in self.cfg.checkpoint_steps and self.step != self.resumed_at
+        """A checkpoint step not resumed from, and the member not diverged: a read-out that
+        diverged at a checkpoint step leaves it in the pack until ``retire``, and ``train``
+        alone raises before that checkpoint is written."""
+        return (self.error is None and self.step in self.cfg.checkpoint_steps
+                and self.step != self.resumed_at)
 
     def write_due_checkpoint(self) -> None:
         """``Run.loop``'s checkpoint without its hook: the read-out's check, then the files."""
