@@ -15,6 +15,10 @@ measured first if a crash lost its measurements, and reported again either way (
 fallen between measuring and reporting; the sinks keep one value per step). Older checkpoints
 at checkpoint steps without measurements (those of another trial with the same training,
 ``training_identity``, given to this one by ``flatlm.experiments.runner``) are measured before it.
+Each step's row is written once: a resume that goes back before a measured checkpoint (a pack's
+members realigned, a damaged checkpoint set aside) trains it again and keeps its row
+(``TrialMeasurer.keep_row``); an older checkpoint that is only to be measured and does not load
+is set aside and trained again (``retrain_from``).
 """
 
 from __future__ import annotations
