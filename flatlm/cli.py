@@ -13,8 +13,9 @@ import os
 import sys
 
 # Command modules, in the order their commands are listed by --help.
-from flatlm.commands import DIVERGED_EXIT, WRITE_FAILED_EXIT
+from flatlm.commands import DIVERGED_EXIT, WORKER_DIED_EXIT, WRITE_FAILED_EXIT
 from flatlm.core.registry import PLUGIN_HELP, load_command_plugins
+from flatlm.core.workers import WorkerDied
 
 COMMAND_MODULES = ("data", "train", "trial", "config", "measure", "grow", "replicate", "ui")
 
@@ -69,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"flatlm {args.command}: error: {e}: {getattr(args, 'resume_hint', RESUME_HINT)}",
               file=sys.stderr)
         return WRITE_FAILED_EXIT
+    except WorkerDied as e:  # a process beside the work (a batch worker, the measurer)
+        print(f"flatlm {args.command}: error: {e}; the checkpoints written before are intact: "
+              f"{getattr(args, 'resume_hint', RESUME_HINT)}", file=sys.stderr)
+        return WORKER_DIED_EXIT
     except ValueError as e:  # bad input: a clear message, not a traceback
         print(f"flatlm {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -4,6 +4,8 @@
 DIVERGED_EXIT = 3  # training stopped by flatlm.train.run.Diverged (flatlm replicate: a trial
 #   diverged, recorded and skipped; the others ran)
 WRITE_FAILED_EXIT = 5  # a checkpoint could not be written (disk full); the earlier ones intact
+WORKER_DIED_EXIT = 6  # a process beside the work was killed (flatlm.core.workers.WorkerDied, a
+#   worker of flatlm replicate --jobs); the checkpoints are intact and a rerun resumes
 
 # The one default of each option that several commands take (the flatlm commands and the sweep
 # scripts alike; tests/commands/test_option_defaults.py holds every parser to them).

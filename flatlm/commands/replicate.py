@@ -33,7 +33,13 @@ import sys
 import time
 from pathlib import Path
 
-from flatlm.commands import DEFAULT_DEVICE, DEFAULT_PROTOCOL, DEFAULT_SCALE, DIVERGED_EXIT
+from flatlm.commands import (
+    DEFAULT_DEVICE,
+    DEFAULT_PROTOCOL,
+    DEFAULT_SCALE,
+    DIVERGED_EXIT,
+    WORKER_DIED_EXIT,
+)
 from flatlm.commands.config import trial_config_lines
 from flatlm.core.config import parse_assignments
 from flatlm.core.devices import resolve_device
@@ -51,7 +57,6 @@ from flatlm.runs.pack_size import DEFAULT_RULE, PACK_SIZE, default_pack_size
 from flatlm.train.config import ALGORITHMS  # every registered algorithm
 
 OUT_OF_TIME_EXIT = 4
-WORKER_DIED_EXIT = 6  # a worker process was killed (a signal): its trial resumes on a rerun
 BUSY_EXIT = 7  # trials left that another process holds (not 5: flatlm.cli's full disk)
 LOG_PROGRESS = "FLATLM_LOG_PROGRESS"  # set for the workers of --jobs: progress as lines
 

@@ -43,6 +43,7 @@ from flatlm.commands import DEFAULT_DEVICE, DEFAULT_PROTOCOL, DEFAULT_SCALE
 from flatlm.core.config import apply_overrides, parse_assignments
 from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import check_output_dir
+from flatlm.core.workers import WorkerDied
 from flatlm.runs.closing import QUICK_WHAT, closing_lines
 from flatlm.runs.console import Console
 from flatlm.storage.dirlock import writer_lock
@@ -140,9 +141,9 @@ def _train_and_follow(cfg, args, device, cache) -> dict:
             follower.terminate()
             follower.wait()
             raise
-    if follower.wait() != 0:
-        raise RuntimeError(f"the measuring process ({' '.join(command)}) failed with exit "
-                           f"status {follower.returncode}; rerun it to measure what is left")
+    if follower.wait() != 0:  # the training is whole; a rerun measures what is left
+        raise WorkerDied(f"the measuring process (flatlm measure --follow {args.out})",
+                         follower.returncode)
     return read_metrics(args.out)
 
 

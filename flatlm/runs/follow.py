@@ -13,7 +13,9 @@ lock of ``OUT/checkpoints``; the training holds ``OUT``'s.
     flatlm trial --out t/ --measure-in background      # trains, and measures in a second process
     flatlm measure --follow t/                          # or: the second process, started by hand
 
-A checkpoint is renamed into place whole (``train.run``), so one that is listed can be read.
+A checkpoint is renamed into place whole (``train.run``), so one that is listed can be read; one
+damaged since (it fails its manifest) is set aside (``flatlm.train.state.measurable_model``) and
+trained again when the trial is run again (``flatlm.runs.trial.retrain_from``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from flatlm.core.config import from_dict
 from flatlm.measure.run import eval_data
-from flatlm.models.checkpoint import load_checkpoint, quiet_transformers_bars
+from flatlm.models.checkpoint import quiet_transformers_bars
 from flatlm.runs.trial import (
     TRAINED_BY,
     Report,
@@ -37,7 +39,7 @@ from flatlm.runs.trial import (
 )
 from flatlm.storage.dirlock import held_elsewhere, writer_lock
 from flatlm.storage.metrics_log import read_metrics
-from flatlm.train.state import find_checkpoints
+from flatlm.train.state import find_checkpoints, measurable_model
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,10 @@ def follow_trial(out_dir: str | Path, *, device="cpu", eval_cache: str | Path | 
                 continue
             step, ckpt = todo[0]
             with quiet_transformers_bars():
-                model = load_checkpoint(ckpt)[0].to(device)
+                model = measurable_model(ckpt)  # damaged: set aside, trained on the rerun
+            if model is None:
+                continue
+            model = model.to(device)
             metrics = checkpoint_metrics(model, source, data, cfg.measure, device, ckpt,
                                          trained_here)
             record_checkpoint(out_dir, ckpt, step, metrics)

@@ -206,7 +206,8 @@ def _train_measured(cfgs, out_dirs, reports, device, progress, eval_cache, on_pr
         trained = train_pack([c.train for c in cfgs], source, model_cfg, out_dirs,
                              device=device, on_checkpoint=hooks, progress=progress,
                              resume=True, on_step=watch.stepped,
-                             on_round=None if after_round is None else lambda step: after_round())
+                             on_round=None if after_round is None else lambda step: after_round(),
+                             resume_before=[m.retrain_from() for m in measurers])
     results: list[MemberResult] = []
     for d, m, outcome in zip(out_dirs, measurers, trained, strict=True):
         if isinstance(outcome, Diverged):

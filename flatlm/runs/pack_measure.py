@@ -60,7 +60,7 @@ class RoundMeasurer:
         groups: dict[int, list] = {}
         for k, model, _ in due:
             m = self.measurers[k]
-            if "loss" in m.cfg.measure.what:
+            if "loss" in m.cfg.measure.what and step not in m.done:  # else: its row kept
                 groups.setdefault(id(m.data), []).append((k, model))
         given = {}
         for members in groups.values():

@@ -15,6 +15,10 @@ measured first if a crash lost its measurements, and reported again either way (
 fallen between measuring and reporting; the sinks keep one value per step). Older checkpoints
 at checkpoint steps without measurements (those of another trial with the same training,
 ``training_identity``, given to this one by ``flatlm.experiments.runner``) are measured before it.
+Each step's row is written once: a resume that goes back before a measured checkpoint (a pack's
+members realigned, a damaged checkpoint set aside) trains it again and keeps its row
+(``TrialMeasurer.keep_row``); an older checkpoint that is only to be measured and does not load
+is set aside and trained again (``retrain_from``).
 """
 
 from __future__ import annotations
@@ -53,7 +57,13 @@ from flatlm.train.loop import TRAINING_INTERVAL, Diverged
 from flatlm.train.registry import check_before_training
 from flatlm.train.registry import unused_sections as unused_train_sections
 from flatlm.train.sizes import check_fits
-from flatlm.train.state import find_checkpoints, newest_checkpoint
+from flatlm.train.state import (
+    checkpoint_dir,
+    find_checkpoints,
+    measurable_model,
+    newest_checkpoint,
+    set_aside_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -321,8 +331,9 @@ def _train_only(cfg, source, model_cfg, out_dir: Path, device, progress,
     from flatlm.train.loop import train
 
     write_text(out_dir / "config.json", json.dumps(to_dict(cfg), indent=2) + "\n")
+    before = retrain_from(out_dir, read_metrics(out_dir), cfg.train.checkpoint_steps)
     train(cfg.train, source, model_cfg, out_dir, device=device, on_checkpoint=None,
-          progress=progress, resume=True, on_step=watch.stepped)
+          progress=progress, resume=True, on_step=watch.stepped, resume_before=before)
     return read_metrics(out_dir)
 
 
@@ -334,7 +345,8 @@ def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
                              progress=progress, eval_cache=eval_cache, watch=watch)
     measurer.catch_up()
     train(cfg.train, source, model_cfg, out_dir, device=device, on_checkpoint=measurer,
-          progress=progress, resume=True, on_step=watch.stepped)
+          progress=progress, resume=True, on_step=watch.stepped,
+          resume_before=measurer.retrain_from())
     return measurer.done
 
 
@@ -374,7 +386,12 @@ class TrialMeasurer:
         """Measures checkpoint ``step`` (``model``, saved in ``ckpt_dir``), records and reports
         it. ``given``: measurements of this model already made elsewhere (a pack's batched
         loss, ``flatlm.runs.pack_measure``), not run again; their metrics lead the row, as
-        they would have come from ``measure_model``, and their seconds count in its time."""
+        they would have come from ``measure_model``, and their seconds count in its time.
+        A step measured already (a resume went back before it: a pack's members realigned, a
+        damaged checkpoint trained again) keeps its row, written once (``keep_row``)."""
+        if step in self.done:
+            self.keep_row(step, ckpt_dir)
+            return
         start = time.perf_counter()
         cfg = self.cfg.measure
         if given is not None:
@@ -393,6 +410,17 @@ class TrialMeasurer:
         if self.report is not None:
             self.report(step, metrics, Path(ckpt_dir))
         self.watch.measured(step, time.perf_counter() - start)  # with its report: its time
+
+    def keep_row(self, step: int, ckpt_dir: Path) -> None:
+        """The row of a step measured before its checkpoint was trained again (bit for bit on
+        the CPU, in distribution on CUDA) into the new checkpoint's ``metrics.json``; not
+        measured, appended or reported again: ``metrics.jsonl`` holds each step once."""
+        row = json.dumps(self.done[step])
+        write_text(Path(ckpt_dir) / CHECKPOINT_METRICS_FILE, row + "\n")
+
+    def retrain_from(self) -> int | None:
+        """``retrain_from`` of this trial (its measured steps as recorded so far)."""
+        return retrain_from(self.out_dir, self.done, self.cfg.train.checkpoint_steps)
 
     def catch_up(self, on_checkpoint: Callable | None = None) -> None:
         """``_catch_up``: the checkpoints a crash (or ``carry_training``) left unmeasured,
@@ -432,6 +460,19 @@ def measurement_cost(seconds: float, ckpt_dir: Path,
     return out
 
 
+def retrain_from(out_dir: Path, done: dict, steps) -> int | None:
+    """The first of the checkpoint ``steps`` that must be trained again to be measured: it has
+    no metrics (``done``: step -> row), no checkpoint, and its checkpoint was set aside as
+    damaged (``step-N.corrupt``, ``flatlm.train.state.measurable_model``); None if there is
+    none. The trial's training resumes from a checkpoint before it (``train``'s
+    ``resume_before``). The set-aside directory is the record, so a run killed before it
+    trained the step again finds it on the next rerun."""
+    found = find_checkpoints(out_dir)
+    lost = [s for s in steps if s not in done and s not in found
+            and set_aside_dir(checkpoint_dir(out_dir, s)).is_dir()]
+    return min(lost, default=None)
+
+
 def record_checkpoint(out_dir: Path, ckpt_dir: Path, step: int, metrics: dict) -> None:
     """Writes a checkpoint's row to its ``metrics.json`` and appends it to ``metrics.jsonl``."""
     row = json.dumps({"step": step, **metrics})
@@ -447,7 +488,9 @@ def _catch_up(out_dir: Path, done: dict, on_checkpoint, report, device, steps) -
     between saving it and measuring it, or between measuring it and reporting it. Re-reporting
     is safe: the sinks keep one value per step (the tracker sends a step's key once). In a resume
     only the newest can lack metrics; a trial given another trial's checkpoints
-    (``flatlm.experiments.runner.carry_training``) lacks them all.
+    (``flatlm.experiments.runner.carry_training``) lacks them all. An older checkpoint that
+    does not load (it fails its manifest) is set aside (``measurable_model``), for the
+    training to produce it again (``retrain_from``).
     """
     ckpt = newest_checkpoint(out_dir)
     if ckpt is None:
@@ -455,7 +498,9 @@ def _catch_up(out_dir: Path, done: dict, on_checkpoint, report, device, steps) -
     newest = int(Path(ckpt).name.split("-")[-1])
     for step, older in find_checkpoints(out_dir).items():  # ascending
         if step < newest and step in steps and step not in done:
-            on_checkpoint(step, load_checkpoint(older)[0].to(device), Path(older))
+            model = measurable_model(older)
+            if model is not None:
+                on_checkpoint(step, model.to(device), Path(older))
     if newest not in done:
         on_checkpoint(newest, load_checkpoint(ckpt)[0].to(device), Path(ckpt))
     elif report is not None:

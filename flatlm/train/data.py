@@ -28,6 +28,7 @@ import dataclasses
 import multiprocessing
 import os
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -35,6 +36,7 @@ import torch
 
 from flatlm.core.seeds import derive_seed, generator
 from flatlm.core.tokens import MASK_ID, WORD_OFFSET, encode, uniform_positions
+from flatlm.core.workers import WorkerDied
 from flatlm.sources.base import Source
 from flatlm.train.config import TrainConfig, sequence_packing_for
 from flatlm.train.registry import algorithm_named
@@ -481,6 +483,15 @@ class BatchPipeline:
         return self._executor.submit(self.cpu_inputs, j)
 
     def inputs_at(self, i: int) -> StepInputs:
+        """Update i's inputs on ``device``; a prefetch process that died (killed, out of
+        memory) is a ``WorkerDied``, which the CLI ends with the resume command."""
+        try:
+            return self._inputs_at(i)
+        except BrokenProcessPool:
+            raise WorkerDied("a batch-building process (train.prefetch_workers=processes)"
+                             ) from None
+
+    def _inputs_at(self, i: int) -> StepInputs:
         if not self.depth:
             return self.cpu_inputs(i).to(self.device)
         ahead = self._ahead.pop(i, None)

@@ -71,7 +71,7 @@ BUCKET = 2**25  # gradient elements per all-reduce (128 MiB of float32)
 
 def train_data_parallel(cfg: TrainConfig, source, model_cfg, out_dir, *, device="cpu",
                         on_checkpoint=None, progress=True, resume=False, corpus=None,
-                        on_step=None):
+                        on_step=None, resume_before=None):
     """``flatlm.train.train`` over ``cfg.world_size`` processes, this one rank 0 (see the
     module docstring); same arguments, same result. Bad input raises before a process starts."""
     cfg = resolve(cfg)
@@ -79,7 +79,7 @@ def train_data_parallel(cfg: TrainConfig, source, model_cfg, out_dir, *, device=
     check_before_training(cfg, model_cfg)  # grow: every shape a growth of the one before it
     device = rank_device(torch.device(device), 0, cfg.world_size)  # checks the GPUs
     out_dir = Path(out_dir).absolute()
-    start, unreadable = start_checkpoint(cfg, model_cfg, out_dir, resume, source)
+    start, unreadable = start_checkpoint(cfg, model_cfg, out_dir, resume, source, resume_before)
     pipeline = _sharded_pipeline(cfg, source, device, corpus, 0)  # checks train.data
     job = {"cfg": cfg, "source": source.spec, "model_cfg": model_cfg, "out_dir": out_dir,
            "device": str(device), "ckpt": start[0] if start else None, "corpus": corpus,

@@ -60,6 +60,7 @@ def train(
     on_step: StepHook | None = None,
     resume: bool = False,
     corpus: tuple[torch.Tensor, torch.Tensor] | None = None,
+    resume_before: int | None = None,
 ) -> TrainResult:
     """Pre-trains a masked LM of shape ``model_cfg`` on ``source`` for ``cfg.steps`` updates.
 
@@ -68,6 +69,9 @@ def train(
     (it is put back in train mode after). ``resume`` continues from the newest checkpoint in
     ``out_dir`` (or starts afresh if there is none); without it, an ``out_dir`` that already holds
     checkpoints is an error. The hook is not called again for the checkpoint resumed from.
+    ``resume_before``: resume from the newest checkpoint at an earlier step (a checkpoint at
+    that step was set aside unmeasured and must be trained again; the newer ones are trained
+    again on the way, bit for bit on the CPU, and replaced).
     ``on_step(step)``: called where training starts and after every update (a progress line).
     ``corpus``: (tokens, lengths) already in memory, used instead of reading ``cfg.data``.
     ``model_cfg.dropout`` is replaced by ``cfg.dropout`` (resolved). Bad configurations raise
@@ -77,7 +81,7 @@ def train(
     if cfg.world_size > 1:
         return train_data_parallel(cfg, source, model_cfg, out_dir, device=device,
                                    on_checkpoint=on_checkpoint, progress=progress, resume=resume,
-                                   corpus=corpus, on_step=on_step)
+                                   corpus=corpus, on_step=on_step, resume_before=resume_before)
     cfg = resolve(cfg)
     model_cfg = dataclasses.replace(parse_model(model_cfg), dropout=cfg.dropout)
     check_before_training(cfg, model_cfg)  # grow: every shape a growth of the one before it
@@ -86,7 +90,8 @@ def train(
     out_dir = Path(out_dir).absolute()
     check_fits(cfg, model_cfg, source, device)  # before any allocation: sizes vs memory
     with contextlib.nullcontext() if progress else quiet_transformers_bars():
-        start, unreadable = start_checkpoint(cfg, model_cfg, out_dir, resume, source)
+        start, unreadable = start_checkpoint(cfg, model_cfg, out_dir, resume, source,
+                                             resume_before)
         pipeline, n_classes = build_pipeline(cfg, source, device, corpus)
         try:
             with writer_lock(out_dir):  # one writer: two runs into one directory would mix them

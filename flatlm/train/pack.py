@@ -87,6 +87,7 @@ def train_pack(
     corpus: tuple[torch.Tensor, torch.Tensor] | None = None,
     on_step: StepHook | None = None,
     on_round: Callable[[int], None] | None = None,
+    resume_before: Sequence[int | None] | None = None,
 ) -> list[TrainResult | Diverged]:
     """Trains run k = ``train(cfgs[k], source, model_cfg, out_dirs[k], ...)`` for every k, as
     one packed model (module docstring). ``on_checkpoint``: one hook for every member (it gets
@@ -95,7 +96,8 @@ def train_pack(
     ``TrainResult``, or the ``Diverged`` that stopped it. ``on_step(step)``: told the pack's
     step where it starts and after every update (a progress line's, as ``train``'s).
     ``on_round(step)``: told after the hooks of the members checkpointed at ``step`` (a sink
-    that reports once per round: the Ray sweeps' packs). Bad or
+    that reports once per round: the Ray sweeps' packs). ``resume_before[k]``: member k
+    resumes from a checkpoint before that step (``train``'s ``resume_before``). Bad or
     unpackable configurations raise ``ValueError`` before any training."""
     if len(cfgs) != len(out_dirs) or not cfgs:
         raise ValueError(f"pack: {len(cfgs)} configs for {len(out_dirs)} output directories")
@@ -113,8 +115,10 @@ def train_pack(
     with contextlib.ExitStack() as stack:
         if not progress:
             stack.enter_context(quiet_transformers_bars())
-        starts = aligned_starts(cfgs, [start_checkpoint(c, mc, d, resume, source) for c, mc, d
-                                       in zip(cfgs, model_cfgs, out_dirs, strict=True)])
+        before = list(resume_before) if resume_before is not None else [None] * len(cfgs)
+        starts = aligned_starts(cfgs, [start_checkpoint(c, mc, d, resume, source, b)
+                                       for c, mc, d, b in zip(cfgs, model_cfgs, out_dirs, before,
+                                                              strict=True)])
         pipelines = []
         stack.callback(lambda: [p.close() for p in pipelines])
         built = [build_pipeline(c, source, device, corpus) for c in cfgs]
@@ -257,7 +261,11 @@ class MemberRun(Run):
             self.pack.ctx.model.load_member(self.index, self.ctx.model)
 
     def checkpoint_due(self) -> bool:
-        return self.step in self.cfg.checkpoint_steps and self.step != self.resumed_at
+        """A checkpoint step not resumed from, and the member not diverged: a read-out that
+        diverged at a checkpoint step leaves it in the pack until ``retire``, and ``train``
+        alone raises before that checkpoint is written."""
+        return (self.error is None and self.step in self.cfg.checkpoint_steps
+                and self.step != self.resumed_at)
 
     def write_due_checkpoint(self) -> None:
         """``Run.loop``'s checkpoint without its hook: the read-out's check, then the files."""

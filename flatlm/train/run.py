@@ -153,17 +153,18 @@ def truth_for_targets(cfg, source):
     return source
 
 
-def start_checkpoint(cfg, model_cfg, out_dir, resume, source=None):
+def start_checkpoint(cfg, model_cfg, out_dir, resume, source=None, before=None):
     """(the checkpoint to resume from and its state, or None to start afresh; the newer
     checkpoints that do not load), after checking that it continues this run (on ``source``'s
-    language, when given)."""
+    language, when given). ``before``: resume from a checkpoint at an earlier step (one at
+    that step must be trained again: ``flatlm.runs.trial.retrain_from``); None: the newest."""
     found = find_checkpoints(out_dir)
     if not resume:
         if found:
             raise ValueError(f"{out_dir} already holds checkpoints (steps {list(found)}); resume "
                              "them (--resume / resume=True) or choose another output directory")
         return None, []
-    ckpt, unreadable = readable_checkpoints(out_dir)  # a torn or truncated newer one is skipped
+    ckpt, unreadable = readable_checkpoints(out_dir, before)  # a torn or truncated one skipped
     if ckpt is None:
         return None, unreadable
     state = load_state(ckpt)

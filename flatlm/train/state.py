@@ -91,16 +91,21 @@ def newest_checkpoint(out_dir: Path) -> Path | None:
     return readable_checkpoints(out_dir)[0]
 
 
-def readable_checkpoints(out_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """(the newest checkpoint that loads or None, [(newer unreadable checkpoint, why)])."""
+def readable_checkpoints(out_dir: Path, before: int | None = None
+                         ) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """(the newest checkpoint that loads or None, [(newer unreadable checkpoint, why)]);
+    ``before``: only the checkpoints at earlier steps are looked at (a run that must train a
+    later one again, ``flatlm.runs.trial.retrain_from``)."""
     bad = []
-    for _, ckpt in sorted(find_checkpoints(out_dir).items(), reverse=True):
+    for step, ckpt in sorted(find_checkpoints(out_dir).items(), reverse=True):
+        if before is not None and step >= before:
+            continue
         try:
             verify_manifest(ckpt, lambda name: not is_model_file(name))  # load_checkpoint
             load_state(ckpt)  # checks the model's files
             load_checkpoint(ckpt)
         except Exception as e:  # noqa: BLE001 - any unreadable file: fall back to an older one
-            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            why = _why(e)
             log.warning("checkpoint %s is unreadable (%s); falling back to an older one",
                         ckpt, why)
             bad.append((ckpt, why))
@@ -109,10 +114,33 @@ def readable_checkpoints(out_dir: Path) -> tuple[Path | None, list[tuple[Path, s
     return None, bad
 
 
+def measurable_model(ckpt: Path):
+    """The checkpoint's model (``load_checkpoint``: on the CPU, in eval mode) to be measured,
+    or None when it fails its manifest or does not load: it is then set aside, as a resume sets
+    aside a newer checkpoint that does not load, and the run trains it again
+    (``flatlm.runs.trial.retrain_from``) instead of stopping at it on every rerun."""
+    try:
+        return load_checkpoint(ckpt)[0]
+    except Exception as e:  # noqa: BLE001 - any unreadable file: set aside, trained again
+        log.warning("checkpoint %s is unreadable (%s); set aside as %s, to be trained again",
+                    ckpt, _why(e), set_aside_dir(ckpt).name)
+        set_aside(ckpt)
+        return None
+
+
+def _why(e: Exception) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def set_aside_dir(ckpt: Path) -> Path:
+    """Where ``set_aside`` puts the checkpoint ``ckpt``: ``step-<N>.corrupt`` beside it."""
+    return Path(ckpt).with_name(Path(ckpt).name + ".corrupt")
+
+
 def set_aside(ckpt: Path) -> Path:
     """Renames an unreadable checkpoint to ``step-<N>.corrupt`` (kept for inspection, no longer
     found), replacing an older one set aside under that name."""
-    target = ckpt.with_name(ckpt.name + ".corrupt")
+    target = set_aside_dir(ckpt)
     shutil.rmtree(target, ignore_errors=True)
     ckpt.rename(target)
     return target
