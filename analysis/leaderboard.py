@@ -33,6 +33,7 @@ Writes ``leaderboard.md`` / ``leaderboard.csv`` / ``leaderboard.png`` to ``--out
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shlex
 import sys
@@ -99,8 +100,12 @@ WHY_SHAPE_FREE = (
     "so their values are not comparable: the paper grows every model into one shape before "
     "comparing Tr(H) (App. B.4, Table 4), and so do the `_grown` keys here. Comparable as they "
     "are: the loss and the noise sensitivity (nats), the CKA with the truth (features, not "
-    "weights), the LLC (an effective parameter count, invariant to reparameterisation) and the "
-    "critical sharpness (2 / the learning rate at which the next update raises the loss).")
+    "weights), the LLC (an effective parameter count: invariant to reparameterisation in "
+    "theory, not as SGLD estimates it, see the invariance section) and the critical sharpness "
+    "(2 / the learning rate at which the next update raises the loss).")
+INVARIANCE_FILE = Path(__file__).resolve().parents[1] / "bench" / "results" / "invariance.json"
+RESCALINGS = ("query-key", "value-output", "layer-norm")  # a post-LN BERT's function-keeping
+#   rescalings (flatlm.models.reparameterise); growth is another comparison (the _grown keys)
 
 
 # -- which measures ------------------------------------------------------------------------
@@ -517,6 +522,9 @@ def leaderboard_markdown(board: Board, *, command: str = "", wall_min: float | N
                 "Measures: " + ", ".join(f"`{m}`" for m in group.measures) + "."]
         for task in board.tasks:
             out += ["", f"### Task {task}", "", group_markdown(board.table, group, task)]
+    measures = list(dict.fromkeys(m for g in board.groups for m in g.measures))
+    out += ["", "## Invariance to function-preserving reparameterisation", "",
+            _invariance_text(), "", invariance_markdown(measures)]
     out += ["", "## Cost per checkpoint, in training steps", "", _cost_text(), "",
             cost_markdown(board.cost), "", "## Provenance", "", f"Command: `{command}`"]
     if wall_min is not None:
@@ -543,6 +551,41 @@ def _rule_text(board: Board) -> str:
         "when the intervals of the partial Spearman and of the gain both contain 0, *predicts "
         "beyond the loss* when either lies above 0, *worse than the loss* when either lies "
         "below. Rank: by the partial Spearman's point value.")
+
+
+def invariance_of(measures, path: Path = INVARIANCE_FILE) -> dict[str, list[str] | None]:
+    """measure -> the ``RESCALINGS`` under which the committed test (``python
+    bench/invariance.py``) found it invariant; None for a measure the test did not take."""
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    kept: dict[str, list[str]] = {}
+    for row in rows:
+        if row["case"] in RESCALINGS:
+            kept.setdefault(row["measure"], [])
+            if row["invariant"]:
+                kept[row["measure"]].append(row["case"])
+    return {m: kept.get(m) for m in measures}
+
+
+def invariance_markdown(measures) -> str:
+    """Each leaderboard measure, invariant to the rescalings or not, as the test measured it:
+    a measure that moves under a rescaling that keeps every logit ranks models by how they are
+    parameterised as well as by what they compute."""
+    lines = ["| measure | invariant to the rescalings | not invariant to |", "|---|---|---|"]
+    for measure, kept in invariance_of(measures).items():
+        if kept is None:
+            lines.append(f"| `{measure}` | not tested | |")
+            continue
+        lost = [c for c in RESCALINGS if c not in kept]
+        verdict = "yes" if not lost else ("no" if not kept else "partly")
+        lines.append(f"| `{measure}` | {verdict} | {', '.join(lost)} |")
+    return "\n".join(lines)
+
+
+def _invariance_text() -> str:
+    return ("From `bench/results/invariance.md` (`python bench/invariance.py`: a tiny BERT, "
+            "float64, c = 100; each rescaling keeps the logits to 1e-12): a measure marked *no* "
+            "or *partly* changes its value under a reparameterisation that keeps the model's "
+            "function, so its ranking of models mixes parameterisation with function.")
 
 
 def _cost_text() -> str:
