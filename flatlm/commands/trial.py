@@ -44,6 +44,7 @@ from flatlm.core.config import apply_overrides, parse_assignments
 from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import check_output_dir
 from flatlm.core.workers import WorkerDied
+from flatlm.experiments.costs import budget_line, measure_prior_s
 from flatlm.runs.closing import QUICK_WHAT, closing_lines
 from flatlm.runs.console import Console
 from flatlm.storage.dirlock import writer_lock
@@ -94,7 +95,6 @@ def trial_config(args):
 
 
 def run(args) -> int:
-    from flatlm.experiments.costs import budget_line, measure_prior_s
     from flatlm.runs.trial import printer, run_trial_once
 
     cfg = trial_config(args)
