@@ -61,8 +61,7 @@ def trial_estimate(cfg, device: str = "cpu") -> Estimate:
     """The minutes ``cfg`` (a ``TrialConfig``) takes on ``device`` ("cpu": one thread; "gpu":
     the committed GPU rows), from ``cost_table``."""
     model = str(cfg.model)  # a preset name or a shape string
-    train = _rate(cost_table()["train"], device, model, cfg.train.batch_size,
-                  {"algorithm": cfg.train.algorithm, "batch_size": cfg.train.batch_size})
+    train = _step_seconds(cfg, device)
     measure = checkpoint_seconds(cfg, device)
     if train is None or measure is None:
         return Estimate(math.nan, f"no committed {device} benchmark of {model}")
@@ -73,6 +72,17 @@ def trial_estimate(cfg, device: str = "cpu") -> Estimate:
 
 
 HOW_ORDER = ("measured", "nearest row", "extrapolated")
+
+
+def _step_seconds(cfg, device: str) -> tuple[float, str] | None:
+    """(seconds a training step of ``cfg`` takes on ``device``, how), from the train rows."""
+    return _rate(cost_table()["train"], device, str(cfg.model), cfg.train.batch_size,
+                 {"algorithm": cfg.train.algorithm, "batch_size": cfg.train.batch_size})
+
+
+def _device_kind(device) -> str:
+    """The table's device kind of a torch device or its name: CUDA reads the GPU rows."""
+    return "gpu" if str(device).startswith("cuda") else "cpu"
 
 
 def checkpoint_seconds(cfg, device: str = "cpu") -> tuple[float, str] | None:
@@ -95,10 +105,8 @@ def budget_line(cfg, device) -> str | None:
     """What the trial is expected to cost and how much of it is measuring, from the table, or
     None where it has no row: 'about 12 min on this CPU: 3 min training, 9 min measuring 5
     checkpoints (75%) (nearest row of flatlm/experiments/data/trial_costs.json)'."""
-    kind = "gpu" if str(device).startswith("cuda") else "cpu"
-    train = _rate(cost_table()["train"], kind, str(cfg.model), cfg.train.batch_size,
-                  {"algorithm": cfg.train.algorithm, "batch_size": cfg.train.batch_size})
-    measure = checkpoint_seconds(cfg, kind)
+    kind = _device_kind(device)
+    train, measure = _step_seconds(cfg, kind), checkpoint_seconds(cfg, kind)
     if train is None or measure is None:
         return None
     n = len(cfg.train.checkpoint_steps)
@@ -119,8 +127,7 @@ def measure_prior_s(cfg, device) -> float | None:
     """``checkpoint_seconds`` of ``cfg`` on ``device`` (a torch device or its name: CUDA reads
     the GPU rows), or None where the table has no row for it: what a trial's progress line
     counts for the measurements before it has timed one."""
-    kind = "gpu" if str(device).startswith("cuda") else "cpu"
-    rate = checkpoint_seconds(cfg, kind)
+    rate = checkpoint_seconds(cfg, _device_kind(device))
     return None if rate is None else rate[0]
 
 
