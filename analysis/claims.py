@@ -435,13 +435,14 @@ def matched_loss_effects(part: pd.DataFrame, claim: Claim, rule: VerdictRule) ->
                    confound_read_kl=m.confound_read_kl)
 
 
-def claim_rows(df: pd.DataFrame, rule: VerdictRule = DEFAULT_RULE) -> pd.DataFrame:
-    """One row per claim with data in ``df`` (one protocol's trials): the paper's attribution
-    and effect, ours with its interval, what decided the verdict, and the verdict. A claim
-    that compares an algorithm with no runs here has no data (not a row that would read "not
-    saturated")."""
+def claim_rows(df: pd.DataFrame, rule: VerdictRule = DEFAULT_RULE,
+               claims: tuple[Claim, ...] = CLAIMS) -> pd.DataFrame:
+    """One row per claim of ``claims`` (the paper's) with data in ``df`` (one protocol's
+    trials): the paper's attribution and effect, ours with its interval, what decided the
+    verdict, and the verdict. A claim that compares an algorithm with no runs here has no data
+    (not a row that would read "not saturated")."""
     rows = []
-    for claim in CLAIMS:
+    for claim in claims:
         part = df[df["experiment"] == claim.experiment]
         if part.empty or not _measured(part, claim.metric) or _arm_not_run(part, claim):
             continue

@@ -1,6 +1,7 @@
 """Testbed v2's pilot (issue 50, item 3), run before any claim is read: each candidate model's
 KL curve on the v2 grammar (loss only, a checkpoint every 250 steps) under the paper protocol,
-the adversary's KL at each lambda of the stated search, and the probe's sensitivity to the
+the adversary's KL at each lambda of the stated search, Muon's at each rate of its search and
+AdamW's on soft targets (issue 54), and the probe's sensitivity to the
 downstream set's size at the target. What it fixes in ``flatlm.experiments.scales.TESTBED_V2``:
 the grid, the target KL, each model's checkpoints around its crossing, the adversary's lambda
 (the largest of ``LAMBDAS`` whose KL at AdamW's crossing step lies within ``ADVERSARY_TOL`` of
@@ -31,6 +32,11 @@ ADVERSARY_TOL = 0.02  # nats: the first testbed's criterion (e), read at AdamW's
 # stopped at 1000 (stalled at KL 1.27), 0.01 at 3000, 0.00316 at 3000; 0.0316 not run (the KL
 # rises with lambda and 0.01 already fails)
 LAMBDAS = (0.1, 0.0316, 0.01, 0.00316)
+# Muon's peak rate (issue 54), its reference 0.02 at the centre of a factor-2 grid: the rate
+# whose KL crosses the target first (linear in steps between checkpoints), the one that trains
+# the algorithms experiment's model fastest to the matched loss, as the paper tunes each
+# optimizer (A.5); its KL at AdamW's crossing step breaks a tie
+MUON_LRS = (0.005, 0.01, 0.02, 0.04)
 DOWNSTREAM_SIZES = (4000, 20000, 100000)
 ADVERSARY = {k: v for k, v in CPU_ADVERSARY.items()}
 # name -> (steps, checkpoint spacing, --set overrides)
@@ -42,6 +48,11 @@ JOBS = {
     **{f"adv-{lam:g}": (6000, 500, {"model": STEPS_MODEL, "train.algorithm": "adversarial",
                                     "train.adversarial.lambda": lam, **ADVERSARY})
        for lam in LAMBDAS},
+    **{f"muon-{lr:g}": (3500, 250, {"model": STEPS_MODEL, "train.algorithm": "muon",
+                                    "train.muon.lr": lr})
+       for lr in MUON_LRS},
+    # AdamW on the true conditionals (train.targets=truth): where its checkpoints must lie
+    "soft-targets": (2500, 250, {"model": STEPS_MODEL, "train.targets": "truth"}),
 }
 
 
@@ -53,7 +64,9 @@ def trial_command(name: str, out: Path) -> list[str]:
             "--set", f"train.checkpoint_steps={list(range(every, steps + 1, every))}",
             "--set", 'measure.what=["loss"]']
     for key, value in sets.items():
-        args += ["--set", f"{key}={json.dumps(value)}"]
+        # a string as written (a str key takes it verbatim), anything else as JSON
+        text = value if isinstance(value, str) else json.dumps(value)
+        args += ["--set", f"{key}={text}"]
     return args
 
 
@@ -110,6 +123,38 @@ def adversary_search(got: dict, target: float) -> dict:
             "chosen": max(chosen, key=float) if chosen else None}
 
 
+def muon_search(got: dict, target: float) -> dict:
+    """Each Muon rate's crossing step of ``target`` (interpolated linearly in steps between the
+    bracketing checkpoints; None: not reached) and its KL at AdamW's crossing step; the chosen
+    rate: the earliest crossing, a tie broken by the lower KL there."""
+    import numpy as np
+
+    at = crossing(got.get(STEPS_MODEL, {}), target)
+    rows = {}
+    for lr in MUON_LRS:
+        curve = got.get(f"muon-{lr:g}")
+        if not curve:
+            continue
+        steps = sorted(int(s) for s in curve)
+        kls = [curve[str(s)] for s in steps]
+        rows[f"{lr:g}"] = {"crossing": _interpolated_crossing(steps, kls, target),
+                           "kl_at_adamw_step": (None if at is None or steps[-1] < at else
+                                                round(float(np.interp(at, steps, kls)), 5)),
+                           "final_kl": kls[-1]}
+    reached = [(r["crossing"], r["kl_at_adamw_step"] or np.inf, lr) for lr, r in rows.items()
+               if r["crossing"] is not None]
+    return {"adamw_step": at, "rates": rows, "chosen": min(reached)[2] if reached else None}
+
+
+def _interpolated_crossing(steps: list[int], kls: list[float], target: float) -> float | None:
+    """The step where the KL first falls to ``target``, linear between two checkpoints."""
+    for i in range(1, len(steps)):
+        (s0, k0), (s1, k1) = (steps[i - 1], kls[i - 1]), (steps[i], kls[i])
+        if k0 > target >= k1:
+            return round(s0 + (k0 - target) / (k0 - k1) * (s1 - s0), 1)
+    return float(steps[0]) if kls and kls[0] <= target else None
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", action="store_true", help="run (or resume) every pilot trial")
@@ -118,6 +163,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, help="where to write the collected curves")
     p.add_argument("--target", type=float, default=0.7)
     p.add_argument("--only", nargs="*", default=None, help="pilot jobs to run")
+    p.add_argument("--merge", type=Path, help="a pilot JSON whose curves join the collected")
     args = p.parse_args(argv)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if args.run:
@@ -125,9 +171,12 @@ def main(argv=None) -> int:
             subprocess.run(trial_command(name, args.out), check=True, env=env)
     if args.collect:
         got = curves(args.collect)
+        if args.merge:  # curves committed before (the AdamW one), not rerun
+            got = {**json.loads(args.merge.read_text())["curves"], **got}
         summary = {"target_kl": args.target, "curves": got,
                    "crossing": {n: crossing(c, args.target) for n, c in got.items()},
                    "adversary": adversary_search(got, args.target),
+                   "muon": muon_search(got, args.target),
                    "probe_size": {str(n): _probe(args.collect / f"probe_{n}.json")
                                   for n in DOWNSTREAM_SIZES},
                    "commands": {n: " ".join(trial_command(n, Path("OUT"))) for n in JOBS}}

@@ -72,10 +72,16 @@ SWITCHES: dict[str, tuple[str, dict]] = {
     "deep-grammar": ("a deeper grammar: the scale's deep source (paper-like at GPU scale)", {}),
     "second-grammar": ("a second grammar of the scale's family (testbed: the search's runner-up, "
                        "q0-7): the robustness column", {}),
+    "soft-targets": ("trained on the true conditionals, not the sampled word (train.targets="
+                     "truth): Theorem 3.3's label noise removed, the rest of the algorithm kept",
+                     {"train.targets": "truth"}),
 }
 # Switches that change the language, not how a claim is run or measured: the report shows their
 # protocols as robustness columns, and the diagnosis leaves them out.
 ROBUSTNESS_SWITCHES = ("second-grammar",)
+# Switches that ablate the paper's mechanism rather than follow its text or the released code:
+# their trials are arms of analysis/beyond.py's comparisons, not a protocol of the paper's claims
+ABLATION_SWITCHES = ("soft-targets",)
 
 # The released code's protocol = every switch but the ones that are not its choices.
 BASES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -149,13 +155,18 @@ def added_switches(name: str) -> list[str]:
 
 def diagnosis_protocols(base: str = "paper") -> list[str]:
     """``base`` with each switch alone (the diagnosis grid), the base itself first; not the
-    robustness switches (another language is not a protocol difference)."""
+    robustness switches (another language is not a protocol difference) nor the ablations."""
     parse_protocol(base)
-    return [base, *(f"{base}+{s}" for s in SWITCHES
-                    if s not in switches_of(base) and s not in ROBUSTNESS_SWITCHES)]
+    return [base, *(f"{base}+{s}" for s in SWITCHES if s not in switches_of(base)
+                    and s not in ROBUSTNESS_SWITCHES + ABLATION_SWITCHES)]
 
 
 def is_robustness(name: str) -> bool:
     """``name`` is a base with robustness switches only (``paper+second-grammar``)."""
     added = added_switches(name)
     return bool(added) and all(s in ROBUSTNESS_SWITCHES for s in added)
+
+
+def is_ablation(name: str) -> bool:
+    """``name`` adds an ablation switch to its base (``paper+soft-targets``)."""
+    return any(s in ABLATION_SWITCHES for s in added_switches(name))

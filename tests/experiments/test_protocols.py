@@ -12,11 +12,13 @@ from flatlm.core.config import apply_overrides
 from flatlm.core.schedules import learning_rate
 from flatlm.experiments.paper import EXPERIMENTS, build
 from flatlm.experiments.protocols import (
+    ABLATION_SWITCHES,
     PAPER,
     RELEASED_WARMUP_PROPORTION,
     ROBUSTNESS_SWITCHES,
     SWITCHES,
     diagnosis_protocols,
+    is_ablation,
     is_robustness,
     model_for,
     parse_protocol,
@@ -168,10 +170,18 @@ def test_bad_protocols_name_what_is_wrong(name, needle):
 
 def test_diagnosis_turns_on_each_switch_alone():
     names = diagnosis_protocols()
-    assert names[0] == "paper" and len(names) == 1 + len(SWITCHES) - len(ROBUSTNESS_SWITCHES)
+    assert names[0] == "paper" and len(names) == (1 + len(SWITCHES) - len(ROBUSTNESS_SWITCHES)
+                                                  - len(ABLATION_SWITCHES))
     for name in names[1:]:
         assert len(parse_protocol(name)[1]) == 1
-    assert not any(is_robustness(name) for name in names)
+    assert not any(is_robustness(name) or is_ablation(name) for name in names)
+
+
+def test_soft_targets_is_an_ablation_that_trains_on_the_truth_and_changes_nothing_else():
+    assert is_ablation("paper+soft-targets") and not is_ablation("paper-code")
+    assert not is_robustness("paper+soft-targets")
+    soft, paper = protocol_overrides("paper+soft-targets"), protocol_overrides("paper")
+    assert soft.pop("train.targets") == "truth" and soft == paper
 
 
 def test_the_second_grammar_changes_the_language_and_nothing_else():
