@@ -171,13 +171,15 @@ def main(argv=None) -> int:
             subprocess.run(trial_command(name, args.out), check=True, env=env)
     if args.collect:
         got = curves(args.collect)
-        if args.merge:  # curves committed before (the AdamW one), not rerun
-            got = {**json.loads(args.merge.read_text())["curves"], **got}
+        merged = json.loads(args.merge.read_text()) if args.merge else {}
+        # curves and probe measurements committed before (AdamW's), not rerun
+        got = {**merged.get("curves", {}), **got}
         summary = {"target_kl": args.target, "curves": got,
                    "crossing": {n: crossing(c, args.target) for n, c in got.items()},
                    "adversary": adversary_search(got, args.target),
                    "muon": muon_search(got, args.target),
                    "probe_size": {str(n): _probe(args.collect / f"probe_{n}.json")
+                                  or merged.get("probe_size", {}).get(str(n))
                                   for n in DOWNSTREAM_SIZES},
                    "commands": {n: " ".join(trial_command(n, Path("OUT"))) for n in JOBS}}
         text = json.dumps(summary, indent=1, sort_keys=True) + "\n"

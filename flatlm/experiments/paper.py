@@ -109,7 +109,7 @@ def build(name: str, *, scale: str = "tiny", protocol: str = "paper",
     if not seeds:
         raise ValueError("seeds: give at least one training seed")
     grid["train.seed"] = list(seeds)
-    linked = _model_schedules(sc, protocol, grid)
+    linked = {**_model_schedules(sc, protocol, grid), **_algorithm_schedules(sc, grid)}
     if overrides:
         base = apply_overrides(base, overrides)  # a bad value is named as such first
         refuse_varied(overrides, (*grid, *space), f"the {name} experiment",
@@ -126,6 +126,14 @@ def _model_schedules(sc: Scale, protocol: str, grid: dict) -> dict:
     if not sc.model_overrides or "model" not in grid:
         return {}
     return {"model": {model_for(m, protocol): dict(o) for m, o in sc.model_overrides.items()}}
+
+
+def _algorithm_schedules(sc: Scale, grid: dict) -> dict:
+    """The scale's per-algorithm settings (``Scale.algorithm_overrides``) for a grid over
+    algorithms."""
+    if not sc.algorithm_overrides or "train.algorithm" not in grid:
+        return {}
+    return {"train.algorithm": {a: dict(o) for a, o in sc.algorithm_overrides.items()}}
 
 
 def base_of(scale: str, protocol: str = "paper", source: str | None = None) -> TrialConfig:
@@ -153,7 +161,8 @@ def protocol_base(sc: Scale, protocol: str) -> TrialConfig:
             raise ValueError(f"protocol {protocol!r}: the {sc.name} scale has no second grammar "
                              "(only --scale testbed has one); drop +second-grammar")
         changes["source"] = sc.second_source
-    return apply_overrides(sc.base(), {**protocol_overrides(protocol), **changes})
+    scaled = {k: v for switch in switches for k, v in sc.switch_overrides.get(switch, {}).items()}
+    return apply_overrides(sc.base(), {**protocol_overrides(protocol), **scaled, **changes})
 
 
 def _long_run(sc: Scale, base: TrialConfig, **extra) -> TrialConfig:

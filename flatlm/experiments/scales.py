@@ -151,6 +151,12 @@ class Scale:
     # the matched-loss rule's common KL (analysis/matched.py), nats/token; None: the scale's
     # claims are read in the saturation regime only
     target_kl: float | None = None
+    # algorithm -> the settings its arm of the algorithms experiment runs with (its rate, and
+    # checkpoints around the step where it reaches the target KL)
+    algorithm_overrides: dict = field(default_factory=dict)
+    # protocol switch -> the settings the scale runs with under it (an ablation that reaches
+    # the target KL sooner checkpoints sooner)
+    switch_overrides: dict = field(default_factory=dict)
 
     def seeds_of(self, experiment: str) -> tuple[int, ...] | None:
         """The seeds ``flatlm replicate`` runs ``experiment`` with (no --seeds): its
@@ -313,6 +319,16 @@ TESTBED_V2 = replace(
     # 0.02 nats of it: 0.1 stalls (KL 1.27 at step 1000), 0.01 is 0.022 above, 0.00316 0.017
     # (0.0316 not run: the KL rises with lambda and 0.01 already fails)
     adversarial={**CPU_ADVERSARY, "train.adversarial.lambda": 0.00316},
+    # Muon (issue 54) at the pilot's rate: of 0.005, 0.01, 0.02 the one whose KL crosses the
+    # target first (0.01 at step 1326; 0.005 at 1574; 0.02 stalls at 0.77; 0.04 not run: the
+    # plateau rises with the rate), checkpointed around that crossing (KL 0.74-0.65 in the
+    # pilot) as AdamW's are around its own (2750)
+    algorithm_overrides={"muon": {"train.muon.lr": 0.01, "train.steps": 1750,
+                                  "train.checkpoint_steps": [1000, 1250, 1500, 1750]}},
+    # soft targets (paper+soft-targets) cross the target at step 1000 in the pilot (KL 0.79 at
+    # 500, 0.67 at 1250)
+    switch_overrides={"soft-targets": {"train.steps": 1250,
+                                       "train.checkpoint_steps": [500, 750, 1000, 1250]}},
     # the probe's downstream set: the paper's 100,000 sentences would take ~7 CPU-min a
     # checkpoint (35 a trial, over the 30 CPU-min budget); 20,000 is the largest that stays
     # within it, and lifts the probes 10 points over 4,000's, whose probe is data-bound (train
