@@ -2,9 +2,9 @@
 lr and batch on which the paper's precondition (models at the same, saturated, pre-training loss)
 can hold on a 2-core laptop, with downstream tasks that random features do not solve.
 
-The command line of ``flatlm.experiments.testbed_search`` (its definition, ``first``: criteria
+The command line of ``apps.testbed_search`` (its definition, ``first``: criteria
 (a)-(d) fixed before any claim was looked at, the grammar families, grids and settings; the runs,
-``trials`` and ``jobs``) and ``analysis.testbed_search`` (the verdicts and the table).
+``trials`` and ``jobs``) and ``apps.testbed_search.verdicts_first`` (the verdicts and the table).
 
 Stages (each appends to ``--out``, a JSON file with the exact configs; the next reads it):
 
@@ -45,9 +45,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from analysis.testbed_search import best_passing, screen_kept, screen_verdict, summarise, table
-from flatlm.experiments.scales import scale as get_scale
-from flatlm.experiments.testbed_search.first import (
+from apps.testbed_search.first import (
     CRITERIA,
     GRIDS,
     ID_PREFIX,
@@ -57,15 +55,15 @@ from flatlm.experiments.testbed_search.first import (
     SPACES,
     STEPS_VARIANTS,
 )
-from flatlm.experiments.testbed_search.jobs import (
+from apps.testbed_search.jobs import (
     adversary_lambda,
     finalist_jobs,
     scale_jobs,
     stage_saver,
     write_results,
 )
-from flatlm.experiments.testbed_search.pool import run_all
-from flatlm.experiments.testbed_search.trials import (
+from apps.testbed_search.pool import run_all
+from apps.testbed_search.trials import (
     candidate_pins,
     candidate_scale,
     expected_cost,
@@ -73,6 +71,14 @@ from flatlm.experiments.testbed_search.trials import (
     run_one,
     screen,
 )
+from apps.testbed_search.verdicts_first import (
+    best_passing,
+    screen_kept,
+    screen_verdict,
+    summarise,
+    table,
+)
+from flatlm.experiments.scales import scale as get_scale
 from flatlm.sources.pcfg_family import draw_pcfg_specs, layered_pcfg_spec
 
 RESULTS = Path(__file__).parent / "results"

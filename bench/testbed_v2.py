@@ -3,9 +3,9 @@ as hard as the paper's (its probes read 49-90%), on which the paper's preconditi
 on a CPU. The first testbed (``bench/testbed_search.py``, whose runs this search reuses) put
 every trained probe at 97.5-100%: its verdicts on "probes better" claims were set by the ceiling.
 
-The command line of ``flatlm.experiments.testbed_search`` (the definition, ``second``: criteria
+The command line of ``apps.testbed_search`` (the definition, ``second``: criteria
 (a)-(f) fixed before any run of it, the families, grids and setting; the runs, ``trials``) and
-``analysis.testbed_v2`` (the verdicts, the room each claim needs, the table).
+``apps.testbed_search.verdicts_second`` (the verdicts, the room each claim needs, the table).
 
 Stages (each appends to ``--out``; the next reads it):
 
@@ -40,12 +40,10 @@ import time
 from functools import partial
 from pathlib import Path
 
-from analysis.testbed_search import screen_kept
-from analysis.testbed_v2 import kept, learn_verdict, merge, room_needed, screen_verdict, table
-from flatlm.experiments.testbed_search import first
-from flatlm.experiments.testbed_search.jobs import stage_saver, write_results
-from flatlm.experiments.testbed_search.pool import run_all
-from flatlm.experiments.testbed_search.second import (
+from apps.testbed_search import first
+from apps.testbed_search.jobs import stage_saver, write_results
+from apps.testbed_search.pool import run_all
+from apps.testbed_search.second import (
     CRITERIA,
     GRIDS,
     ID_PREFIX,
@@ -54,7 +52,7 @@ from flatlm.experiments.testbed_search.second import (
     SPACES,
     STEPS_MODEL,
 )
-from flatlm.experiments.testbed_search.trials import (
+from apps.testbed_search.trials import (
     algorithm_trial,
     expected_cost,
     experiment_trials,
@@ -63,6 +61,15 @@ from flatlm.experiments.testbed_search.trials import (
     run_one,
     screen,
     v2_scale,
+)
+from apps.testbed_search.verdicts_first import screen_kept
+from apps.testbed_search.verdicts_second import (
+    kept,
+    learn_verdict,
+    merge,
+    room_needed,
+    screen_verdict,
+    table,
 )
 from flatlm.sources.pcfg_family import draw_pcfg_specs
 

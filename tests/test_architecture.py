@@ -6,6 +6,8 @@
   trial on a host without ``datasets`` measures.
 - ``flatlm.corpus`` imports no model code; ``flatlm.sources`` imports nothing of the stages below.
 - A whole trial (train + measure, fresh data) runs with ``datasets`` unavailable.
+- The programs beside the library (``apps``) may import ``flatlm`` and ``analysis``; nothing in
+  ``flatlm``, ``sweeps`` or ``analysis`` imports ``apps``.
 """
 
 import json
@@ -17,6 +19,9 @@ import pytest
 
 import flatlm
 
+# The installed top-level packages whose sources these scans read: the library, the sweeps, the
+# analysis, and the programs beside the library (``apps``).
+PACKAGES = ("flatlm", "sweeps", "analysis", "apps")
 # flatlm.__main__ is the command itself (importing it runs it)
 CORE = sorted(m.name for m in pkgutil.walk_packages(flatlm.__path__, "flatlm.")
               if m.name not in ("flatlm.tracking.tracker", "flatlm.__main__"))
@@ -65,7 +70,7 @@ def _mlflow_importers() -> set[str]:
 
     repo = Path(flatlm.__file__).resolve().parents[1]
     found = set()
-    for package in ("flatlm", "sweeps", "analysis", "bench"):
+    for package in (*PACKAGES, "bench"):
         for path in sorted((repo / package).rglob("*.py")):
             if "mlflow" in _top_level_imports(path.read_text()):
                 parts = path.relative_to(repo).with_suffix("").parts
@@ -133,14 +138,15 @@ assert "probe/g_star/acc_mean" in done[2], done
 
 
 def _internal_imports() -> dict[str, list[tuple[str, tuple[str, ...]]]]:
-    """module -> [(imported module, names imported from it)] over flatlm, sweeps and analysis,
-    every import statement (module level or in a function), from their source."""
+    """module -> [(imported module, names imported from it)] over ``PACKAGES`` (flatlm, sweeps,
+    analysis, apps), every import statement (module level or in a function), from their
+    source."""
     import ast
     from pathlib import Path
 
     repo = Path(flatlm.__file__).resolve().parents[1]
     found = {}
-    for package in ("flatlm", "sweeps", "analysis"):
+    for package in PACKAGES:
         for path in sorted((repo / package).rglob("*.py")):
             parts = path.relative_to(repo).with_suffix("").parts
             module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -151,7 +157,7 @@ def _internal_imports() -> dict[str, list[tuple[str, tuple[str, ...]]]]:
                 elif isinstance(node, ast.Import):
                     edges += [(a.name, ()) for a in node.names]
             found[module] = [(m, names) for m, names in edges
-                             if m.split(".")[0] in ("flatlm", "sweeps", "analysis")]
+                             if m.split(".")[0] in PACKAGES]
     return found
 
 
@@ -210,6 +216,24 @@ def test_library_packages_import_only_lower_layers():
     assert not upward, sorted(upward)
 
 
+# The programs beside the library (``apps``) build on the library and the analysis; the library,
+# the sweeps and the analysis never import a program.
+APPS_MAY_IMPORT = {"flatlm", "analysis", "apps"}
+
+
+def test_the_library_never_imports_apps():
+    imports = _internal_imports()
+    assert any(m.startswith("apps.") and t.startswith("flatlm.")
+               for m, edges in imports.items() for t, _ in edges)  # the scan sees apps' edges
+    into_apps = sorted(f"{m} -> {t}" for m, edges in imports.items() for t, _ in edges
+                       if t.split(".")[0] == "apps" and m.split(".")[0] != "apps")
+    assert not into_apps, ("a part the library uses belongs in the library, not in apps/: "
+                           f"{into_apps}")
+    out_of_apps = sorted(f"{m} -> {t}" for m, edges in imports.items() for t, _ in edges
+                         if m.split(".")[0] == "apps" and t.split(".")[0] not in APPS_MAY_IMPORT)
+    assert not out_of_apps, out_of_apps
+
+
 def test_no_module_imports_another_modules_private_names():
     private = [f"{m}: from {t} import {name}" for m, edges in _internal_imports().items()
                for t, names in edges for name in names
@@ -228,14 +252,14 @@ ENTRY_POINTS = ("sweeps/cli.py", "sweeps/scaling.py", "sweeps/steps.py", "sweeps
 
 
 def _module_level_imports() -> dict[str, set[str]]:
-    """module -> every module its module-level statements import (absolute names), over flatlm,
-    sweeps and analysis."""
+    """module -> every module its module-level statements import (absolute names), over
+    ``PACKAGES``."""
     import ast
     from pathlib import Path
 
     repo = Path(flatlm.__file__).resolve().parents[1]
     found = {}
-    for package in ("flatlm", "sweeps", "analysis"):
+    for package in PACKAGES:
         for path in sorted((repo / package).rglob("*.py")):
             parts = path.relative_to(repo).with_suffix("").parts
             module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -257,7 +281,7 @@ def _imported(node) -> list[str]:
 def _defers_heavy(name: str, modules: dict[str, set[str]], seen: set[str],
                   heavy: tuple[str, ...] = DEFERRED) -> bool:
     """Whether importing ``name`` loads a ``heavy`` package (itself, or through the module-level
-    imports of flatlm / sweeps / analysis modules, their parent packages included)."""
+    imports of the ``PACKAGES``' modules, their parent packages included)."""
     if name.split(".")[0] in heavy:
         return True
     if name in seen or name not in modules:
@@ -274,7 +298,7 @@ def test_function_level_imports_only_defer_a_heavy_dependency():
     repo = Path(flatlm.__file__).resolve().parents[1]
     modules = _module_level_imports()
     needless = []
-    for package in ("flatlm", "sweeps", "analysis"):
+    for package in PACKAGES:
         for path in sorted((repo / package).rglob("*.py")):
             heavy = DEFERRED + ("torch",) * (str(path.relative_to(repo)) in ENTRY_POINTS)
             for fn in ast.walk(ast.parse(path.read_text())):
@@ -292,8 +316,9 @@ def _named_in(doc: str) -> list[str]:
     (``flatlm/train/registry.py``) that ``doc`` writes in backticks."""
     import re
 
-    names = re.findall(r"`((?:flatlm|sweeps|analysis)(?:\.[A-Za-z_]\w*)+)`", doc)
-    paths = re.findall(r"`((?:flatlm|sweeps|analysis|bench|tests|docs)/[\w/.-]+\.\w+)`", doc)
+    names = re.findall(r"`((?:flatlm|sweeps|analysis|apps)(?:\.[A-Za-z_]\w*)+)`", doc)
+    paths = re.findall(r"`((?:flatlm|sweeps|analysis|apps|bench|tests|docs)/[\w/.-]+\.\w+)`",
+                       doc)
     return [*names, *paths]
 
 
@@ -395,7 +420,7 @@ def test_only_command_line_entries_end_the_process():
     repo = Path(flatlm.__file__).resolve().parents[1]
     assert _exits_outside_entries("def load():\n    raise SystemExit('no')\n", "analysis.x")
     found = []
-    for package in ("flatlm", "sweeps", "analysis"):
+    for package in PACKAGES:
         for path in sorted((repo / package).rglob("*.py")):
             parts = path.relative_to(repo).with_suffix("").parts
             module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

@@ -37,9 +37,10 @@ def _bare_numeric_flags(path: Path) -> list[str]:
 
 
 def test_no_numeric_flag_is_parsed_unchecked():
-    """The commands, the sweep scripts and the analysis scripts: no bare ``type=int`` or
-    ``type=float`` (those take nan, inf and any sign)."""
-    files = [f for d in ("flatlm", "sweeps", "analysis") for f in sorted((ROOT / d).rglob("*.py"))]
+    """The commands, the sweep scripts, the analysis scripts and the programs beside the library
+    (``apps``): no bare ``type=int`` or ``type=float`` (those take nan, inf and any sign)."""
+    files = [f for d in ("flatlm", "sweeps", "analysis", "apps")
+             for f in sorted((ROOT / d).rglob("*.py"))]
     bare = [hit for f in files for hit in _bare_numeric_flags(f)]
     assert not bare, "use flatlm.core.flags.number_flag: " + ", ".join(bare)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("flatlm", "sweeps", "analysis", "bench")
+PACKAGES = ("flatlm", "sweeps", "analysis", "apps", "bench")
 # name -> the one module that defines it
 ONE_HOME = {"ALGORITHMS": "flatlm/train/registry.py", "PRESETS": "flatlm/models/presets.py",
             "PAPER": "flatlm/experiments/protocols.py", "CLAIMS": "analysis/paper_claims.py",

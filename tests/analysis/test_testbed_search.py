@@ -1,10 +1,11 @@
-"""analysis/testbed_search.py: the first search's verdicts on planted rows (the screen's keep rule,
-stage 1's pick, stage 2's criteria table) and the longest-first schedule its times use."""
+"""apps/testbed_search/verdicts_first.py: the first search's verdicts on planted rows (the
+screen's keep rule, stage 1's pick, stage 2's criteria table) and the longest-first schedule its
+times use."""
 
 import pytest
 
-from analysis.testbed_search import best_passing, makespan, screen_verdict, summarise
-from flatlm.experiments.testbed_search.first import GRIDS
+from apps.testbed_search.first import GRIDS
+from apps.testbed_search.verdicts_first import best_passing, makespan, screen_verdict, summarise
 
 
 def _task(majority=0.4, random_init=0.7, lookup=0.9, both=0.8):

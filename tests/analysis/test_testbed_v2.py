@@ -1,16 +1,17 @@
-"""analysis/testbed_v2.py: the room each accuracy claim needs (against the paper's effects by
-hand), the screen's keep rule and stage 1's verdict on planted rows, the replication's cost."""
+"""apps/testbed_search/verdicts_second.py: the room each accuracy claim needs (against the paper's
+effects by hand), the screen's keep rule and stage 1's verdict on planted rows, the replication's
+cost."""
 
 import pytest
 
-from analysis.testbed_v2 import (
+from apps.testbed_search.second import STEPS_MODEL
+from apps.testbed_search.verdicts_second import (
     learn_verdict,
     replication_cost,
     room_met,
     room_needed,
     screen_verdict,
 )
-from flatlm.experiments.testbed_search.second import STEPS_MODEL
 
 
 def test_room_needed_reads_twice_the_papers_effect_in_its_direction():

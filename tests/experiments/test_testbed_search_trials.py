@@ -1,4 +1,4 @@
-"""flatlm/experiments/testbed_search: the screen regenerates a committed stage-0 row bit for bit
+"""apps/testbed_search: the screen regenerates a committed stage-0 row bit for bit
 (both label rules), a committed scale's jobs reuse the runs of the same config, the steps run's
 variants change only what they name."""
 
@@ -8,18 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.testbed_search import screen_kept
-from flatlm.experiments.scales import scale
-from flatlm.experiments.testbed_search.first import STEPS_VARIANTS
-from flatlm.experiments.testbed_search.jobs import finalist_jobs, scale_jobs
-from flatlm.experiments.testbed_search.pool import one_thread
-from flatlm.experiments.testbed_search.trials import (
+from apps.testbed_search.first import STEPS_VARIANTS
+from apps.testbed_search.jobs import finalist_jobs, scale_jobs
+from apps.testbed_search.pool import one_thread
+from apps.testbed_search.trials import (
     candidate_pins,
     candidate_scale,
     expected_cost,
     experiment_trials,
     screen,
 )
+from apps.testbed_search.verdicts_first import screen_kept
+from flatlm.experiments.scales import scale
 
 RESULTS = Path(__file__).parents[2] / "bench" / "results"
 

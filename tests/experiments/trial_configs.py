@@ -133,18 +133,18 @@ def trial_configs(sources: dict[str, str | None], tmp: str, *,
 
 
 def search_trial_configs() -> dict:
-    """The testbed searches' trials (``flatlm.experiments.testbed_search``: its candidate
+    """The testbed searches' trials (``apps.testbed_search``: its candidate
     scales, each stage-1 setting of each grid, and the second search's scales), as their jobs
     build them (``experiment_trials``, protocol paper): label -> experiment -> trial -> sha256.
     The scales are registered under their names meanwhile, as the searches do, then removed."""
-    from flatlm.experiments.scales import SCALES
-    from flatlm.experiments.testbed_search import first, second
-    from flatlm.experiments.testbed_search.trials import (
+    from apps.testbed_search import first, second
+    from apps.testbed_search.trials import (
         candidate_pins,
         candidate_scale,
         experiment_trials,
         v2_scale,
     )
+    from flatlm.experiments.scales import SCALES
 
     spec = second.PAPER_GRAMMAR["spec"]
     scales = {f"candidate {grid} {name}": (candidate_scale(spec, grid, setting, None),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from flatlm.experiments.testbed_search import first, second
+from apps.testbed_search import first, second
 from flatlm.sources import load
 from flatlm.sources.pcfg_family import draw_pcfg_specs, layered_pcfg_spec
 

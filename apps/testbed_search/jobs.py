@@ -12,15 +12,15 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from flatlm.experiments.scales import Scale
-from flatlm.experiments.testbed_search.first import CRITERIA, STEPS_VARIANTS
-from flatlm.experiments.testbed_search.pool import run_all
-from flatlm.experiments.testbed_search.trials import (
+from apps.testbed_search.first import CRITERIA, STEPS_VARIANTS
+from apps.testbed_search.pool import run_all
+from apps.testbed_search.trials import (
     algorithm_trial,
     experiment_trials,
     loss_only,
     run_one,
 )
+from flatlm.experiments.scales import Scale
 
 
 def finalist_jobs(cid: str, sc: Scale, experiments, seeds, work: Path, *, variants=(),

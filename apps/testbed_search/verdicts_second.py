@@ -1,5 +1,5 @@
 """Testbed v2's verdicts and report (issue 38, item 2): its rows held against the criteria it fixed
-before any run (``flatlm.experiments.testbed_search.second``).
+before any run (``apps.testbed_search.second``).
 
 The search reads KL, probe levels (the best trained probe, random-init features, the lookup
 table), majority shares, class counts and times; never a claim's outcome (no difference between
@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 
 from analysis.claims import CLAIMS
-from analysis.testbed_search import makespan
-from flatlm.experiments.testbed_search.second import CRITERIA, SEEDS, STEPS_MODEL
+from apps.testbed_search.second import CRITERIA, SEEDS, STEPS_MODEL
+from apps.testbed_search.verdicts_first import makespan
 from flatlm.models.presets import parameter_count, parse_model
 from flatlm.sources import load
 

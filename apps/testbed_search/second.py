@@ -11,7 +11,7 @@ Criteria (``CRITERIA``):
     quarter), >= 10 classes per task and a majority share <= 30%;
 (c) on every task the best trained probe lies in [50%, 90%], random-init features >= 10 points
     below it, and every accuracy claim of ``analysis.claims.CLAIMS`` with a size has room >= 2x
-    the paper's effect in its direction (``analysis.testbed_v2.room_needed``);
+    the paper's effect in its direction (``apps.testbed_search.verdicts_second.room_needed``);
 (d) the sizes grid grows width and depth together (as Table 3) over >= 4x in parameters;
 (e) the adversary's lambda by the first search's rule (within 0.02 nats of AdamW's KL);
 (f) a trial <= 30 CPU-minutes on one core.

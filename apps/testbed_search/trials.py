@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from apps.testbed_search import first, second
 from flatlm.core.config import apply_overrides, from_dict, to_dict
 from flatlm.experiments.paper import build
 from flatlm.experiments.scales import CPU_ADVERSARY, TESTBED, Scale, register_scale
-from flatlm.experiments.testbed_search import first, second
 from flatlm.measure.probes.lookup import lookup_features
 from flatlm.measure.probes.probe import (
     downstream_classes,

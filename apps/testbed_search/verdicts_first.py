@@ -1,5 +1,5 @@
 """The first testbed search's verdicts and report (issue 23, item 3): its rows held against the
-criteria it fixed before any claim was read (``flatlm.experiments.testbed_search.first``).
+criteria it fixed before any claim was read (``apps.testbed_search.first``).
 
 The search never reads a claim's outcome: these functions read KL, the best trained probe against
 the random-init features, majority shares and times, never a probe (or Tr(F)) difference between
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from flatlm.experiments.testbed_search.first import (
+from apps.testbed_search.first import (
     CRITERIA,
     GRIDS,
     RANDOM_INIT_MAX,
