@@ -125,8 +125,11 @@ def trial_configs(sources: dict[str, str | None], tmp: str, *,
                     try:
                         exp = build(experiment, scale=scale, protocol=protocol, source=source,
                                     **options)
-                        group[name] = {trial_name(point): _point(exp.base, point, tmp)
-                                       for point in exp.points()}
+                        # with the settings linked to the point (a model's, an algorithm's),
+                        # as Experiment.trials applies them
+                        group[name] = {trial_name(point): _point(
+                            exp.base, {**point, **exp.linked_to(point)}, tmp)
+                            for point in exp.points()}
                     except Exception as e:  # noqa: BLE001 (a refusal is behaviour too)
                         group[name] = _error(e, tmp)
     return out

@@ -1,0 +1,68 @@
+"""testbed-v2's beyond-the-paper arms (issue 54): Muon at the rate its committed pilot search
+chose, checkpointed around its own crossing of the target KL, and soft targets under
+``paper+soft-targets`` around theirs; the settings follow the arm and nothing else."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from flatlm.experiments.paper import build
+from flatlm.experiments.scales import scale
+
+BENCH = Path(__file__).parents[2] / "bench"
+PILOT = BENCH / "results" / "replication_testbed_v2" / "pilot.json"
+
+
+def pilot_module():
+    spec = importlib.util.spec_from_file_location("testbed_v2_pilot", BENCH / "testbed_v2_pilot.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def trials(protocol="paper", algorithms=("adamw", "muon")):
+    exp = build("algorithms", scale="testbed-v2", protocol=protocol, seeds=(0,),
+                algorithms=algorithms, selection_measures=False)
+    return dict(exp.trials())
+
+
+def test_muon_runs_at_the_rate_its_committed_search_chose():
+    pilot, mod = json.loads(PILOT.read_text()), pilot_module()
+    search = mod.muon_search(pilot["curves"], pilot["target_kl"])
+    assert search == pilot["muon"]  # the committed JSON is what its curves say
+    cfg = trials()["muon_seed0"]
+    assert cfg.train.settings("muon").lr == float(search["chosen"]) == 0.01
+
+
+def test_each_arm_is_checkpointed_around_its_own_crossing_of_the_target():
+    pilot = json.loads(PILOT.read_text())
+    got = trials()
+    target = pilot["target_kl"]
+    for name, curve, cfg in (("muon", "muon-0.01", got["muon_seed0"]),
+                             ("adamw", "d64-h4-l2-i256", got["adamw_seed0"]),
+                             ("soft", "soft-targets",
+                              trials("paper+soft-targets", ("adamw",))["adamw_seed0"])):
+        kl = pilot["curves"][curve]
+        steps = cfg.train.checkpoint_steps
+        assert max(steps) == cfg.train.steps
+        read = [kl[str(s)] for s in steps]  # the pilot's KL at each checkpoint (seed 0)
+        assert read[0] > target >= read[-1], (name, read)  # brackets the crossing
+
+
+def test_the_arm_settings_reach_no_other_arm():
+    got = trials()
+    assert tuple(got["adamw_seed0"].train.checkpoint_steps) == scale("testbed-v2").checkpoint_steps
+    assert got["adamw_seed0"].train.targets == "sampled"
+    soft = trials("paper+soft-targets", ("adamw",))["adamw_seed0"]
+    assert soft.train.targets == "truth" and soft.train.steps == 1250
+
+
+@pytest.mark.parametrize("steps, kls, expected", [
+    ([250, 500, 750], [0.9, 0.8, 0.6], 625.0),  # halfway from 0.8 to 0.6
+    ([250, 500], [0.9, 0.8], None),  # never reached
+    ([250, 500], [0.65, 0.6], 250.0),  # already below at the first checkpoint
+])
+def test_the_crossing_step_is_linear_between_the_bracketing_checkpoints(steps, kls, expected):
+    assert pilot_module()._interpolated_crossing(steps, kls, 0.7) == expected
