@@ -1,7 +1,7 @@
 """The sweep's driver: reaches MLflow, takes the sweep's lock, checks a resumed sweep's state, then
 starts (or resumes) the Tune experiment and, after ``fit``, ends the MLflow runs whose trials
 could not deliver their end. Each job lives in its module: ``resume``, ``trust``, ``signals``,
-``delivery``, ``tuner``, ``console``, ``progress``."""
+``delivery``, ``tuner``, ``console``, ``progress_board``."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from sweeps.delivery import (
     reach_tracking,
     report_diverged,
 )
-from sweeps.progress import start_board
+from sweeps.progress_board import start_board
 from sweeps.rayenv import ray, tune
 from sweeps.resume import check_resume_settings, one_driver, record_settings
 from sweeps.signals import Interrupted, count_unfinished, sigterm_as_sigint

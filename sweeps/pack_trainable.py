@@ -23,7 +23,7 @@ from flatlm.runs.pack import run_pack
 from flatlm.runs.trial import TrialConfig, validate_trial, with_downstream_resolved
 from flatlm.train.run import Diverged
 from sweeps.console import member_label
-from sweeps.progress import poster
+from sweeps.progress_board import poster
 from sweeps.rayenv import tune
 from sweeps.trainable import (
     ARTIFACT_FOLDERS,

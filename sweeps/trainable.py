@@ -43,7 +43,7 @@ from flatlm.tracking.tracker import (
 )
 from flatlm.train.loop import Diverged
 from sweeps.curves import plot_curves
-from sweeps.progress import poster
+from sweeps.progress_board import poster
 from sweeps.rayenv import tune
 from sweeps.travel import restore_tracking, save_tracking
 
@@ -89,7 +89,7 @@ def trainable(config: dict) -> None:
     try:
         run_trial(cfg, out_dir, report, device=device, source=source,
                   eval_cache=Path(sweep["trials_dir"]).parents[1] / "eval_cache",
-                  on_progress=poster(name),  # the driver prints where it is (sweeps.progress)
+                  on_progress=poster(name),  # the driver prints where it is (sweeps.progress_board)
                   measure_prior_s=measure_prior_s(cfg, device))
     except Diverged as e:  # ends here, not retried: a retry would diverge the same way
         end_diverged(tracker, out_dir, e)

@@ -9,7 +9,7 @@ from pathlib import Path
 from flatlm.core.config import to_dict
 from sweeps.console import OneLinePerResult, trial_label
 from sweeps.pack_trainable import any_trial
-from sweeps.progress import ProgressLines
+from sweeps.progress_board import ProgressLines
 from sweeps.rayenv import ray, tune
 from sweeps.signals import RecordSignals
 from sweeps.spec import Sweep, objectives, packs, ray_trials

@@ -2,7 +2,12 @@
 meant two or three things (``ALGORITHMS``: the registry, the algorithms experiment's grid, the
 selection sweep's default; ``PRESETS``: model presets and the sweeps' (scale, protocol) pairs;
 ``PAPER``: the paper's protocol and the sweeps' claims) is defined in one module, and the
-saturation threshold (once written as 0.02 in four places) is ``flatlm.measure.SATURATED_KL``."""
+saturation threshold (once written as 0.02 in four places) is ``flatlm.measure.SATURATED_KL``.
+
+Issue 51, item 3: likewise a module's file name. ``progress.py`` once named three modules with
+three jobs (a trial's progress line, a measurement's bar and timer, the sweep driver's board of
+running trials); they are ``flatlm/runs/trial_progress.py``, ``flatlm/measure/timing.py`` and
+``sweeps/progress_board.py``, and no two modules share such a name again."""
 
 import re
 from pathlib import Path
@@ -15,6 +20,9 @@ PACKAGES = ("flatlm", "sweeps", "analysis", "apps", "bench")
 ONE_HOME = {"ALGORITHMS": "flatlm/train/registry.py", "PRESETS": "flatlm/models/presets.py",
             "PAPER": "flatlm/experiments/protocols.py", "CLAIMS": "analysis/paper_claims.py",
             "Claim": "analysis/paper_claims.py", "SATURATED_KL": "flatlm/measure/__init__.py"}
+# module file names that once meant several things in these packages: at most one module each
+MODULE_PACKAGES = ("flatlm", "sweeps", "analysis", "apps")
+ONE_MODULE = ("progress.py",)
 
 
 def sources():
@@ -44,3 +52,10 @@ def test_the_saturation_threshold_is_written_once():
 
     assert SATURATED_KL == 0.02  # the verdicts' rule, as every committed report states it
     assert DEFAULT_RULE.saturation == KL_THRESHOLD == TESTBED.kl_threshold == SATURATED_KL
+
+
+@pytest.mark.parametrize("file_name", ONE_MODULE)
+def test_a_module_name_has_one_meaning(file_name):
+    modules = [path.relative_to(ROOT).as_posix() for package in MODULE_PACKAGES
+               for path in sorted((ROOT / package).rglob(file_name))]
+    assert len(modules) <= 1, f"{file_name} names several modules: {modules}"

@@ -29,7 +29,6 @@ from flatlm.core.safe_io import make_fresh_dir, refuse_link, write_atomic
 from flatlm.experiments.costs import measure_prior_s
 from flatlm.experiments.paper import Experiment
 from flatlm.runs.pack import check_pack_size, group_packs, run_pack, unpacked_reason
-from flatlm.runs.progress import Sink
 from flatlm.runs.trial import (
     TRAINED_BY,
     check_same_config,
@@ -37,6 +36,7 @@ from flatlm.runs.trial import (
     training_identity,
     with_downstream_resolved,
 )
+from flatlm.runs.trial_progress import Sink
 from flatlm.storage.dirlock import DirectoryBusyError, writer_lock
 from flatlm.storage.diverged import DIVERGED_FILE, divergence
 from flatlm.storage.manifest import MANIFEST, listed_files, verify_manifest

@@ -4,7 +4,7 @@ A per-checkpoint run is ``(model, source, data, cfg, device, artifact_dir) -> me
 the trial's ``measure.run.EvalData``, ``cfg`` its ``MeasureConfig``); a run that several
 measurements share (fisher and hessian, the landscape's four) runs once and reads ``cfg.what`` for
 its parts. A once-per-trial reference is ``(source, data, cfg, device) -> metrics``, or None when
-there is nothing to measure. Each run records its own wall time (``measure.progress.timer``:
+there is nothing to measure. Each run records its own wall time (``measure.timing.timer``:
 ``time/<name>_s``, advancing the progress bar when one is shown).
 """
 
@@ -26,8 +26,8 @@ from flatlm.measure.probes.glue import glue_finetune
 from flatlm.measure.probes.lookup import lookup_features
 from flatlm.measure.probes.probe import encoder_probe_features, train_mode_features
 from flatlm.measure.probes.probe_rows import probe_rows
-from flatlm.measure.progress import showing_progress, timer
 from flatlm.measure.reference_cache import reference_rows
+from flatlm.measure.timing import showing_progress, timer
 from flatlm.measure.truth_cache import flatness_labels, loss_truth
 from flatlm.sources.base import Source
 

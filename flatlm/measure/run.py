@@ -35,7 +35,6 @@ from flatlm.measure.landscape.sharpness import SharpnessConfig
 from flatlm.measure.loss import LossConfig
 from flatlm.measure.probes.finetune import FinetuneConfig
 from flatlm.measure.probes.probe import ProbeConfig
-from flatlm.measure.progress import progress_bar, record, timer
 from flatlm.measure.reference_cache import random_features_model
 from flatlm.measure.registry import (
     Measurement,
@@ -45,6 +44,7 @@ from flatlm.measure.registry import (
     settings_sections,
 )
 from flatlm.measure.representations.cka import CKAConfig
+from flatlm.measure.timing import progress_bar, record, timer
 from flatlm.models.constructions import check_construction
 from flatlm.models.masked_lm import non_finite_part
 from flatlm.sources.base import Source

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flatlm.measure import ENTROPY, KL, LOSS, probe_key
-from flatlm.runs.progress import duration
+from flatlm.runs.trial_progress import duration
 from flatlm.storage.metrics_log import METRICS_FILE
 from flatlm.train.state import find_checkpoints
 

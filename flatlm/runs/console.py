@@ -1,5 +1,6 @@
-"""``flatlm trial``'s terminal: one updating progress line (``flatlm.runs.progress``) under the
-checkpoints' short lines, and the files and summary it ends with (``flatlm.runs.closing``).
+"""``flatlm trial``'s terminal: one updating progress line (``flatlm.runs.trial_progress``)
+under the checkpoints' short lines, and the files and summary it ends with
+(``flatlm.runs.closing``).
 
 On a terminal the progress line is redrawn in place every second, the time of a measurement part
 under way counting; in a file or a pipe (a log) it is written as a line of its own when what runs
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-from flatlm.runs.progress import Snapshot, line_of
+from flatlm.runs.trial_progress import Snapshot, line_of
 
 TTY_EVERY_S = 1.0  # redraws of the line on a terminal
 LOG_EVERY_S = 10.0  # a progress line in a log at least this often (issue 42: none silent > 30 s)

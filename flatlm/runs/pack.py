@@ -33,7 +33,6 @@ from flatlm.core.config import to_dict
 from flatlm.models.presets import parse_model
 from flatlm.runs.pack_measure import RoundMeasurer
 from flatlm.runs.pack_size import check_pack_size
-from flatlm.runs.progress import Sink, TrialProgress
 from flatlm.runs.trial import (
     Report,
     TrialConfig,
@@ -44,6 +43,7 @@ from flatlm.runs.trial import (
     validate_trial,
     with_downstream_resolved,
 )
+from flatlm.runs.trial_progress import Sink, TrialProgress
 from flatlm.storage.dirlock import writer_lock
 from flatlm.storage.diverged import record_divergence
 from flatlm.train.config import ALGORITHMS, resolve

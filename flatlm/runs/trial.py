@@ -42,7 +42,7 @@ from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data
 from flatlm.models.checkpoint import INFO_NAME, load_checkpoint, quiet_transformers_bars
 from flatlm.models.presets import ModelSpec, parse_model
 from flatlm.runs.headline import headline_keys, headline_task, short_line
-from flatlm.runs.progress import Sink, TrialProgress
+from flatlm.runs.trial_progress import Sink, TrialProgress
 from flatlm.sources import SourceSpec, load
 from flatlm.storage.dirlock import writer_lock
 from flatlm.storage.diverged import DIVERGED_FILE, divergence, record_divergence
@@ -272,7 +272,7 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
     ``labelled_source(cfg)`` already built by the caller, which then is not built again.
     ``on_progress``: told where the trial is (``Snapshot``: the step, or the measurement part
     under way) at least every second while training, and at once when
-    a measurement part starts (``flatlm.runs.progress``).
+    a measurement part starts (``flatlm.runs.trial_progress``).
     ``measure_in``: "process" (default) measures each checkpoint here, training waiting;
     "background" only trains and saves the checkpoints, which another process measures as they
     appear (``flatlm.runs.follow``: ``flatlm measure --follow OUT``), writing the same rows.

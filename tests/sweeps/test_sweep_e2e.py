@@ -54,7 +54,7 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
     assert all(r.data.tags["sweep"] == "scaling" for r in runs)
     assert all(r.data.params["train.steps"] == "20" for r in runs)
     assert sorted(sweep.results()) == sorted((r.info.run_name, s) for r in runs for s in STEPS)
-    # issue 42: each trial says where it is between its checkpoints (sweeps.progress)
+    # issue 42: each trial says where it is between its checkpoints (sweeps.progress_board)
     for r in runs:
         said = [line for line in sweep.lines if line.startswith(f"[{r.info.run_name}] trial ")]
         assert said and re.fullmatch(r"\[.+\] trial [123] of 3 started\n", said[0]), sweep.stdout

@@ -45,7 +45,7 @@ from flatlm.core.stats import mean_se
 from flatlm.measure import se_key
 from flatlm.measure.curvature.common import FlatnessConfig, selected_parameters
 from flatlm.measure.loss import pair_truth, per_token_loss
-from flatlm.measure.progress import timer
+from flatlm.measure.timing import timer
 
 # the parameters flatness counts (FlatnessConfig.exclude), so the measures compare on one set
 DEFAULT_EXCLUDE = FlatnessConfig.__dataclass_fields__["exclude"].default

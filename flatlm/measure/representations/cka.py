@@ -40,8 +40,8 @@ from torch import nn
 from flatlm.core.tokens import encode
 from flatlm.measure.curvature.common import eval_mode
 from flatlm.measure.probes.probe import ProbeConfig, probed_states
-from flatlm.measure.progress import timer
 from flatlm.measure.reference_cache import random_features_model
+from flatlm.measure.timing import timer
 from flatlm.models.masked_lm import encoder_features
 from flatlm.sources.base import as_tokens, padding_mask
 

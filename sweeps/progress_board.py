@@ -2,7 +2,7 @@
 step 450/2000  12.3 steps/s  2 min 6 s left``, or the measurement part under way.
 
 Tune hears of a trial only when it reports a checkpoint (minutes apart), so the steps travel
-another way: each trial posts its ``flatlm.runs.progress.Snapshot`` (at most every
+another way: each trial posts its ``flatlm.runs.trial_progress.Snapshot`` (at most every
 ``POST_EVERY_S``, and at once when a measurement part starts) to a small named actor, the
 ``ProgressBoard``, which the driver starts before the experiment (no CPU reserved: it only holds
 a dict). A Tune callback on the driver (``ProgressLines``) reads the board between the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from flatlm.runs.progress import Snapshot, line_of
+from flatlm.runs.trial_progress import Snapshot, line_of
 from sweeps.console import trial_label
 from sweeps.rayenv import ray, tune
 

@@ -1,4 +1,4 @@
-"""The sweep's progress lines (``sweeps.progress``): the driver's callback prints a line per
+"""The sweep's progress lines (``sweeps.progress_board``): the driver's callback prints a line per
 running trial from the board's snapshots, at news and at least every few seconds; the key choice
 of the per-checkpoint line is ``flatlm trial``'s. No Ray started here (the board is faked)."""
 
@@ -10,10 +10,10 @@ import pytest
 pytest.importorskip("ray")
 
 from flatlm.runs.headline import headline_keys, headline_task  # noqa: E402
-from flatlm.runs.progress import Snapshot  # noqa: E402
 from flatlm.runs.trial import measured_tasks  # noqa: E402
-from sweeps import progress  # noqa: E402
-from sweeps.progress import ProgressLines  # noqa: E402
+from flatlm.runs.trial_progress import Snapshot  # noqa: E402
+from sweeps import progress_board  # noqa: E402
+from sweeps.progress_board import ProgressLines  # noqa: E402
 from sweeps.spec import Sweep, planned_trials, shown_metrics  # noqa: E402
 from tests.sweeps.test_spec import tiny_sweep  # noqa: E402
 
@@ -34,7 +34,7 @@ def snapshot(step: int, doing: str | None = None) -> dict:
 
 def test_each_running_trial_has_a_line_at_news_and_every_few_seconds(monkeypatch, capsys):
     clock = {"t": 100.0}
-    monkeypatch.setattr(progress.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(progress_board.time, "monotonic", lambda: clock["t"])
     board = {}
     monkeypatch.setattr(ProgressLines, "_read", lambda self: board)
     trials = [FakeTrial("a_00000"), FakeTrial("b_00001"), FakeTrial("c_00002", "PENDING")]
@@ -67,8 +67,8 @@ def test_the_callback_travels_in_the_experiment_state_without_its_board():
 def test_a_trial_without_a_board_runs_without_progress(monkeypatch):
     def no_board(name):
         raise ValueError(f"Failed to look up actor with name '{name}'")
-    monkeypatch.setattr(progress.ray, "get_actor", no_board)
-    assert progress.poster("a_00000") is None
+    monkeypatch.setattr(progress_board.ray, "get_actor", no_board)
+    assert progress_board.poster("a_00000") is None
 
 
 @pytest.mark.parametrize(("overrides", "task"), [

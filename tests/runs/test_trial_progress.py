@@ -1,4 +1,4 @@
-"""The progress line of a running trial (``flatlm.runs.progress``) and ``flatlm trial``'s
+"""The progress line of a running trial (``flatlm.runs.trial_progress``) and ``flatlm trial``'s
 console (``flatlm.runs.console``): the pure formatting, the follower with a fake clock, and the
 terminal and log renderings."""
 
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from flatlm.runs.console import CLEAR, Console
-from flatlm.runs.progress import Snapshot, TrialProgress, duration, line_of, progress_line
+from flatlm.runs.trial_progress import Snapshot, TrialProgress, duration, line_of, progress_line
 
 
 @pytest.mark.parametrize(("args", "kwargs", "expected"), [

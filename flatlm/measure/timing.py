@@ -1,8 +1,8 @@
-"""What a checkpoint's measurement shows and records while it runs: the console progress bar of
-the ``measure_model`` call under way (``progress_bar``; quiet when not asked for, as under Ray)
-and ``timer``, which records a measurement's wall time as ``time/<name>_s`` and advances that
-bar. The bar lives in a context variable, so the measurements (``measure.builtin``, a registered
-one) need not pass it along.
+"""The timing of a checkpoint's measurements: ``timer``, which records a measurement's wall
+time as ``time/<name>_s`` and advances the console progress bar of the ``measure_model`` call
+under way (``progress_bar``; quiet when not asked for, as under Ray). The bar lives in a context
+variable, so the measurements (``measure.builtin``, a registered one) need not pass it along.
+(Not to be confused with a running trial's progress line, ``flatlm.runs.trial_progress``.)
 """
 
 from __future__ import annotations

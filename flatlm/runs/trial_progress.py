@@ -4,7 +4,7 @@ left``, or ``trial 2 of 3  measuring step 1000: probe (3/7) for 40 s  ~2 min 6 s
 ``TrialProgress`` follows one trial (``run_trial`` feeds it: the steps, the checkpoint
 measurements part by part) and hands plain-data ``Snapshot``\\ s to a sink: ``flatlm trial``'s
 console (``flatlm.runs.console``) or, in a sweep, the trial's post to the driver, which draws the
-lines of every running trial (``sweeps.progress``). ``progress_line`` is the pure formatting.
+lines of every running trial (``sweeps.progress_board``). ``progress_line`` is the pure formatting.
 No Ray, no MLflow here.
 """
 
