@@ -53,8 +53,9 @@ def spread(trial: Path, inits: int, *, n_downstream: int | None = None) -> dict:
                      "seconds": round(time.perf_counter() - start, 1), **{
                          key: got[key] for key in sorted(got)
                          if key.startswith("probe/") and key.endswith(("/acc_mean", "/acc_se"))}})
-        print(f"init {k}: " + ", ".join(f"{key.split('/')[1]} {got[key]:.4f}" for key in
-                                         sorted(got) if key.endswith("/acc_mean")), flush=True)
+        accs = [key for key in rows[-1] if key.endswith("/acc_mean")]
+        print(f"init {k}: " + ", ".join(f"{key.split('/')[1]} {got[key]:.4f}" for key in accs),
+              flush=True)
     return {"trial": str(trial), "inits": inits, "n_downstream": measure.n_downstream,
             "rows": rows, "tasks": _summary(rows, read_metrics(trial), n_downstream is None)}
 
