@@ -37,6 +37,12 @@ GPU_ROWS = {  # from that file's table: 27 steps/s (sizes), 29-32 (steps); 44-15
 }
 
 
+# Trials timed with 4-6 processes sharing 2 cores (the session of 2026-12-02): their seconds are
+# wall time under contention, 2-5x one thread's, and stay out of the table (their records stay)
+CONTENDED = ("bench/results/replication_testbed_v2/trials/paper/algorithms",
+             "bench/results/replication_testbed_v2/trials/paper+soft-targets/algorithms")
+
+
 def trial_timings(trial: Path) -> dict | None:
     """One trial's model, algorithm, batch, measurement set, seconds a step and seconds a
     checkpoint; None when it trained nothing here (another trial's checkpoints)."""
@@ -79,7 +85,8 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="compare, do not write")
     args = p.parse_args(argv)
-    trials = sorted(c.parent for root in RECORDS for c in (ROOT / root).glob("**/config.json"))
+    trials = sorted(c.parent for root in RECORDS for c in (ROOT / root).glob("**/config.json")
+                    if not str(c.parent.relative_to(ROOT)).startswith(CONTENDED))
     timings = [t for t in map(trial_timings, trials) if t]
     text = json.dumps(table_of(timings), indent=1) + "\n"
     if args.check:
