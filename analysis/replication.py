@@ -397,13 +397,14 @@ def _beyond_lines(rows: pd.DataFrame) -> list[str]:
     """The beyond-the-paper table (``analysis/beyond.py``), when its arms have trials."""
     if rows.empty:
         return []
-    return ["## Beyond the paper: Muon and the label-noise mechanism at matched loss", "",
+    return ["## Beyond the paper: Muon, SGD and the label-noise mechanism at matched loss", "",
             "Claims stated before the runs were read (`analysis/beyond.py`: where each comes "
             "from), read by the rule above in the `paper` protocol's algorithms experiment; the "
-            "soft-target arm is AdamW under `paper+soft-targets` (train.targets=truth). Each "
-            "source gives a direction only, so each confound bound is judged against a quarter "
-            "of our own mean effect; \"reproduces\" reads: the stated direction holds. Holm's "
-            "family is this table alone.", "", claims_markdown(rows), ""]
+            "soft-target arm is AdamW under `paper+soft-targets` (train.targets=truth), the SGD "
+            "arm the sgd experiment's run. Each source gives a direction only, so each confound "
+            "bound is judged against a quarter of our own mean effect; \"reproduces\" reads: "
+            "the stated direction holds. Holm's family is this table alone.", "",
+            claims_markdown(rows), ""]
 
 
 def _multiplicity_lines(tables: dict[str, pd.DataFrame]) -> list[str]:

@@ -7,7 +7,11 @@ saturation threshold (once written as 0.02 in four places) is ``flatlm.measure.S
 Issue 51, item 3: likewise a module's file name. ``progress.py`` once named three modules with
 three jobs (a trial's progress line, a measurement's bar and timer, the sweep driver's board of
 running trials); they are ``flatlm/runs/trial_progress.py``, ``flatlm/measure/timing.py`` and
-``sweeps/progress_board.py``, and no two modules share such a name again."""
+``sweeps/progress_board.py``, and no two modules share such a name again. "landscape" once named
+a package (``flatlm.measure.landscape``: barriers, critical and preconditioned sharpness, the
+LLC, noise) and the run of eigen, density, blocks and sharpness in another package
+(``curvature.beyond_trace``); that run is ``run_beyond_trace`` / ``measure_beyond_trace`` now
+(the timing key ``time/landscape_s`` stays: the committed records hold it)."""
 
 import re
 from pathlib import Path
@@ -59,3 +63,8 @@ def test_a_module_name_has_one_meaning(file_name):
     modules = [path.relative_to(ROOT).as_posix() for package in MODULE_PACKAGES
                for path in sorted((ROOT / package).rglob(file_name))]
     assert len(modules) <= 1, f"{file_name} names several modules: {modules}"
+
+
+def test_landscape_names_the_package_and_no_function():
+    pattern = re.compile(r"^def \w*landscape\w*\(", re.M)
+    assert [path for path, text in sources() if pattern.search(text)] == []

@@ -130,10 +130,12 @@ def _model_schedules(sc: Scale, protocol: str, grid: dict) -> dict:
 
 def _algorithm_schedules(sc: Scale, grid: dict) -> dict:
     """The scale's per-algorithm settings (``Scale.algorithm_overrides``) for a grid over
-    algorithms."""
-    if not sc.algorithm_overrides or "train.algorithm" not in grid:
+    algorithms; SGD at the scale's SGD rate (``sgd_lr``, as in the sgd experiment) unless they
+    name another: AdamW's rate of 1e-3 leaves SGD untrained on the CPU scales (0.3 there)."""
+    if "train.algorithm" not in grid:
         return {}
-    return {"train.algorithm": {a: dict(o) for a, o in sc.algorithm_overrides.items()}}
+    overrides = {"sgd": {"train.lr": sc.sgd_lr}, **sc.algorithm_overrides}
+    return {"train.algorithm": {a: dict(o) for a, o in overrides.items()}}
 
 
 def base_of(scale: str, protocol: str = "paper", source: str | None = None) -> TrialConfig:

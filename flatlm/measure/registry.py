@@ -59,11 +59,11 @@ from flatlm.measure.builtin import (
     check_glue_source,
     lookup_rows,
     random_init_rows,
+    run_beyond_trace,
     run_critical,
     run_finetune,
     run_flatness,
     run_glue,
-    run_landscape,
     run_llc,
     run_loss,
     run_precond,
@@ -235,9 +235,9 @@ def _probe_rows(stage: str) -> KeysOfTasks:
         *(probe_key(task, stat, ridge_stage(stage)) for task in tasks for stat in RIDGE_STATS))
 
 
-def _landscape(name: str, sections: tuple[str, ...], keys=None) -> Measurement:
+def _beyond_trace(name: str, sections: tuple[str, ...], keys=None) -> Measurement:
     """eigen, density, blocks, sharpness: the population loss's curvature (one shared run)."""
-    return Measurement(name=name, run=run_landscape, needs_truth=True,
+    return Measurement(name=name, run=run_beyond_trace, needs_truth=True,
                        without_truth=(f"{name} (population-loss curvature)",),
                        sections=("flatness", *sections), keys=keys)
 
@@ -256,10 +256,10 @@ BUILT_IN = (
     # come in this order (the lookup table's, then the random model's)
     Measurement(name="lookup", reference=Reference(name="lookup", run=lookup_rows),
                 needs_truth=True, sections=("probe",), keys=_probe_rows("lookup")),
-    _landscape("eigen", ("spectrum",), _with_se(TOP_EIG_HESSIAN, TOP_EIG_FISHER)),
-    _landscape("density", ("spectrum",), _with_se(SLQ_TRACE_HESSIAN, SLQ_NEGATIVE_TRACE)),
-    _landscape("blocks", ()),
-    _landscape("sharpness", ("sharpness",)),
+    _beyond_trace("eigen", ("spectrum",), _with_se(TOP_EIG_HESSIAN, TOP_EIG_FISHER)),
+    _beyond_trace("density", ("spectrum",), _with_se(SLQ_TRACE_HESSIAN, SLQ_NEGATIVE_TRACE)),
+    _beyond_trace("blocks", ()),
+    _beyond_trace("sharpness", ("sharpness",)),
     # the optimizer's view of the curvature, from the checkpoint's saved optimizer state
     # (artifact_dir: the checkpoint's directory); flatness.exclude picks the parameters
     Measurement(name="precond", run=run_precond, needs_truth=True,

@@ -1,6 +1,7 @@
 """Beyond the paper (analysis/beyond.py) on planted runs whose answer is known: Muon that probes
 better at matched loss reproduces its claim, soft targets that probe the same as AdamW do not
-read "worse", a sharper soft-target arm reproduces Theorem 3.3's prediction, and the ablated
+read "worse", a sharper soft-target arm reproduces Theorem 3.3's prediction, the sgd experiment's
+run is the SGD arm (flatter: reproduces; never at the target: no verdict), and the ablated
 trials never stand in for the paper protocol's AdamW in the paper's own claims."""
 
 import numpy as np
@@ -93,3 +94,37 @@ def test_the_papers_claims_never_take_a_soft_target_run_for_adamw():
 def test_no_compared_arm_no_rows():
     df = pd.DataFrame(arm("paper", "adamw"))
     assert beyond_rows(df, RULE).empty
+
+
+def sgd_run(trace, acc_gain=0.0, seeds=(0, 1, 2)):
+    """The sgd experiment's checkpoints: its own run ids and checkpoints, algorithm sgd."""
+    rows = arm("paper", "sgd", acc_gain=acc_gain, trace=trace, seeds=seeds)
+    for r in rows:
+        r["experiment"] = "sgd"
+        r["run_id"] = f"paper/sgd/seed{r['train.seed']}"
+    return rows
+
+
+def test_the_sgd_experiments_run_is_the_sgd_arm_and_a_flatter_sgd_reproduces():
+    df = pd.DataFrame(arm("paper", "adamw") + sgd_run(trace=6.0))
+    frame = arms_frame(df)
+    assert set(frame["train.algorithm"]) == {"adamw", "sgd"}
+    assert set(frame["experiment"]) == {"algorithms"}
+    rows = beyond_rows(df, RULE)
+    flat = row(rows, "SGD is flatter than AdamW at the same loss (Tr F)")
+    assert flat["effect"] == pytest.approx(-0.4, rel=1e-6) and flat["verdict"] == REPRODUCES
+    probes = row(rows, "SGD probes better than AdamW at the same loss (task B)")
+    assert probes["effect"] == pytest.approx(0.0, abs=1e-9) and probes["verdict"] != REPRODUCES
+
+
+def test_an_sgd_run_that_never_reaches_the_target_gets_no_verdict_at_matched_loss():
+    df = pd.DataFrame(arm("paper", "adamw") + sgd_run(trace=6.0))
+    df.loc[df["experiment"] == "sgd", "pretrain/kl"] += 0.5  # 1.1-1.3: never at 0.7
+    rows = beyond_rows(df, RULE)
+    flat = row(rows, "SGD is flatter than AdamW at the same loss (Tr F)")
+    assert flat["verdict"] == "inconclusive (target not reached)"
+
+
+def test_without_a_target_kl_the_table_is_not_read():
+    df = pd.DataFrame(arm("paper", "adamw") + sgd_run(trace=6.0))
+    assert beyond_rows(df, VerdictRule()).empty

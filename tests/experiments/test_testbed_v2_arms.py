@@ -66,3 +66,16 @@ def test_the_arm_settings_reach_no_other_arm():
 ])
 def test_the_crossing_step_is_linear_between_the_bracketing_checkpoints(steps, kls, expected):
     assert pilot_module()._interpolated_crossing(steps, kls, 0.7) == expected
+
+
+@pytest.mark.parametrize("name", ["testbed", "testbed-v2", "gpu"])
+def test_sgd_in_the_algorithms_grid_trains_at_the_scales_sgd_rate(name):
+    # AdamW's 1e-3 would leave SGD untrained on a CPU scale: the arm takes the sgd experiment's
+    got = dict(build("algorithms", scale=name, protocol="paper", seeds=(0,),
+                     algorithms=("adamw", "sgd"), selection_measures=False).trials())
+    assert got["sgd_seed0"].train.lr == scale(name).sgd_lr
+    assert got["adamw_seed0"].train.lr == 1e-3
+    pinned = dict(build("algorithms", scale=name, protocol="paper", seeds=(0,),
+                        algorithms=("sgd",), selection_measures=False,
+                        overrides={"train.lr": 0.05}).trials())
+    assert pinned["sgd_seed0"].train.lr == 0.05  # --set wins

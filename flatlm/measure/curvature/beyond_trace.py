@@ -32,10 +32,10 @@ from flatlm.measure.landscape.sharpness import SharpnessConfig, measure_sharpnes
 from flatlm.sources.base import Source
 
 
-def measure_landscape(model: nn.Module, source: Source, tokens: torch.Tensor,
-                      lengths: torch.Tensor, what, device, *, flatness: FlatnessConfig,
-                      spectrum: SpectrumConfig, sharpness: SharpnessConfig,
-                      artifact_dir: str | Path | None = None) -> dict[str, float]:
+def measure_beyond_trace(model: nn.Module, source: Source, tokens: torch.Tensor,
+                         lengths: torch.Tensor, what, device, *, flatness: FlatnessConfig,
+                         spectrum: SpectrumConfig, sharpness: SharpnessConfig,
+                         artifact_dir: str | Path | None = None) -> dict[str, float]:
     """The metrics of the measurements in ``what`` (any of eigen, density, blocks, sharpness;
     other names are not this function's)."""
     out: dict[str, float] = {}
