@@ -426,10 +426,10 @@ def claim_effects(part: pd.DataFrame, claim: Claim, rule: VerdictRule) -> Effect
 def matched_loss_effects(part: pd.DataFrame, claim: Claim, rule: VerdictRule) -> Effects:
     """``claim`` read at ``rule.target_kl`` (``analysis.matched.matched_effects``)."""
     m = matched.matched_effects(
-        part, experiment=claim.experiment, key=metric_key(claim.metric),
-        compare=claim.compare, relative=claim.relative, target=rule.target_kl,
-        level=rule.level, match_tol=rule.match_tol, window=rule.slope_window,
-        plateau_points=rule.plateau_points)
+        part, matched.Compared(claim.experiment, metric_key(claim.metric), claim.compare,
+                               claim.relative),
+        matched.MatchRule(rule.target_kl, rule.level, rule.match_tol, rule.slope_window,
+                          rule.plateau_points))
     return Effects(m.values, False, True, m.kl_max, m.kl_spread, m.note, m.pairs,
                    regime=matched.MATCHED, confound=m.confound, precondition=m.precondition,
                    confound_read_kl=m.confound_read_kl)

@@ -285,13 +285,30 @@ def _seed_runs(part: pd.DataFrame) -> dict:
     return out
 
 
-def matched_effects(part: pd.DataFrame, *, experiment: str, key: str,
-                    compare: tuple | None, relative: bool, target: float, level: float,
-                    match_tol: float = MATCH_TOL, window: float = SLOPE_WINDOW,
-                    plateau_points: int = PLATEAU_POINTS) -> Matched:
-    """One claim's effects under the matched-loss rule (module docstring): ``experiment``'s
-    runs in ``part``, the metric column ``key``, (treatment, control) for an algorithms claim,
-    a relative (trace) effect or a difference."""
+class MatchRule(NamedTuple):
+    """The matched-loss rule's settings (``VerdictRule.matching``)."""
+
+    target: float  # nats/token: the common KL every arm is read at
+    level: float  # the intervals' confidence
+    match_tol: float = MATCH_TOL
+    window: float = SLOPE_WINDOW
+    plateau_points: int = PLATEAU_POINTS
+
+
+class Compared(NamedTuple):
+    """What one claim compares: ``experiment``'s runs, the metric column ``key``, (treatment,
+    control) for an algorithms claim, a relative (trace) effect or a difference."""
+
+    experiment: str
+    key: str
+    compare: tuple | None
+    relative: bool
+
+
+def matched_effects(part: pd.DataFrame, compared: Compared, rule: MatchRule) -> Matched:
+    """One claim's effects under the matched-loss rule (module docstring), read from ``part``."""
+    experiment, key, compare, relative = compared
+    target, level, match_tol, window, plateau_points = rule
     if experiment in ("steps", "sgd"):
         return _plateau_effects(part, key, relative, level, plateau_points)
     if compare is not None and "lookup" in compare:

@@ -26,6 +26,7 @@ import os
 import platform
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -351,11 +352,24 @@ def write_report(df: pd.DataFrame, out: Path, *, rule: VerdictRule = DEFAULT_RUL
         paths.append(out / "beyond.csv")
         write_csv(beyond, paths[-1])
     md = out / "replication.md"
-    write_file(md, _markdown(df, tables, main, robust, rule, fig1, command, hardware, beyond))
+    write_file(md, _markdown(df, _Read(tables, main, robust, beyond), rule, fig1,
+                             (command, hardware)))
     return [md, *paths]
 
 
-def _markdown(df, tables, main, robust, rule, fig1, command, hardware, beyond) -> str:
+class _Read(NamedTuple):
+    """What the report read: each protocol's claims table, the main and robustness protocols,
+    the beyond-the-paper rows."""
+
+    tables: dict[str, pd.DataFrame]
+    main: list[str]
+    robust: list[str]
+    beyond: pd.DataFrame
+
+
+def _markdown(df, read: _Read, rule, fig1, made_by: tuple[str | None, str | None]) -> str:
+    tables, main, robust, beyond = read
+    command, hardware = made_by
     lines = ["# Replication of Liu et al. (ICML 2023) with flatlm", ""]
     if command:
         lines += [f"Made by: `{command}`", ""]
