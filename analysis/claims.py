@@ -543,7 +543,8 @@ def matched_verdict(claim: Claim, eff: Effects, summary: Summary, rule: VerdictR
     iv = summary.interval
     if eff.precondition:
         return eff.precondition
-    if matched.confounded(eff.confound, claim.effect_size, iv.mean, rule.confound_share):
+    if matched.confounded(eff.confound, claim.effect_size, iv.mean, rule.confound_share,
+                          iv.seed_half):
         return matched.NOT_MATCHED
     if iv.n < rule.min_seeds:
         return too_few_seeds(rule.min_seeds)
@@ -629,7 +630,7 @@ def decided_by(eff: Effects, summary: Summary, paper_effect: float | None,
                rule: VerdictRule) -> str:
     """What decided a verdict, in words: each check of the rule with the value it saw."""
     iv = summary.interval
-    parts = [_regime_part(eff, paper_effect, iv.mean, rule),
+    parts = [_regime_part(eff, paper_effect, iv, rule),
              f"n={iv.n} {'>=' if iv.n >= rule.min_seeds else '<'} {rule.min_seeds} seeds"]
     if np.isfinite(iv.low):
         confound = (f", the confound bound +-{eff.confound:.3g}"
@@ -648,7 +649,7 @@ def decided_by(eff: Effects, summary: Summary, paper_effect: float | None,
     return "; ".join(p for p in parts if p)
 
 
-def _regime_part(eff: Effects, paper_effect: float | None, mean: float,
+def _regime_part(eff: Effects, paper_effect: float | None, iv: Interval,
                  rule: VerdictRule) -> str:
     """The saturation checks as the verdict saw them, or the matched-loss rule's."""
     if eff.regime != matched.MATCHED:
@@ -658,11 +659,14 @@ def _regime_part(eff: Effects, paper_effect: float | None, mean: float,
     text = f"not saturated: matched loss at KL {rule.target_kl:g}"
     if eff.precondition:
         return f"{text}; {eff.precondition}: {eff.note}"
-    size = paper_effect if paper_effect is not None else mean
-    over = matched.confounded(eff.confound, paper_effect, mean, rule.confound_share)
+    over = matched.confounded(eff.confound, paper_effect, iv.mean, rule.confound_share,
+                              iv.seed_half)
+    if paper_effect is not None:
+        against = f"|paper effect {paper_effect:+.3g}|"
+    else:
+        against = f"max(|our effect {iv.mean:+.3g}|, seeds' half-width {iv.seed_half:.3g})"
     return (f"{text}; {eff.note}; confound bound {eff.confound:.3g} {'>' if over else '<='} "
-            f"{rule.confound_share:g} x |{'paper' if paper_effect is not None else 'our'} "
-            f"effect {size:+.3g}|")
+            f"{rule.confound_share:g} x {against}")
 
 
 INTERVAL_VERDICTS = (REPRODUCES, CONTRADICTS, NO_EFFECT, UNDERPOWERED, NO_SIZE, AT_CEILING,

@@ -18,8 +18,10 @@ fully explain downstream performance", for an unsaturated model. This rule says 
 - ``slope_window`` = 0.1 nats: the checkpoints of an arm whose KL lies within this of the
   target (at least its bracketing pair) give the slope of the metric on the KL.
 - ``confound_share`` = 0.25: a claim whose confound bound exceeds this share of the paper's
-  effect (of our own mean effect where the paper states a direction only) reads
-  ``inconclusive (loss not matched)``.
+  effect reads ``inconclusive (loss not matched)``. Where the paper states a direction only,
+  the share is of the larger of our own mean effect and the seeds' interval half-width (what
+  these seeds resolve): against our mean alone a null effect, however well matched its KLs,
+  would always read "loss not matched".
 
 **Reading a run at the target.** Its first pair of consecutive checkpoints with KL above and
 at-or-below the target brackets the crossing; the metric is interpolated linearly in the KL
@@ -413,8 +415,19 @@ def widen(iv, bound: float, level: float):
                     t_p_value(shrunk, half / q, iv.n), iv.seed_half, iv.se_meas)
 
 
-def confounded(bound: float, paper_effect: float | None, effect: float, share: float) -> bool:
-    """Whether the confound ``bound`` exceeds ``share`` x |the paper's effect| (|our mean
-    effect| where the paper states a direction only); an unknown bound counts as exceeding."""
-    scale = effect if paper_effect is None or not np.isfinite(paper_effect) else paper_effect
-    return not (np.isfinite(bound) and bound <= share * abs(scale))
+def confound_scale(paper_effect: float | None, effect: float, resolution: float = 0.0) -> float:
+    """What the confound bound is judged against: |the paper's effect|; where the paper states
+    a direction only, the larger of |our mean effect| and ``resolution`` (the seeds' interval
+    half-width: the smallest effect these seeds resolve), so that a null effect read at a
+    matched KL is not called unmatched for being near 0."""
+    if paper_effect is not None and np.isfinite(paper_effect):
+        return abs(paper_effect)
+    return max(abs(effect), resolution if np.isfinite(resolution) else 0.0)
+
+
+def confounded(bound: float, paper_effect: float | None, effect: float, share: float,
+               resolution: float = 0.0) -> bool:
+    """Whether the confound ``bound`` exceeds ``share`` x ``confound_scale``; an unknown bound
+    counts as exceeding."""
+    scale = confound_scale(paper_effect, effect, resolution)
+    return not (np.isfinite(bound) and bound <= share * scale)

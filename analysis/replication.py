@@ -416,8 +416,9 @@ def _beyond_lines(rows: pd.DataFrame) -> list[str]:
             "from), read by the rule above in the `paper` protocol's algorithms experiment; the "
             "soft-target arm is AdamW under `paper+soft-targets` (train.targets=truth), the SGD "
             "arm the sgd experiment's run. Each source gives a direction only, so each confound "
-            "bound is judged against a quarter of our own mean effect; \"reproduces\" reads: "
-            "the stated direction holds. Holm's family is this table alone.", "",
+            "bound is judged against a quarter of our own mean effect or of the seeds' interval "
+            "half-width, whichever is larger; \"reproduces\" reads: the stated direction holds. "
+            "Holm's family is this table alone.", "",
             claims_markdown(rows), ""]
 
 
@@ -524,8 +525,9 @@ def _matched_text(rule: VerdictRule) -> str:
         "s.e.) bounds what the loss could explain: the *confound bound* (column "
         "`confound_bound`, relative to the control's mean for a relative effect) widens the "
         "interval on both sides, and the p-value tests the mean shrunk by it toward 0. A bound "
-        f"above {rule.confound_share:g} x |the paper's effect| (|our mean| where the paper "
-        "states a direction only; `--confound-share`) reads inconclusive (loss not matched). "
+        f"above {rule.confound_share:g} x |the paper's effect| (where the paper states a "
+        "direction only: the larger of |our mean| and the seeds' interval half-width; "
+        "`--confound-share`) reads inconclusive (loss not matched). "
         "The claims that need the loss to have converged (Fig. 2a, Fig. 4 left, Fig. 10: "
         "accuracy or Tr(H) moving with steps *after* convergence) read precondition not met "
         "(the loss still falls) unless every run's KL is flat over its last "

@@ -215,3 +215,17 @@ def test_the_report_reads_the_matched_regime_and_states_its_rule(tmp_path):
     text = (tmp_path / "replication.md").read_text()
     assert "**Matched loss**" in text and "crosses 0.6 nats/token" in text
     assert "| regime |" in text and "| confound |" in text  # the columns are shown
+
+
+def test_a_direction_only_claims_bound_is_judged_against_what_the_seeds_resolve():
+    # the paper's effect, where given, is the scale; the seeds' half-width never replaces it
+    assert matched.confounded(0.02, 0.069, 0.0, 0.25, resolution=1.0)
+    assert not matched.confounded(0.01, 0.069, 0.0, 0.25, resolution=1.0)
+    # a direction only: a null effect read at matched KLs (bound 0.0056) is not called
+    # unmatched when the seeds resolve only +-0.146 (the first beyond table at n = 2) ...
+    assert not matched.confounded(0.0056, None, 0.006, 0.25, resolution=0.146)
+    assert matched.confound_scale(None, 0.006, 0.146) == pytest.approx(0.146)
+    # ... as it was against our mean alone; a bound above a quarter of both still is
+    assert matched.confounded(0.0056, None, 0.006, 0.25)
+    assert matched.confounded(0.05, None, 0.006, 0.25, resolution=0.1)
+    assert matched.confounded(np.nan, None, 0.5, 0.25, resolution=0.5)  # unknown bound
