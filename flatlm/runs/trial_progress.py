@@ -47,32 +47,32 @@ def duration(seconds: float) -> str:
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
-def progress_line(trial: int, n_trials: int, step: int, total_steps: int, elapsed_s: float, *,
-                  start_step: int = 0, extra_left_s: float = 0.0, doing: str | None = None,
-                  doing_s: float = 0.0) -> str:
-    """The line of trial ``trial`` (1-based) of ``n_trials`` at ``step`` of ``total_steps``,
-    having trained ``elapsed_s`` seconds since ``start_step``: its training rate, and the time
-    left (the steps left at that rate, plus ``extra_left_s``: the measurements still to come).
-    ``doing``: what runs instead of training (a measurement part), running for ``doing_s``.
+def progress_line(trial: int, n_trials: int, snap: Snapshot, doing_s: float = 0.0) -> str:
+    """The line of trial ``trial`` (1-based) of ``n_trials`` in state ``snap``: its training
+    rate since ``snap.start_step``, and the time left (the steps left at that rate, plus
+    ``snap.measure_left_s``: the measurements still to come). While ``snap.doing`` runs instead
+    of training (a measurement part), it has been running ``doing_s`` seconds.
 
-    >>> progress_line(2, 3, 450, 2000, 36.6)
+    >>> at = dict(total_steps=2000, start_step=0, measure_left_s=0.0)
+    >>> progress_line(2, 3, Snapshot(step=450, train_s=36.6, **at))
     'trial 2 of 3  step 450/2000  12.3 steps/s  2 min 6 s left'
-    >>> progress_line(1, 1, 1000, 2000, 80.0, doing="measuring step 1000: probe (3/7)",
-    ...               doing_s=40)
+    >>> progress_line(1, 1, Snapshot(step=1000, train_s=80.0, **at,
+    ...                              doing="measuring step 1000: probe (3/7)"), doing_s=40)
     'trial 1 of 1  measuring step 1000: probe (3/7) for 40 s  ~1 min 20 s left'
-    >>> progress_line(1, 1, 0, 2000, 0.0, doing="measuring step 0: probe (3/7)", doing_s=40,
-    ...               extra_left_s=500)
+    >>> progress_line(1, 1, Snapshot(step=0, train_s=0.0, **{**at, "measure_left_s": 500.0},
+    ...                              doing="measuring step 0: probe (3/7)"), doing_s=40)
     'trial 1 of 1  measuring step 0: probe (3/7) for 40 s  ~8 min 20 s of measuring left'
     """
     head = f"trial {trial} of {n_trials}"
-    done = step - start_step
-    rate = done / elapsed_s if done > 0 and elapsed_s > 0 else None
+    step, total_steps, extra_left_s = snap.step, snap.total_steps, snap.measure_left_s
+    done = step - snap.start_step
+    rate = done / snap.train_s if done > 0 and snap.train_s > 0 else None
     left = None if rate is None else (total_steps - step) / rate + extra_left_s
-    if doing is not None:
+    if snap.doing is not None:
         tail = "" if left is None else f"  ~{duration(left)} left"
         if left is None and extra_left_s > 0:  # no training yet to time: the measurements' part
             tail = f"  ~{duration(extra_left_s)} of measuring left"
-        return f"{head}  {doing} for {duration(doing_s)}{tail}"
+        return f"{head}  {snap.doing} for {duration(doing_s)}{tail}"
     if rate is None:
         return f"{head}  step {step}/{total_steps}  starting"
     return (f"{head}  step {step}/{total_steps}  {rate:.3g} steps/s  "
@@ -83,9 +83,7 @@ def line_of(snapshot: Snapshot, trial: int, n_trials: int, now: float | None = N
     """``progress_line`` of a snapshot, read at ``now`` (time.time(); the time of a part under way
     keeps counting after the snapshot was taken)."""
     now = time.time() if now is None else now
-    return progress_line(trial, n_trials, snapshot.step, snapshot.total_steps, snapshot.train_s,
-                         start_step=snapshot.start_step, extra_left_s=snapshot.measure_left_s,
-                         doing=snapshot.doing, doing_s=now - snapshot.doing_since)
+    return progress_line(trial, n_trials, snapshot, doing_s=now - snapshot.doing_since)
 
 
 Sink = Callable[[Snapshot], None]

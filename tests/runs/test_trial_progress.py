@@ -11,27 +11,33 @@ from flatlm.runs.console import CLEAR, Console
 from flatlm.runs.trial_progress import Snapshot, TrialProgress, duration, line_of, progress_line
 
 
-@pytest.mark.parametrize(("args", "kwargs", "expected"), [
+def snap(step, total, train_s, *, start=0, left=0.0, doing=None) -> Snapshot:
+    return Snapshot(step=step, total_steps=total, start_step=start, train_s=train_s,
+                    measure_left_s=left, doing=doing)
+
+
+@pytest.mark.parametrize(("state", "doing_s", "expected"), [
     # 450 steps in 36.6 s: 12.3 steps/s; 1550 steps left at that rate: 126 s
-    ((2, 3, 450, 2000, 36.6), {}, "trial 2 of 3  step 450/2000  12.3 steps/s  2 min 6 s left"),
+    (snap(450, 2000, 36.6), 0.0,
+     "trial 2 of 3  step 450/2000  12.3 steps/s  2 min 6 s left"),
     # no update yet: no rate to tell a time from
-    ((1, 3, 0, 2000, 0.0), {}, "trial 1 of 3  step 0/2000  starting"),
+    (snap(0, 2000, 0.0), 0.0, "trial 2 of 3  step 0/2000  starting"),
     # resumed at 1000: the rate counts this process's 100 steps in 10 s
-    ((1, 1, 1100, 2000, 10.0), {"start_step": 1000},
-     "trial 1 of 1  step 1100/2000  10 steps/s  1 min 30 s left"),
+    (snap(1100, 2000, 10.0, start=1000), 0.0,
+     "trial 2 of 3  step 1100/2000  10 steps/s  1 min 30 s left"),
     # the measurements to come add to the time left
-    ((1, 1, 100, 200, 10.0), {"extra_left_s": 50.0},
-     "trial 1 of 1  step 100/200  10 steps/s  1 min 0 s left"),
+    (snap(100, 200, 10.0, left=50.0), 0.0,
+     "trial 2 of 3  step 100/200  10 steps/s  1 min 0 s left"),
     # a measurement part under way, running for 40 s
-    ((1, 2, 1000, 2000, 80.0), {"doing": "measuring step 1000: probe (3/7)", "doing_s": 40.0},
-     "trial 1 of 2  measuring step 1000: probe (3/7) for 40 s  ~1 min 20 s left"),
+    (snap(1000, 2000, 80.0, doing="measuring step 1000: probe (3/7)"), 40.0,
+     "trial 2 of 3  measuring step 1000: probe (3/7) for 40 s  ~1 min 20 s left"),
     # the first checkpoint's measurement, before any update: no time left yet
-    ((1, 1, 0, 200, 0.0), {"doing": "measuring step 0: loss (1/5)", "doing_s": 3.0},
-     "trial 1 of 1  measuring step 0: loss (1/5) for 3 s"),
+    (snap(0, 200, 0.0, doing="measuring step 0: loss (1/5)"), 3.0,
+     "trial 2 of 3  measuring step 0: loss (1/5) for 3 s"),
 ], ids=["training", "starting", "resumed", "measurements-to-come", "measuring",
         "measuring-before-training"])
-def test_progress_line(args, kwargs, expected):
-    assert progress_line(*args, **kwargs) == expected
+def test_progress_line(state, doing_s, expected):
+    assert progress_line(2, 3, state, doing_s) == expected
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
