@@ -18,9 +18,9 @@ The claims are stated before any run is read, each with where it comes from and 
   (Tr(F), Tr(H) higher) and probes no better (the direction read is "worse").
 
 Neither source gives an effect in our units: every row is a direction only, so its confound
-bound is judged against a quarter of our own mean effect or of the seeds' interval half-width,
-whichever is larger (``analysis/matched.py``). Holm's family is this table alone: these are not
-the paper's claims and do not enter its family.
+bound is judged against a quarter of our own mean effect or of the interval's half-width before
+the bound (seeds and measurement error), whichever is larger (``analysis/matched.py``). Holm's
+family is this table alone: these are not the paper's claims and do not enter its family.
 
 An arm is an algorithm of the base protocol's algorithms experiment (``muon``, ``adamw``), the
 sgd experiment's run (``sgd``: same model, its own rate and checkpoints), or an

@@ -544,7 +544,7 @@ def matched_verdict(claim: Claim, eff: Effects, summary: Summary, rule: VerdictR
     if eff.precondition:
         return eff.precondition
     if matched.confounded(eff.confound, claim.effect_size, iv.mean, rule.confound_share,
-                          iv.seed_half):
+                          matched.resolution(iv, eff.confound)):
         return matched.NOT_MATCHED
     if iv.n < rule.min_seeds:
         return too_few_seeds(rule.min_seeds)
@@ -659,12 +659,12 @@ def _regime_part(eff: Effects, paper_effect: float | None, iv: Interval,
     text = f"not saturated: matched loss at KL {rule.target_kl:g}"
     if eff.precondition:
         return f"{text}; {eff.precondition}: {eff.note}"
-    over = matched.confounded(eff.confound, paper_effect, iv.mean, rule.confound_share,
-                              iv.seed_half)
+    resolved = matched.resolution(iv, eff.confound)
+    over = matched.confounded(eff.confound, paper_effect, iv.mean, rule.confound_share, resolved)
     if paper_effect is not None:
         against = f"|paper effect {paper_effect:+.3g}|"
     else:
-        against = f"max(|our effect {iv.mean:+.3g}|, seeds' half-width {iv.seed_half:.3g})"
+        against = f"max(|our effect {iv.mean:+.3g}|, the unwidened half-width {resolved:.3g})"
     return (f"{text}; {eff.note}; confound bound {eff.confound:.3g} {'>' if over else '<='} "
             f"{rule.confound_share:g} x {against}")
 

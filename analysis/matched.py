@@ -19,9 +19,9 @@ fully explain downstream performance", for an unsaturated model. This rule says 
   target (at least its bracketing pair) give the slope of the metric on the KL.
 - ``confound_share`` = 0.25: a claim whose confound bound exceeds this share of the paper's
   effect reads ``inconclusive (loss not matched)``. Where the paper states a direction only,
-  the share is of the larger of our own mean effect and the seeds' interval half-width (what
-  these seeds resolve): against our mean alone a null effect, however well matched its KLs,
-  would always read "loss not matched".
+  the share is of the larger of our own mean effect and the interval's half-width before the
+  bound widens it (seeds and measurement error: what this design resolves): against our mean
+  alone a null effect, however well matched its KLs, would always read "loss not matched".
 
 **Reading a run at the target.** Its first pair of consecutive checkpoints with KL above and
 at-or-below the target brackets the crossing; the metric is interpolated linearly in the KL
@@ -415,11 +415,18 @@ def widen(iv, bound: float, level: float):
                     t_p_value(shrunk, half / q, iv.n), iv.seed_half, iv.se_meas)
 
 
+def resolution(widened, bound: float) -> float:
+    """The half-width of ``widened`` (an interval ``widen`` widened by ``bound``) before the
+    bound: the seeds' spread and the measurement error, what the design resolves."""
+    half = (widened.high - widened.low) / 2
+    return float(half - bound) if np.isfinite(bound) else float(half)
+
+
 def confound_scale(paper_effect: float | None, effect: float, resolution: float = 0.0) -> float:
     """What the confound bound is judged against: |the paper's effect|; where the paper states
-    a direction only, the larger of |our mean effect| and ``resolution`` (the seeds' interval
-    half-width: the smallest effect these seeds resolve), so that a null effect read at a
-    matched KL is not called unmatched for being near 0."""
+    a direction only, the larger of |our mean effect| and ``resolution`` (``resolution()``: the
+    smallest effect the design resolves), so that a null effect read at a matched KL is not
+    called unmatched for being near 0."""
     if paper_effect is not None and np.isfinite(paper_effect):
         return abs(paper_effect)
     return max(abs(effect), resolution if np.isfinite(resolution) else 0.0)

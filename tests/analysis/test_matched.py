@@ -10,6 +10,7 @@ import pytest
 from analysis import matched
 from analysis.claims import REPRODUCES, VerdictRule, claim_rows
 from analysis.matched import Slope, confound_bound, kl_plateau, read_at, slope_on_kl
+from analysis.uncertainty import Interval
 
 KL, KL_SE = "pretrain/kl", "pretrain/kl_se"
 ACC, ACC_SE = "probe/B/acc_mean", "probe/B/acc_se"
@@ -218,14 +219,22 @@ def test_the_report_reads_the_matched_regime_and_states_its_rule(tmp_path):
 
 
 def test_a_direction_only_claims_bound_is_judged_against_what_the_seeds_resolve():
-    # the paper's effect, where given, is the scale; the seeds' half-width never replaces it
+    # the paper's effect, where given, is the scale; the design's resolution never replaces it
     assert matched.confounded(0.02, 0.069, 0.0, 0.25, resolution=1.0)
     assert not matched.confounded(0.01, 0.069, 0.0, 0.25, resolution=1.0)
     # a direction only: a null effect read at matched KLs (bound 0.0056) is not called
-    # unmatched when the seeds resolve only +-0.146 (the first beyond table at n = 2) ...
+    # unmatched when the design resolves only +-0.146 (the first beyond table at n = 2) ...
     assert not matched.confounded(0.0056, None, 0.006, 0.25, resolution=0.146)
     assert matched.confound_scale(None, 0.006, 0.146) == pytest.approx(0.146)
     # ... as it was against our mean alone; a bound above a quarter of both still is
     assert matched.confounded(0.0056, None, 0.006, 0.25)
     assert matched.confounded(0.05, None, 0.006, 0.25, resolution=0.1)
     assert matched.confounded(np.nan, None, 0.5, 0.25, resolution=0.5)  # unknown bound
+
+
+def test_the_resolution_is_the_interval_before_the_confound_widened_it():
+    iv = Interval(0.01, -0.02, 0.04, 3, 0.5, 0.025, 0.004)  # half-width 0.03
+    wide = matched.widen(iv, 0.005, 0.95)
+    assert (wide.low, wide.high) == pytest.approx((-0.025, 0.045))
+    assert matched.resolution(wide, 0.005) == pytest.approx(0.03)
+    assert matched.resolution(wide, np.nan) == pytest.approx(0.035)
