@@ -119,8 +119,10 @@ def chunk_seeds(seed: int, split: str, n: int, chunk_size: int) -> list[int]:
             for k in range(count)]
 
 
-def _generate_split(src, split, n, seeds, cfg, rule, tasks, device, bar) -> dict[str, np.ndarray]:
-    """All rows of one split as numpy columns, chunk by chunk (``bar`` counts sentences)."""
+def _generate_split(src, split, seeds, cfg, rule, tasks, device, bar) -> dict[str, np.ndarray]:
+    """All rows of one split (``cfg.sizes[split]`` of them) as numpy columns, chunk by chunk
+    (``bar`` counts sentences)."""
+    n = cfg.sizes[split]
     parts: dict[str, list[np.ndarray]] = {}
     for k, seed in enumerate(seeds):
         m = min(cfg.chunk_size, n - k * cfg.chunk_size)
@@ -226,8 +228,8 @@ def make_corpus(src: Source, cfg: CorpusConfig, out_dir, *, device=None,
     columns = {}
     with tqdm(total=sum(cfg.sizes.values()), desc="sentences", unit="sent",
               disable=not progress) as bar:
-        for split, n in cfg.sizes.items():
-            columns[split] = _generate_split(src, split, n, seeds[split], cfg, rule, tasks,
+        for split in cfg.sizes:
+            columns[split] = _generate_split(src, split, seeds[split], cfg, rule, tasks,
                                              device, bar)
     meta.update(_validation_entropy(src, columns["validation"], cfg.n_entropy, device, progress))
     _save(columns, meta, digest, out_dir, src.max_length, progress)
