@@ -55,7 +55,7 @@ from flatlm.train.registry import (
     check_before_training,
     register_algorithm,
 )
-from flatlm.train.run import Run, TrainResult, build_pipeline, start_checkpoint
+from flatlm.train.run import Run, TrainHooks, TrainResult, build_pipeline, start_checkpoint
 from flatlm.train.state import capture_rng, find_checkpoints, load_state, restore_rng, set_aside
 
 # A rank waits this long in a collective (a dead NCCL rank is noticed after it); while rank 0
@@ -91,7 +91,7 @@ def train_data_parallel(cfg: TrainConfig, source, model_cfg, out_dir, *, device=
             for bad, _ in unreadable:  # no rank reads them: each loads job["ckpt"]
                 set_aside(bad)
             run = _train_rank(cfg, source, model_cfg, out_dir, device, start, pipeline,
-                              on_checkpoint, progress, on_step)  # rank 0
+                              TrainHooks(on_checkpoint, progress, on_step))  # rank 0
     finally:
         pipeline.close()
     return TrainResult(model=run.ctx.model, step=run.step, history=run.history,
@@ -118,15 +118,18 @@ def _sharded_pipeline(cfg, source, device, corpus, rank: int) -> ShardedPipeline
     return ShardedPipeline.of(build_pipeline(cfg, source, device, corpus)[0], rank, cfg.world_size)
 
 
-def _train_rank(cfg, source, model_cfg, out_dir, device, start, pipeline, on_checkpoint,
-                progress, on_step=None):
+QUIET = TrainHooks(progress=False)  # a rank that tells no one
+
+
+def _train_rank(cfg, source, model_cfg, out_dir, device, start, pipeline,
+                hooks: TrainHooks = QUIET):
+    """This rank's run; only rank 0 tells ``hooks``."""
     rank = dist.get_rank()
     cuda = [device.index] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
         run = _RankRun.begin(cfg, source, model_cfg, out_dir, device, pipeline, 0, start)
         run.seed_dropout(rank, start)
-        run.loop(on_checkpoint if rank == 0 else None, progress and rank == 0,
-                 on_step if rank == 0 else None)
+        run.loop(hooks if rank == 0 else QUIET)
     return run
 
 
@@ -317,8 +320,7 @@ def _helper(rank, world_size, port, job, errors, parent_pid) -> None:
         cfg, source = job["cfg"], load(job["source"])
         pipeline = _sharded_pipeline(cfg, source, device, job["corpus"], rank)
         try:
-            _train_rank(cfg, source, job["model_cfg"], job["out_dir"], device, start, pipeline,
-                        None, False)
+            _train_rank(cfg, source, job["model_cfg"], job["out_dir"], device, start, pipeline)
         finally:
             pipeline.close()
     except BaseException as e:  # noqa: BLE001 - handed to rank 0, which raises it

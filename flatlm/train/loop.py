@@ -36,6 +36,7 @@ from flatlm.train.run import (
     Diverged,
     Run,
     StepHook,
+    TrainHooks,
     TrainResult,
     autocast_for,
     build_pipeline,
@@ -97,20 +98,20 @@ def train(
             with writer_lock(out_dir):  # one writer: two runs into one directory would mix them
                 for bad, _ in unreadable:  # kept for inspection, out of the way of those retrained
                     set_aside(bad)
-                run = _train(cfg, source, model_cfg, out_dir, device, pipeline, n_classes,
-                             start, on_checkpoint, progress, on_step)
+                run = _train(cfg, source, model_cfg, out_dir, device, (pipeline, n_classes),
+                             start, TrainHooks(on_checkpoint, progress, on_step))
         finally:
             pipeline.close()
     return TrainResult(model=run.ctx.model, step=run.step, history=run.history,
                        checkpoints=find_checkpoints(out_dir))
 
 
-def _train(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start, on_checkpoint,
-           progress, on_step) -> Run:
+def _train(cfg, source, model_cfg, out_dir, device, built, start, hooks: TrainHooks) -> Run:
+    """The run from ``start`` with the ``built`` (pipeline, n_classes) of ``build_pipeline``."""
     cuda = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
-        run = Run.begin(cfg, source, model_cfg, out_dir, device, pipeline, n_classes, start)
-        run.loop(on_checkpoint, progress, on_step)
+        run = Run.begin(cfg, source, model_cfg, out_dir, device, *built, start)
+        run.loop(hooks)
     return run
 
 

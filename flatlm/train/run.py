@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors import SafetensorError
@@ -66,6 +67,15 @@ log = logging.getLogger(__name__)
 
 CheckpointHook = Callable[[int, nn.Module, Path], None]
 StepHook = Callable[[int], None]  # told the step after every update (a progress line's)
+
+
+class TrainHooks(NamedTuple):
+    """What a run tells its caller: each checkpoint written (``on_checkpoint(step, model,
+    ckpt_dir)``), each step (``on_step``), and whether it shows a progress bar."""
+
+    on_checkpoint: CheckpointHook | None = None
+    progress: bool = True
+    on_step: StepHook | None = None
 # A checkpoint's record of the training before it: {"seconds", "updates"} since the previous
 # checkpoint (or since this process started or resumed the run).
 TRAINING_INTERVAL = "training_interval"
@@ -243,9 +253,8 @@ class Run:
         optimizer.load_state_dict(state.optimizer)
         return cls(cfg, source, model_cfg, out_dir, device, pipeline, ctx, resumed=state)
 
-    def loop(self, on_checkpoint: CheckpointHook | None, progress: bool,
-             on_step: StepHook | None = None) -> None:
-
+    def loop(self, hooks: TrainHooks) -> None:
+        on_checkpoint, progress, on_step = hooks
         cfg, step_fn = self.cfg, self.update_function()
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not progress, unit="step",
                    desc=f"train {cfg.algorithm}")
