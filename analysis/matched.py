@@ -130,6 +130,19 @@ def read_at(run: pd.DataFrame, target: float, key: str, *, match_tol: float = MA
     return Reading(float(value[i]), float(se[i]), float(kl[i]), float(kl_se[i]), "nearest")
 
 
+def _kl_span(run: pd.DataFrame, target: float) -> str:
+    """Where a run that was not read at ``target`` lay: its first and last checkpoints' KL,
+    and which side of the target it stayed on (a run below it from its first checkpoint needs
+    earlier checkpoints, one above it at its last more steps)."""
+    kl = _col(run.sort_values("step"), KL)
+    kl = kl[np.isfinite(kl)]
+    if not len(kl):
+        return "no KL measured"
+    side = ("below the target from its first checkpoint" if kl.max() <= target
+            else "above the target at its last" if kl.min() > target else "")
+    return f"KL {kl[0]:.3f} -> {kl[-1]:.3f}" + (f": {side}" if side else "")
+
+
 def _blend(a: float, b: float, w: float) -> float:
     """(1 - w) a + w b, an unknown s.e. counting as 0 (NaN when both are unknown)."""
     if not (np.isfinite(a) or np.isfinite(b)):
@@ -234,7 +247,9 @@ def pair_at_target(treated: dict, control: dict, key: str, target: float, *,
                 for arms in (treated, control))
         missing = [name for name, r in (("treated", t), ("control", c)) if not r.how]
         if missing:
-            unreached += [f"{name} seed {seed}" for name in missing]
+            unreached += [f"{name} seed {seed} ({_kl_span(arms[seed], target)})"
+                          for name, arms in (("treated", treated), ("control", control))
+                          if name in missing]
             continue
         fixed = {name: _first(control[seed], cols.get(name)) for name in TASK_COLUMNS}
         rows.append({"seed": seed, "treated": t.value, "treated_se": t.se,

@@ -148,6 +148,14 @@ def test_an_arm_that_never_reaches_the_target_reads_not_reached():
     r = row_of(rows)
     assert r["verdict"] == matched.NOT_REACHED
     assert "did not reach KL 0.6" in r["decided_by"]
+    assert "treated seed 0 (KL 0.900 -> 0.700: above the target at its last)" in r["decided_by"]
+
+
+def test_an_arm_already_below_the_target_at_its_first_checkpoint_is_named_so():
+    rows = claim_rows(sizes_df(large_kls=np.linspace(0.57, 0.45, 5)), RULE)
+    r = row_of(rows)
+    assert r["verdict"] == matched.NOT_REACHED
+    assert "(KL 0.570 -> 0.450: below the target from its first checkpoint)" in r["decided_by"]
 
 
 def steps_df(kls):
