@@ -79,3 +79,11 @@ def test_sgd_in_the_algorithms_grid_trains_at_the_scales_sgd_rate(name):
                         algorithms=("sgd",), selection_measures=False,
                         overrides={"train.lr": 0.05}).trials())
     assert pinned["sgd_seed0"].train.lr == 0.05  # --set wins
+
+
+def test_noreg_is_checkpointed_before_the_step_its_first_runs_were_already_below_the_target():
+    # its first runs at AdamW's checkpoints (2000-3500) read KL 0.664-0.692 at step 2000
+    cfg = trials(algorithms=("adamw", "noreg"))
+    noreg, adamw = cfg["noreg_seed0"].train, cfg["adamw_seed0"].train
+    assert min(noreg.checkpoint_steps) < 2000 <= max(noreg.checkpoint_steps) == noreg.steps
+    assert tuple(adamw.checkpoint_steps) == scale("testbed-v2").checkpoint_steps
