@@ -155,6 +155,12 @@ class VerdictRule:
     confound_share: float = matched.CONFOUND_SHARE  # bound above this x the effect: not matched
     plateau_points: int = matched.PLATEAU_POINTS  # the last checkpoints a plateau is read on
 
+    @property
+    def matching(self) -> matched.MatchRule:
+        """The matched-loss settings, as ``analysis.matched`` reads them."""
+        return matched.MatchRule(self.target_kl, self.level, self.match_tol, self.slope_window,
+                                 self.plateau_points)
+
     def __post_init__(self):
         for name in ("saturation", "tol"):
             if not getattr(self, name) >= 0:
@@ -428,8 +434,7 @@ def matched_loss_effects(part: pd.DataFrame, claim: Claim, rule: VerdictRule) ->
     m = matched.matched_effects(
         part, matched.Compared(claim.experiment, metric_key(claim.metric), claim.compare,
                                claim.relative),
-        matched.MatchRule(rule.target_kl, rule.level, rule.match_tol, rule.slope_window,
-                          rule.plateau_points))
+        rule.matching)
     return Effects(m.values, False, True, m.kl_max, m.kl_spread, m.note, m.pairs,
                    regime=matched.MATCHED, confound=m.confound, precondition=m.precondition,
                    confound_read_kl=m.confound_read_kl)

@@ -245,11 +245,10 @@ def pair_at_target(treated: dict, control: dict, key: str, target: float, *,
     for seed in sorted(set(treated) & set(control)):
         t, c = (read_at(arms[seed], target, key, match_tol=match_tol)
                 for arms in (treated, control))
-        missing = [name for name, r in (("treated", t), ("control", c)) if not r.how]
+        missing = [(name, arms[seed]) for name, arms, r in
+                   (("treated", treated, t), ("control", control, c)) if not r.how]
         if missing:
-            unreached += [f"{name} seed {seed} ({_kl_span(arms[seed], target)})"
-                          for name, arms in (("treated", treated), ("control", control))
-                          if name in missing]
+            unreached += [f"{name} seed {seed} ({_kl_span(run, target)})" for name, run in missing]
             continue
         fixed = {name: _first(control[seed], cols.get(name)) for name in TASK_COLUMNS}
         rows.append({"seed": seed, "treated": t.value, "treated_se": t.se,
@@ -303,7 +302,7 @@ def _seed_runs(part: pd.DataFrame) -> dict:
 
 
 class MatchRule(NamedTuple):
-    """The matched-loss rule's settings (``VerdictRule.matching``)."""
+    """The matched-loss rule's settings (``analysis.claims.VerdictRule.matching``)."""
 
     target: float  # nats/token: the common KL every arm is read at
     level: float  # the intervals' confidence

@@ -418,8 +418,7 @@ def _beyond_lines(rows: pd.DataFrame) -> list[str]:
             "arm the sgd experiment's run. Each source gives a direction only, so each confound "
             "bound is judged against a quarter of our own mean effect or of the interval's "
             "half-width before the bound, whichever is larger; \"reproduces\" reads: the "
-            "stated direction holds. "
-            "Holm's family is this table alone.", "",
+            "stated direction holds. Holm's family is this table alone.", "",
             claims_markdown(rows), ""]
 
 
@@ -528,8 +527,7 @@ def _matched_text(rule: VerdictRule) -> str:
         "interval on both sides, and the p-value tests the mean shrunk by it toward 0. A bound "
         f"above {rule.confound_share:g} x |the paper's effect| (where the paper states a "
         "direction only: the larger of |our mean| and the interval's half-width before the "
-        "bound; "
-        "`--confound-share`) reads inconclusive (loss not matched). "
+        "bound; `--confound-share`) reads inconclusive (loss not matched). "
         "The claims that need the loss to have converged (Fig. 2a, Fig. 4 left, Fig. 10: "
         "accuracy or Tr(H) moving with steps *after* convergence) read precondition not met "
         "(the loss still falls) unless every run's KL is flat over its last "
