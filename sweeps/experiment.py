@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from flatlm.commands import DEFAULT_PROTOCOL, DEFAULT_SCALE
+from flatlm.core.config import parse_assignments
 from flatlm.experiments.paper import Experiment, base_of, build
 from flatlm.experiments.scales import scale as get_scale
 from flatlm.runs.trial import TrialConfig
@@ -33,10 +34,12 @@ def experiment_of(name: str, args: argparse.Namespace, **choices) -> Experiment:
     """Experiment ``name`` at the command line's scale and protocol, on its ``--source``;
     ``choices`` (seeds, models, algorithms) replace the experiment's defaults. The ``--set``
     overrides are applied by ``sweeps.cli.apply_arguments``, which also refuses one that names
-    a varied key."""
+    a varied key; one that names a linked setting (SGD's rate, a model's steps) wins over it,
+    as in ``flatlm replicate``."""
     scale, protocol = scale_and_protocol(args)
-    return build(name, scale=scale, protocol=protocol, source=getattr(args, "source", None),
-                 **choices)
+    experiment = build(name, scale=scale, protocol=protocol,
+                       source=getattr(args, "source", None), **choices)
+    return experiment.without_linked(parse_assignments(getattr(args, "overrides", None) or []))
 
 
 def grid_space(experiment: Experiment) -> dict:
@@ -47,7 +50,8 @@ def grid_space(experiment: Experiment) -> dict:
 
     space = {key: tune.grid_search(list(values)) for key, values in experiment.grid.items()}
     for key, by_value in experiment.linked.items():
-        for setting in sorted({k for overrides in by_value.values() for k in overrides}):
+        named = {k for overrides in by_value.values() for k in overrides}
+        for setting in sorted(named - set(experiment.grid)):  # a grid value wins (--lrs)
             base = getattr_dotted(experiment.base, setting)
             space[setting] = tune.sample_from(
                 lambda spec, key=key, setting=setting, by_value=by_value, base=base:

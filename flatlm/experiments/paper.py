@@ -74,8 +74,15 @@ class Experiment:
 
     def trials(self) -> list[tuple[str, TrialConfig]]:
         """(name, config) of every grid point; the name says what the trial varies."""
-        return [(trial_name(point), apply_overrides(self.base, {**point, **self.linked_to(point)}))
-                for point in self.points()]
+        return [(trial_name(point), apply_overrides(self.base, {**self.linked_to(point), **point}))
+                for point in self.points()]  # a grid value wins over a linked one (--lrs)
+
+    def without_linked(self, settings) -> Experiment:
+        """The experiment with ``settings`` (``--set`` keys) dropped from ``linked``: a value
+        the command line names wins over the scale's per-model or per-algorithm one."""
+        linked = {k: {v: {kk: vv for kk, vv in o.items() if kk not in settings}
+                      for v, o in by.items()} for k, by in self.linked.items()}
+        return dataclasses.replace(self, linked=linked)
 
     def linked_to(self, point: dict) -> dict:
         """The ``linked`` settings of ``point``'s values (none for a value not listed)."""
@@ -114,10 +121,9 @@ def build(name: str, *, scale: str = "tiny", protocol: str = "paper",
         base = apply_overrides(base, overrides)  # a bad value is named as such first
         refuse_varied(overrides, (*grid, *space), f"the {name} experiment",
                       "flatlm replicate: --seeds, --models and --algorithms choose what it varies")
-        linked = {k: {v: {kk: vv for kk, vv in o.items() if kk not in overrides}
-                      for v, o in by.items()} for k, by in linked.items()}  # --set wins
-    return Experiment(name=name, protocol=protocol, scale=sc.name, base=base, grid=grid,
-                      space=space, linked=linked)
+    experiment = Experiment(name=name, protocol=protocol, scale=sc.name, base=base, grid=grid,
+                            space=space, linked=linked)
+    return experiment.without_linked(overrides or {})
 
 
 def _model_schedules(sc: Scale, protocol: str, grid: dict) -> dict:
@@ -135,7 +141,8 @@ def _algorithm_schedules(sc: Scale, grid: dict) -> dict:
     if "train.algorithm" not in grid:
         return {}
     overrides = {"sgd": {"train.lr": sc.sgd_lr}, **sc.algorithm_overrides}
-    return {"train.algorithm": {a: dict(o) for a, o in overrides.items()}}
+    return {"train.algorithm": {a: dict(overrides[a]) for a in grid["train.algorithm"]
+                                if a in overrides}}  # only what the grid runs: no stray keys
 
 
 def base_of(scale: str, protocol: str = "paper", source: str | None = None) -> TrialConfig:

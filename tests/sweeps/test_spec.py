@@ -269,6 +269,24 @@ def test_the_default_sweeps_aim_at_the_regime_they_are_about():
         algorithms.build(Namespace(algorithms="adamw,adamx"))
 
 
+def _drawn(space: dict, setting: str, **config):
+    """The value a ``tune.sample_from`` entry of ``space`` draws for a point ``config``."""
+    return space[setting].func(Namespace(config=config))
+
+
+def test_sgd_in_a_sweep_trains_at_its_rate_and_a_set_rate_or_a_varied_one_wins():
+    sgd_lr = base_of("sweep").train.lr, 0.3  # AdamW's rate, the sweep scale's SGD rate
+    space = algorithms.build(Namespace(algorithms="adamw,sgd", overrides=[])).space
+    assert [_drawn(space, "train.lr", **{"train.algorithm": a}) for a in ("adamw", "sgd")] \
+        == list(sgd_lr)
+    only_adamw = algorithms.build(Namespace(algorithms="adamw,noreg", overrides=[])).space
+    assert "train.lr" not in only_adamw  # no stray key: --set train.lr stays allowed
+    pinned = algorithms.build(Namespace(algorithms="sgd", overrides=["train.lr=0.05"])).space
+    assert "train.lr" not in pinned  # --set wins over the linked rate, as in flatlm replicate
+    varied = selection.build(Namespace(algorithms="adamw,sgd", seeds=1, lrs="0.1,0.2")).space
+    assert varied["train.lr"] == {"grid_search": [0.1, 0.2]}  # --lrs wins too
+
+
 def test_the_selection_sweep_varies_algorithms_seeds_and_rates():
     args = Namespace(algorithms="adamw,sam", seeds=3, lrs="5e-3,1e-3")
     sweep = selection.build(args)
