@@ -37,6 +37,13 @@ LAMBDAS = (0.1, 0.0316, 0.01, 0.00316)
 # the algorithms experiment's model fastest to the matched loss, as the paper tunes each
 # optimizer (A.5); its KL at AdamW's crossing step breaks a tie
 MUON_LRS = (0.005, 0.01, 0.02, 0.04)
+# SGD's constant rate (the sgd experiment's schedule: 12% warmup, then constant, B.2), by the
+# same rule as Muon's: the scale's 0.3 plateaus at KL 1.25 from step 500 to 3500 (its three
+# seeds, the sgd experiment), so larger rates by factors of ~3 (none reaches the target: 1
+# plateaus at 1.28, 3 diverges at step 750; smaller rates learn slower still)
+SGD_LRS = (0.3, 1.0, 3.0)
+SGD_SCHEDULE = {"train.algorithm": "sgd", "train.schedule": "constant",
+                "train.warmup_steps": None, "train.warmup_proportion": 0.12}
 DOWNSTREAM_SIZES = (4000, 20000, 100000)
 ADVERSARY = {k: v for k, v in CPU_ADVERSARY.items()}
 # name -> (steps, checkpoint spacing, --set overrides)
@@ -51,6 +58,8 @@ JOBS = {
     **{f"muon-{lr:g}": (3500, 250, {"model": STEPS_MODEL, "train.algorithm": "muon",
                                     "train.muon.lr": lr})
        for lr in MUON_LRS},
+    **{f"sgd-{lr:g}": (3500, 250, {"model": STEPS_MODEL, **SGD_SCHEDULE, "train.lr": lr})
+       for lr in SGD_LRS},
     # AdamW on the true conditionals (train.targets=truth): where its checkpoints must lie
     "soft-targets": (2500, 250, {"model": STEPS_MODEL, "train.targets": "truth"}),
 }
@@ -91,6 +100,12 @@ def curves(out: Path) -> dict:
     return got
 
 
+def divergences(out: Path) -> dict:
+    """name -> the step where a pilot trial under ``out`` diverged (its ``diverged.json``)."""
+    return {name: json.loads((out / name / "diverged.json").read_text())["step"]
+            for name in JOBS if (out / name / "diverged.json").exists()}
+
+
 def crossing(curve: dict, target: float) -> int | None:
     """The first step whose KL is at most ``target``."""
     for step, kl in sorted(curve.items(), key=lambda kv: int(kv[0])):
@@ -123,16 +138,28 @@ def adversary_search(got: dict, target: float) -> dict:
             "chosen": max(chosen, key=float) if chosen else None}
 
 
-def muon_search(got: dict, target: float) -> dict:
-    """Each Muon rate's crossing step of ``target`` (interpolated linearly in steps between the
-    bracketing checkpoints; None: not reached) and its KL at AdamW's crossing step; the chosen
-    rate: the earliest crossing, a tie broken by the lower KL there."""
+def muon_search(got: dict, target: float, diverged: dict | None = None) -> dict:
+    """Muon's rate search (``rate_search`` over ``MUON_LRS``)."""
+    return rate_search(got, target, "muon", MUON_LRS, diverged)
+
+
+def sgd_search(got: dict, target: float, diverged: dict | None = None) -> dict:
+    """SGD's rate search (``rate_search`` over ``SGD_LRS``)."""
+    return rate_search(got, target, "sgd", SGD_LRS, diverged)
+
+
+def rate_search(got: dict, target: float, prefix: str, rates: tuple,
+                diverged: dict | None = None) -> dict:
+    """Each rate's crossing step of ``target`` (interpolated linearly in steps between the
+    bracketing checkpoints; None: not reached), its KL at AdamW's crossing step and the step
+    where it diverged (None: it did not); the chosen rate: the earliest crossing, a tie broken
+    by the lower KL there (None: no rate reached the target)."""
     import numpy as np
 
     at = crossing(got.get(STEPS_MODEL, {}), target)
     rows = {}
-    for lr in MUON_LRS:
-        curve = got.get(f"muon-{lr:g}")
+    for lr in rates:
+        curve = got.get(f"{prefix}-{lr:g}")
         if not curve:
             continue
         steps = sorted(int(s) for s in curve)
@@ -140,7 +167,8 @@ def muon_search(got: dict, target: float) -> dict:
         rows[f"{lr:g}"] = {"crossing": _interpolated_crossing(steps, kls, target),
                            "kl_at_adamw_step": (None if at is None or steps[-1] < at else
                                                 round(float(np.interp(at, steps, kls)), 5)),
-                           "final_kl": kls[-1]}
+                           "final_kl": kls[-1],
+                           "diverged_at": (diverged or {}).get(f"{prefix}-{lr:g}")}
     reached = [(r["crossing"], r["kl_at_adamw_step"] or np.inf, lr) for lr, r in rows.items()
                if r["crossing"] is not None]
     return {"adamw_step": at, "rates": rows, "chosen": min(reached)[2] if reached else None}
@@ -168,16 +196,22 @@ def main(argv=None) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if args.run:
         for name in args.only or JOBS:
-            subprocess.run(trial_command(name, args.out), check=True, env=env)
+            done = subprocess.run(trial_command(name, args.out), env=env)
+            # a diverged trial (exit 3, its diverged.json) is a result of a rate search
+            if done.returncode not in (0, 3):
+                raise SystemExit(f"pilot job {name} failed (exit {done.returncode})")
     if args.collect:
         got = curves(args.collect)
         merged = json.loads(args.merge.read_text()) if args.merge else {}
         # curves and probe measurements committed before (AdamW's), not rerun
         got = {**merged.get("curves", {}), **got}
+        diverged = {**merged.get("diverged", {}), **divergences(args.collect)}
         summary = {"target_kl": args.target, "curves": got,
                    "crossing": {n: crossing(c, args.target) for n, c in got.items()},
                    "adversary": adversary_search(got, args.target),
-                   "muon": muon_search(got, args.target),
+                   "diverged": diverged,
+                   "muon": muon_search(got, args.target, diverged),
+                   "sgd": sgd_search(got, args.target, diverged),
                    "probe_size": {str(n): _probe(args.collect / f"probe_{n}.json")
                                   or merged.get("probe_size", {}).get(str(n))
                                   for n in DOWNSTREAM_SIZES},

@@ -319,6 +319,9 @@ TESTBED_V2 = replace(
     # 0.02 nats of it: 0.1 stalls (KL 1.27 at step 1000), 0.01 is 0.022 above, 0.00316 0.017
     # (0.0316 not run: the KL rises with lambda and 0.01 already fails)
     adversarial={**CPU_ADVERSARY, "train.adversarial.lambda": 0.00316},
+    # SGD keeps the testbed's 0.3 (12% warmup, then constant): by the pilot's search no rate of
+    # 0.3, 1, 3 reaches the target in 3500 steps (0.3 ends at KL 1.253, 1 at 1.276, 3 diverges
+    # at step 750), and 0.3 ends lowest, so the SGD arm reads "target not reached"
     # Muon (issue 54) at the pilot's rate: of 0.005, 0.01, 0.02 the one whose KL crosses the
     # target first (0.01 at step 1326; 0.005 at 1574; 0.02 stalls at 0.77; 0.04 not run: the
     # plateau rises with the rate), checkpointed around that crossing (KL 0.74-0.65 in the

@@ -30,10 +30,34 @@ def trials(protocol="paper", algorithms=("adamw", "muon")):
 
 def test_muon_runs_at_the_rate_its_committed_search_chose():
     pilot, mod = json.loads(PILOT.read_text()), pilot_module()
-    search = mod.muon_search(pilot["curves"], pilot["target_kl"])
+    search = mod.muon_search(pilot["curves"], pilot["target_kl"], pilot["diverged"])
     assert search == pilot["muon"]  # the committed JSON is what its curves say
     cfg = trials()["muon_seed0"]
     assert cfg.train.settings("muon").lr == float(search["chosen"]) == 0.01
+
+
+def test_sgd_runs_at_the_searched_rate_that_ends_lowest_since_none_reaches_the_target():
+    pilot, mod = json.loads(PILOT.read_text()), pilot_module()
+    search = mod.sgd_search(pilot["curves"], pilot["target_kl"], pilot["diverged"])
+    assert search == pilot["sgd"]  # the committed JSON is what its curves say
+    assert search["chosen"] is None  # no rate reached KL 0.7: the arm reads "target not reached"
+    trained = {lr: row for lr, row in search["rates"].items() if row["diverged_at"] is None}
+    assert len(trained) < len(search["rates"])  # the search went as far as a rate that diverges
+    best = min(trained, key=lambda lr: trained[lr]["final_kl"])
+    assert float(best) == scale("testbed-v2").sgd_lr == 0.3
+    got = dict(build("sgd", scale="testbed-v2", protocol="paper", seeds=(0,),
+                     selection_measures=False).trials())
+    assert {cfg.train.lr for cfg in got.values()} == {0.3}
+
+
+def test_a_diverged_rate_is_named_with_its_step_and_never_chosen():
+    mod = pilot_module()
+    curves = {"d64-h4-l2-i256": {"250": 0.9, "500": 0.6},
+              "sgd-0.3": {"250": 0.9, "500": 0.8}, "sgd-1": {"250": 0.8, "500": 0.65}}
+    search = mod.sgd_search(curves, 0.7, {"sgd-3": 750})
+    assert search["chosen"] == "1" and "3" not in search["rates"]  # no curve, no row
+    search = mod.sgd_search({**curves, "sgd-3": {"250": 0.9}}, 0.7, {"sgd-3": 250})
+    assert search["rates"]["3"]["diverged_at"] == 250 and search["chosen"] == "1"
 
 
 def test_each_arm_is_checkpointed_around_its_own_crossing_of_the_target():
