@@ -235,6 +235,8 @@ def _to_change(r) -> str:
                 "bound when the arms are interpolated), or checkpoints closer around the target")
     if r.verdict == matched.STILL_FALLING:
         return "runs long enough for the KL to level off (saturation: --scale gpu)"
+    if r.verdict == matched.STALLED:
+        return "a rate or schedule that takes the KL below the target (the pilot's rate search)"
     if r.verdict == matched.NOT_REACHED:
         return "longer runs, or checkpoints that reach the target KL"
     if r.verdict.startswith("inconclusive (n <") or r.verdict.startswith("inconclusive (runs <"):
@@ -532,7 +534,8 @@ def _matched_text(rule: VerdictRule) -> str:
         "accuracy or Tr(H) moving with steps *after* convergence) read precondition not met "
         "(the loss still falls) unless every run's KL is flat over its last "
         f"{rule.plateau_points} checkpoints (least-squares slope on the step within one s.e. of "
-        "0); the lookup table (KL 0) has no trained run at its loss below saturation: "
+        "0), and a plateau above the target KL is a stall, not convergence: precondition not "
+        "met (the loss stalls above the target KL); the lookup table (KL 0) has no trained run at its loss below saturation: "
         "precondition not met (the lookup table is at KL 0). A matched-loss verdict answers "
         "the paper's thesis for models at that KL, not in the saturation regime the paper "
         "presupposes.")

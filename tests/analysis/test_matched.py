@@ -185,6 +185,15 @@ def test_a_measured_plateau_lets_the_convergence_claim_be_read():
     assert r["n"] == 3 and np.isfinite(r["confound_bound"])
 
 
+def test_a_plateau_above_the_target_is_a_stall_not_convergence():
+    # flat (slope within its s.e.) at KL 1.25, where the target is 0.6: SGD on testbed v2
+    rows = claim_rows(steps_df([1.5, 1.27, 1.252, 1.248, 1.251, 1.249]), RULE)
+    r = row_of(rows, "Fig. 2a")
+    assert r["verdict"] == matched.STALLED
+    assert "3/3 runs flat above the target KL 0.6" in r["decided_by"]
+    assert np.isnan(r["p_value"])
+
+
 def test_the_lookup_table_at_kl_zero_is_no_matched_comparison():
     rows = []
     for seed in range(3):
