@@ -5,7 +5,8 @@ rerun from its config.json").
     python bench/rerun_trial.py TRIAL_DIR --checkpoints 1   # e.g. a committed v2 trial
 
 Trains the trial again in a temporary directory up to its first ``--checkpoints`` checkpoints
-(the config's own, cut there; nothing else changed) and compares every recorded metric but the
+(the config's own, cut there, a warmup given as a share of the steps pinned to
+the steps it was; nothing else changed) and compares every recorded metric but the
 timings (``time/*``) exactly. Prints the counts and each difference; exit 1 if any differs.
 It runs on ``--threads`` torch threads (default 1, as every ``flatlm replicate`` worker on a CPU
 does): the CPU kernels' reduction order depends on the thread count, so a rerun on 2 threads
@@ -28,13 +29,30 @@ from flatlm.core.config import from_dict
 from flatlm.core.flags import COUNT
 from flatlm.runs.trial import TrialConfig, run_trial
 from flatlm.storage.metrics_log import read_metrics
+from flatlm.train.config import resolve
+
+
+def cut_at(cfg: TrialConfig, checkpoints: int) -> TrialConfig:
+    """``cfg`` trained only to its first ``checkpoints``, its rates at every step the same: a
+    warmup given as a share of ``train.steps`` is pinned to the steps it was (12% of 3500 is
+    not 12% of 500); a linear decay to ``train.steps`` cannot be cut (error naming the fix)."""
+    steps = tuple(sorted(cfg.train.checkpoint_steps)[:checkpoints])
+    if steps[-1] == cfg.train.steps:
+        return cfg
+    if cfg.train.schedule != "constant":
+        raise SystemExit(f"train.schedule={cfg.train.schedule!r} decays to 0 at train.steps="
+                         f"{cfg.train.steps}: a cut run has other rates; pass --checkpoints "
+                         f"{len(cfg.train.checkpoint_steps)} (every checkpoint)")
+    warmup = resolve(cfg.train).warmup_steps
+    return replace(cfg, train=replace(cfg.train, steps=steps[-1], checkpoint_steps=steps,
+                                      warmup_steps=warmup, warmup_proportion=None))
 
 
 def rerun(trial: Path, checkpoints: int) -> tuple[int, list[str]]:
     """(metrics compared, differences) of ``trial`` rerun to its first ``checkpoints``."""
     cfg = from_dict(TrialConfig, json.loads((trial / "config.json").read_text()))
-    steps = sorted(cfg.train.checkpoint_steps)[:checkpoints]
-    cut = replace(cfg, train=replace(cfg.train, steps=steps[-1], checkpoint_steps=tuple(steps)))
+    cut = cut_at(cfg, checkpoints)
+    steps = cut.train.checkpoint_steps
     committed = read_metrics(trial)
     with tempfile.TemporaryDirectory() as tmp:
         again = run_trial(cut, tmp, eval_cache=Path(tmp) / "eval_cache")

@@ -5,6 +5,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from flatlm.core.config import apply_overrides
 from flatlm.runs.trial import TrialConfig, run_trial
 from flatlm.storage.metrics_log import METRICS_FILE
@@ -36,3 +38,17 @@ def test_a_rerun_matches_the_records_and_a_changed_one_is_named(tmp_path):
     (trial / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     _, differ = rerun.rerun(trial, checkpoints=1)
     assert len(differ) == 1 and "step 6 pretrain/kl" in differ[0]
+
+
+def test_a_cut_keeps_the_runs_rates_a_warmup_share_pinned_and_a_decay_refused():
+    rerun = load()
+    cfg = apply_overrides(TrialConfig(), {
+        "train.algorithm": "sgd", "train.steps": 3500, "train.warmup_steps": None,
+        "train.warmup_proportion": 0.12, "train.checkpoint_steps": [500, 3500]})
+    cut = rerun.cut_at(cfg, 1)
+    assert cut.train.steps == 500 and cut.train.warmup_steps == 420  # 12% of 3500, not of 500
+    assert cut.train.warmup_proportion is None
+    assert rerun.cut_at(cfg, 2) == cfg  # every checkpoint: the config as it is
+    decay = apply_overrides(cfg, {"train.schedule": "linear"})
+    with pytest.raises(SystemExit, match="--checkpoints 2"):
+        rerun.cut_at(decay, 1)
