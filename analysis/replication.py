@@ -535,10 +535,10 @@ def _matched_text(rule: VerdictRule) -> str:
         "(the loss still falls) unless every run's KL is flat over its last "
         f"{rule.plateau_points} checkpoints (least-squares slope on the step within one s.e. of "
         "0), and a plateau above the target KL is a stall, not convergence: precondition not "
-        "met (the loss stalls above the target KL); the lookup table (KL 0) has no trained run at its loss below saturation: "
-        "precondition not met (the lookup table is at KL 0). A matched-loss verdict answers "
-        "the paper's thesis for models at that KL, not in the saturation regime the paper "
-        "presupposes.")
+        "met (the loss stalls above the target KL); the lookup table (KL 0) has no trained "
+        "run at its loss below saturation: precondition not met (the lookup table is at KL "
+        "0). A matched-loss verdict answers the paper's thesis for models at that KL, not in "
+        "the saturation regime the paper presupposes.")
 
 
 def _sizes_line(part: pd.DataFrame) -> str:
