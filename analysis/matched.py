@@ -401,7 +401,7 @@ def _plateau_effects(part: pd.DataFrame, key: str, relative: bool, level: float,
         return _empty(STILL_FALLING, f"{falling}/{len(runs)} runs without a KL plateau over "
                                      f"their last {points} checkpoints: {words}")
     tails = [run.tail(points) for run in runs]
-    stalled = [float(_col(t, KL).mean()) for t in tails if _col(t, KL).mean() > target]
+    stalled = [kl for kl in (float(_col(t, KL).mean()) for t in tails) if kl > target]
     if stalled:
         return _empty(STALLED, f"{len(stalled)}/{len(runs)} runs flat above the target KL "
                                f"{target:g} (mean KL of their last {points} checkpoints "

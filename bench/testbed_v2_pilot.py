@@ -24,7 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from flatlm.commands import DIVERGED_EXIT
 from flatlm.experiments.scales import CPU_ADVERSARY, TESTBED_V2_SOURCE
+from flatlm.storage.diverged import divergence
 
 STEPS_MODEL = "d64-h4-l2-i256"
 ADVERSARY_TOL = 0.02  # nats: the first testbed's criterion (e), read at AdamW's crossing
@@ -102,8 +104,8 @@ def curves(out: Path) -> dict:
 
 def divergences(out: Path) -> dict:
     """name -> the step where a pilot trial under ``out`` diverged (its ``diverged.json``)."""
-    return {name: json.loads((out / name / "diverged.json").read_text())["step"]
-            for name in JOBS if (out / name / "diverged.json").exists()}
+    found = {name: divergence(out / name) for name in JOBS}
+    return {name: record["step"] for name, record in found.items() if record is not None}
 
 
 def crossing(curve: dict, target: float) -> int | None:
@@ -159,7 +161,8 @@ def rate_search(got: dict, target: float, prefix: str, rates: tuple,
     at = crossing(got.get(STEPS_MODEL, {}), target)
     rows = {}
     for lr in rates:
-        curve = got.get(f"{prefix}-{lr:g}")
+        name = f"{prefix}-{lr:g}"
+        curve = got.get(name)
         if not curve:
             continue
         steps = sorted(int(s) for s in curve)
@@ -168,7 +171,7 @@ def rate_search(got: dict, target: float, prefix: str, rates: tuple,
                            "kl_at_adamw_step": (None if at is None or steps[-1] < at else
                                                 round(float(np.interp(at, steps, kls)), 5)),
                            "final_kl": kls[-1],
-                           "diverged_at": (diverged or {}).get(f"{prefix}-{lr:g}")}
+                           "diverged_at": (diverged or {}).get(name)}
     reached = [(r["crossing"], r["kl_at_adamw_step"] or np.inf, lr) for lr, r in rows.items()
                if r["crossing"] is not None]
     return {"adamw_step": at, "rates": rows, "chosen": min(reached)[2] if reached else None}
@@ -197,8 +200,8 @@ def main(argv=None) -> int:
     if args.run:
         for name in args.only or JOBS:
             done = subprocess.run(trial_command(name, args.out), env=env)
-            # a diverged trial (exit 3, its diverged.json) is a result of a rate search
-            if done.returncode not in (0, 3):
+            # a diverged trial (its diverged.json) is a result of a rate search
+            if done.returncode not in (0, DIVERGED_EXIT):
                 raise SystemExit(f"pilot job {name} failed (exit {done.returncode})")
     if args.collect:
         got = curves(args.collect)
