@@ -94,7 +94,14 @@ def digest_file(path: Path) -> Path:
     """Where the digests of the sweep at ``path`` are kept: in this user's own cache, outside
     the sweep's storage (which, on a cluster, others may be able to write)."""
     key = hashlib.sha256(str(path.absolute()).encode()).hexdigest()[:24]
-    return Path.home() / ".cache" / "flatlm" / "tuner-digests" / f"{key}.json"
+    return _cache_root() / "flatlm" / "tuner-digests" / f"{key}.json"
+
+
+def _cache_root() -> Path:
+    """``$XDG_CACHE_HOME`` where it is set to an absolute path (the XDG rule: a relative one is
+    ignored), else ``~/.cache``."""
+    chosen = os.environ.get("XDG_CACHE_HOME", "")
+    return Path(chosen) if os.path.isabs(chosen) else Path.home() / ".cache"
 
 
 def _read_record(path: Path) -> dict | None:
@@ -131,6 +138,12 @@ def record_files(path: Path, root: Path, files: list[Path]) -> None:
     file = digest_file(path)
     file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     write_atomic(file, json.dumps(out) + "\n", mode=0o600)
+
+
+def forget_digests(path: Path) -> None:
+    """Drops the record of an earlier sweep at ``path`` as a new one starts there: its digests
+    would otherwise still verify the old sweep's files, were they put back."""
+    digest_file(path).unlink(missing_ok=True)
 
 
 def record_digest(path: Path) -> None:

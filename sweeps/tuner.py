@@ -13,7 +13,7 @@ from sweeps.progress_board import ProgressLines
 from sweeps.rayenv import ray, tune
 from sweeps.signals import RecordSignals
 from sweeps.spec import Sweep, objectives, packs, ray_trials
-from sweeps.trust import StateDigests, record_digest
+from sweeps.trust import StateDigests, forget_digests, record_digest
 
 
 def build_tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, show: tuple[str, ...],
@@ -29,6 +29,7 @@ def build_tuner(sweep: Sweep, storage: Path, sweep_info: dict, resume: bool, sho
     if path.exists() and not resume:
         raise ValueError(f"{path} holds an earlier sweep named {sweep.name!r}: pass "
                          "--resume to continue it, or --name to start another")
+    forget_digests(path)  # a sweep deleted from here earlier: its record is not this one's
     tuner = tune.Tuner(
         trainable_,
         param_space={"base": to_dict(sweep.base), **trial_space(sweep), "sweep": sweep_info},

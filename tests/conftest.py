@@ -1,6 +1,9 @@
 """Settings shared by the whole suite."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -22,6 +25,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # a tokenizer or dataset loaded by path waits on the Hub's timeouts where no network is.
 for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_name, "1")
+
+
+# Each test process, and every process it starts, keeps its caches in a directory of its own,
+# removed at its exit: flatlm's record of a sweep's state digests (sweeps/trust.py) is keyed by
+# the sweep's path, and pytest's temporary paths come back when /tmp is cleared but the home
+# directory is not, so a record left by an earlier run refused a later run's resume (CI, at
+# tests/sweeps/test_resume_trust.py: "was not written by flatlm's driver here").
+_CACHE = tempfile.mkdtemp(prefix="flatlm-test-cache-")
+os.environ["XDG_CACHE_HOME"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 
 
 _WORKER_OPTIONS = ("-n", "--numprocesses", "--maxprocesses", "--dist", "-d", "--tx")

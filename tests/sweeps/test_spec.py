@@ -2,6 +2,7 @@
 figure drawn without ``analysis/`` (Ray workers must not import it). No Ray started here."""
 
 import json
+import os
 import subprocess
 import sys
 from argparse import Namespace
@@ -206,6 +207,7 @@ def test_resume_refuses_a_tuner_pickle_flatlm_did_not_write(tmp_path, monkeypatc
     from sweeps.trust import check_digest, digest_file, record_digest
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME")  # the suite sets one (tests/conftest.py)
     sweep = tmp_path / "ray_results" / "scaling"
     sweep.mkdir(parents=True)
     (sweep / "tuner.pkl").write_bytes(b"what Tune wrote")
@@ -349,6 +351,7 @@ def test_a_tampered_state_is_refused_even_with_trust_state_and_the_refusal_never
     from sweeps.trust import StateTampered, StateUnverified, record_digest
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME")  # the suite sets one (tests/conftest.py)
     sweep = tmp_path / "ray_results" / "scaling"
     sweep.mkdir(parents=True)
     sweep.chmod(0o755)
@@ -376,6 +379,7 @@ def test_the_cli_refusal_of_a_tampered_state_does_not_suggest_trust_state(
     from sweeps.trust import record_digest
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME")  # the suite sets one (tests/conftest.py)
     sweep = tmp_path / "ray_results" / "scaling"
     sweep.mkdir(parents=True)
     (sweep / "tuner.pkl").write_bytes(b"what Tune wrote")
@@ -529,3 +533,35 @@ def test_pack_defaults_to_on_only_where_trials_get_a_gpu():
     assert default_pack(sweep) == 1
     assert default_pack(replace(sweep, gpus_per_trial=0.5)) == CUDA_PACK
     assert default_pack(replace(sweep, gpus_per_trial=1, searcher="optuna")) == 1
+
+
+def test_the_digests_follow_xdg_cache_home_and_the_suite_keeps_its_own(tmp_path, monkeypatch):
+    """A record left in the home directory by an earlier run, at a path pytest handed out again,
+    refused a later run's resume (CI): the suite keeps its caches in a directory of its own, and
+    an absolute $XDG_CACHE_HOME is where the digests go (a relative one is ignored, as XDG says)."""
+    from sweeps.trust import digest_file
+
+    assert Path(os.environ["XDG_CACHE_HOME"]).name.startswith("flatlm-test-cache-")
+    sweep = tmp_path / "ray_results" / "scaling"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert digest_file(sweep).is_relative_to(tmp_path / "xdg" / "flatlm" / "tuner-digests")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert digest_file(sweep).is_relative_to(tmp_path / "home" / ".cache" / "flatlm")
+
+
+def test_a_new_sweep_forgets_the_digests_of_one_deleted_from_its_path(tmp_path, capsys):
+    """The record of a sweep deleted from a path is not the record of the next one started
+    there: its files, put back, must not verify."""
+    from sweeps.trust import check_digest, forget_digests, record_digest
+
+    sweep = tmp_path / "ray_results" / "scaling"
+    sweep.mkdir(parents=True)
+    (sweep / "tuner.pkl").write_bytes(b"the earlier sweep's state")
+    record_digest(sweep)
+    check_digest(sweep)
+    assert capsys.readouterr().err == ""  # recorded: verified without a word
+    forget_digests(sweep)
+    forget_digests(sweep)  # nothing recorded: nothing to do
+    check_digest(sweep)
+    assert "no digest of its state" in capsys.readouterr().err
