@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -84,6 +85,19 @@ def saturated(df: pd.DataFrame, *, kl_threshold: float | None = None,
     return pd.Series(True, index=df.index)
 
 
+@dataclass(frozen=True)
+class Bootstrap:
+    """The cluster bootstrap's settings, which travel together: ``n`` resamples of the runs,
+    the percentile interval's ``level``, the generator's ``seed``."""
+
+    n: int = N_BOOT
+    level: float = 0.95
+    seed: int = 0
+
+
+DEFAULT_BOOTSTRAP = Bootstrap()
+
+
 def has_truth_columns(df: pd.DataFrame) -> bool:
     """Whether the runs measured the entropy of a known truth (a synthetic source)."""
     return ENTROPY in df and not df[ENTROPY].isna().all()
@@ -91,7 +105,7 @@ def has_truth_columns(df: pd.DataFrame) -> bool:
 
 def correlation_table(df: pd.DataFrame, acc_key: str, *, x_keys=X_KEYS, control: str = LOSS,
                       kl_threshold: float | None = None, loss_tolerance: float | None = None,
-                      n_boot: int = N_BOOT, level: float = 0.95, seed: int = 0,
+                      boot: Bootstrap = DEFAULT_BOOTSTRAP,
                       min_runs: int = MIN_RUNS) -> pd.DataFrame:
     """Tidy table of correlations of ``acc_key`` with each of ``x_keys`` in the saturated rows.
 
@@ -99,9 +113,9 @@ def correlation_table(df: pd.DataFrame, acc_key: str, *, x_keys=X_KEYS, control:
     (x, method): columns ``y, x, method, control, n, runs, r, p, ci_low, ci_high``; methods
     ``pearson, spearman, kendall`` and, for x other than ``control``, ``partial_pearson,
     partial_spearman`` (controlling for ``control``). ``p`` and the interval come from the
-    cluster bootstrap over ``df["run_id"]`` (module docstring). Keys missing from ``df`` are
-    skipped. ``table.attrs``: ``rule``, ``level``, and ``note`` when the regime is empty or has
-    fewer than ``min_runs`` runs (also issued as a warning).
+    cluster bootstrap over ``df["run_id"]`` (module docstring; ``boot`` its settings). Keys
+    missing from ``df`` are skipped. ``table.attrs``: ``rule``, ``level``, and ``note`` when the
+    regime is empty or has fewer than ``min_runs`` runs (also issued as a warning).
     """
     if kl_threshold is None and loss_tolerance is None:
         raise ValueError("correlation_table needs a saturation rule: pass kl_threshold (e.g. "
@@ -113,7 +127,7 @@ def correlation_table(df: pd.DataFrame, acc_key: str, *, x_keys=X_KEYS, control:
     rule = saturation_rule(kl_threshold=kl_threshold, loss_tolerance=loss_tolerance, df=df)
     rows = df[saturated(df, kl_threshold=kl_threshold, loss_tolerance=loss_tolerance)]
     note = _regime_note(df, rows, rule, min_runs)
-    rng = np.random.default_rng(seed)
+    rng, n_boot, level = np.random.default_rng(boot.seed), boot.n, boot.level
     out = []
     for x in x_keys if len(rows) else ():
         if x not in rows or acc_key not in rows:
@@ -188,11 +202,11 @@ def partial_corr(x, y, z, *, method: str = "pearson") -> tuple[float, float]:
     return r, float(2 * stats.t.sf(abs(t), n - 3))
 
 
-def partial_correlation_ci(x, y, z, clusters, *, method: str = "spearman", n_boot: int = 1000,
-                           level: float = 0.95, seed: int = 0,
+def partial_correlation_ci(x, y, z, clusters, *, method: str = "spearman",
+                           boot: Bootstrap = DEFAULT_BOOTSTRAP,
                            constant_as: float | None = None) -> dict:
     """The partial correlation of x and y given z (``partial_corr``) with a cluster-bootstrap
-    percentile interval: each of ``n_boot`` resamples draws as many clusters (runs) as there are,
+    percentile interval: each of ``boot.n`` resamples draws as many clusters (runs) as there are,
     with replacement, and keeps all their rows. Returns ``r, ci_low, ci_high, n`` (rows), ``runs``
     (clusters), ``resamples`` (finite resampled statistics), ``distinct`` (distinct multisets
     of clusters drawn: with k clusters there are at most C(2k-1, k), 10 for k = 3, so few runs
@@ -206,19 +220,20 @@ def partial_correlation_ci(x, y, z, clusters, *, method: str = "spearman", n_boo
     r = partial_corr(x, y, z, method=method)[0] if len(x) >= 4 else math.nan
     out = {"r": r, "ci_low": math.nan, "ci_high": math.nan, "n": len(x), "runs": len(members),
            "resamples": 0, "distinct": 0, "constant": 0, "p": math.nan}
-    if len(members) < 2 or n_boot <= 0:
+    if len(members) < 2 or boot.n <= 0:
         return out
-    picks = np.random.default_rng(seed).integers(0, len(members), size=(n_boot, len(members)))
+    picks = np.random.default_rng(boot.seed).integers(0, len(members),
+                                                      size=(boot.n, len(members)))
     rows = [np.concatenate([members[c] for c in pick]) for pick in picks]
-    boot = np.array([_partial_or_nan(x, y, z, rows_b, method) for rows_b in rows])
+    resampled = np.array([_partial_or_nan(x, y, z, rows_b, method) for rows_b in rows])
     constant = np.array([len(rows_b) >= 4 and np.ptp(y[rows_b]) == 0 for rows_b in rows])
     if constant_as is not None:
-        boot[constant] = constant_as
-    finite = _untied(boot[np.isfinite(boot)])
+        resampled[constant] = constant_as
+    finite = _untied(resampled[np.isfinite(resampled)])
     out["distinct"] = len({tuple(sorted(pick)) for pick in picks.tolist()})
     out["resamples"], out["constant"] = int(finite.size), int(constant.sum())
     if finite.size:
-        alpha = (1 - level) / 2
+        alpha = (1 - boot.level) / 2
         out["ci_low"], out["ci_high"] = (float(q) for q in np.quantile(finite, [alpha, 1 - alpha]))
         tail = min((finite <= 0).sum(), (finite >= 0).sum())
         out["p"] = min(1.0, 2 * (tail + 1) / (finite.size + 1))

@@ -50,7 +50,7 @@ from analysis.claims import (
     acc,
     interval_verdict,
 )
-from analysis.correlate import partial_correlation_ci
+from analysis.correlate import Bootstrap, partial_correlation_ci
 from analysis.room import CEILING
 from analysis.same_training import merge_same_training
 from flatlm.measure import KL, TRACE_FISHER, TRACE_FISHER_GROWN
@@ -136,8 +136,8 @@ def _row(measure: str, label: str, group: pd.DataFrame, key: str, rule: VerdictR
          settings: Fig1Settings) -> dict:
     inside = group[group[KL] <= rule.saturation][[measure, key, KL, RUN]].dropna()
     res = partial_correlation_ci(inside[measure], inside[key], inside[KL], inside[RUN],
-                                 method=settings.method, n_boot=settings.n_boot,
-                                 level=rule.level, seed=settings.seed,
+                                 method=settings.method,
+                                 boot=Bootstrap(settings.n_boot, rule.level, settings.seed),
                                  constant_as=0.0 if settings.constant_as_zero else None)
     saturated = len(inside) >= 4 and res["runs"] >= 2
     enough = res["runs"] >= settings.min_runs

@@ -36,7 +36,9 @@ from pathlib import Path
 from analysis.checkpoints import RUN, short_name, varying_columns  # noqa: E402
 from analysis.conclusion import conclusion  # noqa: E402
 from analysis.correlate import (  # noqa: E402
+    DEFAULT_BOOTSTRAP,
     X_KEYS,
+    Bootstrap,
     correlation_markdown,
     correlation_table,
     saturated,
@@ -96,7 +98,7 @@ REPORT_FILES = ("fig1_accuracy_scatter.png", "fig2_over_steps.png", "fig3_over_s
 
 
 def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_tolerance=None,
-                 n_boot: int = 1000, seed: int = 0, sweep: str | None = None,
+                 boot: Bootstrap = DEFAULT_BOOTSTRAP, sweep: str | None = None,
                  when: datetime | None = None) -> tuple[list[Path], str]:
     """Write every output under ``out``; returns (paths, correlation Markdown). ``sweep``
     names the runs' source in ``conclusion.md``'s header (default: the runs' ``sweep``
@@ -106,10 +108,11 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
     regime = saturated(df, **rule)
     with warnings.catch_warnings():  # an empty or thin regime is said in the conclusion
         warnings.simplefilter("ignore", UserWarning)
-        table = correlation_table(df, acc_key, n_boot=n_boot, seed=seed, **rule)
+        table = correlation_table(df, acc_key, boot=boot, **rule)
     corr_md = correlation_markdown(table)
     paths = _figures(df, out, acc_key, regime, saturation_rule(**rule, df=df))
-    head = report_header(df, acc_key, sweep=sweep, when=when, n_boot=n_boot, seed=seed, **rule)
+    head = report_header(df, acc_key, sweep=sweep, when=when, n_boot=boot.n, seed=boot.seed,
+                         **rule)
     words = f"{head}\n\n{glance(df, acc_key, **rule)}\n\n{conclusion(df, table, acc_key, **rule)}"
     texts = {"correlations.md": corr_md + "\n", "conclusion.md": words + "\n"}
     write_csv(table.iloc[:0] if too_few_runs(table) else table, out / "correlations.csv")
@@ -123,7 +126,7 @@ def write_report(df, out: Path, acc_key: str, *, kl_threshold=None, loss_toleran
         what = _table_title(name, acc_key, [b for b in by if b in df])
         texts[f"{name}.md"] = f"{table_rule(summary, what)}\n\n{summary_markdown(summary)}\n"
     if regime.any():  # which checkpoint flatness would pick vs the loss (analysis/selection.py)
-        paths += write_selection(df, out, acc_key, n_boot=n_boot, seed=seed, **rule)
+        paths += write_selection(df, out, acc_key, n_boot=boot.n, seed=boot.seed, **rule)
     write_csv(df, out / "runs.csv")
     paths.append(out / "runs.csv")
     for name, text in texts.items():
@@ -215,7 +218,8 @@ def main(argv=None) -> int:
     if acc_key not in df:
         raise SystemExit(f"error: column {acc_key!r} not in the runs; pass --task")
     rule = dict(kl_threshold=args.kl_threshold, loss_tolerance=args.loss_tolerance)
-    paths, corr_md = write_report(df, args.out, acc_key, n_boot=args.n_boot, seed=args.seed,
+    paths, corr_md = write_report(df, args.out, acc_key,
+                                  boot=Bootstrap(args.n_boot, seed=args.seed),
                                   sweep=args.experiment or str(args.trials), **rule)
     n_regime = int(saturated(df, **rule).sum())
     print((args.out / "conclusion.md").read_text())

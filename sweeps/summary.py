@@ -19,6 +19,7 @@ from analysis.correlate import (
     MIN_RUNS,
     N_BOOT,
     RUN,
+    Bootstrap,
     correlation_markdown,
     correlation_table,
     saturated,
@@ -52,7 +53,7 @@ def summarise(sweep: Sweep, workdir: Path, tracking_uri: str | None, *,
     key, rule = accuracy_key(sweep), saturation(sweep)
     with warnings.catch_warnings():  # an empty or thin regime is said in the conclusion
         warnings.simplefilter("ignore", UserWarning)
-        table = correlation_table(runs, key, n_boot=_resamples(runs, rule), **rule)
+        table = correlation_table(runs, key, boot=Bootstrap(_resamples(runs, rule)), **rule)
     reach, words = _reach_first(conclusion(runs, table, key, **rule))
     if reach:  # what the runs cannot carry comes before any number (issue 42)
         print(f"\n{_paragraphs(reach)}")

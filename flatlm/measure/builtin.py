@@ -16,7 +16,7 @@ from flatlm.measure import TRACE_FISHER, se_key
 from flatlm.measure.curvature.beyond_trace import measure_beyond_trace
 from flatlm.measure.curvature.fisher import trace_fisher
 from flatlm.measure.curvature.flatness import data_hessian, measure_flatness
-from flatlm.measure.curvature.grown import grown_flatness
+from flatlm.measure.curvature.grown import grown_flatness, grown_model
 from flatlm.measure.landscape.critical import measure_critical
 from flatlm.measure.landscape.llc import measure_llc
 from flatlm.measure.landscape.precond import measure_precond
@@ -55,9 +55,10 @@ def run_flatness(model, source, data, cfg, device, artifact_dir) -> dict[str, fl
         compared = construction != cfg.growth_construction
         timed = "flatness_grown" + ("_" + construction.replace("-", "_") if compared else "")
         with timer(out, timed):
-            out.update(grown_flatness(model, cfg.grow_to, source, data.tokens, data.lengths,
-                                      cfg.flatness, device, hessian=hessian,
-                                      construction=construction, key_construction=compared))
+            big = grown_model(model, cfg.grow_to, construction=construction)
+            out.update(grown_flatness(big, source, data.tokens, data.lengths, cfg.flatness,
+                                      device, hessian=hessian,
+                                      construction=construction if compared else None))
     return out
 
 
@@ -78,10 +79,7 @@ def run_beyond_trace(model, source, data, cfg, device, artifact_dir) -> dict[str
     curvature operator (``measure.curvature.beyond_trace``)."""
     out = {}
     with timer(out, "landscape"):  # time/landscape_s: the committed records' key
-        out.update(measure_beyond_trace(
-            model, source, data.tokens, data.lengths, set(cfg.what), device,
-            flatness=cfg.flatness, spectrum=cfg.spectrum, sharpness=cfg.sharpness,
-            artifact_dir=artifact_dir))
+        out.update(measure_beyond_trace(model, source, data, cfg, device, artifact_dir))
     return out
 
 

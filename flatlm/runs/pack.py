@@ -35,6 +35,7 @@ from flatlm.runs.pack_measure import RoundMeasurer
 from flatlm.runs.pack_size import check_pack_size
 from flatlm.runs.trial import (
     Report,
+    Runtime,
     TrialConfig,
     TrialMeasurer,
     labelled_source,
@@ -164,8 +165,9 @@ def run_pack(cfgs: Sequence[TrialConfig], out_dirs: Sequence[str | Path],
                             on_progress)
     if packed:
         trained = _train_measured([cfgs[k] for k in packed], [out_dirs[k] for k in packed],
-                                  [reports[k] for k in packed], device, progress, eval_cache,
-                                  on_progress, on_round, batched_measure)
+                                  [reports[k] for k in packed],
+                                  Runtime(device, progress, eval_cache), on_progress, on_round,
+                                  batched_measure)
         for k, result in zip(packed, trained, strict=True):
             results[k] = result
     return results
@@ -179,8 +181,8 @@ def _alone(cfg, out_dir, report, device, progress, eval_cache, on_progress) -> M
         return e
 
 
-def _train_measured(cfgs, out_dirs, reports, device, progress, eval_cache, on_progress,
-                    on_round, batched_measure) -> list[MemberResult]:
+def _train_measured(cfgs, out_dirs, reports, runtime: Runtime, on_progress, on_round,
+                    batched_measure) -> list[MemberResult]:
     """The pack: every member validated and its measuring side built, then trained together."""
     source, model_cfg = validate_trial(cfgs[0])
     cfgs = [with_downstream_resolved(c, source) for c in cfgs]
@@ -192,11 +194,10 @@ def _train_measured(cfgs, out_dirs, reports, device, progress, eval_cache, on_pr
     with contextlib.ExitStack() as stack:
         for d in out_dirs:  # every member's directory ours before any work
             stack.enter_context(writer_lock(d))
-        measurers = _measurers(cfgs, source, model_cfg, out_dirs, reports, device, progress,
-                               eval_cache, watch)
+        measurers = _measurers(cfgs, source, model_cfg, out_dirs, reports, runtime, watch)
         hooks, after_round = measurers, on_round
         if batched_measure:  # the hooks record; each round is measured as one problem
-            rounds = RoundMeasurer(measurers, device)
+            rounds = RoundMeasurer(measurers, runtime.device)
             hooks = [rounds.hook(k) for k in range(len(measurers))]
             after_round = _chained(rounds.flush, on_round)
         for m, hook in zip(measurers, hooks, strict=True):
@@ -204,7 +205,8 @@ def _train_measured(cfgs, out_dirs, reports, device, progress, eval_cache, on_pr
         if after_round is not None:
             after_round()
         trained = train_pack([c.train for c in cfgs], source, model_cfg, out_dirs,
-                             device=device, on_checkpoint=hooks, progress=progress,
+                             device=runtime.device, on_checkpoint=hooks,
+                             progress=runtime.progress,
                              resume=True, on_step=watch.stepped,
                              on_round=None if after_round is None else lambda step: after_round(),
                              resume_before=[m.retrain_from() for m in measurers])
@@ -226,7 +228,7 @@ def _chained(first: Callable[[], None], then: Callable[[], None] | None) -> Call
     return both
 
 
-def _measurers(cfgs, source, model_cfg, out_dirs, reports, device, progress, eval_cache,
+def _measurers(cfgs, source, model_cfg, out_dirs, reports, runtime: Runtime,
                watch) -> list[TrialMeasurer]:
     """One ``TrialMeasurer`` per member; members measured alike share their evaluation data."""
     shared: dict[str, TrialMeasurer] = {}
@@ -234,8 +236,8 @@ def _measurers(cfgs, source, model_cfg, out_dirs, reports, device, progress, eva
     for cfg, d, report in zip(cfgs, out_dirs, reports, strict=True):
         key = json.dumps(to_dict(cfg.measure), sort_keys=True, default=str)
         data = shared[key].data if key in shared else None
-        m = TrialMeasurer(cfg, source, model_cfg, d, report, device=device, progress=progress,
-                          eval_cache=eval_cache, watch=watch, data=data)
+        m = TrialMeasurer(cfg, source, model_cfg, d, report, runtime=runtime, watch=watch,
+                          data=data)
         shared.setdefault(key, m)
         measurers.append(m)
     return measurers

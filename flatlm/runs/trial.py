@@ -292,8 +292,8 @@ def run_trial(cfg: TrialConfig, out_dir: str | Path, report: Report | None = Non
                               measure_prior_s=measure_prior_s)
         if measure_in == "background":
             return _train_only(cfg, source, model_cfg, out_dir, device, progress, watch)
-        return _run_trial(cfg, source, model_cfg, out_dir, report, device, progress, eval_cache,
-                          watch)
+        return _run_trial(cfg, source, model_cfg, out_dir, report,
+                          Runtime(device, progress, eval_cache), watch)
 
 
 def run_trial_once(cfg: TrialConfig, out_dir: str | Path, report: Report | None = None,
@@ -337,17 +337,28 @@ def _train_only(cfg, source, model_cfg, out_dir: Path, device, progress,
     return read_metrics(out_dir)
 
 
-def _run_trial(cfg, source, model_cfg, out_dir: Path, report, device, progress,
-               eval_cache, watch: TrialProgress) -> dict[int, dict]:
+def _run_trial(cfg, source, model_cfg, out_dir: Path, report, runtime: Runtime,
+               watch: TrialProgress) -> dict[int, dict]:
     from flatlm.train.loop import train
 
-    measurer = TrialMeasurer(cfg, source, model_cfg, out_dir, report, device=device,
-                             progress=progress, eval_cache=eval_cache, watch=watch)
+    measurer = TrialMeasurer(cfg, source, model_cfg, out_dir, report, runtime=runtime,
+                             watch=watch)
     measurer.catch_up()
-    train(cfg.train, source, model_cfg, out_dir, device=device, on_checkpoint=measurer,
-          progress=progress, resume=True, on_step=watch.stepped,
-          resume_before=measurer.retrain_from())
+    train(cfg.train, source, model_cfg, out_dir, device=runtime.device,
+          on_checkpoint=measurer, progress=runtime.progress, resume=True,
+          on_step=watch.stepped, resume_before=measurer.retrain_from())
     return measurer.done
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where a trial's measuring side runs and what it shows, which travel together from
+    ``run_trial`` / ``run_pack`` to each ``TrialMeasurer``: the device, console bars, and the
+    sweep's shared evaluation cache (``run_trial``'s ``eval_cache``; None: the trial's own)."""
+
+    device: str | torch.device = "cpu"
+    progress: bool = False
+    eval_cache: str | Path | None = None
 
 
 @dataclass(frozen=True)
@@ -369,14 +380,15 @@ class TrialMeasurer:
     ``train_pack``. ``done``: step -> metrics of every checkpoint measured so far.
     ``data``: the evaluation data already built (members of a pack measured alike share it)."""
 
-    def __init__(self, cfg: TrialConfig, source, model_cfg, out_dir: Path, report, *, device,
-                 progress: bool, eval_cache, watch: TrialProgress, data: EvalData | None = None):
+    def __init__(self, cfg: TrialConfig, source, model_cfg, out_dir: Path, report, *,
+                 runtime: Runtime, watch: TrialProgress, data: EvalData | None = None):
         self.cfg, self.source, self.out_dir, self.report = cfg, source, out_dir, report
-        self.device, self.progress, self.watch = device, progress, watch
+        self.device, self.progress, self.watch = runtime.device, runtime.progress, watch
         write_text(out_dir / "config.json", json.dumps(to_dict(cfg), indent=2) + "\n")
         if data is None:
             watch.preparing("preparing the evaluation data")
-            data = eval_data(source, cfg.measure, model_cfg, device=device, cache_dir=eval_cache)
+            data = eval_data(source, cfg.measure, model_cfg, device=runtime.device,
+                             cache_dir=runtime.eval_cache)
         self.data = data
         self.done = read_metrics(out_dir)
         self.trained_here = not (out_dir / TRAINED_BY).exists()  # else: another trial trained it

@@ -24,6 +24,7 @@ from scipy import stats  # noqa: E402
 
 from analysis.correlate import (  # noqa: E402
     TABLE_COLUMNS,
+    Bootstrap,
     correlation_markdown,
     correlation_table,
     partial_corr,
@@ -189,7 +190,7 @@ def _row(table, x, method):
 
 
 def test_recovers_the_known_correlations(runs):
-    table = correlation_table(runs, ACC, kl_threshold=0.01, n_boot=400, seed=0)
+    table = correlation_table(runs, ACC, kl_threshold=0.01, boot=Bootstrap(400, seed=0))
     assert set(table["n"]) == {24} and set(table["runs"]) == {12}
     assert len(table) == 3 * 3 + 2 * 2  # 3 methods per x; partials for the two flatness keys
     fisher = _row(table, TRACE_FISHER, "pearson")
@@ -215,15 +216,15 @@ def test_outside_the_regime_the_loss_dominates(runs):
     """A rule admitting every checkpoint lets the early ones (accuracy tied to the loss) swamp
     the result, which is why a rule is required."""
     with pytest.raises(ValueError, match="needs a saturation rule"):
-        correlation_table(runs, ACC, n_boot=100)
-    table = correlation_table(runs, ACC, kl_threshold=math.inf, n_boot=100)
+        correlation_table(runs, ACC, boot=Bootstrap(100))
+    table = correlation_table(runs, ACC, kl_threshold=math.inf, boot=Bootstrap(100))
     assert _row(table, LOSS, "pearson").r < -0.9
 
 
 def test_empty_regime_gives_an_empty_table_and_the_reason(runs):
     with pytest.warns(UserWarning, match=r"no checkpoint satisfies .*pretrain/kl < 1e-06 "
                                          r"\(smallest pretrain/kl seen: 0.00[0-9]+"):
-        table = correlation_table(runs, ACC, kl_threshold=1e-6, n_boot=10)
+        table = correlation_table(runs, ACC, kl_threshold=1e-6, boot=Bootstrap(10))
     assert table.empty and list(table.columns) == list(TABLE_COLUMNS)
     smallest = f"{runs[KL].min():.3g}"
     assert smallest in table.attrs["note"] and smallest in correlation_markdown(table)
@@ -232,7 +233,7 @@ def test_empty_regime_gives_an_empty_table_and_the_reason(runs):
 def test_few_runs_warn(runs):
     few = runs[runs["run_id"].isin(runs["run_id"].unique()[:3])]
     with pytest.warns(UserWarning, match=r"only 3 run\(s\) in the regime"):
-        table = correlation_table(few, ACC, kl_threshold=0.01, n_boot=50)
+        table = correlation_table(few, ACC, kl_threshold=0.01, boot=Bootstrap(50))
     assert set(table["runs"]) == {3} and set(table["n"]) == {6}
     with pytest.raises(ValueError, match="no 'run_id' column"):
         correlation_table(runs.drop(columns="run_id"), ACC, kl_threshold=0.01)
@@ -244,7 +245,7 @@ def test_bootstrap_resamples_runs_not_checkpoints(runs):
     bootstrap would shrink the interval by about sqrt(5).)"""
     regime = runs[saturated(runs, kl_threshold=0.01)]
     copies = pd.concat([regime] * 5, ignore_index=True)
-    one, five = (correlation_table(d, ACC, kl_threshold=0.01, n_boot=300, seed=1,
+    one, five = (correlation_table(d, ACC, kl_threshold=0.01, boot=Bootstrap(300, seed=1),
                                    x_keys=(TRACE_FISHER,)) for d in (regime, copies))
     a, b = _row(one, TRACE_FISHER, "pearson"), _row(five, TRACE_FISHER, "pearson")
     assert b.n == 5 * a.n and a.runs == b.runs == 12
@@ -253,9 +254,9 @@ def test_bootstrap_resamples_runs_not_checkpoints(runs):
 
 
 def test_bootstrap_is_seeded(runs):
-    a = correlation_table(runs, ACC, kl_threshold=0.01, n_boot=200, seed=3)
-    b = correlation_table(runs, ACC, kl_threshold=0.01, n_boot=200, seed=3)
-    c = correlation_table(runs, ACC, kl_threshold=0.01, n_boot=200, seed=4)
+    a = correlation_table(runs, ACC, kl_threshold=0.01, boot=Bootstrap(200, seed=3))
+    b = correlation_table(runs, ACC, kl_threshold=0.01, boot=Bootstrap(200, seed=3))
+    c = correlation_table(runs, ACC, kl_threshold=0.01, boot=Bootstrap(200, seed=4))
     pd.testing.assert_frame_equal(a, b)
     assert not np.allclose(a["ci_low"], c["ci_low"])
 
@@ -411,7 +412,7 @@ def test_conclusion_counts_runs_not_checkpoints(runs):
 
     few = runs[runs["run_id"].isin(runs["run_id"].unique()[:3])]
     with pytest.warns(UserWarning):
-        table = correlation_table(few, ACC, kl_threshold=0.01, n_boot=50)
+        table = correlation_table(few, ACC, kl_threshold=0.01, boot=Bootstrap(50))
     words = conclusion(few, table, ACC, kl_threshold=0.01)
     assert "6 checkpoints of 3 runs" in words and "fewer than 5" in words
     assert "flatter" not in words  # nothing read off three runs

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from analysis.claims import NO_SIZE, NOT_SATURATED, REPRODUCES, VerdictRule
-from analysis.correlate import partial_correlation_ci
+from analysis.correlate import Bootstrap, partial_correlation_ci
 from analysis.fig1 import Fig1Settings, fig1_rows
 
 ACC_B, TR, TR_GROWN, KL = ("probe/B/acc_mean", "flat/trace_fisher", "flat/trace_fisher_grown",
@@ -58,7 +58,7 @@ def test_partial_correlation_matches_the_hand_computation():
 def test_the_interval_is_a_cluster_bootstrap_over_runs():
     df = table(runs=5)
     res = partial_correlation_ci(df[TR], df[ACC_B], df[KL], df["run_id"], method="pearson",
-                                 n_boot=300, seed=7)
+                                 boot=Bootstrap(300, seed=7))
     # by hand: the same draws of runs, all of each drawn run's checkpoints
     runs = pd.factorize(df["run_id"])[0]
     picks = np.random.default_rng(7).integers(0, 5, size=(300, 5))
@@ -77,7 +77,7 @@ def test_the_interval_is_a_cluster_bootstrap_over_runs():
 
 def test_two_runs_have_at_most_three_distinct_resamples():
     df = table(runs=2, per_run=4)
-    res = partial_correlation_ci(df[TR], df[ACC_B], df[KL], df["run_id"], n_boot=100)
+    res = partial_correlation_ci(df[TR], df[ACC_B], df[KL], df["run_id"], boot=Bootstrap(100))
     assert res["distinct"] == 3  # {a, a}, {a, b}, {b, b}
 
 

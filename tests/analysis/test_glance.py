@@ -14,7 +14,7 @@ pytest.importorskip("matplotlib")
 
 from analysis.checkpoints import final_checkpoints  # noqa: E402
 from analysis.conclusion import conclusion  # noqa: E402
-from analysis.correlate import correlation_markdown, correlation_table  # noqa: E402
+from analysis.correlate import Bootstrap, correlation_markdown, correlation_table  # noqa: E402
 from analysis.figure_marks import bulk_range  # noqa: E402
 from analysis.report import write_report  # noqa: E402
 from analysis.run_table import glance, left_out, render, run_table  # noqa: E402
@@ -37,7 +37,7 @@ RULE = {"kl_threshold": 0.05}
 def _correlations(df, key, **kw):
     with warnings.catch_warnings():  # few runs: the warning is the conclusion's to say
         warnings.simplefilter("ignore", UserWarning)
-        return correlation_table(df, key, n_boot=100, **RULE, **kw)
+        return correlation_table(df, key, boot=Bootstrap(100), **RULE, **kw)
 
 
 def _words(df, key):
@@ -255,7 +255,7 @@ def test_an_algorithms_sweep_is_judged_on_the_task_its_adversary_attacks():
 def test_the_report_writes_its_figures_without_warnings(tmp_path, runs, key, figures):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        paths, _ = write_report(fragmented(runs()), tmp_path, key, n_boot=50, **RULE)
+        paths, _ = write_report(fragmented(runs()), tmp_path, key, boot=Bootstrap(50), **RULE)
     assert [str(w.message)[:80] for w in caught] == []
     assert {p.name for p in paths if p.name.startswith("fig")} == figures
     text = (tmp_path / "conclusion.md").read_text()
@@ -263,7 +263,7 @@ def test_the_report_writes_its_figures_without_warnings(tmp_path, runs, key, fig
 
 
 def test_a_one_size_sweep_writes_no_over_size_figure(tmp_path):
-    paths, _ = write_report(algorithm_runs(), tmp_path, B, n_boot=50, **RULE)
+    paths, _ = write_report(algorithm_runs(), tmp_path, B, boot=Bootstrap(50), **RULE)
     assert "fig3_over_size.png" not in {p.name for p in paths}
     assert not (tmp_path / "fig3_over_size.png").exists()
 
@@ -336,8 +336,7 @@ def test_the_summary_draws_no_bootstrap_it_would_not_show(capsys, monkeypatch):
     asked = []
     real = summary.correlation_table
     monkeypatch.setattr(summary, "correlation_table",
-                        lambda *a, n_boot, **kw: asked.append(n_boot) or real(*a, n_boot=n_boot,
-                                                                              **kw))
+                        lambda *a, boot, **kw: asked.append(boot.n) or real(*a, boot=boot, **kw))
     few = _summary(capsys, monkeypatch, scaling_runs(), verbose=True)
     assert asked == [0] and "Correlations left out: 3 run(s)" in few
     six = pd.concat([scaling_runs().assign(run_id=lambda d, i=i: d["run_id"] + f"-{i}",

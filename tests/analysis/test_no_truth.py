@@ -15,7 +15,7 @@ pytest.importorskip("matplotlib")
 REPO = Path(__file__).resolve().parents[2]
 
 from analysis.conclusion import conclusion  # noqa: E402
-from analysis.correlate import correlation_table, saturated, saturation_rule  # noqa: E402
+from analysis.correlate import Bootstrap, correlation_table, saturated, saturation_rule  # noqa: E402
 from analysis.tables import summary_table  # noqa: E402
 from flatlm.measure import LOSS, TRACE_FISHER  # noqa: E402
 
@@ -37,7 +37,7 @@ def runs() -> pd.DataFrame:
 def test_a_kl_rule_selects_nothing_and_says_use_the_loss_tolerance(runs):
     assert not saturated(runs, kl_threshold=0.1).any()
     with pytest.warns(UserWarning, match="measured no pretrain/kl"):
-        table = correlation_table(runs, ACC, kl_threshold=0.1, n_boot=50)
+        table = correlation_table(runs, ACC, kl_threshold=0.1, boot=Bootstrap(50))
     assert table.empty
     assert "use --loss-tolerance" in conclusion(runs, table, ACC, kl_threshold=0.1)
 
@@ -51,7 +51,7 @@ def test_the_loss_rule_is_to_the_lowest_loss_reached(runs):
     assert rule == "pretrain/loss - min pretrain/loss (no truth) <= 0.35"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        table = correlation_table(runs, ACC, loss_tolerance=0.35, n_boot=50)
+        table = correlation_table(runs, ACC, loss_tolerance=0.35, boot=Bootstrap(50))
     assert set(table["x"]) == {TRACE_FISHER, LOSS} and (table["n"] == sum(expected)).all()
     summary = summary_table(runs, ACC, keys=("step", LOSS), match_loss=True)
     assert summary["step mean"].tolist() == [30.0]  # final checkpoints: no KL to match on

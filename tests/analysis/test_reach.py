@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("scipy")
 
 from analysis.conclusion import conclusion  # noqa: E402
-from analysis.correlate import correlation_table  # noqa: E402
+from analysis.correlate import Bootstrap, correlation_table  # noqa: E402
 from analysis.reach import CAN, CANNOT, equal_loss  # noqa: E402
 from tests.analysis.glance_runs import algorithm_runs, scaling_runs, steps_runs  # noqa: E402
 
@@ -20,7 +20,7 @@ RULE = {"kl_threshold": 0.05}
 def _words(df, key):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        table = correlation_table(df, key, n_boot=50, **RULE)
+        table = correlation_table(df, key, boot=Bootstrap(50), **RULE)
     return conclusion(df, table, key, **RULE)
 
 

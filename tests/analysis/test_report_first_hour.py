@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("scipy")
 pytest.importorskip("matplotlib")
 
+from analysis.correlate import Bootstrap  # noqa: E402
 from analysis.report import write_report  # noqa: E402
 from tests.analysis.glance_runs import readme_runs, steps_runs  # noqa: E402
 
@@ -23,7 +24,7 @@ DOCS_IMAGES = Path(__file__).parents[2] / "docs" / "images"
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("first_hour")
-    paths, _ = write_report(readme_runs(), out, A, n_boot=50, kl_threshold=0.05, when=WHEN,
+    paths, _ = write_report(readme_runs(), out, A, boot=Bootstrap(50), kl_threshold=0.05, when=WHEN,
                             sweep="scaling")
     return out, {p.name for p in paths}
 
@@ -84,14 +85,14 @@ def test_equal_loss_is_said_where_the_kls_are_within_two_standard_errors(tmp_pat
     df = readme_runs()
     last = df["step"] == 2000
     df.loc[last, "pretrain/kl"] = [0.0400, 0.0410, 0.0405]  # within 2 s.e. (0.0017) of each
-    write_report(df, tmp_path, A, n_boot=50, kl_threshold=0.05, when=WHEN)
+    write_report(df, tmp_path, A, boot=Bootstrap(50), kl_threshold=0.05, when=WHEN)
     rule = (tmp_path / "table1_by_algorithm.md").read_text().split("\n\n")[0]
     assert "at equal loss (KL 0.04 to 0.041 nats/token, within 2 s.e.)" in rule
     assert "# Report: sweep `scaling`" in (tmp_path / "conclusion.md").read_text()
 
 
 def test_five_runs_get_their_correlations(tmp_path):
-    write_report(steps_runs(5), tmp_path, A, n_boot=50, kl_threshold=0.05, when=WHEN)
+    write_report(steps_runs(5), tmp_path, A, boot=Bootstrap(50), kl_threshold=0.05, when=WHEN)
     assert "| y | x | method |" in (tmp_path / "correlations.md").read_text()
     assert len(pd.read_csv(tmp_path / "correlations.csv")) > 0
     assert "| selector | statistic |" in (tmp_path / "selection.md").read_text()

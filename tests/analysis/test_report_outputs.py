@@ -9,6 +9,7 @@ pytest.importorskip("scipy")
 pytest.importorskip("matplotlib")
 
 from analysis import replication, report  # noqa: E402
+from analysis.correlate import Bootstrap  # noqa: E402
 from tests.analysis.glance_runs import readme_runs, steps_runs  # noqa: E402
 from tests.inprocess import run_main  # noqa: E402
 
@@ -45,6 +46,6 @@ def test_replication_refuses_a_link_among_its_outputs_before_any_work(tmp_path):
 @pytest.mark.parametrize("runs", [readme_runs, steps_runs])
 def test_report_files_lists_every_file_the_report_writes(tmp_path, runs):
     """The list checked before any write is the list of what is written."""
-    paths, _ = report.write_report(runs(), tmp_path, A, n_boot=20, kl_threshold=0.05)
+    paths, _ = report.write_report(runs(), tmp_path, A, boot=Bootstrap(20), kl_threshold=0.05)
     assert {p.name for p in paths} <= set(report.REPORT_FILES)
     assert {p.name for p in tmp_path.iterdir()} <= set(report.REPORT_FILES)

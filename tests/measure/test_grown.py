@@ -83,8 +83,8 @@ def test_grown_trace_fisher_is_measured_in_the_grown_shape(construction, target)
     assert abs(dense_grown - native) > 0.1 * native
     tokens, lengths = replicated_pool(400)  # 2400 inputs
     cfg = FlatnessConfig(n_inputs=len(tokens), batch_size=800, seed=5)
-    out = grown_flatness(small, target, None, tokens, lengths, cfg, seed=3,
-                         construction=construction)
+    big = grown_model(small, target, seed=3, construction=construction)
+    out = grown_flatness(big, None, tokens, lengths, cfg)
     assert set(out) == {TRACE_FISHER_GROWN, se_key(TRACE_FISHER_GROWN)}
     est, se = out[TRACE_FISHER_GROWN], out[se_key(TRACE_FISHER_GROWN)]
     assert abs(est - dense_grown) < 3 * se < 0.1 * dense_grown, (est, se, dense_grown, native)
@@ -139,12 +139,12 @@ def test_measure_model_logs_native_and_grown_keys(src):
     assert grown_key(TRACE_HESSIAN) == TRACE_HESSIAN_GROWN and "time/flatness_grown_s" in out
     assert "time/flatness_grown_head_norm_s" in out
     for construction in CONSTRUCTIONS:  # each key is its construction's
-        alone = grown_flatness(model, BIG, src, tokens, lengths, cfg.flatness,
-                               construction=construction)
+        alone = grown_flatness(grown_model(model, BIG, construction=construction), src,
+                               tokens, lengths, cfg.flatness)
         key = grown_key(TRACE_FISHER, None if construction == "paper" else construction)
         assert alone[TRACE_FISHER_GROWN] == pytest.approx(out[key], rel=1e-10)
     # growing into the model's own shape is the identity: the same estimate as the native one
-    same = grown_flatness(model, SMALL, src, tokens, lengths, cfg.flatness)
+    same = grown_flatness(grown_model(model, SMALL), src, tokens, lengths, cfg.flatness)
     assert same[TRACE_FISHER_GROWN] == pytest.approx(out[TRACE_FISHER], rel=1e-10)
 
 

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from flatlm.measure.curvature.blocks import block_metrics, block_traces
-from flatlm.measure.curvature.common import FlatnessConfig, masked_inputs, selected_parameters
+from flatlm.measure.curvature.common import masked_inputs, selected_parameters
 from flatlm.measure.curvature.flatness import soft_labels
 from flatlm.measure.curvature.hvp import CurvatureOperator
 from flatlm.measure.curvature.spectrum import (
@@ -28,20 +27,20 @@ from flatlm.measure.curvature.spectrum import (
     slq_metrics,
     write_density,
 )
-from flatlm.measure.landscape.sharpness import SharpnessConfig, measure_sharpness
+from flatlm.measure.landscape.sharpness import measure_sharpness
 from flatlm.sources.base import Source
 
 
-def measure_beyond_trace(model: nn.Module, source: Source, tokens: torch.Tensor,
-                         lengths: torch.Tensor, what, device, *, flatness: FlatnessConfig,
-                         spectrum: SpectrumConfig, sharpness: SharpnessConfig,
-                         artifact_dir: str | Path | None = None) -> dict[str, float]:
-    """The metrics of the measurements in ``what`` (any of eigen, density, blocks, sharpness;
-    other names are not this function's)."""
+def measure_beyond_trace(model: nn.Module, source: Source, data, cfg,
+                         device, artifact_dir: str | Path | None = None) -> dict[str, float]:
+    """The metrics of the measurements in ``cfg.what`` (any of eigen, density, blocks,
+    sharpness; other names are not this function's), on ``data.tokens`` / ``data.lengths``
+    (a ``measure.run.EvalData``) under ``cfg`` (a ``MeasureConfig``: its flatness, spectrum
+    and sharpness settings)."""
+    what, tokens, lengths, flatness = set(cfg.what), data.tokens, data.lengths, cfg.flatness
     out: dict[str, float] = {}
-    if {"eigen", "density"} & set(what):
-        out.update(_spectrum(model, source, tokens, lengths, what, device, flatness, spectrum,
-                             artifact_dir))
+    if {"eigen", "density"} & what:
+        out.update(_spectrum(model, source, data, cfg, device, artifact_dir))
     if "blocks" in what:
         x = masked_inputs(tokens, lengths, flatness.seed, n=flatness.n_inputs)
         n = len(x)
@@ -49,25 +48,26 @@ def measure_beyond_trace(model: nn.Module, source: Source, tokens: torch.Tensor,
         out.update(block_metrics(block_traces(model, tokens, lengths, flatness, q,
                                               device=device)))
     if "sharpness" in what:
-        out.update(measure_sharpness(model, source, tokens, lengths, sharpness,
+        out.update(measure_sharpness(model, source, tokens, lengths, cfg.sharpness,
                                      flatness.exclude, device))
     return out
 
 
-def _spectrum(model, source, tokens, lengths, what, device, flatness: FlatnessConfig,
-              cfg: SpectrumConfig, artifact_dir) -> dict[str, float]:
-    n = min(cfg.n_inputs, len(tokens))
-    x = masked_inputs(tokens, lengths, cfg.seed, n=n)
-    q = soft_labels(source, tokens[:n], lengths[:n], x.positions, device=device)
-    params = list(selected_parameters(model, flatness.exclude).values())
-    hessian = CurvatureOperator(model, params, x, q, cfg.batch_size, device)
+def _spectrum(model, source, data, cfg, device, artifact_dir) -> dict[str, float]:
+    spectrum: SpectrumConfig = cfg.spectrum
+    n = min(spectrum.n_inputs, len(data.tokens))
+    x = masked_inputs(data.tokens, data.lengths, spectrum.seed, n=n)
+    q = soft_labels(source, data.tokens[:n], data.lengths[:n], x.positions, device=device)
+    params = list(selected_parameters(model, cfg.flatness.exclude).values())
+    hessian = CurvatureOperator(model, params, x, q, spectrum.batch_size, device)
     out = {}
-    if "eigen" in what:
-        fisher = CurvatureOperator(model, params, x, None, cfg.batch_size, device, fisher=True)
-        out.update(eigen_metrics(hessian, fisher, cfg))
-    if "density" in what:
-        sketch = slq(hessian, min(cfg.slq_probes, n), cfg.slq_steps, cfg.seed + 4)
+    if "eigen" in cfg.what:
+        fisher = CurvatureOperator(model, params, x, None, spectrum.batch_size, device,
+                                   fisher=True)
+        out.update(eigen_metrics(hessian, fisher, spectrum))
+    if "density" in cfg.what:
+        sketch = slq(hessian, min(spectrum.slq_probes, n), spectrum.slq_steps, spectrum.seed + 4)
         out.update(slq_metrics(sketch))
         if artifact_dir is not None:
-            write_density(sketch, cfg, Path(artifact_dir), {"n_inputs": n})
+            write_density(sketch, spectrum, Path(artifact_dir), {"n_inputs": n})
     return out

@@ -16,11 +16,12 @@ models (1500 steps) grown to d64-h4-l2-i256 have Tr(F) 264 / 132 / 90 by the pap
 90 by "head-norm" (``bench/growth_constructions.py``): the largest is the flattest by one, the
 sharpest by the other. A Fig. 5 verdict depends on it: measure both (``measure.growth_compare``).
 
-``grown_flatness`` grows a checkpoint's model into that shape and measures it with the estimators
-of ``measure.flatness`` on the same inputs and seeds, under the keys ``grown_key(key)``:
+``grown_model`` grows a checkpoint's model into that shape and ``grown_flatness`` measures it
+with the estimators of ``measure.flatness`` on the same inputs and seeds, under the keys
+``grown_key(key)``:
 ``flat/trace_fisher_grown`` and, with ``hessian=True``, ``flat/trace_hessian_grown`` and
-``flat/hessian_fisher_gap_grown`` (each with its ``_se``); with ``key_construction`` the
-construction's name follows (``flat/trace_fisher_grown_head_norm``). Under "head-norm" the
+``flat/hessian_fisher_gap_grown`` (each with its ``_se``); given a ``construction`` its
+name follows (``flat/trace_fisher_grown_head_norm``). Under "head-norm" the
 parameters the growth leaves free (query, key, value and MLP up-projection of added blocks) are
 drawn from ``seed``; they reach the traces through the zeroed output projections of added blocks,
 so fix ``seed`` across a sweep ("paper" sets them to zero).
@@ -105,8 +106,7 @@ def grown_model(model: nn.Module, target: str | ModelConfig, *, seed: int = 0,
 
 
 def grown_flatness(
-    model: nn.Module,
-    target: str | ModelConfig,
+    big: nn.Module,
     source: Source,
     tokens: torch.Tensor,
     lengths: torch.Tensor,
@@ -114,24 +114,21 @@ def grown_flatness(
     device: str | torch.device | None = None,
     *,
     hessian: bool = False,
-    seed: int = 0,
-    construction: str = DEFAULT_CONSTRUCTION,
-    key_construction: bool = False,
+    construction: str | None = None,
 ) -> dict[str, float]:
-    """Tr(F) (and with ``hessian`` Tr(H) and the gap) of ``model`` grown into ``target`` by
-    ``construction``, on the inputs and seeds ``measure_flatness`` would use, under ``grown_key``
-    keys (with ``key_construction``, the construction's name in them)."""
+    """Tr(F) (and with ``hessian`` Tr(H) and the gap) of ``big``, a model ``grown_model`` grew,
+    on the inputs and seeds ``measure_flatness`` would use, under ``grown_key`` keys (with
+    ``construction``, its name in them: a compared construction's)."""
     from flatlm.measure.curvature.fisher import trace_fisher
     from flatlm.measure.curvature.flatness import measure_flatness
 
-    big = grown_model(model, target, seed=seed, construction=construction).eval()
+    big = big.eval()
     if hessian:
         out = measure_flatness(big, source, tokens, lengths, cfg, device)
     else:
         fisher = trace_fisher(big, tokens, lengths, cfg, device=device)
         out = {TRACE_FISHER: fisher["mean"], se_key(TRACE_FISHER): fisher["se"]}
-    tag = construction if key_construction else None
-    return {_grown(k, tag): v for k, v in out.items()}
+    return {_grown(k, construction): v for k, v in out.items()}
 
 
 def _grown(key: str, construction: str | None) -> str:
