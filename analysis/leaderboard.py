@@ -1,14 +1,18 @@
 """The head-to-head of measures (issue 25): among masked LMs at the same pre-training loss, which
 measure predicts downstream probe accuracy?
 
-    python analysis/leaderboard.py --trials DIR --out DIR [--kl-threshold 0.02] [--tasks A,B,C]
-        [--n-boot 2000] [--seed 0] [--measures K1,K2] [--wall-min M] [--hardware TEXT]
+    python analysis/leaderboard.py --trials DIR --out DIR [--kl-threshold 0.02] [--kl-from LOW]
+        [--tasks A,B,C] [--n-boot 2000] [--seed 0] [--measures K1,K2] [--wall-min M]
+        [--hardware TEXT]
 
 **Candidates** of a (measure, task): the checkpoints in the saturated window
 (``analysis.correlate.saturated``: ``pretrain/kl`` below ``--kl-threshold``) whose probe accuracy
-``probe/<task>/acc_mean``, loss and measure are all finite. A measure is read as a selector: its
-lowest value is picked (flatter, lower LLC, less noise-sensitive), except the CKA with the truth
-(``cka/*``: higher = more truth-like), which enters with its sign flipped.
+``probe/<task>/acc_mean``, loss and measure are all finite. With ``--kl-from LOW`` the window is
+a *matched* one instead, ``LOW <= pretrain/kl < --kl-threshold``: a band around a common target
+below saturation (testbed v2's 0.7), where the runs' losses are matched rather than saturated.
+A measure is read as a selector: its lowest value is picked (flatter, lower LLC, less
+noise-sensitive), except the CKA with the truth (``cka/*``: higher = more truth-like), which
+enters with its sign flipped.
 
 **Groups**, reported apart: ``one shape``, the runs of the shape most runs in the window have,
 with every measure; ``all sizes``, every run, with only the measures comparable across shapes
@@ -57,6 +61,7 @@ from analysis.trials import load_trials
 from flatlm.core.flags import COUNT, POSITIVE, SEED
 from flatlm.measure import (
     CRITICAL_SHARPNESS,
+    KL,
     LLC,
     LOSS,
     PRECOND_SHARPNESS,
@@ -216,6 +221,24 @@ class Board:
     tasks: list[str]
     level: float = LEVEL
     notes: list[str] = field(default_factory=list)
+    matched: bool = False  # the window is a band around a target KL, not the saturated regime
+
+
+def in_window(df: pd.DataFrame, kl_threshold: float, kl_from: float | None = None) -> pd.Series:
+    """The rows in the window: ``pretrain/kl < kl_threshold`` (saturated), and with
+    ``kl_from`` also ``>= kl_from`` (a matched band)."""
+    inside = saturated(df, kl_threshold=kl_threshold)
+    if kl_from is None:
+        return inside
+    if not kl_from < kl_threshold:
+        raise ValueError(f"--kl-from {kl_from:g}: the band's lower edge must lie below "
+                         f"--kl-threshold {kl_threshold:g}")
+    return inside & (df[KL] >= kl_from).fillna(False).astype(bool)
+
+
+def window_rule(kl_threshold: float, kl_from: float | None = None) -> str:
+    rule = saturation_rule(kl_threshold=kl_threshold)
+    return rule if kl_from is None else f"{kl_from:g} <= {rule}"
 
 
 def split_groups(window: pd.DataFrame, acc_keys, measures) -> list[Group]:
@@ -298,11 +321,11 @@ def of_protocols(df: pd.DataFrame, protocols: list[str] | None) -> pd.DataFrame:
 
 
 def leaderboard(df: pd.DataFrame, *, tasks=TASKS, kl_threshold: float = KL_THRESHOLD,
-                measures=None, n_boot: int = 2000, seed: int = 0,
+                kl_from: float | None = None, measures=None, n_boot: int = 2000, seed: int = 0,
                 level: float = LEVEL) -> Board:
     """The leaderboard of ``measures`` (default: every one present, ``measure_keys``) on the
     checkpoints of ``df`` (``analysis.trials.load_trials``) in the window ``pretrain/kl <
-    kl_threshold``."""
+    kl_threshold`` (and ``>= kl_from``, a matched band, when given: ``in_window``)."""
     acc_keys = {t: probe_key(t) for t in tasks}
     measures = list(measures or measure_keys(df.columns))
     missing = [k for k in (RUN, LOSS, *acc_keys.values(), *measures) if k not in df]
@@ -310,7 +333,7 @@ def leaderboard(df: pd.DataFrame, *, tasks=TASKS, kl_threshold: float = KL_THRES
         raise ValueError(f"no column {missing} in the trials: --tasks names probe/<task>/"
                          f"acc_mean, --measures metric keys; present: {measure_keys(df.columns)}")
     merged, label = merge_same_training(df)
-    window = merged[saturated(merged, kl_threshold=kl_threshold)]
+    window = merged[in_window(merged, kl_threshold, kl_from)]
     groups = split_groups(window, acc_keys.values(), measures)
     rows = []
     for group in groups:
@@ -324,9 +347,9 @@ def leaderboard(df: pd.DataFrame, *, tasks=TASKS, kl_threshold: float = KL_THRES
     trial_run = df[RUN].map(label)
     cost = pd.concat([cost_table(df[trial_run.isin(g.runs)], g) for g in groups] or
                      [pd.DataFrame()], ignore_index=True)
-    notes = _notes(df, window, groups, kl_threshold) + _merge_notes(label)
-    return Board(table, cost, groups, saturation_rule(kl_threshold=kl_threshold),
-                 list(tasks), level, notes)
+    notes = _notes(df, window, groups, window_rule(kl_threshold, kl_from)) + _merge_notes(label)
+    return Board(table, cost, groups, window_rule(kl_threshold, kl_from), list(tasks), level,
+                 notes, matched=kl_from is not None)
 
 
 def _merge_notes(label: dict[str, str]) -> list[str]:
@@ -338,11 +361,11 @@ def _merge_notes(label: dict[str, str]) -> list[str]:
             "checkpoints at one step as one: " + "; ".join(merged) + "."]
 
 
-def _notes(df, window, groups, kl_threshold) -> list[str]:
+def _notes(df, window, groups, rule: str) -> list[str]:
     if window.empty:
-        smallest = df["pretrain/kl"].min() if "pretrain/kl" in df else math.nan
-        return [f"No checkpoint is in the window (pretrain/kl < {kl_threshold:g}; smallest KL "
-                f"seen {smallest:.3g}): nothing to rank."]
+        smallest = df[KL].min() if KL in df else math.nan
+        return [f"No checkpoint is in the window ({rule}; smallest KL seen {smallest:.3g}): "
+                "nothing to rank."]
     return [f"Only {len(g.runs)} runs in the window for `{g.name}` (fewer than {FEW_RUNS}): "
             "the intervals rest on few resampled runs and are rough; read this as provisional."
             for g in groups if len(g.runs) < FEW_RUNS]
@@ -535,9 +558,13 @@ def leaderboard_markdown(board: Board, *, command: str = "", wall_min: float | N
 
 
 def _rule_text(board: Board) -> str:
+    window = (f"the matched window, {board.rule} (a band around a common target KL below "
+              "saturation: the runs' losses are matched, not saturated, and the loss still "
+              "orders models within it)" if board.matched else
+              f"the saturated window, {board.rule} (within that many nats of the truth's "
+              "conditionals, where the loss barely orders models)")
     return (
-        f"Candidates: the checkpoints in the saturated window, {board.rule} (within that many "
-        "nats of the truth's conditionals, where the loss barely orders models), with the "
+        f"Candidates: the checkpoints in {window}, with the "
         "task's probe accuracy (`probe/<task>/acc_mean`), the loss and the measure finite. A "
         "measure picks its lowest value (the CKA with the truth its highest). Partial Spearman: "
         "of -measure (+CKA) with the accuracy given the loss, on ranks residualised on the "
@@ -672,6 +699,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trials", required=True, type=Path, help="a root of trial directories")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--kl-threshold", type=POSITIVE, default=KL_THRESHOLD)
+    p.add_argument("--kl-from", type=POSITIVE, default=None,
+                   help="the window's lower edge: a matched band [LOW, --kl-threshold) instead "
+                        "of the saturated window")
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--measures", default=None,
                    help="comma-separated metric keys (default: every measure present)")
@@ -694,6 +724,7 @@ def main(argv=None) -> int:
         protocols = args.protocol.split(",") if args.protocol else None
         df = of_protocols(df, protocols)
         board = leaderboard(df, tasks=args.tasks.split(","), kl_threshold=args.kl_threshold,
+                            kl_from=args.kl_from,
                             measures=args.measures.split(",") if args.measures else None,
                             n_boot=args.n_boot, seed=args.seed)
     except ValueError as e:

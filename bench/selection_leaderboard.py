@@ -111,6 +111,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the replication's root (or several)")
     p.add_argument("--out", type=Path, default=Path("bench/results/selection"))
     p.add_argument("--kl-threshold", type=float, default=KL_THRESHOLD)
+    p.add_argument("--kl-from", type=float, default=None,
+                   help="the window's lower edge: a matched band [LOW, --kl-threshold) around "
+                        "a target KL (testbed v2: 0.65 0.75) instead of the saturated window")
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--n-boot", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
@@ -139,14 +142,14 @@ def main(argv=None) -> int:
     copied = copy_extra_records(args.trials, args.out / "trials")
     try:
         board = leaderboard(df, tasks=args.tasks.split(","), kl_threshold=args.kl_threshold,
-                            n_boot=args.n_boot, seed=args.seed)
+                            kl_from=args.kl_from, n_boot=args.n_boot, seed=args.seed)
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
     paths = write_leaderboard(board, args.out, command=command, wall_min=args.wall_min,
                               hardware=args.hardware, protocols=protocols)
     record = {"command": command, "analysis_wall_s": round(time.perf_counter() - start, 1),
               "code_commit": code_commit(), "n_boot": args.n_boot, "seed": args.seed,
-              "kl_threshold": args.kl_threshold, "protocols": protocols,
+              "kl_threshold": args.kl_threshold, "kl_from": args.kl_from, "protocols": protocols,
               "data_wall_min": args.wall_min,
               "data_hardware": args.hardware, **counts(df, board),
               "files": [p.name for p in paths], "records_copied": copied}

@@ -232,3 +232,24 @@ def test_main_on_trial_directories(tmp_path):
     assert "Task A, one shape" in (out / "leaderboard.md").read_text()
     with pytest.raises(SystemExit, match="probe/Z/acc_mean"):
         main(["--trials", str(trials), "--out", str(out), "--tasks", "Z"])
+
+
+def test_a_matched_band_ranks_the_checkpoints_inside_it_and_no_others(tmp_path):
+    """Testbed v2's window: a band around the target KL below saturation. The planted runs moved
+    into the band [0.65, 0.75) give the saturated board's table exactly; checkpoints on either
+    side (which would win every pick if counted) stay out; the rule says which window it is."""
+    saturated_board = leaderboard(planted(), tasks=("A",), n_boot=20)
+    df = planted()
+    inside = df[KL] == 0.01
+    df.loc[inside, KL] = 0.70
+    df.loc[~inside, KL] = 0.90  # above the band
+    below = df[~inside].assign(step=400, **{KL: 0.50})  # below it: further trained
+    band = leaderboard(pd.concat([df, below], ignore_index=True), tasks=("A",), n_boot=20,
+                       kl_threshold=0.75, kl_from=0.65)
+    pd.testing.assert_frame_equal(band.table, saturated_board.table)
+    assert band.matched and band.rule == "0.65 <= pretrain/kl < 0.75"
+    write_leaderboard(band, tmp_path)
+    assert "the matched window, 0.65 <= pretrain/kl < 0.75" in (
+        tmp_path / "leaderboard.md").read_text()
+    with pytest.raises(ValueError, match="--kl-from 0.8: the band's lower edge"):
+        leaderboard(df, tasks=("A",), n_boot=5, kl_threshold=0.75, kl_from=0.8)

@@ -1,0 +1,149 @@
+"""The selection measures on testbed v2's committed trainings (issues 50, 54): each trial trained
+again from its own ``config.json`` and measured at its checkpoints with the loss and the first
+testbed's selection measures (``TESTBED.selection_what``: the top eigenvalues, adaptive and
+average sharpness, the preconditioned and the critical sharpness, the noise scales, the LLC, the
+CKA with the truth), so that the leaderboard can rank them at matched loss.
+
+    python bench/selection_v2.py --trials bench/results/replication_testbed_v2/trials \\
+        --runs /tmp/sel-v2 --records bench/results/selection_v2/trials --jobs 2
+
+The replication ran ``--without-selection-measures`` (their cost on 2 cores); training is a small
+share of a v2 trial, so measuring the same trainings again is cheaper than a second replication,
+and its records stay apart: ``<protocol>/algorithms-selection/<trial>`` beside nothing else.
+``analysis.same_training`` merges the two trials of one training into one run (the same model,
+source and training settings), their rows at one step into one. That they trained the same model
+is checked here, not assumed: the loss and KL at every checkpoint equal the committed trial's to
+the last digit, or the program exits 1 naming the trial (one torch thread a trial, as every
+``flatlm replicate`` worker on a CPU: another thread count changes the 8th digit).
+
+``--runs`` keeps the checkpoints, so a killed run resumes where it stopped; ``--records`` gets
+each finished trial's ``config.json`` and ``metrics.jsonl`` as it lands. ``--experiments``
+(default algorithms) and ``--arms`` (default: all) choose the committed trials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from analysis.trials import copy_records, finished_trials
+from flatlm.core.config import from_dict
+from flatlm.core.flags import COUNT
+from flatlm.experiments.scales import TESTBED
+from flatlm.measure import KL, LOSS
+from flatlm.storage.metrics_log import read_metrics
+
+EXPERIMENT_SUFFIX = "-selection"  # outside the paper's experiments: the leaderboard copies them
+SELECTION_WHAT = ("loss", *TESTBED.selection_what)
+SAME_MODEL_KEYS = (LOSS, KL)
+
+
+def selection_config(config: dict) -> dict:
+    """``config`` (a committed trial's) measuring ``SELECTION_WHAT`` only; nothing it trains
+    changes."""
+    return {**config, "measure": {**config["measure"], "what": list(SELECTION_WHAT)}}
+
+
+def planned(trials: Path, experiments: list[str], arms: list[str] | None) -> list[Path]:
+    """The committed finished trials of ``experiments`` (whose trial name starts with one of
+    ``arms``, when given)."""
+    done, _ = finished_trials(trials, experiments)
+    return [t for t in done if arms is None or t.name.split("_seed")[0] in arms]
+
+
+def target_of(trial: Path, trials: Path, runs: Path) -> Path:
+    protocol, experiment, name = trial.relative_to(trials).parts
+    return runs / protocol / (experiment + EXPERIMENT_SUFFIX) / name
+
+
+def differences(committed: Path, again: Path) -> list[str]:
+    """The checkpoints where ``again`` did not train ``committed``'s model: its loss or KL
+    differs in any digit (or a checkpoint is missing)."""
+    old, new = read_metrics(committed), read_metrics(again)
+    out = []
+    for step, row in sorted(old.items()):
+        for key in SAME_MODEL_KEYS:
+            if new.get(step, {}).get(key) != row.get(key):
+                out.append(f"step {step} {key}: committed {row.get(key)!r}, again "
+                           f"{new.get(step, {}).get(key)!r}")
+    return out
+
+
+def run_one(trial: Path, target: Path) -> None:
+    """Train and measure one trial (this process, one torch thread)."""
+    import torch
+
+    from flatlm.runs.trial import TrialConfig, run_trial_once
+
+    torch.set_num_threads(1)
+    config = selection_config(json.loads((trial / "config.json").read_text()))
+    cfg = from_dict(TrialConfig, config)
+    run_trial_once(cfg, target, eval_cache=target.parents[2] / "eval_cache")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--trials", type=Path, required=True, help="the committed v2 records' root")
+    p.add_argument("--runs", type=Path, required=True, help="where the trials run (checkpoints)")
+    p.add_argument("--records", type=Path, required=True,
+                   help="where each finished trial's config.json and metrics.jsonl go")
+    p.add_argument("--experiments", default="algorithms")
+    p.add_argument("--arms", default=None, help="comma-separated trial names before _seed")
+    p.add_argument("--jobs", type=COUNT, default=1)
+    p.add_argument("--one", nargs=2, type=Path, help=argparse.SUPPRESS)  # a worker's trial
+    args = p.parse_args(argv)
+    if args.one:
+        run_one(*args.one)
+        return 0
+    todo = planned(args.trials, args.experiments.split(","),
+                   args.arms.split(",") if args.arms else None)
+    print(f"{len(todo)} trials, {args.jobs} at a time, measuring {', '.join(SELECTION_WHAT)}",
+          flush=True)
+    return run_all(todo, args)
+
+
+def run_all(todo: list[Path], args) -> int:
+    waiting, running, failed = list(todo), {}, []
+    start = time.perf_counter()
+    while waiting or running:
+        while waiting and len(running) < args.jobs:
+            trial = waiting.pop(0)
+            target = target_of(trial, args.trials, args.runs)
+            log = args.runs / "logs" / f"{'_'.join(target.relative_to(args.runs).parts)}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            running[trial] = (target, subprocess.Popen(
+                [sys.executable, __file__, "--trials", str(args.trials), "--runs",
+                 str(args.runs), "--records", str(args.records), "--one", str(trial),
+                 str(target)], stdout=log.open("w"), stderr=subprocess.STDOUT))
+        time.sleep(5)
+        for trial, (target, proc) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[trial]
+            failed += finish(trial, target, proc.returncode, args, start)
+    print(f"done in {(time.perf_counter() - start) / 60:.1f} min; {len(failed)} failed")
+    for line in failed:
+        print("  " + line)
+    return 1 if failed else 0
+
+
+def finish(trial: Path, target: Path, rc: int, args, start: float) -> list[str]:
+    minutes = (time.perf_counter() - start) / 60
+    if rc != 0:
+        print(f"[{minutes:.1f} min] {trial}: exit {rc} (log under {args.runs / 'logs'})")
+        return [f"{trial}: exit {rc}"]
+    differ = differences(trial, target)
+    print(f"[{minutes:.1f} min] {trial}: the same model at every checkpoint"
+          if not differ else f"[{minutes:.1f} min] {trial}: {len(differ)} differ", flush=True)
+    if differ:
+        return [f"{trial}: {d}" for d in differ]
+    copy_records([target], args.runs, args.records)
+    return []
+
+
+if __name__ == "__main__":
+    sys.exit(main())
