@@ -14,6 +14,16 @@ from the repository alone, beside the replication's own records:
     python bench/selection_leaderboard.py --trials bench/results/replication_testbed/trials \\
         bench/results/selection/trials
 
+Testbed v2 (issues 50, 54) is read at matched loss: its replication's records beside the
+selection measures of the same trainings (``bench/selection_v2.py``, merged by
+``analysis.same_training``), in the band 0.65 <= KL < 0.75 around its target 0.7, soft targets'
+arm pooled with the paper protocol's (one label rule, one probe), and the claims a raw trace
+decides re-read by the invariant measures (``--target-kl``: ``invariant_verdicts.md``):
+
+    python bench/selection_leaderboard.py --trials bench/results/replication_testbed_v2/trials \\
+        bench/results/selection_v2/trials --out bench/results/selection_v2 \\
+        --protocol paper,paper+soft-targets --kl-from 0.65 --kl-threshold 0.75 --target-kl 0.7
+
 Writes under ``--out``: ``leaderboard.md`` / ``.csv`` / ``.png`` and ``leaderboard.json``: the
 command, the analysis's wall time, the trials by status, the checkpoints, each group's runs,
 shapes, measures and candidates per task, and the settings. Trials still running count with the
@@ -33,7 +43,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.claims import VerdictRule
 from analysis.correlate import RUN
+from analysis.invariant_verdicts import invariant_markdown, invariant_verdicts
 from analysis.leaderboard import (
     KL_THRESHOLD,
     TASKS,
@@ -42,6 +54,7 @@ from analysis.leaderboard import (
     of_protocols,
     write_leaderboard,
 )
+from analysis.same_training import merge_same_training
 from analysis.trials import copy_records, load_trials, trial_dirs
 from flatlm.experiments.grids import EXPERIMENTS
 from flatlm.measure import LOSS
@@ -95,6 +108,17 @@ def _outside_the_paper(rel: Path) -> bool:
     return len(rel.parts) == 3 and rel.parts[1] not in EXPERIMENTS
 
 
+def write_invariant_verdicts(df: pd.DataFrame, target_kl: float, out: Path) -> list[Path]:
+    """The raw traces' claims re-read by the invariant measures at ``target_kl``, from the
+    trials of one training merged into one run (the replication's and the selection's)."""
+    rule = VerdictRule(target_kl=target_kl)
+    rows = invariant_verdicts(merge_same_training(df)[0], rule)
+    md, csv = out / "invariant_verdicts.md", out / "invariant_verdicts.csv"
+    md.write_text(invariant_markdown(rows, rule))
+    rows.to_csv(csv, index=False)
+    return [md, csv]
+
+
 def code_commit() -> str | None:
     """The repository's commit, for the record (None outside a git checkout)."""
     try:
@@ -114,6 +138,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kl-from", type=float, default=None,
                    help="the window's lower edge: a matched band [LOW, --kl-threshold) around "
                         "a target KL (testbed v2: 0.65 0.75) instead of the saturated window")
+    p.add_argument("--target-kl", type=float, default=None,
+                   help="also re-read the claims decided by a raw trace with the invariant "
+                        "measures at this KL (analysis/invariant_verdicts.py): "
+                        "invariant_verdicts.md / .csv")
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--n-boot", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
@@ -147,9 +175,12 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: {e}") from None
     paths = write_leaderboard(board, args.out, command=command, wall_min=args.wall_min,
                               hardware=args.hardware, protocols=protocols)
+    if args.target_kl is not None:
+        paths += write_invariant_verdicts(df, args.target_kl, args.out)
     record = {"command": command, "analysis_wall_s": round(time.perf_counter() - start, 1),
               "code_commit": code_commit(), "n_boot": args.n_boot, "seed": args.seed,
-              "kl_threshold": args.kl_threshold, "kl_from": args.kl_from, "protocols": protocols,
+              "kl_threshold": args.kl_threshold, "kl_from": args.kl_from,
+              "target_kl": args.target_kl, "protocols": protocols,
               "data_wall_min": args.wall_min,
               "data_hardware": args.hardware, **counts(df, board),
               "files": [p.name for p in paths], "records_copied": copied}

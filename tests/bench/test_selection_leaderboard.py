@@ -98,3 +98,10 @@ def test_only_the_chosen_protocols_trials_count(tmp_path):
     with pytest.raises(SystemExit, match="--protocol 'paper-cod': no trial of it under "
                                          "--trials; the protocols there: paper, paper-code"):
         bench.main(["--trials", str(trials), "--out", str(out), "--protocol", "paper-cod"])
+
+
+def test_the_invariant_re_reading_is_written_from_the_merged_trials(tmp_path):
+    from tests.analysis.test_invariant_verdicts import planted as planted_arms
+    paths = _bench().write_invariant_verdicts(planted_arms(soft_avg=0.7), 0.7, tmp_path)
+    assert [p.name for p in paths] == ["invariant_verdicts.md", "invariant_verdicts.csv"]
+    assert "survives: no" in paths[0].read_text()
