@@ -54,6 +54,8 @@ from flatlm.experiments.scales import SCALES
 from flatlm.runs.console import Console
 from flatlm.runs.pack import check_pack_request
 from flatlm.runs.pack_size import DEFAULT_RULE, PACK_SIZE, default_pack_size
+from flatlm.storage.diverged import divergence
+from flatlm.storage.metrics_log import METRICS_FILE, read_metrics
 from flatlm.train.config import ALGORITHMS  # every registered algorithm
 
 OUT_OF_TIME_EXIT = 4
@@ -180,11 +182,14 @@ def run(args) -> int:
     if args.pack is not None:  # a K given: checked against every trial before any work
         check_pack_request([cfg for exp in experiments for _, cfg in exp.trials()], args.pack)
     args.pack = default_pack_size(device) if args.pack is None else args.pack
+    done = finished_under(args.out, experiments)
     for protocol in dict.fromkeys(exp.protocol for exp in experiments):
         print(f"{protocol}: {describe(protocol)}")
         for exp in (e for e in experiments if e.protocol == protocol):
-            print(f"  {exp.name}: {len(exp.trials())} trials{cost_words(exp.trials())}")
-    print(total_cost_words(experiments))
+            left = [t for t in exp.trials() if (exp.protocol, exp.name, t[0]) not in done]
+            print(f"  {exp.name}: {len(exp.trials())} trials{finished_words(exp, left)}"
+                  f"{cost_words(left) if left else ''}")
+    print(total_cost_words(experiments, done))
     if args.dry_run:
         for exp in experiments:
             for name, _ in exp.trials():
@@ -196,6 +201,29 @@ def run(args) -> int:
         print(f"all trials done under {args.out}; the report: python analysis/replication.py "
               f"--trials {args.out} --out {args.out / 'report'}")
     return code
+
+
+def finished_under(out: Path, experiments) -> set[tuple[str, str, str]]:
+    """(protocol, experiment, trial) of the trials whose records under ``out`` are complete:
+    their last checkpoint measured, or a divergence recorded. A run skips them (it resumes each,
+    and a complete one has nothing left), so the plan's minutes leave them out."""
+    done = set()
+    for exp in experiments:
+        for name, cfg in exp.trials():
+            trial = Path(out) / exp.protocol / exp.name / name
+            if divergence(trial) is not None or (
+                    (trial / METRICS_FILE).is_file()
+                    and max(cfg.train.checkpoint_steps, default=0) in read_metrics(trial)):
+                done.add((exp.protocol, exp.name, name))
+    return done
+
+
+def finished_words(exp, left) -> str:
+    finished = len(exp.trials()) - len(left)
+    if not finished:
+        return ""
+    return ", all done under --out" if not left else \
+        f", {finished} done under --out, {len(left)} left"
 
 
 def cost_words(trials) -> str:
@@ -211,16 +239,23 @@ def cost_words(trials) -> str:
     return words
 
 
-def total_cost_words(experiments) -> str:
+def total_cost_words(experiments, done: set = frozenset()) -> str:
     """The whole selection's CPU-minutes and its wall time on 2, 8 and 16 cores (one torch
-    thread a trial, as ``--jobs`` runs them)."""
-    trials = [t for exp in experiments for t in exp.trials()]
+    thread a trial, as ``--jobs`` runs them), the trials ``done`` already left out."""
+    every = [t for exp in experiments for t in exp.trials()]
+    trials = [t for exp in experiments for t in exp.trials()
+              if (exp.protocol, exp.name, t[0]) not in done]
+    if not trials:
+        return (f"in all: {len(every)} trials, every one done under --out: nothing left to run "
+                "(the report reads them)")
     cpu, how, unknown = experiment_minutes(trials, "cpu")
     longest = max((experiment_minutes([t], "cpu")[0] for t in trials), default=0.0)
     walls = ", ".join(f"{max(cpu / cores, longest):.0f} min on {cores} cores"
                       for cores in (2, 8, 16))
     left = f"; {unknown} trial(s) without an estimate" if unknown else ""
-    return (f"in all: {len(trials)} trials, about {cpu:.0f} CPU-minutes ({how}{left}): "
+    skipped = f" ({len(every) - len(trials)} done under --out), {len(trials)} left" \
+        if len(trials) < len(every) else ""
+    return (f"in all: {len(every)} trials{skipped}, about {cpu:.0f} CPU-minutes ({how}{left}): "
             f"{walls} (--jobs N; estimates from flatlm/experiments/data/trial_costs.json, the "
             "committed trials' own timings, python bench/trial_costs.py)")
 

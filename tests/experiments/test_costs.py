@@ -113,3 +113,24 @@ def test_the_budget_line_says_the_measuring_share_and_never_guesses_another_set(
     assert f"measuring {n} checkpoints ({share:.0%})" in line
     loss_only = apply_overrides(short, {"measure.what": ["loss"]})
     assert budget_line(loss_only, "cpu") is None  # no committed row of that set: no figure
+
+
+def test_the_plan_leaves_out_the_trials_already_done_under_out(tmp_path):
+    """A trial whose record holds its last checkpoint (or a recorded divergence) is skipped by
+    the run, so the plan's minutes leave it out and say so."""
+    exp = build("sizes", scale="testbed")
+    (first, cfg), (second, _) = exp.trials()[:2]
+    done = tmp_path / "paper" / "sizes" / first
+    done.mkdir(parents=True)
+    (done / "metrics.jsonl").write_text(json.dumps({"step": max(cfg.train.checkpoint_steps)})
+                                        + "\n")
+    diverged = tmp_path / "paper" / "sizes" / second
+    diverged.mkdir(parents=True)
+    (diverged / "diverged.json").write_text(json.dumps({"step": 10, "loss": None,
+                                                        "message": "x", "reason": "x"}))
+    out = subprocess.run([sys.executable, "-m", "flatlm", "replicate", "--dry-run", "--scale",
+                          "testbed", "--protocol", "paper", "--experiment", "sizes", "--out",
+                          str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout
+    assert "  sizes: 15 trials, 2 done under --out, 13 left, about " in out
+    assert "in all: 15 trials (2 done under --out), 13 left, about " in out
