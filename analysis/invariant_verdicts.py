@@ -107,7 +107,7 @@ def _pct(effect: float, low: float, high: float) -> str:
 def invariant_markdown(rows: pd.DataFrame, rule: VerdictRule) -> str:
     """The table per claim, with its *survives* line, and the rule."""
     out = ["# Do the raw traces' verdicts survive the invariant measures?", "",
-           __doc__.split("\n\n")[1].replace("\n", " "), "",
+           __doc__.split("\n\n")[1].replace("\n", " ").replace("``", "`"), "",
            f"Rule: the report's, each arm read at KL {rule.target_kl:g} "
            f"(`analysis/matched.py`); {rule.level:.0%} intervals over seeds with the "
            "measurement error and the confound bound folded in. Measures: "

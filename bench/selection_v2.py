@@ -18,7 +18,8 @@ the last digit, or the program exits 1 naming the trial (one torch thread a tria
 
 ``--runs`` keeps the checkpoints, so a killed run resumes where it stopped; ``--records`` gets
 each finished trial's ``config.json`` and ``metrics.jsonl`` as it lands. ``--experiments``
-(default algorithms) and ``--arms`` (default: all) choose the committed trials.
+(default algorithms) and ``--arms`` (default: all, in path order) choose the committed trials and
+their order.
 """
 
 from __future__ import annotations
@@ -49,10 +50,20 @@ def selection_config(config: dict) -> dict:
 
 
 def planned(trials: Path, experiments: list[str], arms: list[str] | None) -> list[Path]:
-    """The committed finished trials of ``experiments`` (whose trial name starts with one of
-    ``arms``, when given)."""
+    """The committed finished trials of ``experiments``; with ``arms`` only those of the arms
+    named (``adamw``: the trial names before ``_seed``, in every protocol;
+    ``paper+soft-targets/adamw``: in that protocol only), in the order named."""
     done, _ = finished_trials(trials, experiments)
-    return [t for t in done if arms is None or t.name.split("_seed")[0] in arms]
+    if arms is None:
+        return done
+
+    def rank(trial: Path) -> int | None:
+        protocol, arm = trial.relative_to(trials).parts[0], trial.name.split("_seed")[0]
+        hits = [i for i, a in enumerate(arms) if a in (arm, f"{protocol}/{arm}")]
+        return hits[0] if hits else None
+
+    chosen = [t for t in done if rank(t) is not None]
+    return sorted(chosen, key=rank)  # stable: seeds in order within an arm
 
 
 def target_of(trial: Path, trials: Path, runs: Path) -> Path:
@@ -92,7 +103,9 @@ def main(argv=None) -> int:
     p.add_argument("--records", type=Path, required=True,
                    help="where each finished trial's config.json and metrics.jsonl go")
     p.add_argument("--experiments", default="algorithms")
-    p.add_argument("--arms", default=None, help="comma-separated trial names before _seed")
+    p.add_argument("--arms", default=None,
+                   help="comma-separated arms, in the order to run them: trial names before "
+                        "_seed (adamw), or <protocol>/<arm> for one protocol's")
     p.add_argument("--jobs", type=COUNT, default=1)
     p.add_argument("--one", nargs=2, type=Path, help=argparse.SUPPRESS)  # a worker's trial
     args = p.parse_args(argv)
