@@ -92,7 +92,16 @@ import pandas as pd
 from scipy import stats
 
 from analysis import matched
-from analysis.paper_claims import CLAIMS, Claim, acc, deviation, lookup
+from analysis.paper_claims import (
+    ARMS_EFFECT,
+    CLAIMS,
+    SIZES_EFFECT,
+    WINDOW_EFFECT,
+    Claim,
+    acc,
+    deviation,
+    lookup,
+)
 from analysis.room import (
     BOUND_SE,
     CEILING,
@@ -408,6 +417,10 @@ def _paired(final: pd.DataFrame, column: str, a, b, metric: str) -> pd.DataFrame
     return pairs[pairs["treated"].notna() & pairs["control"].notna()]
 
 
+EFFECTS = {WINDOW_EFFECT: window_effects, SIZES_EFFECT: size_effects}  # and ARMS_EFFECT's:
+#   algorithm_effects, with the claim's compare
+
+
 def model_size(model: str) -> float:
     """Parameter count of a model name (orders the sizes)."""
     return float(parameter_count(parse_model(model), vocab_size=100, max_length=32))
@@ -418,12 +431,10 @@ def model_size(model: str) -> float:
 def claim_effects(part: pd.DataFrame, claim: Claim, rule: VerdictRule) -> Effects:
     """The saturation rule's effects; where they are not saturated and the rule has a target
     KL, the matched-loss rule's (``analysis/matched.py``)."""
-    if claim.experiment in ("steps", "sgd"):
-        eff = window_effects(part, claim.metric, rule, claim.relative)
-    elif claim.experiment == "sizes":
-        eff = size_effects(part, claim.metric, rule, claim.relative)
-    else:
+    if claim.effect == ARMS_EFFECT:
         eff = algorithm_effects(part, claim.metric, *claim.compare, rule, claim.relative)
+    else:
+        eff = EFFECTS[claim.effect](part, claim.metric, rule, claim.relative)
     if rule.target_kl is None or eff.saturated:
         return eff
     return matched_loss_effects(part, claim, rule)
@@ -432,7 +443,7 @@ def claim_effects(part: pd.DataFrame, claim: Claim, rule: VerdictRule) -> Effect
 def matched_loss_effects(part: pd.DataFrame, claim: Claim, rule: VerdictRule) -> Effects:
     """``claim`` read at ``rule.target_kl`` (``analysis.matched.matched_effects``)."""
     m = matched.matched_effects(
-        part, matched.Compared(claim.experiment, metric_key(claim.metric), claim.compare,
+        part, matched.Compared(claim.effect, metric_key(claim.metric), claim.compare,
                                claim.relative),
         rule.matching)
     return Effects(m.values, False, True, m.kl_max, m.kl_spread, m.note, m.pairs,

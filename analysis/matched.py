@@ -76,6 +76,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from analysis.paper_claims import SIZES_EFFECT, WINDOW_EFFECT
 from analysis.room import PAIR, TASK_COLUMNS, arm_keys
 from analysis.uncertainty import Interval, t_p_value
 from flatlm.measure import KL, se_key
@@ -317,10 +318,11 @@ class MatchRule(NamedTuple):
 
 
 class Compared(NamedTuple):
-    """What one claim compares: ``experiment``'s runs, the metric column ``key``, (treatment,
-    control) for an algorithms claim, a relative (trace) effect or a difference."""
+    """What one claim compares: its ``effect`` kind (``analysis.paper_claims.EFFECT_KINDS``), the
+    metric column ``key``, (treatment, control) for two arms, a relative (trace) effect or a
+    difference."""
 
-    experiment: str
+    effect: str
     key: str
     compare: tuple | None
     relative: bool
@@ -328,14 +330,14 @@ class Compared(NamedTuple):
 
 def matched_effects(part: pd.DataFrame, compared: Compared, rule: MatchRule) -> Matched:
     """One claim's effects under the matched-loss rule (module docstring), read from ``part``."""
-    experiment, key, compare, relative = compared
+    effect, key, compare, relative = compared
     target, level, match_tol, window, plateau_points = rule
-    if experiment in ("steps", "sgd"):
+    if effect == WINDOW_EFFECT:
         return _plateau_effects(part, key, relative, level, plateau_points, target)
     if compare is not None and "lookup" in compare:
         return _empty(LOOKUP_AT_ZERO, "the lookup table has KL 0; no trained run is there "
                                       "below saturation")
-    arms = _arms(part, experiment, compare)
+    arms = _arms(part, effect, compare)
     if arms is None:
         return _empty(NOT_REACHED, "fewer than two arms to compare")
     (t_name, treated), (c_name, control) = arms
@@ -362,10 +364,10 @@ def _empty(precondition: str, note: str) -> Matched:
     return Matched([], pd.DataFrame(), np.nan, precondition, np.nan, np.nan, note)
 
 
-def _arms(part: pd.DataFrame, experiment: str, compare):
+def _arms(part: pd.DataFrame, effect: str, compare):
     """((name, seed -> run), (name, seed -> run)) of the treated and control arms: the largest
     and smallest model of a sizes grid, or the compared algorithms; None with fewer than two."""
-    if experiment == "sizes":
+    if effect == SIZES_EFFECT:
         models = sorted(part["model"].dropna().unique(), key=lambda m: parameter_count(
             parse_model(m), vocab_size=100, max_length=32))
         if len(models) < 2:

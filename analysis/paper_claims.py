@@ -9,6 +9,13 @@ from dataclasses import dataclass, field
 
 from flatlm.measure import TRACE_FISHER, TRACE_FISHER_GROWN, probe_keys
 
+# What a claim's effect compares (``analysis.claims.EFFECTS`` computes each; ``analysis.matched``
+# reads each at matched loss): one arm's saturation window, last minus first checkpoint (after
+# the loss converges); the largest minus the smallest model of a sizes grid; two named arms
+# (``compare``: treatment, control).
+WINDOW_EFFECT, SIZES_EFFECT, ARMS_EFFECT = "window", "sizes", "arms"
+EFFECT_KINDS = (WINDOW_EFFECT, SIZES_EFFECT, ARMS_EFFECT)
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -28,6 +35,16 @@ class Claim:
     origin: str = field(default="", compare=False)  # how effect_size was read from the paper
     in_sweeps: bool = False  # a sweep's conclusion reads it (an accuracy claim on the sweep's
     #   own task, so one row per statement: the others repeat it on another task)
+    effect: str = ARMS_EFFECT  # what the effect compares: one of EFFECT_KINDS
+
+    def __post_init__(self):
+        if self.effect not in EFFECT_KINDS:
+            raise ValueError(f"claim {self.statement!r}: effect={self.effect!r}; use one of "
+                             f"{', '.join(EFFECT_KINDS)}")
+        if (self.effect == ARMS_EFFECT) != (self.compare is not None):
+            raise ValueError(f"claim {self.statement!r}: effect={self.effect!r} with compare="
+                             f"{self.compare!r}; an {ARMS_EFFECT!r} effect names "
+                             "(treatment, control) in compare, the others none")
 
     @property
     def where(self) -> str:
@@ -56,37 +73,43 @@ GROWN_HEAD_NORM = TRACE_FISHER_GROWN + "_head_norm"  # measure.growth_compare=["
 CLAIMS: tuple[Claim, ...] = (
     Claim("steps", "Fig. 2a (2.3)", "after the loss converges, accuracy keeps rising",
           acc("C"), +1, "rises", "PCFG, 41M, AdamW at a constant lr after warmup (A.5), task C",
-          in_sweeps=True),
+          in_sweeps=True, effect=WINDOW_EFFECT),
     Claim("sgd", "Fig. 4 left (4, B.2)", "under SGD, accuracy rises after the loss converges",
           acc("C"), +1, "+1.6 pts", "PCFG, 235M, SGD (B.2: 12% warmup, then 1e-3), task C",
-          0.016, origin="4: 'the downstream performance improves by 1.6%' (PCFG)"),
+          0.016, origin="4: 'the downstream performance improves by 1.6%' (PCFG)",
+          effect=WINDOW_EFFECT),
     Claim("sgd", "Fig. 4 left (4, B.2)", "under SGD, Tr(H) falls after the loss converges",
-          TRACE_FISHER, -1, "falls", "PCFG, 235M, SGD (B.2)", relative=True, in_sweeps=True),
+          TRACE_FISHER, -1, "falls", "PCFG, 235M, SGD (B.2)", relative=True, in_sweeps=True,
+          effect=WINDOW_EFFECT),
     Claim("sgd", "Fig. 10 (B.2)", "... and accuracy rises on task B", acc("B"), +1, "rises",
-          "PCFG, SGD (B.2), task B"),
+          "PCFG, SGD (B.2), task B", effect=WINDOW_EFFECT),
     Claim("sgd", "Fig. 10 (B.2)", "... and on task A", acc("A"), +1, "rises",
-          "PCFG, SGD (B.2), task A"),
+          "PCFG, SGD (B.2), task A", effect=WINDOW_EFFECT),
     Claim("sizes", "Fig. 3a (2.3)", "a larger model probes better at the same loss", acc("B"),
           +1, "+6.9 pts", "PCFG, Table 3 transformers in the saturation regime, AdamW, task B",
           0.069, origin="2.3: 'scaling up the models improves linear probe performance by 6.9%'",
-          in_sweeps=True),
+          in_sweeps=True, effect=SIZES_EFFECT),
     Claim("sizes", "Fig. 8 (A.6)", "... and on task A", acc("A"), +1, "rises",
-          "PCFG, Table 3 transformers in the saturation regime, AdamW, task A"),
+          "PCFG, Table 3 transformers in the saturation regime, AdamW, task A",
+          effect=SIZES_EFFECT),
     Claim("sizes", "Fig. 5 (4, B.3)", "a larger model is flatter, grown to one shape",
           TRACE_FISHER_GROWN, -1, "19.8 -> 12.6 (-36%)",
           "PCFG, models > 9M grown into Table 4's shape (B.4), AdamW", 12.6 / 19.8 - 1,
-          relative=True, origin="4: 'decreases from 19.8 to 12.6'", in_sweeps=True),
+          relative=True, origin="4: 'decreases from 19.8 to 12.6'", in_sweeps=True,
+          effect=SIZES_EFFECT),
     # The verdict depends on the growth construction (both preserve the function, not the
     # trace): the row above uses B.4.2's (embeddings halved), this one flatlm's head-norm.
     Claim("sizes", "Fig. 5 (4, B.3)", "... the same, grown by flatlm's head-norm construction",
           GROWN_HEAD_NORM, -1, "19.8 -> 12.6 (-36%)",
           "PCFG, models > 9M grown into Table 4's shape (B.4), AdamW; grown here by flatlm's "
           "construction, not B.4.2's (embeddings kept, the MLM head's LayerNorm divided by m)",
-          12.6 / 19.8 - 1, relative=True, origin="4: 'decreases from 19.8 to 12.6'"),
+          12.6 / 19.8 - 1, relative=True, origin="4: 'decreases from 19.8 to 12.6'",
+          effect=SIZES_EFFECT),
     Claim("sizes", "Fig. 5 (4, B.3)", f"... while its probe accuracy rises (task {FIG5_TASK})",
           acc(FIG5_TASK), +1, "40.4 -> 50.5%",
           "PCFG, the same models; the task is not named (task B by its range, see FIG5_TASK)",
-          0.101, origin="4: 'increase of linear probe accuracy from 40.4% to 50.5%'"),
+          0.101, origin="4: 'increase of linear probe accuracy from 40.4% to 50.5%'",
+          effect=SIZES_EFFECT),
     Claim("algorithms", "Table 1 (2.3)", "adversarial pre-training probes worse than AdamW",
           acc("B"), -1, "42.3 vs 49.2", f"{PCFG_235M}, task B", -0.069,
           compare=("adversarial", "adamw"), in_sweeps=True),

@@ -352,3 +352,21 @@ def test_the_papers_claims_are_one_class_and_one_table():
     tables = [p.name for p in root.glob("*.py")
               if re.search(r"^(CLAIMS|PAPER)\b.*=", p.read_text(), re.M)]
     assert classes == ["paper_claims.py"] and tables == ["paper_claims.py"]
+
+
+def test_a_claim_declares_what_its_effect_compares_and_is_read_by_it_whatever_its_experiment():
+    """Issue 51, item 1: the claim carries its effect kind; claim_rows reads a sizes effect by
+    the kind, not by the experiment's name, and a kind without its arms is refused."""
+    from analysis.paper_claims import ARMS_EFFECT, SIZES_EFFECT, WINDOW_EFFECT, Claim
+
+    assert {c.effect for c in CLAIMS} == {ARMS_EFFECT, SIZES_EFFECT, WINDOW_EFFECT}
+    models = {SMALL: 0.05, MID: 0.015, LARGE: 0.010}
+    runs = sized(models, {SMALL: 0.4, MID: 0.6, LARGE: 0.7}).assign(experiment="widths")
+    claim = Claim("widths", "plug-in", "a wider model probes better", ACC_B, +1, "+5 pts",
+                  "planted", 0.05, effect=SIZES_EFFECT)
+    row = claim_rows(runs, RULE, claims=(claim,)).iloc[0]
+    assert row["effect"] == pytest.approx(0.1) and row["verdict"] == REPRODUCES
+    with pytest.raises(ValueError, match="effect='grid'.*window, sizes, arms"):
+        Claim("widths", "x", "x", ACC_B, +1, "x", "x", effect="grid")
+    with pytest.raises(ValueError, match="'arms' effect names"):
+        Claim("algorithms", "x", "x", ACC_B, +1, "x", "x")  # two arms, none named
