@@ -89,6 +89,10 @@ class Architecture:
     # (model, target cfg, *, seed, construction) -> same logits, larger (construction: one of
     # flatlm.models.constructions.CONSTRUCTIONS); None: cannot grow
     grow: Hook | None = None
+    # (models) -> one module with a leading member axis that trains them as a trial pack
+    # (flatlm.train.pack), for the models of ``pack_ln_modes``; None: never packed
+    pack: Hook | None = None
+    pack_ln_modes: tuple[str, ...] = ("post",)
 
     def __post_init__(self):
         for field in dataclasses.fields(self):  # field.type is the annotation's text
@@ -151,6 +155,17 @@ def can_grow(arch) -> bool:
     return architecture(arch).grow is not None
 
 
+def unpackable_reason(cfg) -> str | None:
+    """Why models of ``cfg`` (a ModelConfig) cannot train in a trial pack, or None when they can:
+    their architecture's ``pack`` hook, for its ``pack_ln_modes``."""
+    arch = architecture(cfg)
+    if arch.pack is not None and cfg.ln_mode in arch.pack_ln_modes:
+        return None
+    packed = " or ".join(f"the {'/'.join(a.pack_ln_modes)}-LN {a.label}"
+                         for a in ARCHITECTURES.values() if a.pack is not None)
+    return f"model {arch.label} ln_mode={cfg.ln_mode}: only {packed or 'no model'} is packed"
+
+
 def counts_by_building(arch) -> bool:
     """Whether an architecture (or a ``ModelConfig``'s) counts its parameters only by building
     the model (no ``parameter_count`` of its own): a size check before allocation cannot ask it."""
@@ -173,6 +188,7 @@ BERT = register_architecture(Architecture(
     layout="flatlm.models.bert:bert_layout",
     fisher_method="ghost",  # measure.ghost: every parameter in a Linear/Embedding/LayerNorm
     grow="flatlm.models.growth:grow",
+    pack="flatlm.models.packed:PackedBert",  # the post-LN BertForMaskedLM, hand-batched
 ))
 LSTM = register_architecture(Architecture(
     name="lstm", label="BiLSTM", shape="lstm-h{d_hidden}-l{n_layers}", sizes=("d_hidden",),

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from flatlm.core.config import to_dict
+from flatlm.models.architectures import unpackable_reason
 from flatlm.models.presets import parse_model
 from flatlm.runs.pack_measure import RoundMeasurer
 from flatlm.runs.pack_size import check_pack_size
@@ -60,10 +61,9 @@ MemberResult = dict[int, dict] | Diverged
 
 def unpacked_reason(cfg: TrialConfig) -> str | None:
     """Why ``cfg`` cannot train in a pack, or None when it can."""
-    shape = parse_model(cfg.model)
-    if shape.arch != "bert" or shape.ln_mode != "post":
-        return (f"model {cfg.model} ({shape.arch}, ln_mode={shape.ln_mode}): only the post-LN "
-                "BERT is packed")
+    why = unpackable_reason(parse_model(cfg.model))
+    if why is not None:
+        return f"{cfg.model}: {why}"
     algorithm = algorithm_named(cfg.train.algorithm)
     if algorithm.packed_step is None:
         return f"train.algorithm={algorithm.name}: {algorithm.unpacked_reason}"

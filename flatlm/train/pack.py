@@ -46,9 +46,10 @@ from tqdm.auto import tqdm
 
 from flatlm.core.schedules import learning_rate
 from flatlm.core.seeds import derive_seed
+from flatlm.models.architectures import unpackable_reason
 from flatlm.models.bert import build_model
 from flatlm.models.checkpoint import load_checkpoint, quiet_transformers_bars
-from flatlm.models.packed import PackedBert
+from flatlm.models.masked_lm import architecture_of
 from flatlm.models.presets import ModelConfig, parse_model
 from flatlm.sources.base import Source
 from flatlm.storage.dirlock import writer_lock
@@ -172,9 +173,9 @@ def check_packable(cfgs: Sequence[TrainConfig], shape: ModelConfig, out_dirs) ->
     """Raises ``ValueError`` naming what keeps these runs from being one pack."""
     if len(set(out_dirs)) != len(out_dirs):
         raise ValueError("pack: two members share an output directory")
-    if shape.arch != "bert" or shape.ln_mode != "post":
-        raise ValueError(f"pack: model {shape.arch} ln_mode={shape.ln_mode}: only the post-LN "
-                         "BERT is packed; train these trials unpacked")
+    why = unpackable_reason(shape)
+    if why is not None:
+        raise ValueError(f"pack: {why}; train these trials unpacked")
     for cfg in cfgs:
         algorithm_named(cfg.algorithm).packed_update()  # a ValueError saying why not
     for field in SHARED_FIELDS:
@@ -319,7 +320,8 @@ class Pack:
         if not training:
             return
         cfgs = [m.cfg for m in training]
-        model = PackedBert([m.ctx.model for m in training]).to(device)
+        models = [m.ctx.model for m in training]  # check_packable: their architecture packs
+        model = architecture_of(models[0]).pack(models).to(device)
         optimizer = PackedOptimizer(list(model.params), cfgs, ALGORITHMS[cfgs[0].algorithm]
                                     .optimizer)
         if training[0].optimizer_state is not None:

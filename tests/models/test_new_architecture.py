@@ -38,7 +38,7 @@ from flatlm.models import (
     shape_string,
     word_logits,
 )
-from flatlm.models.architectures import all_architectures
+from flatlm.models.architectures import all_architectures, unpackable_reason
 from flatlm.models.growth import growth
 from flatlm.runs.trial import TrialConfig, run_trial
 from tests.assets.toy_architecture import TOY, ToyMLM  # registers "toy"
@@ -79,6 +79,11 @@ def test_the_registry_derives_shapes_counts_and_messages():
         growth(cfg, parse_model("d32-h2-l2-i64"))
     with pytest.raises(ValueError, match="measure.grow_to='toy-d16-l2': only BERT shapes"):
         check_grow_to(SHAPE)
+    # no pack hook: its trials train unpacked; a BERT packs by its hook, in its pack_ln_modes
+    assert unpackable_reason(cfg) == ("model toy MLM ln_mode=post: only the post-LN BERT is "
+                                      "packed")
+    assert unpackable_reason(parse_model("d16-h1-l1-i64")) is None
+    assert "ln_mode=pre" in unpackable_reason(parse_model("d16-h1-l1-i64-pre"))
 
 
 def test_register_architecture_refuses_what_the_registry_cannot_read():
