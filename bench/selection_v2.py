@@ -13,8 +13,10 @@ and its records stay apart: ``<protocol>/algorithms-selection/<trial>`` beside n
 ``analysis.same_training`` merges the two trials of one training into one run (the same model,
 source and training settings), their rows at one step into one. That they trained the same model
 is checked here, not assumed: the loss and KL at every checkpoint equal the committed trial's to
-the last digit, or the program exits 1 naming the trial (one torch thread a trial, as every
-``flatlm replicate`` worker on a CPU: another thread count changes the 8th digit).
+a thousandth of their s.e. (``SAME_MODEL_SE_SHARE``), or the program exits 1 naming the trial and
+the differences (one torch thread a trial, as every
+``flatlm replicate`` worker on a CPU, its environment's ``ONE_THREAD`` included: numpy's BLAS
+threads change the 8th digit too).
 
 ``--runs`` keeps the checkpoints, so a killed run resumes where it stopped; ``--records`` gets
 each finished trial's ``config.json`` and ``metrics.jsonl`` as it lands. ``--experiments``
@@ -26,21 +28,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from analysis.trials import copy_records, finished_trials
+from flatlm.commands.replicate import ONE_THREAD
 from flatlm.core.config import from_dict
 from flatlm.core.flags import COUNT
 from flatlm.experiments.scales import TESTBED
-from flatlm.measure import KL, LOSS
+from flatlm.measure import KL, LOSS, se_key
 from flatlm.storage.metrics_log import read_metrics
 
 EXPERIMENT_SUFFIX = "-selection"  # outside the paper's experiments: the leaderboard copies them
 SELECTION_WHAT = ("loss", *TESTBED.selection_what)
 SAME_MODEL_KEYS = (LOSS, KL)
+# How far a rerun's loss or KL may sit from the committed record and still be the same model: a
+# thousandth of that checkpoint's own standard error. Float32 training on another machine (or
+# build) rounds differently: measured up to 5e-8 nats after 3500 steps (1.2e-5 s.e.), where a model
+# that trained otherwise (Muon's bf16 Newton-Schulz amplifies the rounding) differs by 3e-3 nats,
+# about one s.e.
+SAME_MODEL_SE_SHARE = 1e-3
 
 
 def selection_config(config: dict) -> dict:
@@ -73,15 +83,25 @@ def target_of(trial: Path, trials: Path, runs: Path) -> Path:
 
 def differences(committed: Path, again: Path) -> list[str]:
     """The checkpoints where ``again`` did not train ``committed``'s model: its loss or KL
-    differs in any digit (or a checkpoint is missing)."""
+    further from the committed one than ``SAME_MODEL_SE_SHARE`` of its s.e. (exactly equal where
+    the record has no s.e.), or a checkpoint missing."""
     old, new = read_metrics(committed), read_metrics(again)
     out = []
     for step, row in sorted(old.items()):
         for key in SAME_MODEL_KEYS:
-            if new.get(step, {}).get(key) != row.get(key):
-                out.append(f"step {step} {key}: committed {row.get(key)!r}, again "
-                           f"{new.get(step, {}).get(key)!r}")
+            was, now = row.get(key), new.get(step, {}).get(key)
+            room = SAME_MODEL_SE_SHARE * row.get(se_key(key), 0.0)
+            if was is None or now is None or abs(now - was) > room or (not room and now != was):
+                out.append(f"step {step} {key}: committed {was!r}, again {now!r} (allowed: "
+                           f"{room:.2g})")
     return out
+
+
+def already_recorded(trial: Path, args) -> bool:
+    """Whether ``--records`` holds ``trial``'s selection run already, the same model at every
+    checkpoint (a rerun of the program skips it)."""
+    record = target_of(trial, args.trials, args.records)
+    return (record / "metrics.jsonl").is_file() and not differences(trial, record)
 
 
 def run_one(trial: Path, target: Path) -> None:
@@ -114,8 +134,10 @@ def main(argv=None) -> int:
         return 0
     todo = planned(args.trials, args.experiments.split(","),
                    args.arms.split(",") if args.arms else None)
-    print(f"{len(todo)} trials, {args.jobs} at a time, measuring {', '.join(SELECTION_WHAT)}",
-          flush=True)
+    recorded = [t for t in todo if already_recorded(t, args)]
+    todo = [t for t in todo if t not in recorded]
+    print(f"{len(todo)} trials ({len(recorded)} already under --records), {args.jobs} at a "
+          f"time, measuring {', '.join(SELECTION_WHAT)}", flush=True)
     return run_all(todo, args)
 
 
@@ -131,7 +153,8 @@ def run_all(todo: list[Path], args) -> int:
             running[trial] = (target, subprocess.Popen(
                 [sys.executable, __file__, "--trials", str(args.trials), "--runs",
                  str(args.runs), "--records", str(args.records), "--one", str(trial),
-                 str(target)], stdout=log.open("w"), stderr=subprocess.STDOUT))
+                 str(target)], stdout=log.open("w"), stderr=subprocess.STDOUT,
+                env={**os.environ, **ONE_THREAD}))
         time.sleep(5)
         for trial, (target, proc) in list(running.items()):
             if proc.poll() is None:

@@ -61,6 +61,9 @@ from flatlm.train.config import ALGORITHMS  # every registered algorithm
 OUT_OF_TIME_EXIT = 4
 BUSY_EXIT = 7  # trials left that another process holds (not 5: flatlm.cli's full disk)
 LOG_PROGRESS = "FLATLM_LOG_PROGRESS"  # set for the workers of --jobs: progress as lines
+# A worker's environment: one thread for torch's and numpy's kernels (OpenBLAS and MKL read these
+# at import), so a rerun elsewhere reduces in the same order and gives the same digits.
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def register(subparsers) -> None:
@@ -298,7 +301,7 @@ def run_workers(args) -> int:
     worker skips a trial another one holds (its directory lock), so each trial runs once.
     The worst exit status wins; a worker that saw only busy trials left is done."""
     argv = [sys.executable, "-m", "flatlm", "replicate", *worker_arguments(args)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", LOG_PROGRESS: "1"}
+    env = {**os.environ, **ONE_THREAD, LOG_PROGRESS: "1"}
     workers = [subprocess.Popen(argv, env=env) for _ in range(args.jobs)]
     codes = [w.wait() for w in workers]
     for worker, code in zip(workers, codes, strict=True):
