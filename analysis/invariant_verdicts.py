@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from analysis.beyond import BEYOND_CLAIMS, arms_frame
+from analysis.beyond import ALGORITHM, BEYOND_CLAIMS, arms_frame
 from analysis.claims import VerdictRule, claim_rows, with_holm
 from analysis.leaderboard import CKA_PREFIX, RESCALINGS, invariance_of, measure_keys
 from analysis.paper_claims import CLAIMS, Claim
@@ -59,27 +59,49 @@ def rereading(claim: Claim, metric: str) -> Claim:
 def invariant_verdicts(df: pd.DataFrame, rule: VerdictRule) -> pd.DataFrame:
     """One row per (raw-trace claim, invariant measure) with trials in ``df`` (one base
     protocol's checkpoints and its ablated arms, merged with their selection trials:
-    ``analysis.same_training.merge_same_training``), ``COLUMNS``."""
+    ``analysis.same_training.merge_same_training``), ``COLUMNS``. A re-reading with an arm that
+    never measured the measure reads "not measured on <arm>" and is not one of Holm's tests."""
     arms = arms_frame(df)
     measures = invariant_measures(df.columns)
     claims = trace_claims()
     raw = claim_rows(arms, rule, claims=tuple(claims))
-    again = claim_rows(arms, rule, claims=tuple(rereading(c, m) for c in claims
-                                                    for m in measures))
-    if raw.empty or again.empty:
+    readings = [(c, m, unmeasured_arms(arms, c, m)) for c in claims for m in measures]
+    again = claim_rows(arms, rule, claims=tuple(rereading(c, m) for c, m, missing in readings
+                                                    if not missing))
+    if raw.empty:
         return pd.DataFrame(columns=list(COLUMNS))
-    again = with_holm(again.drop(columns="protocol", errors="ignore"), rule.level)
+    if not again.empty:
+        again = with_holm(again.drop(columns="protocol", errors="ignore"), rule.level)
     raw = raw.set_index(["figure", "claim"])
-    rows = []
-    for r in again.itertuples(index=False):
-        base = raw.loc[(r.figure, r.claim)]
-        rows.append({"figure": r.figure, "claim": r.claim,
-                     "compare": _compare_of(r.metric), "raw_metric": base["metric"],
-                     "raw_effect": base["effect"], "raw_verdict": base["verdict"],
-                     "metric": r.metric, "effect": r.effect, "ci_low": r.ci_low,
-                     "ci_high": r.ci_high, "n": r.n, "verdict": r.verdict,
-                     "verdict_holm": r.verdict_holm})
+    rows = [_row(raw.loc[(r.figure, r.claim)], r._asdict()) for r in again.itertuples(index=False)]
+    rows += [_row(raw.loc[(c.figure, c.statement)], _not_measured(c, m, missing))
+             for c, m, missing in readings if missing and (c.figure, c.statement) in raw.index]
+    order = {(c.figure, c.statement): i for i, c in enumerate(claims)}
+    rows.sort(key=lambda r: order[(r["figure"], r["claim"])])  # stable: measures in order
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def unmeasured_arms(arms: pd.DataFrame, claim: Claim, metric: str) -> list[str]:
+    """The arms of ``claim`` with no value of ``metric`` at any checkpoint."""
+    return [a for a in claim.compare
+            if metric not in arms or not arms.loc[arms[ALGORITHM] == a, metric].notna().any()]
+
+
+def _not_measured(claim: Claim, metric: str, missing: list[str]) -> dict:
+    words = f"not measured on {', '.join(missing)}"
+    treated, control = claim.compare
+    return {"figure": claim.figure, "claim": claim.statement,
+            "metric": f"{metric} ({treated} - {control})", "effect": float("nan"),
+            "ci_low": float("nan"), "ci_high": float("nan"), "n": 0, "verdict": words,
+            "verdict_holm": words}
+
+
+def _row(base: pd.Series, reading: dict) -> dict:
+    return {"figure": reading["figure"], "claim": reading["claim"],
+            "compare": _compare_of(reading["metric"]), "raw_metric": base["metric"],
+            "raw_effect": base["effect"], "raw_verdict": base["verdict"],
+            **{k: reading[k] for k in ("metric", "effect", "ci_low", "ci_high", "n", "verdict",
+                                        "verdict_holm")}}
 
 
 def _compare_of(metric: str) -> str:
@@ -91,6 +113,8 @@ def survives(rows: pd.DataFrame) -> str:
     """yes / no / undecided for one claim's re-readings (module docstring)."""
     raw = rows["raw_verdict"].iloc[0]
     decided = [v for v in rows["verdict"] if v in DECIDED]
+    if rows["verdict"].str.startswith("not measured").all():
+        return "not measured"
     if not decided:
         return "undecided"
     if raw not in DECIDED:

@@ -50,8 +50,11 @@ def _identities(df: pd.DataFrame) -> list[tuple[pd.DataFrame, object]]:
             and c not in NOT_TRAINING]
     keys = []
     if "train.seed" in cols:  # without the seed, the settings cannot tell replicates apart
-        # repr: the settings include lists and NaN, which neither hash nor compare equal
-        keys.append((df, pd.Series([repr(r) for r in df[cols].itertuples(index=False)],
+        # repr: the settings include lists and NaN, which neither hash nor compare equal; an
+        # unset setting is None or NaN as the frames concatenated happened to hold it
+        settings = df[cols].astype(object)
+        settings = settings.where(settings.notna(), None)
+        keys.append((df, pd.Series([repr(r) for r in settings.itertuples(index=False)],
                                    index=df.index)))
     if {LOSS, KL}.issubset(df.columns):
         keys.append((df[df["step"] > 0], ["step", LOSS, KL]))

@@ -70,3 +70,19 @@ def test_it_does_not_survive_when_the_invariant_measure_points_the_other_way():
     assert survives(muon) == "undecided"
     md = invariant_markdown(rows, RULE)
     assert "survives: no" in md and "`flat/sharpness_avg`" in md and "-30.0%" in md
+
+
+def test_an_arm_that_never_measured_the_measure_reads_not_measured_and_is_no_holm_test():
+    """Muon's trainings without the selection measures (its rerun was another model): its
+    re-reading says so, rather than "target not reached", and Holm counts only the others."""
+    df = planted(soft_avg=1.4)
+    df.loc[df["train.algorithm"] == "muon", AVG] = np.nan
+    rows = invariant_verdicts(df, RULE)
+    muon = claim_rows_of(rows, "Muon is flatter than AdamW (Tr F)")
+    assert list(muon["verdict"]) == ["not measured on muon"] and muon["n"].iloc[0] == 0
+    assert survives(muon) == "not measured"
+    soft = claim_rows_of(rows, SHARP_SOFT)
+    assert soft["verdict"].iloc[0] == REPRODUCES  # the rest read as before
+    assert list(rows["claim"]).index(SHARP_SOFT) > list(rows["claim"]).index(
+        "Muon is flatter than AdamW (Tr F)")  # the claims' own order, not measured ones last
+    assert "not measured on muon" in invariant_markdown(rows, RULE)

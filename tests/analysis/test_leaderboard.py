@@ -174,6 +174,18 @@ def test_trials_of_one_training_count_as_one_run():
     assert any("r1 = r1_copy" in note for note in b.notes)
 
 
+def test_an_unset_setting_is_one_setting_whether_none_or_nan():
+    """Two trials of one training loaded from two record roots: an unset setting is NaN where
+    its column holds numbers in that frame and None where it holds none; still one run."""
+    df = planted(n_runs=2).assign(**{"train.seed": lambda d: d.run_id.str[1:].astype(int)})
+    first = df.assign(**{"train.warmup_proportion": np.nan})
+    first.loc[first.run_id == "r1", "train.warmup_proportion"] = 0.12  # a float column
+    again = df[df.run_id == "r0"].assign(run_id="r0_again", **{"train.warmup_proportion": None},
+                                         step=lambda d: d.step * 2)
+    _, label = merge_same_training(pd.concat([first, again], ignore_index=True))
+    assert label["r0_again"] == label["r0"] == "r0 = r0_again" and label["r1"] == "r1"
+
+
 def test_cost_ratio_to_one_training_step():
     df = pd.DataFrame({"run_id": ["r", "r"], "step": [100, 300], "time/train_s": [10.0, 40.0],
                        "time/flatness_s": [5.0, 8.0], "time/loss_s": [0.1, 0.2],
