@@ -5,8 +5,10 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-REPORTS = [ROOT / "bench" / "results" / name / "room" / "replication.md"
-           for name in ("replication_testbed", "replication_testbed_v2")]
+REPORTS = [*(ROOT / "bench" / "results" / name / "room" / "replication.md"
+             for name in ("replication_testbed", "replication_testbed_v2")),
+           *(ROOT / "bench" / "results" / "selection_v2" / name
+             for name in ("leaderboard.md", "invariant_verdicts.md"))]
 # a number (with its unit) and its bracketed interval: "+5.01 pts [-1.33 pts, +11.35 pts]"
 INTERVAL = re.compile(r"[+-]?\d+(?:\.\d+)?(?: pts|%)? \[[+-]?\d[^\]]*\]")
 
