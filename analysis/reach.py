@@ -64,14 +64,17 @@ def claim_task(claim) -> str:
     """The task of an accuracy claim's metric: ``probe/B/acc_mean`` -> ``B``."""
     return claim.metric.split("/")[1] if "/" in claim.metric else claim.metric.split(":")[-1]
 
-# The command that reads the kind's claims with seeds at equal loss, and the testbed's note.
-REPLICATE = {kind: ["flatlm", "replicate", "--scale", "testbed", "--experiment", kind,
-                    "--protocol", "paper", "--out", "repl/"]
+# The command that reads the kind's claims with seeds at matched loss, where the tasks leave
+# room (testbed v2: the first testbed's saturated tasks read 97.5-100%), and the note on it.
+REPLICATE_SCALE = "testbed-v2"
+REPLICATE = {kind: ["flatlm", "replicate", "--scale", REPLICATE_SCALE, "--experiment", kind,
+                    "--protocol", "paper", "--out", "repl-v2/"]
              for kind in ("sizes", "steps", "algorithms")}
-TESTBED_ROOM = ("bench/results/replication_testbed/room/replication.md: the testbed's tasks "
-                "read 97.5-100% too, so its claims that need room above that read "
-                "'inconclusive (ceiling)'; a harder testbed is still being searched "
-                "(docs/replication.md, 'Testbed v2')")
+TESTBED_ROOM = ("testbed v2 reads the paper's claims at matched loss, KL 0.7, below saturation: "
+                "on the first testbed, saturated, the tasks read 97.5-100% "
+                "(bench/results/replication_testbed/room/replication.md), so the claims that "
+                "need room there read 'inconclusive (ceiling)'; saturation with room needs a "
+                "GPU (--scale gpu, docs/replication.md)")
 
 
 def gap_is_equal_loss(gap: float, gap_se: float) -> bool:
@@ -170,16 +173,16 @@ def reach_words(*, equal: bool | None, loss_words: str, seeds: int | None, what:
              "paper's claims.")
     command = REPLICATE.get(kind)
     if command:
-        words += (f" What would: seeds at equal loss, e.g. `{shlex.join(command)}` "
-                  f"({replication_cost(kind)}); note {TESTBED_ROOM}.")
+        words += (f" What would: seeds read at matched loss, e.g. `{shlex.join(command)}` "
+                  f"({replication_cost(kind)}); {TESTBED_ROOM}.")
     return words
 
 
 def replication_cost(kind: str) -> str:
     """The trials and estimated CPU time of ``REPLICATE[kind]`` (``flatlm.experiments.costs``,
     what its ``--dry-run`` prints)."""
-    trials = build(kind, scale="testbed", protocol="paper",  # seeded as flatlm replicate
-                   seeds=SCALES["testbed"].seeds_of(kind)).trials()
+    trials = build(kind, scale=REPLICATE_SCALE, protocol="paper",  # seeded as flatlm replicate
+                   seeds=SCALES[REPLICATE_SCALE].seeds_of(kind)).trials()
     minutes, how, unknown = experiment_minutes(trials)
     if unknown:
         return f"{len(trials)} trials; its --dry-run lists them"

@@ -77,7 +77,8 @@ def test_the_opening_names_what_blocks_a_conclusion_and_the_command_that_would_c
     assert opening.startswith(CANNOT)
     assert "the losses are not equal" in opening and "each model ran once" in opening
     assert "task A sits at the ceiling" in opening  # 0.931: 6.9 points < 2 x 6.9
-    assert "`flatlm replicate --scale testbed --experiment sizes --protocol paper" in opening
+    assert "`flatlm replicate --scale testbed-v2 --experiment sizes --protocol paper" in opening
+    assert "(15 trials, about " in opening and "CPU-minutes (measured)" in opening  # v2 sizes
 
 
 def test_a_task_within_two_se_of_100_percent_is_the_ceiling():
@@ -116,7 +117,7 @@ def test_the_command_that_would_conclude_carries_the_time_its_dry_run_states():
     import sys
 
     dry = subprocess.run([sys.executable, "-m", "flatlm", "replicate", "--dry-run", "--scale",
-                          "testbed", "--experiment", "sizes", "--protocol", "paper", "--out",
+                          "testbed-v2", "--experiment", "sizes", "--protocol", "paper", "--out",
                           "unused"], capture_output=True, text=True, check=True).stdout
     trials, minutes = re.search(r"sizes: (\d+) trials, about (\d+) CPU-min", dry).groups()
     opening = _words(scaling_runs(), A).split("\n\n")[0]
