@@ -14,9 +14,9 @@ and its records stay apart: ``<protocol>/algorithms-selection/<trial>`` beside n
 source and training settings), their rows at one step into one. That they trained the same model
 is checked here, not assumed: the loss and KL at every checkpoint equal the committed trial's to
 a thousandth of their s.e. (``SAME_MODEL_SE_SHARE``), or the program exits 1 naming the trial and
-the differences (one torch thread a trial, as every
-``flatlm replicate`` worker on a CPU, its environment's ``ONE_THREAD`` included: numpy's BLAS
-threads change the 8th digit too).
+the differences (one torch thread a trial in ``flatlm replicate``'s worker environment,
+``ONE_THREAD``, as the records were made; on another machine a rerun can still differ in the 8th
+digit, hence the tolerance).
 
 ``--runs`` keeps the checkpoints, so a killed run resumes where it stopped; ``--records`` gets
 each finished trial's ``config.json`` and ``metrics.jsonl`` as it lands. ``--experiments``
@@ -47,9 +47,9 @@ SELECTION_WHAT = ("loss", *TESTBED.selection_what)
 SAME_MODEL_KEYS = (LOSS, KL)
 # How far a rerun's loss or KL may sit from the committed record and still be the same model: a
 # thousandth of that checkpoint's own standard error. Float32 training on another machine (or
-# build) rounds differently: measured up to 5e-8 nats after 3500 steps (1.2e-5 s.e.), where a model
-# that trained otherwise (Muon's bf16 Newton-Schulz amplifies the rounding) differs by 3e-3 nats,
-# about one s.e.
+# build) rounds differently: measured up to 5e-8 nats after 3500 steps (1.2e-5 s.e.), where a
+# model that trained otherwise (Muon's rerun; its Newton-Schulz runs in bfloat16) differs by
+# 3e-3 nats, about one s.e.
 SAME_MODEL_SE_SHARE = 1e-3
 
 
@@ -91,7 +91,7 @@ def differences(committed: Path, again: Path) -> list[str]:
         for key in SAME_MODEL_KEYS:
             was, now = row.get(key), new.get(step, {}).get(key)
             room = SAME_MODEL_SE_SHARE * row.get(se_key(key), 0.0)
-            if was is None or now is None or abs(now - was) > room or (not room and now != was):
+            if was is None or now is None or not abs(now - was) <= room:  # NaN: differs
                 out.append(f"step {step} {key}: committed {was!r}, again {now!r} (allowed: "
                            f"{room:.2g})")
     return out

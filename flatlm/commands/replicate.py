@@ -62,7 +62,7 @@ OUT_OF_TIME_EXIT = 4
 BUSY_EXIT = 7  # trials left that another process holds (not 5: flatlm.cli's full disk)
 LOG_PROGRESS = "FLATLM_LOG_PROGRESS"  # set for the workers of --jobs: progress as lines
 # A worker's environment: one thread for torch's and numpy's kernels (OpenBLAS and MKL read these
-# at import), so a rerun elsewhere reduces in the same order and gives the same digits.
+# at import); a rerun of a trial (bench/selection_v2.py) uses the same.
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
