@@ -25,9 +25,9 @@ import pandas as pd
 
 from analysis.beyond import ALGORITHM, BEYOND_CLAIMS, arms_frame
 from analysis.claims import VerdictRule, claim_rows, with_holm
-from analysis.leaderboard import CKA_PREFIX, RESCALINGS, invariance_of, measure_keys
+from analysis.leaderboard import RESCALINGS, invariance_of, measure_keys
 from analysis.paper_claims import CLAIMS, Claim
-from flatlm.measure import TRACE_FISHER, TRACE_HESSIAN
+from flatlm.measure import CKA_TRUTH, TRACE_FISHER, TRACE_HESSIAN
 
 RAW_TRACES = (TRACE_FISHER, TRACE_HESSIAN)
 DECIDED = ("reproduces", "contradicts")
@@ -41,7 +41,7 @@ def invariant_measures(columns) -> list[str]:
     kept = invariance_of(measure_keys(columns))
     return [m for m, cases in kept.items()
             if cases is not None and set(RESCALINGS) <= set(cases)
-            and not m.startswith(CKA_PREFIX)]
+            and not m.startswith(CKA_TRUTH)]
 
 
 def trace_claims() -> list[Claim]:

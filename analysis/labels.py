@@ -15,24 +15,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from flatlm.measure import (
-    ENTROPY,
-    KL,
-    LOSS,
-    TRACE_FISHER,
-    TRACE_FISHER_GROWN,
-    TRACE_HESSIAN,
-    TRACE_HESSIAN_GROWN,
-)
+from flatlm.measure.registry import quantity_of
 from flatlm.storage.metrics_log import N_PARAMS
 
-NATS = "nats/token"  # the loss, the entropy and the KL are per masked token
-NAMES = {KL: "KL to the truth", LOSS: "pre-training loss", ENTROPY: "entropy of the truth",
-         TRACE_FISHER: "Tr(F), Fisher trace", TRACE_HESSIAN: "Tr(H), Hessian trace",
-         TRACE_FISHER_GROWN: "grown Tr(F), in one common shape",
-         TRACE_HESSIAN_GROWN: "grown Tr(H), in one common shape",
-         N_PARAMS: "parameters", "step": "training step"}
-UNITS = {KL: NATS, LOSS: NATS, ENTROPY: NATS}
+# what no measurement gives; every measurement's keys are named by its registered quantities
+# (flatlm.measure.registry.Measurement.quantities: label and unit), a plug-in's too
+NAMES = {N_PARAMS: "parameters", "step": "training step"}
 ACCURACY_STAGES = {"probe": "probe accuracy", "random_init": "random-init probe accuracy",
                    "lookup": "lookup-table probe accuracy", "finetune": "fine-tuned accuracy"}
 
@@ -41,25 +29,6 @@ def is_accuracy(key: str) -> bool:
     """``<stage>/<task>/acc_mean``: an accuracy in [0, 1], shown in %."""
     parts = key.split("/")
     return len(parts) == 3 and parts[0] in ACCURACY_STAGES and parts[2] == "acc_mean"
-
-
-# The measures beyond the traces (flatlm.measure's docstring defines each), in words
-MORE_NAMES = {
-    "flat/top_eig_hessian": "top eigenvalue of H", "flat/top_eig_fisher": "top eigenvalue of F",
-    "flat/slq_trace_hessian": "Tr(H) by Lanczos quadrature",
-    "flat/hessian_fisher_gap": "Tr(H) - Tr(F)", "flat/sharpness_avg": "average sharpness",
-    "flat/critical_sharpness": "critical sharpness, 2 / critical rate",
-    "flat/precond_sharpness": "preconditioned sharpness (Adam)",
-    "flat/precond_sharpness_x_lr": "preconditioned sharpness x lr",
-    "flat/precond_sharpness_ratio": "preconditioned sharpness / Adam's edge",
-    "flat/critical_step": "critical rate",
-    "flat/critical_sharpness_x_lr": "critical sharpness x lr",
-    "flat/update_curvature": "curvature along the update",
-    "llc/mean": "local learning coefficient", "cka/truth": "CKA to the truth, per sentence",
-    "cka/truth_token": "CKA to the truth, per word",
-}
-NORMS = {"l2": "L2", "linf": "L-inf"}
-GROWN = {"flat/trace_fisher_grown_": "grown Tr(F)", "flat/trace_hessian_grown_": "grown Tr(H)"}
 
 
 def plain_name(key: str) -> str:
@@ -73,22 +42,21 @@ def plain_name(key: str) -> str:
     if is_accuracy(key):
         stage, task, _ = key.split("/")
         return f"task {task} {ACCURACY_STAGES[stage]}"
-    if key in NAMES or key in MORE_NAMES:
-        return NAMES.get(key) or MORE_NAMES[key]
-    if key.startswith("flat/sharpness_worst_"):
-        norm = key.removeprefix("flat/sharpness_worst_")
-        return f"worst-case sharpness, {NORMS.get(norm, norm)}"
-    if key.startswith("noise/loss_delta_"):
-        return f"loss rise under weight noise {key.removeprefix('noise/loss_delta_')}"
-    for prefix, name in GROWN.items():
-        if key.startswith(prefix):
-            return f"{name}, {key.removeprefix(prefix)} construction"
-    return key
+    if key in NAMES:
+        return NAMES[key]
+    found = quantity_of(key)
+    return key if found is None else found[1].name_of(key)
+
+
+def unit_of(key: str) -> str | None:
+    """The unit its registered quantity declares (``nats/token``), or None."""
+    found = quantity_of(key)
+    return None if found is None else found[1].unit
 
 
 def axis_label(key: str) -> str:
     """The plain name with its unit: ``KL to the truth (nats/token)``; an accuracy in %."""
-    unit = "%" if is_accuracy(key) else UNITS.get(key)
+    unit = "%" if is_accuracy(key) else unit_of(key)
     return f"{plain_name(key)} ({unit})" if unit else plain_name(key)
 
 

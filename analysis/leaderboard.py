@@ -16,7 +16,10 @@ enters with its sign flipped.
 
 **Groups**, reported apart: ``one shape``, the runs of the shape most runs in the window have,
 with every measure; ``all sizes``, every run, with only the measures comparable across shapes
-(``SHAPE_FREE`` and the ``_grown`` twins; the others are in different parameterisations).
+(their ``Quantity`` in ``flatlm.measure.registry`` says ``shape_free``: the loss, the ``_grown``
+twins, the noise, the CKA, the LLC, the critical sharpness; the others are in different
+parameterisations). Which keys compete, their names and timing are the registered measurements'
+``quantities``: a plug-in measurement that declares one with ``leaderboard=True`` is ranked too.
 
 **Statistics** per (group, task, measure), each with a 95% cluster-bootstrap interval over runs
 (``analysis.selection.cluster_weights``; the same resamples for every measure of a group):
@@ -60,44 +63,25 @@ from analysis.selection import (
 from analysis.trials import load_trials
 from flatlm.core.flags import COUNT, POSITIVE, SEED
 from flatlm.measure import (
-    CRITICAL_SHARPNESS,
     KL,
-    LLC,
     LOSS,
-    PRECOND_SHARPNESS,
+    RANDOM_INIT,
     SATURATED_KL,
-    SHARPNESS_AVG,
-    TOP_EIG_FISHER,
-    TOP_EIG_HESSIAN,
-    TRACE_FISHER,
-    TRACE_HESSIAN,
-    grown_key,
     probe_key,
-    sharpness_worst_key,
 )
+from flatlm.measure.registry import quantities, quantity_of
 
 KL_THRESHOLD = SATURATED_KL  # the window: the saturation regime (flatlm.measure)
 TASKS = ("A", "B", "C")
 LEVEL = 0.95
 FEW_RUNS = 30  # fewer runs in a group's window: the md says the intervals rest on few clusters
 ONE_SHAPE, ALL_SIZES = "one shape", "all sizes"
-# flatlm.measure.representations.cka's keys, by prefix (importing that module loads torch);
-# the random-init twins are reference rows, one value per trial, not a property of the checkpoint
-CKA_PREFIX, RANDOM_INIT_SUFFIX = "cka/truth", "_random_init"
-NOISE_PREFIX = "noise/loss_delta_"
-MEASURES = (TRACE_FISHER, TRACE_HESSIAN, TOP_EIG_HESSIAN, TOP_EIG_FISHER,
-            sharpness_worst_key("linf"), sharpness_worst_key("l2"), SHARPNESS_AVG,
-            PRECOND_SHARPNESS, CRITICAL_SHARPNESS, LLC)
-# comparable between models of different shapes (module docstring; WHY_SHAPE_FREE says why)
-SHAPE_FREE = (LOSS, CRITICAL_SHARPNESS, LLC)
+# a reference row, one value per trial (the random-init model's twin of a key), not a property
+# of the checkpoint: never a candidate measure
+RANDOM_INIT_SUFFIX = RANDOM_INIT
 STATISTICS = ("partial_spearman", "spearman", "kendall", "regret", "gain_vs_loss",
               "random_regret", "gain_vs_random")
 COLUMNS = ("group", "task", "measure", "statistic", "value", "ci_low", "ci_high")
-TIMING = {  # measure key prefix -> the measurement whose time/<name>_s covers it
-    TRACE_FISHER: "flatness", TRACE_HESSIAN: "flatness", "flat/top_eig": "landscape",
-    "flat/sharpness": "landscape", PRECOND_SHARPNESS: "precond",
-    CRITICAL_SHARPNESS: "critical", NOISE_PREFIX: "noise", "llc/": "llc",
-    CKA_PREFIX: "cka_truth", LOSS: "loss"}
 PROBE_COST = "probe (the accuracy itself)"
 WHY_SHAPE_FREE = (
     "Tr(F), Tr(H), lambda_max, the adaptive and preconditioned sharpness of models of different "
@@ -116,26 +100,43 @@ RESCALINGS = ("query-key", "value-output", "layer-norm")  # a post-LN BERT's fun
 # -- which measures ------------------------------------------------------------------------
 
 def measure_keys(columns) -> list[str]:
-    """The measures present in ``columns``: the known ones, the grown twins of Tr(F) / Tr(H),
-    every noise scale and the CKA keys (no ``_se``, no reference rows), in that order."""
-    columns = [c for c in columns if not c.endswith("_se")]
-    grown = [c for c in columns
-             if c.startswith((grown_key(TRACE_FISHER), grown_key(TRACE_HESSIAN)))]
-    noise = sorted((c for c in columns if c.startswith(NOISE_PREFIX)),
-                   key=lambda c: float(c.removeprefix(NOISE_PREFIX)))
-    cka = [c for c in columns if c.startswith(CKA_PREFIX) and not c.endswith(RANDOM_INIT_SUFFIX)]
-    return [*(k for k in MEASURES if k in columns), *grown, *noise, *cka]
+    """The measures present in ``columns``: the keys of the registered measurements' leaderboard
+    quantities (``flatlm.measure.registry.Quantity``), in the order they run, then each family's
+    (the grown twins, the noise scales, the CKA levels; no ``_se``, no reference rows), a
+    family's keys ordered by the number they end in where they all do (the noise scales), else
+    as in ``columns``."""
+    columns = [c for c in columns if not c.endswith(("_se", RANDOM_INIT_SUFFIX))]
+    selectors = [q for _, q in quantities() if q.leaderboard]
+    exact = [q.key for q in selectors if not q.family and q.key in columns]
+    families = [_family_keys(q, [c for c in columns if c not in exact]) for q in selectors
+                if q.family]
+    return list(dict.fromkeys([*exact, *(key for family in families for key in family)]))
+
+
+def _family_keys(family, columns: list[str]) -> list[str]:
+    keys = [c for c in columns if family.covers(c)]
+    try:
+        return sorted(keys, key=lambda c: float(c.removeprefix(family.key)))
+    except ValueError:
+        return keys
+
+
+def _declared(key: str) -> list:
+    """The registered quantities that cover ``key``: the one naming it and the families it
+    belongs to (a family's flags hold for each of its keys)."""
+    return [q for _, q in quantities() if q.covers(key)]
 
 
 def comparable_across_shapes(key: str) -> bool:
-    """Whether models of different shapes can be compared by ``key`` (``WHY_SHAPE_FREE``)."""
-    return (key in SHAPE_FREE or "_grown" in key
-            or key.startswith((NOISE_PREFIX, CKA_PREFIX)))
+    """Whether models of different shapes can be compared by ``key`` (``WHY_SHAPE_FREE``): a
+    quantity covering it says it is ``shape_free``."""
+    return any(q.shape_free for q in _declared(key))
 
 
 def higher_picked(key: str) -> bool:
-    """The CKA with the truth: higher = more truth-like = picked (sign flipped as a score)."""
-    return key.startswith(CKA_PREFIX)
+    """Its highest value is picked (the CKA with the truth: more truth-like), the score's sign
+    flipped: a quantity covering it says ``higher_picked``."""
+    return any(q.higher_picked for q in _declared(key))
 
 
 def selector_score(values, key: str) -> np.ndarray:
@@ -374,14 +375,16 @@ def _notes(df, window, groups, rule: str) -> list[str]:
 # -- cost ----------------------------------------------------------------------------------
 
 def timing_key(key: str) -> str:
-    """The ``time/<measurement>_s`` that covers ``key`` (a grown twin: its construction's run)."""
+    """The ``time/<measurement>_s`` that covers ``key``: its measurement's ``timing`` (a grown
+    twin: its construction's own run)."""
     if "_grown" in key:
         return "time/flatness" + key[key.index("_grown"):] + "_s"
-    for prefix, name in TIMING.items():
-        if key.startswith(prefix):
-            return f"time/{name}_s"
-    raise ValueError(f"{key}: no measurement's timing known for it; add its prefix to "
-                     "analysis.leaderboard.TIMING")
+    found = quantity_of(key)
+    if found is None:
+        raise ValueError(f"{key}: no registered measurement declares it, so its timing is not "
+                         "known; give the measurement a Quantity for it "
+                         "(flatlm.measure.registry.Measurement.quantities)")
+    return f"time/{found[0].timing}_s"
 
 
 def step_seconds(df: pd.DataFrame) -> pd.Series:

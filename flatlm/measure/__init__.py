@@ -141,6 +141,10 @@ LLC_INIT_LOSS = "llc/init_loss"
 LLC_N_BETA = "llc/n_beta"
 LLC_KEYS = (LLC, "llc/mean_se", LLC_CHAIN_MEAN_STD, LLC_LOSS_BELOW_INIT_FRAC, LLC_DISTANCE,
             LLC_DIVERGED, LLC_INIT_LOSS, LLC_N_BETA)  # "llc/mean_se": se_key(LLC)
+NOISE_PREFIX = "noise/loss_delta_"  # + the scale, "%g": noise/loss_delta_0.03
+CKA_TRUTH = "cka/truth"  # the probe's features (sentence level)
+CKA_TRUTH_TOKEN = "cka/truth_token"  # every real word's final-layer state (token level)
+RANDOM_INIT = "_random_init"  # the random-init model's twin of a key (a reference row)
 
 
 def block_key(block: str) -> str:
@@ -176,6 +180,12 @@ def grown_key(key: str, construction: str | None = None) -> str:
     tail = "" if construction is None else "_" + construction.replace("-", "_")
     return f"{key}_grown{tail}"
 
+
+# what measure.precond and measure.critical always give ("_se": se_key)
+PRECOND_KEYS = (PRECOND_SHARPNESS, PRECOND_SHARPNESS + "_se", PRECOND_SHARPNESS_X_LR,
+                PRECOND_SHARPNESS_RATIO)
+CRITICAL_KEYS = (CRITICAL_SHARPNESS, CRITICAL_SHARPNESS + "_se", CRITICAL_STEP,
+                 CRITICAL_SHARPNESS_X_LR, UPDATE_CURVATURE)
 
 PROBE_STATS = ("acc_mean", "acc_std", "acc_se", "train_acc", "majority_acc", "n_train", "n_test",
                "num_classes")

@@ -33,16 +33,25 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from flatlm.core.registry import Registry
+from flatlm.core.registry import LazyRef, Registry
 from flatlm.measure import (
+    CKA_TRUTH,
+    CKA_TRUTH_TOKEN,
+    CRITICAL_KEYS,
+    CRITICAL_SHARPNESS,
     ENTROPY,
     HESSIAN_FISHER_GAP,
     KL,
+    LLC,
     LLC_KEYS,
     LOSS,
     LOSS_DATA,
+    NOISE_PREFIX,
+    PRECOND_KEYS,
+    PRECOND_SHARPNESS,
     PROBE_STATS,
     RIDGE_STATS,
+    SHARPNESS_AVG,
     SLQ_NEGATIVE_TRACE,
     SLQ_TRACE_HESSIAN,
     TOP_EIG_FISHER,
@@ -54,36 +63,55 @@ from flatlm.measure import (
     probe_key,
     ridge_stage,
     se_key,
-)
-from flatlm.measure.builtin import (
-    check_glue_source,
-    lookup_rows,
-    random_init_rows,
-    run_beyond_trace,
-    run_critical,
-    run_finetune,
-    run_flatness,
-    run_glue,
-    run_llc,
-    run_loss,
-    run_precond,
-    run_probe,
-)
-from flatlm.measure.landscape.critical import KEYS as CRITICAL_KEYS
-from flatlm.measure.landscape.noise import run_noise
-from flatlm.measure.landscape.precond import KEYS as PRECOND_KEYS
-from flatlm.measure.representations.cka import (
-    CKA_TRUTH,
-    CKA_TRUTH_TOKEN,
-    check_cka_source,
-    random_init_cka,
-    run_cka_truth,
+    sharpness_worst_key,
 )
 
-# (model, source, data: EvalData, cfg: MeasureConfig, device, artifact_dir) -> metrics
-Run = Callable[..., dict[str, float]]
+BUILTIN = "flatlm.measure.builtin"  # the built-in runs, imported (with torch) on their first call
+CKA = "flatlm.measure.representations.cka"
+NATS = "nats/token"  # the loss, the entropy, the KL and the noise's loss rise are per masked token
+
+# (model, source, data: EvalData, cfg: MeasureConfig, device, artifact_dir) -> metrics; or
+# "module:name", imported on its first call (so that this table loads without torch: the analysis
+# layer reads it)
+Run = Callable[..., dict[str, float]] | str
 # the downstream tasks -> keys
 KeysOfTasks = Callable[[tuple[str, ...]], tuple[str, ...]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Quantity:
+    """What one of a measurement's keys measures, as the figures, tables and the leaderboard of
+    ``analysis`` read it: its name in words and unit, and whether it competes as a selector."""
+
+    key: str  # the metric key, or with ``family`` the start of its keys ("noise/loss_delta_")
+    label: str  # in words: "Tr(F), Fisher trace"; a family's: "... {}", the rest of the key
+    unit: str | None = None  # what the figures' axes add in parentheses: "nats/token"
+    family: bool = False  # ``key`` is a prefix: one key per setting (noise scale, CKA level)
+    # in analysis.leaderboard as a model selector: its lowest value picked (flatter), or with
+    # ``higher_picked`` its highest (more truth-like)
+    leaderboard: bool = False
+    higher_picked: bool = False
+    # comparable between models of different shapes as it is (nats, features, an effective
+    # parameter count), not in each model's own parameterisation (analysis.leaderboard)
+    shape_free: bool = False
+
+    def __post_init__(self):
+        if not self.key or self.key.endswith("_se") or not self.label:
+            raise ValueError(f"quantity {self.key!r}: give a metric key (not its _se twin) and "
+                             "a label")
+        if self.higher_picked and not self.leaderboard:
+            raise ValueError(f"quantity {self.key!r}: higher_picked is a leaderboard setting; "
+                             "give leaderboard=True too")
+
+    def covers(self, key: str) -> bool:
+        return key.startswith(self.key) if self.family else key == self.key
+
+    def name_of(self, key: str) -> str:
+        """``key``'s name in words: a family's label filled with the rest of the key, less a
+        leading "_" (``flat/trace_fisher_grown_head_norm``: "head_norm")."""
+        if not self.family:
+            return self.label
+        return self.label.format(key.removeprefix(self.key).removeprefix("_"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,7 +121,11 @@ class Reference:
     is nothing to measure; cached in ``EvalData.reference[name]``, its time ``time/<name>_s``."""
 
     name: str
-    run: Callable[..., dict[str, float] | None]
+    run: Callable[..., dict[str, float] | None] | str  # or "module:name", as Measurement.run
+
+    def __post_init__(self):
+        if isinstance(self.run, str):
+            object.__setattr__(self, "run", LazyRef(self.run))
     # it measures the trial's shape randomly initialised: eval_data builds that model
     # (EvalData.random_model) when given the model config
     random_model: bool = False
@@ -119,14 +151,24 @@ class Measurement:
     keys: tuple[str, ...] | KeysOfTasks | None = None
     implies: tuple[str, ...] = ()  # measurements it gives too (hessian: Tr(F) beside Tr(H))
     # raises a ValueError when a source cannot give it (validate_trial calls it before any work)
-    check: Callable[[Any], None] | None = None
+    check: Callable[[Any], None] | str | None = None
     # a plug-in's settings: a frozen dataclass whose defaults are its section's, keys
     # measure.<section>.<key>, read by the run as cfg.settings(section); no MeasureConfig field
     # is added. The section joins ``sections`` (logged only when the measurement runs)
     config: type | None = None
     section: str | None = None  # where ``config``'s settings are; None: it has none
+    # its keys as the analysis layer reads them (labels, units, leaderboard selectors)
+    quantities: tuple[Quantity, ...] = ()
+    # the time/<timing>_s that covers its keys: its run's own timer where the run times itself
+    # (several measurements sharing one), else its name (measure.run times the run whole)
+    timing: str | None = None
 
     def __post_init__(self):
+        for hook in ("run", "check"):
+            if isinstance(getattr(self, hook), str):
+                object.__setattr__(self, hook, LazyRef(getattr(self, hook)))
+        if self.timing is None:
+            object.__setattr__(self, "timing", self.name)
         if not self.name or "," in self.name or self.name != self.name.strip():
             raise ValueError(f"measurement name {self.name!r}: use a word without commas")
         if self.run is None and self.reference is None:
@@ -216,6 +258,19 @@ def metric_keys(what: Iterable[str], tasks: Iterable[str]) -> tuple[str, ...]:
     return tuple(key for some in keys if some is not None for key in some)
 
 
+def quantities() -> list[tuple[Measurement, Quantity]]:
+    """Every registered measurement's quantities with it, in the order they run."""
+    return [(m, q) for m in MEASUREMENTS.values() for q in m.quantities]
+
+
+def quantity_of(key: str) -> tuple[Measurement, Quantity] | None:
+    """What says what ``key`` measures: the quantity naming it, else the first registered family
+    it belongs to; None where no measurement declares it."""
+    every = quantities()
+    exact = (pair for pair in every if not pair[1].family and pair[1].covers(key))
+    return next(exact, None) or next((p for p in every if p[1].covers(key)), None)
+
+
 def _loss_keys() -> tuple[str, ...]:
     """``pretrain_loss``'s keys: each quantity per token and per sentence, each with its s.e."""
     both = (k for key in (LOSS, ENTROPY, KL, LOSS_DATA) for k in (key, per_sentence_key(key)))
@@ -235,59 +290,111 @@ def _probe_rows(stage: str) -> KeysOfTasks:
         *(probe_key(task, stat, ridge_stage(stage)) for task in tasks for stat in RIDGE_STATS))
 
 
-def _beyond_trace(name: str, sections: tuple[str, ...], keys=None) -> Measurement:
-    """eigen, density, blocks, sharpness: the population loss's curvature (one shared run)."""
-    return Measurement(name=name, run=run_beyond_trace, needs_truth=True,
+def _beyond_trace(name: str, sections: tuple[str, ...], keys=None,
+                  quantities: tuple[Quantity, ...] = ()) -> Measurement:
+    """eigen, density, blocks, sharpness: the population loss's curvature (one shared run,
+    timed as time/landscape_s: the committed records' key)."""
+    return Measurement(name=name, run=f"{BUILTIN}:run_beyond_trace", needs_truth=True,
                        without_truth=(f"{name} (population-loss curvature)",),
-                       sections=("flatness", *sections), keys=keys)
+                       sections=("flatness", *sections), keys=keys, quantities=quantities,
+                       timing="landscape")
 
 
-# flatlm's own, in the order they run (the references, once per trial, after all the runs)
+def _grown(key: str, label: str) -> tuple[Quantity, ...]:
+    """A trace's twins in the grown shape (``grown_key``): by the default construction, and a
+    family of one per construction of ``measure.growth_compare``; comparable across shapes."""
+    return (Quantity(key=f"{key}_grown", label=f"grown {label}, in one common shape",
+                     shape_free=True),
+            Quantity(key=f"{key}_grown", label=f"grown {label}, {{}} construction", family=True,
+                     leaderboard=True, shape_free=True))
+
+
+# flatlm's own, in the order they run (the references, once per trial, after all the runs); the
+# leaderboard's selectors are their quantities with leaderboard=True (analysis.leaderboard)
 BUILT_IN = (
-    Measurement(name="loss", run=run_loss, without_truth=(ENTROPY, KL), sections=("loss",),
-                keys=_loss_keys()),
-    Measurement(name="fisher", run=run_flatness, sections=("flatness",),
-                keys=_with_se(TRACE_FISHER)),
-    Measurement(name="hessian", run=run_flatness, implies=("fisher",),
+    Measurement(name="loss", run=f"{BUILTIN}:run_loss", without_truth=(ENTROPY, KL),
+                sections=("loss",), keys=_loss_keys(), quantities=(
+                    Quantity(key=KL, label="KL to the truth", unit=NATS),
+                    Quantity(key=LOSS, label="pre-training loss", unit=NATS, shape_free=True),
+                    Quantity(key=ENTROPY, label="entropy of the truth", unit=NATS))),
+    Measurement(name="fisher", run=f"{BUILTIN}:run_flatness", sections=("flatness",),
+                keys=_with_se(TRACE_FISHER), timing="flatness", quantities=(
+                    Quantity(key=TRACE_FISHER, label="Tr(F), Fisher trace", leaderboard=True),
+                    *_grown(TRACE_FISHER, "Tr(F)"))),
+    Measurement(name="hessian", run=f"{BUILTIN}:run_flatness", implies=("fisher",),
                 # without the truth, the one-hot Hessian flat/trace_hessian_data instead
                 without_truth=(TRACE_HESSIAN, HESSIAN_FISHER_GAP), sections=("flatness",),
-                keys=_with_se(TRACE_HESSIAN, HESSIAN_FISHER_GAP)),
+                keys=_with_se(TRACE_HESSIAN, HESSIAN_FISHER_GAP), timing="flatness",
+                quantities=(
+                    Quantity(key=TRACE_HESSIAN, label="Tr(H), Hessian trace", leaderboard=True),
+                    Quantity(key=HESSIAN_FISHER_GAP, label="Tr(H) - Tr(F)"),
+                    *_grown(TRACE_HESSIAN, "Tr(H)"))),
     # only a reference: its place among the runs is free; before probe, since the references
     # come in this order (the lookup table's, then the random model's)
-    Measurement(name="lookup", reference=Reference(name="lookup", run=lookup_rows),
+    Measurement(name="lookup", reference=Reference(name="lookup", run=f"{BUILTIN}:lookup_rows"),
                 needs_truth=True, sections=("probe",), keys=_probe_rows("lookup")),
-    _beyond_trace("eigen", ("spectrum",), _with_se(TOP_EIG_HESSIAN, TOP_EIG_FISHER)),
-    _beyond_trace("density", ("spectrum",), _with_se(SLQ_TRACE_HESSIAN, SLQ_NEGATIVE_TRACE)),
+    _beyond_trace("eigen", ("spectrum",), _with_se(TOP_EIG_HESSIAN, TOP_EIG_FISHER), (
+        Quantity(key=TOP_EIG_HESSIAN, label="top eigenvalue of H", leaderboard=True),
+        Quantity(key=TOP_EIG_FISHER, label="top eigenvalue of F", leaderboard=True))),
+    _beyond_trace("density", ("spectrum",), _with_se(SLQ_TRACE_HESSIAN, SLQ_NEGATIVE_TRACE), (
+        Quantity(key=SLQ_TRACE_HESSIAN, label="Tr(H) by Lanczos quadrature"),)),
     _beyond_trace("blocks", ()),
-    _beyond_trace("sharpness", ("sharpness",)),
+    _beyond_trace("sharpness", ("sharpness",), quantities=(
+        *(Quantity(key=sharpness_worst_key(norm), label=f"worst-case sharpness, {name}",
+                   leaderboard=True) for norm, name in (("linf", "L-inf"), ("l2", "L2"))),
+        Quantity(key=sharpness_worst_key(""), label="worst-case sharpness, {}", family=True),
+        Quantity(key=SHARPNESS_AVG, label="average sharpness", leaderboard=True))),
     # the optimizer's view of the curvature, from the checkpoint's saved optimizer state
     # (artifact_dir: the checkpoint's directory); flatness.exclude picks the parameters
-    Measurement(name="precond", run=run_precond, needs_truth=True,
+    Measurement(name="precond", run=f"{BUILTIN}:run_precond", needs_truth=True,
                 without_truth=("precond (population-loss curvature)",),
-                sections=("flatness", "precond"), keys=PRECOND_KEYS),
-    Measurement(name="critical", run=run_critical, needs_truth=True,
+                sections=("flatness", "precond"), keys=PRECOND_KEYS, quantities=(
+                    Quantity(key=PRECOND_SHARPNESS, label="preconditioned sharpness (Adam)",
+                             leaderboard=True),
+                    Quantity(key=PRECOND_KEYS[2], label="preconditioned sharpness x lr"),
+                    Quantity(key=PRECOND_KEYS[3],
+                             label="preconditioned sharpness / Adam's edge"))),
+    Measurement(name="critical", run=f"{BUILTIN}:run_critical", needs_truth=True,
                 without_truth=("critical (population-loss curvature)",),
-                sections=("flatness", "critical"), keys=CRITICAL_KEYS),
+                sections=("flatness", "critical"), keys=CRITICAL_KEYS, quantities=(
+                    Quantity(key=CRITICAL_SHARPNESS, label="critical sharpness, 2 / critical rate",
+                             leaderboard=True, shape_free=True),
+                    Quantity(key=CRITICAL_KEYS[2], label="critical rate"),
+                    Quantity(key=CRITICAL_KEYS[3], label="critical sharpness x lr"),
+                    Quantity(key=CRITICAL_KEYS[4], label="curvature along the update"))),
     # the loss's rise under weight noise, noise/loss_delta_<s> (keys: the config's scales); with
     # the trial's measure.loss settings
-    Measurement(name="noise", run=run_noise, sections=("noise", "loss")),
+    Measurement(name="noise", run="flatlm.measure.landscape.noise:run_noise",
+                sections=("noise", "loss"), quantities=(
+                    Quantity(key=NOISE_PREFIX, label="loss rise under weight noise {}",
+                             family=True, leaderboard=True, shape_free=True),)),
     # the local learning coefficient by SGLD, of the population loss over the parameters
     # flatness counts (flatness.exclude)
-    Measurement(name="llc", run=run_llc, needs_truth=True,
+    Measurement(name="llc", run=f"{BUILTIN}:run_llc", needs_truth=True,
                 without_truth=("llc (population-loss learning coefficient)",),
-                sections=("flatness", "llc"), keys=LLC_KEYS),
-    Measurement(name="probe", run=run_probe, sections=("probe",), keys=_probe_rows("probe"),
-                reference=Reference(name="random_init", run=random_init_rows,
+                sections=("flatness", "llc"), keys=LLC_KEYS, quantities=(
+                    Quantity(key=LLC, label="local learning coefficient", leaderboard=True,
+                             shape_free=True),)),
+    Measurement(name="probe", run=f"{BUILTIN}:run_probe", sections=("probe",),
+                keys=_probe_rows("probe"),
+                reference=Reference(name="random_init", run=f"{BUILTIN}:random_init_rows",
                                     random_model=True)),
-    # linear CKA of the probe's features to the truth's (a pcfg's parse, an hmm's states)
-    Measurement(name="cka_truth", run=run_cka_truth, needs_truth=True, sections=("cka", "probe"),
-                keys=(CKA_TRUTH, CKA_TRUTH_TOKEN), check=check_cka_source,
-                reference=Reference(name="cka_random_init", run=random_init_cka,
-                                    random_model=True)),
-    Measurement(name="finetune", run=run_finetune, sections=("finetune",),
+    # linear CKA of the probe's features to the truth's (a pcfg's parse, an hmm's states); the
+    # leaderboard picks the most truth-like, every cka/truth* key but the random-init twins
+    Measurement(name="cka_truth", run=f"{CKA}:run_cka_truth", needs_truth=True,
+                sections=("cka", "probe"), keys=(CKA_TRUTH, CKA_TRUTH_TOKEN),
+                check=f"{CKA}:check_cka_source",
+                reference=Reference(name="cka_random_init", run=f"{CKA}:random_init_cka",
+                                    random_model=True), quantities=(
+                    Quantity(key=CKA_TRUTH, label="CKA to the truth, per sentence"),
+                    Quantity(key=CKA_TRUTH_TOKEN, label="CKA to the truth, per word"),
+                    Quantity(key=CKA_TRUTH, label="CKA to the truth, {}", family=True,
+                             leaderboard=True, higher_picked=True, shape_free=True))),
+    Measurement(name="finetune", run=f"{BUILTIN}:run_finetune", sections=("finetune",),
                 keys=lambda tasks: tuple(k for task in tasks for k in finetune_keys(task))),
     # GLUE fine-tuning with finetune's settings, on the GLUE tasks of a text or LM source
-    Measurement(name="glue", run=run_glue, sections=("finetune",), check=check_glue_source),
+    Measurement(name="glue", run=f"{BUILTIN}:run_glue", sections=("finetune",),
+                check=f"{BUILTIN}:check_glue_source"),
 )
 for _measurement in BUILT_IN:
     register_measurement(_measurement)

@@ -307,7 +307,7 @@ def measure_model(model: nn.Module, source: Source, data: EvalData, cfg: Measure
             tell(name)
             start = time.perf_counter()
             args = (model, source, data, cfg, device, artifact_dir)
-            metrics = _run_one(run, name, [m for m in chosen if m.run is run], broken, args)
+            metrics = _run_one(run, name, [m for m in chosen if m.run == run], broken, args)
             out.update(metrics)
             # the built-in runs time their parts (time/flatness_s, time/finetune_<task>_s);
             # a registered one that does not is timed whole

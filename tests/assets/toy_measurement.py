@@ -1,5 +1,5 @@
 """A toy measurement written as a user would add one: this file, imported before the config is
-built, and nothing else (no edit of ``MeasureConfig``).
+built, and nothing else (no edit of ``MeasureConfig``, nor of the analysis layer's tables).
 
 "param_norm": the global L^p norm of the model's parameters at each checkpoint, as
 ``toy/param_norm``; it needs no truth. Its one setting, the order ``p``, is its own section:
@@ -9,7 +9,7 @@ its ``Measurement.config`` with ``section="param_norm"``, set as
 
 from dataclasses import dataclass
 
-from flatlm.measure.registry import Measurement, register_measurement
+from flatlm.measure.registry import Measurement, Quantity, register_measurement
 
 PARAM_NORM = "toy/param_norm"
 
@@ -29,5 +29,9 @@ def param_norm(model, source, data, cfg, device, artifact_dir) -> dict[str, floa
     return {PARAM_NORM: float(powers ** (1 / p))}
 
 
+# what the analysis layer reads: its name in figures and tables, and a place on the leaderboard
+# (analysis.leaderboard ranks it with the built-in selectors, its cost from time/param_norm_s)
+NORM = Quantity(key=PARAM_NORM, label="parameter norm", leaderboard=True)
+
 register_measurement(Measurement(name="param_norm", run=param_norm, keys=(PARAM_NORM,),
-                                 config=ParamNormConfig, section="param_norm"))
+                                 config=ParamNormConfig, section="param_norm", quantities=(NORM,)))

@@ -4,6 +4,7 @@ derived from the registry; the built-in measurements give the keys they declare.
 
 import importlib
 import math
+import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -15,6 +16,7 @@ from flatlm.measure import ENTROPY, KL
 from flatlm.measure import registry as measure_registry
 from flatlm.measure.registry import (
     Measurement,
+    Quantity,
     measurement_names,
     metric_keys,
     register_measurement,
@@ -131,6 +133,44 @@ def test_the_derived_tables_name_the_toy(toy, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["measure", "--help"])
     assert "glue, param_norm" in " ".join(capsys.readouterr().out.split())  # --what's help
+
+
+def test_a_plugin_quantity_reaches_the_leaderboard_with_its_label_and_timing(toy):
+    from analysis.labels import axis_label
+    from analysis.leaderboard import comparable_across_shapes, measure_keys, timing_key
+
+    columns = ["pretrain/loss", "flat/trace_fisher", toy.PARAM_NORM, toy.PARAM_NORM + "_se"]
+    assert measure_keys(columns) == ["flat/trace_fisher", toy.PARAM_NORM]
+    assert axis_label(toy.PARAM_NORM) == "parameter norm"
+    assert timing_key(toy.PARAM_NORM) == "time/param_norm_s"  # measure.run times it whole
+    assert not comparable_across_shapes(toy.PARAM_NORM)  # not declared shape_free
+
+
+def test_the_built_in_quantities_name_every_selector_and_load_without_torch():
+    """The leaderboard's selectors, names and timings come from the built-in entries, and the
+    registry loads without torch (the analysis layer reads it): the runs are imported on their
+    first call."""
+    from analysis.leaderboard import measure_keys, timing_key
+
+    code = ("import sys, flatlm.measure.registry as r; "
+            "print(len(r.quantities()), 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.split()[1] == "False", done.stderr
+    columns = ["flat/sharpness_avg", "noise/loss_delta_0.1", "noise/loss_delta_0.01", "llc/mean",
+               "cka/truth_random_init", "cka/truth", "flat/trace_hessian_grown"]
+    assert measure_keys(columns) == ["flat/sharpness_avg", "llc/mean",
+                                     "flat/trace_hessian_grown", "noise/loss_delta_0.01",
+                                     "noise/loss_delta_0.1", "cka/truth"]
+    assert timing_key("flat/top_eig_fisher") == "time/landscape_s"
+    assert timing_key("cka/truth_token") == "time/cka_truth_s"
+    assert measure_registry.quantity_of("made/up") is None
+
+
+def test_a_quantity_is_checked_when_declared():
+    with pytest.raises(ValueError, match="not its _se twin"):
+        Quantity(key="toy/x_se", label="x")
+    with pytest.raises(ValueError, match="give leaderboard=True too"):
+        Quantity(key="toy/x", label="x", higher_picked=True)
 
 
 def test_what_a_measurement_declares_decides_what_is_skipped_and_logged(toy):

@@ -58,6 +58,7 @@ from torch import nn
 
 from flatlm.core.stats import ratio_mean_se
 from flatlm.measure import (
+    CRITICAL_KEYS,
     CRITICAL_SHARPNESS,
     CRITICAL_SHARPNESS_X_LR,
     CRITICAL_STEP,
@@ -72,8 +73,7 @@ from flatlm.sources.base import Source
 
 log = logging.getLogger(__name__)
 
-KEYS = (CRITICAL_SHARPNESS, se_key(CRITICAL_SHARPNESS), CRITICAL_STEP, CRITICAL_SHARPNESS_X_LR,
-        UPDATE_CURVATURE)
+KEYS = CRITICAL_KEYS
 PAPER_LR = 1e-3  # the paper's peak rate (A.5): eta for a checkpoint without a training state
 
 

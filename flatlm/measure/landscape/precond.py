@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from flatlm.measure import (
+    PRECOND_KEYS,
     PRECOND_SHARPNESS,
     PRECOND_SHARPNESS_RATIO,
     PRECOND_SHARPNESS_X_LR,
@@ -53,8 +54,7 @@ from flatlm.sources.base import Source
 
 log = logging.getLogger(__name__)
 
-KEYS = (PRECOND_SHARPNESS, se_key(PRECOND_SHARPNESS), PRECOND_SHARPNESS_X_LR,
-        PRECOND_SHARPNESS_RATIO)
+KEYS = PRECOND_KEYS
 
 
 @dataclass(frozen=True, kw_only=True)

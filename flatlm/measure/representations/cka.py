@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from flatlm.core.tokens import encode
+from flatlm.measure import CKA_TRUTH, CKA_TRUTH_TOKEN, RANDOM_INIT
 from flatlm.measure.curvature.common import eval_mode
 from flatlm.measure.probes.probe import ProbeConfig, probed_states
 from flatlm.measure.reference_cache import random_features_model
@@ -45,9 +46,6 @@ from flatlm.measure.timing import timer
 from flatlm.models.masked_lm import encoder_features
 from flatlm.sources.base import as_tokens, padding_mask
 
-CKA_TRUTH = "cka/truth"  # the probe's features (sentence level)
-CKA_TRUTH_TOKEN = "cka/truth_token"  # every real word's final-layer state (token level)
-RANDOM_INIT = "_random_init"  # the random-init model's twin of a key
 CKA_TRUTH_RANDOM_INIT = CKA_TRUTH + RANDOM_INIT
 
 
