@@ -138,9 +138,10 @@ MEASURE = MeasureConfig(
     cka=CKAConfig(random_init=False),
 )
 
-# what the leaderboard ranks (analysis.leaderboard.MEASURES, the grown twins, the noise scales,
-# the CKA keys; tests/measure/test_invariance.py checks that none is missing), and the loss,
-# which every function-preserving map must keep: the check on the maps themselves
+# what the leaderboard ranks (the registered measurements' leaderboard quantities: the exact
+# keys, the grown twins, the noise scales, the CKA keys; tests/measure/test_invariance.py checks
+# that none is missing), and the loss, which every function-preserving map must keep: the check
+# on the maps themselves
 TESTED_MEASURES = (
     LOSS, TRACE_FISHER, TRACE_HESSIAN, TOP_EIG_HESSIAN, TOP_EIG_FISHER,
     sharpness_worst_key("linf"), sharpness_worst_key("l2"), SHARPNESS_AVG, PRECOND_SHARPNESS,
