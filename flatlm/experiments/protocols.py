@@ -21,6 +21,12 @@ labels, masks, schedules or probes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from flatlm.core.registry import Registry
 from flatlm.measure.curvature.common import B1_LABELS_PER_INPUT
 from flatlm.measure.probes.probe import RELEASED
 from flatlm.models.presets import PRE_LN_SUFFIX
@@ -46,42 +52,92 @@ PAPER: dict = {
     "measure.probe.batch_size": RELEASED["batch_size"],
 }
 
-# The switches, each the released code's choice for one part of the protocol. "pre-ln" changes
-# the model (``model_for``), "deep-grammar" and "second-grammar" the source
-# (``flatlm.experiments.scales``); the others are trial config overrides.
-SWITCHES: dict[str, tuple[str, dict]] = {
-    "released-masking": ("15% masking: exactly max(1, round(0.15 (L + 2))) words per sentence, at "
-                         "most 5, BERT's 80/10/10 (released create_pretraining_data.py)",
-                         {"train.mask": 0.15, "train.mask_count": "fixed",
-                          "train.max_predictions": 5}),
-    "mask-only": ("every masked word written as [MASK] (no 10% random / 10% kept)",
-                  {"train.mask_replace": [1.0, 0.0, 0.0]}),
-    "inside-labels": ("labels: argmax of the inside probability of the span, no prior (released "
-                      "labeling())", {"measure.label_rule": "inside"}),
-    "released-spans": ("spans: B over the first 4 words, C over the first 2 (released "
-                       "labeling())", {"measure.spans": "released"}),
-    "pre-ln": ("pre-LN encoder (academic-budget-bert --encoder_ln_mode pre-ln)", {}),
-    "linear-schedule": ("warmup over 13.3% of the steps, then linear decay to 0, at the scale's "
-                        "lr (the released run's --lr_schedule step --curve linear)",
-                        {"train.schedule": "linear", "train.warmup_steps": None,
-                         "train.warmup_proportion": RELEASED_WARMUP_PROPORTION}),
-    "released-probe": ("probe as run_lp.py runs it: batch 512, 50 epochs, linear decay, no "
+# A switch's kinds: one protocol difference (the diagnosis turns it on alone); another language,
+# not how a claim is run or measured (the report shows its protocols as robustness columns, the
+# diagnosis leaves them out); an ablation of the paper's mechanism rather than its text or the
+# released code (its trials are arms of analysis/beyond.py's comparisons, not a protocol of the
+# paper's claims)
+PROTOCOL, ROBUSTNESS, ABLATION = "protocol", "robustness", "ablation"
+KINDS = (PROTOCOL, ROBUSTNESS, ABLATION)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Switch:
+    """One ``+switch`` of a protocol name: what it changes, as trial config overrides."""
+
+    name: str
+    description: str  # one line, what ``describe`` and the reports say it is
+    # trial config overrides, applied after the base's; "pre-ln" changes the model instead
+    # (``model_for``), "deep-grammar" and "second-grammar" the source (flatlm.experiments.scales)
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    kind: str = PROTOCOL
+
+    def __post_init__(self):
+        if not self.name or "+" in self.name or self.name != self.name.strip():
+            raise ValueError(f"protocol switch {self.name!r}: use a word without '+'")
+        if self.kind not in KINDS:
+            raise ValueError(f"protocol switch {self.name!r}: kind={self.kind!r}; use one of "
+                             f"{', '.join(KINDS)}")
+        object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
+
+
+SWITCHES: Registry[Switch] = Registry(
+    "protocol switch", key="--protocol switch",
+    how_to_add="flatlm.experiments.protocols.register_switch in a plug-in module: --plugin MODULE")
+
+
+def register_switch(switch: Switch, *, replace: bool = False) -> Switch:
+    """Adds ``switch`` (``paper+<name>`` then names it); a name taken is a ValueError."""
+    if not isinstance(switch, Switch):
+        raise TypeError(f"register_switch: expected a Switch, got {switch!r}")
+    return SWITCHES.register(switch.name, switch, replace=replace)
+
+
+def switches_of_kind(kind: str) -> tuple[str, ...]:
+    """The registered switches of ``kind`` (``ROBUSTNESS``: the second grammar), in order."""
+    return tuple(name for name, switch in SWITCHES.items() if switch.kind == kind)
+
+
+# The built-in switches, each the released code's choice for one part of the protocol, but the
+# last three
+for _switch in (
+    Switch(name="released-masking",
+           description="15% masking: exactly max(1, round(0.15 (L + 2))) words per sentence, at "
+                       "most 5, BERT's 80/10/10 (released create_pretraining_data.py)",
+           overrides={"train.mask": 0.15, "train.mask_count": "fixed",
+                      "train.max_predictions": 5}),
+    Switch(name="mask-only",
+           description="every masked word written as [MASK] (no 10% random / 10% kept)",
+           overrides={"train.mask_replace": [1.0, 0.0, 0.0]}),
+    Switch(name="inside-labels",
+           description="labels: argmax of the inside probability of the span, no prior (released "
+                       "labeling())", overrides={"measure.label_rule": "inside"}),
+    Switch(name="released-spans",
+           description="spans: B over the first 4 words, C over the first 2 (released "
+                       "labeling())", overrides={"measure.spans": "released"}),
+    Switch(name="pre-ln",
+           description="pre-LN encoder (academic-budget-bert --encoder_ln_mode pre-ln)"),
+    Switch(name="linear-schedule",
+           description="warmup over 13.3% of the steps, then linear decay to 0, at the scale's "
+                       "lr (the released run's --lr_schedule step --curve linear)",
+           overrides={"train.schedule": "linear", "train.warmup_steps": None,
+                      "train.warmup_proportion": RELEASED_WARMUP_PROPORTION}),
+    Switch(name="released-probe",
+           description="probe as run_lp.py runs it: batch 512, 50 epochs, linear decay, no "
                        "clipping, raw states of positions 1..T (padding too), dropout 0.1 on "
                        "them, the encoder in train mode, a N(0, 0.02) head",
-                       {f"measure.probe.{k}": v for k, v in RELEASED.items()}),
-    "deep-grammar": ("a deeper grammar: the scale's deep source (paper-like at GPU scale)", {}),
-    "second-grammar": ("a second grammar of the scale's family (testbed: the search's runner-up, "
-                       "q0-7): the robustness column", {}),
-    "soft-targets": ("trained on the true conditionals, not the sampled word (train.targets="
-                     "truth): Theorem 3.3's label noise removed, the rest of the algorithm kept",
-                     {"train.targets": "truth"}),
-}
-# Switches that change the language, not how a claim is run or measured: the report shows their
-# protocols as robustness columns, and the diagnosis leaves them out.
-ROBUSTNESS_SWITCHES = ("second-grammar",)
-# Switches that ablate the paper's mechanism rather than follow its text or the released code:
-# their trials are arms of analysis/beyond.py's comparisons, not a protocol of the paper's claims
-ABLATION_SWITCHES = ("soft-targets",)
+           overrides={f"measure.probe.{k}": v for k, v in RELEASED.items()}),
+    Switch(name="deep-grammar",
+           description="a deeper grammar: the scale's deep source (paper-like at GPU scale)"),
+    Switch(name="second-grammar", kind=ROBUSTNESS,
+           description="a second grammar of the scale's family (testbed: the search's "
+                       "runner-up, q0-7): the robustness column"),
+    Switch(name="soft-targets", kind=ABLATION,
+           description="trained on the true conditionals, not the sampled word (train.targets="
+                       "truth): Theorem 3.3's label noise removed, the rest of the algorithm "
+                       "kept", overrides={"train.targets": "truth"}),
+):
+    register_switch(_switch)
 
 # The released code's protocol = every switch but the ones that are not its choices.
 BASES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -116,7 +172,7 @@ def parse_protocol(name: str) -> tuple[str, tuple[str, ...]]:
     for switch in extra:
         if switch not in SWITCHES:
             raise ValueError(f"protocol {name!r}: unknown switch {switch!r}; switches: "
-                             f"{', '.join(SWITCHES)}")
+                             f"{', '.join(SWITCHES)} (add one with {SWITCHES.how_to_add})")
     return base, tuple(dict.fromkeys((*BASES[base][1], *extra)))
 
 
@@ -130,7 +186,7 @@ def protocol_overrides(name: str) -> dict:
     base, _ = parse_protocol(name)
     out: dict = {**PAPER, **BASE_SETTINGS[base]}
     for switch in switches_of(name):
-        out.update(SWITCHES[switch][1])
+        out.update(SWITCHES[switch].overrides)
     return out
 
 
@@ -144,7 +200,8 @@ def model_for(model: str, protocol: str) -> str:
 def describe(name: str) -> str:
     """One line: the base's description and each added switch's."""
     base = parse_protocol(name)[0]
-    return "; ".join([BASES[base][0], *(f"+ {SWITCHES[s][0]}" for s in added_switches(name))])
+    return "; ".join([BASES[base][0], *(f"+ {SWITCHES[s].description}"
+                                        for s in added_switches(name))])
 
 
 def added_switches(name: str) -> list[str]:
@@ -157,16 +214,16 @@ def diagnosis_protocols(base: str = "paper") -> list[str]:
     """``base`` with each switch alone (the diagnosis grid), the base itself first; not the
     robustness switches (another language is not a protocol difference) nor the ablations."""
     parse_protocol(base)
-    return [base, *(f"{base}+{s}" for s in SWITCHES if s not in switches_of(base)
-                    and s not in ROBUSTNESS_SWITCHES + ABLATION_SWITCHES)]
+    return [base, *(f"{base}+{s}" for s in switches_of_kind(PROTOCOL)
+                    if s not in switches_of(base))]
 
 
 def is_robustness(name: str) -> bool:
     """``name`` is a base with robustness switches only (``paper+second-grammar``)."""
     added = added_switches(name)
-    return bool(added) and all(s in ROBUSTNESS_SWITCHES for s in added)
+    return bool(added) and all(SWITCHES[s].kind == ROBUSTNESS for s in added)
 
 
 def is_ablation(name: str) -> bool:
     """``name`` adds an ablation switch to its base (``paper+soft-targets``)."""
-    return any(s in ABLATION_SWITCHES for s in added_switches(name))
+    return any(SWITCHES[s].kind == ABLATION for s in added_switches(name))

@@ -71,7 +71,7 @@ def place(caller: str, key: str, scale: str, protocol: str, source, experiment: 
         where = "protocol PAPER" if key in PAPER else None
         where = f"protocol base {base}" if key in BASE_SETTINGS[base] else where
         for s in switches:
-            if key in SWITCHES[s][1]:
+            if key in SWITCHES[s].overrides:
                 where = f"switch {s}"
         return where
     if caller in ("build", "base_of"):

@@ -12,17 +12,21 @@ from flatlm.core.config import apply_overrides
 from flatlm.core.schedules import learning_rate
 from flatlm.experiments.paper import EXPERIMENTS, build
 from flatlm.experiments.protocols import (
-    ABLATION_SWITCHES,
+    ABLATION,
     PAPER,
     RELEASED_WARMUP_PROPORTION,
-    ROBUSTNESS_SWITCHES,
+    ROBUSTNESS,
     SWITCHES,
+    Switch,
+    describe,
     diagnosis_protocols,
     is_ablation,
     is_robustness,
     model_for,
     parse_protocol,
     protocol_overrides,
+    register_switch,
+    switches_of_kind,
 )
 from flatlm.experiments.scales import (
     PAPER_LIKE_SOURCE,
@@ -170,11 +174,42 @@ def test_bad_protocols_name_what_is_wrong(name, needle):
 
 def test_diagnosis_turns_on_each_switch_alone():
     names = diagnosis_protocols()
-    assert names[0] == "paper" and len(names) == (1 + len(SWITCHES) - len(ROBUSTNESS_SWITCHES)
-                                                  - len(ABLATION_SWITCHES))
+    assert switches_of_kind(ROBUSTNESS) == ("second-grammar",)
+    assert switches_of_kind(ABLATION) == ("soft-targets",)
+    assert names[0] == "paper" and len(names) == 1 + len(SWITCHES) - 2
     for name in names[1:]:
         assert len(parse_protocol(name)[1]) == 1
     assert not any(is_robustness(name) or is_ablation(name) for name in names)
+
+
+@pytest.fixture
+def own_switches(monkeypatch):
+    """The switch table as it is, restored after the test registers its own."""
+    saved = dict(SWITCHES)
+    yield
+    SWITCHES.clear()
+    SWITCHES.update(saved)
+
+
+def test_a_registered_switch_is_a_protocol_like_the_built_in_ones(own_switches):
+    """Issue 51, item 1: the protocols are a table plug-ins add to, as the built-ins are in it."""
+    register_switch(Switch(name="cosine", description="cosine decay after warmup",
+                           overrides={"train.schedule": "cosine"}))
+    assert protocol_overrides("paper+cosine")["train.schedule"] == "cosine"
+    assert describe("paper+cosine").endswith("+ cosine decay after warmup")
+    assert "paper+cosine" in diagnosis_protocols()  # a protocol difference, turned on alone
+    register_switch(Switch(name="third-grammar", description="another", kind=ROBUSTNESS))
+    assert is_robustness("paper+third-grammar")
+    assert "paper+third-grammar" not in diagnosis_protocols()
+    with pytest.raises(ValueError, match="unknown switch 'cosin'.*add one with "
+                                         "flatlm.experiments.protocols.register_switch"):
+        parse_protocol("paper+cosin")
+    with pytest.raises(ValueError, match="registered already"):
+        register_switch(Switch(name="cosine", description="again"))
+    with pytest.raises(ValueError, match="kind='other'"):
+        Switch(name="x", description="x", kind="other")
+    with pytest.raises(ValueError, match=r"without '\+'"):
+        Switch(name="a+b", description="x")
 
 
 def test_soft_targets_is_an_ablation_that_trains_on_the_truth_and_changes_nothing_else():
