@@ -1,11 +1,12 @@
 """One way to register anything: a named ``Registry`` table, one lazy ``"module:name"`` importer
 and the loading of plug-in modules.
 
-Sources, algorithms, measurements, architectures, experiments, scales and protocol switches are
-each one ``Registry``: a table name -> entry in registration order, whose ``register`` refuses a name
-taken (unless ``replace=True``) and whose ``lookup`` of an unknown name is a ``ValueError`` that
-lists the known names and says how to add one. Every hand-kept list of names elsewhere is read
-from the table, so an entry registered later (a plug-in) is in it.
+Sources, algorithms, measurements, architectures, experiments, scales, protocol switches and
+model presets are each one ``Registry``: a table name -> entry in registration order, whose
+``register`` refuses a name taken (unless ``replace=True``) and whose ``lookup`` of an unknown
+name is a ``ValueError`` that lists the known names and says how to add one. Every hand-kept
+list of names elsewhere is read from the table, so an entry registered later (a plug-in) is in
+it.
 
 >>> colours = Registry("colour", key="paint.colour", how_to_add="register_colour(name, rgb)")
 >>> colours.register("red", (255, 0, 0))

@@ -1,6 +1,7 @@
 """Model shapes: ``ModelConfig``, the paper's presets, shape strings and analytic parameter counts.
 
-Presets (``PRESETS``; ``parse_model`` also reads shape strings):
+Presets (``PRESETS``, a registry: ``register_preset`` adds one; ``parse_model`` also reads shape
+strings):
 
 - ``bert-2m`` .. ``bert-730m``: Table 3 (Section 2), named by their parameter count in the paper's
   convention (``paper_parameter_count``). Head size is always 64.
@@ -32,6 +33,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from flatlm.core.config import ConfigValue
+from flatlm.core.registry import Registry
 from flatlm.models.architectures import SIZES, all_architectures, architecture, labels_where
 
 ATTENTIONS = ("sdpa", "eager")
@@ -137,7 +139,37 @@ TABLE4 = ("bert-4.8m", "bert-8.3m", *_FIG5)  # the Figure 5 sequence, smallest f
 LSTM_GRID = {  # A.4: d_hidden x layers
     f"lstm-h{h}-l{n}": _lstm(h, n) for h in (128, 256, 512, 768, 1024) for n in (4, 6, 8, 12, 16)
 }
-PRESETS: dict[str, ModelConfig] = {**TABLE3, **_FIG5, **LSTM_GRID}
+
+
+def _check_preset(name: str, cfg: ModelConfig) -> None:
+    """A preset is a lower-case name of a registered architecture's model that reads as no other
+    model's shape (the LSTM grid's names are their shapes): ``parse_model`` looks names up before
+    shapes, and lower-cases what it is given."""
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"model preset {name!r}: give a ModelConfig, not {cfg!r}")
+    if name != name.strip().lower() or name.endswith(PRE_LN_SUFFIX):
+        raise ValueError(f"model preset {name!r}: use a lower-case name without the "
+                         f"{PRE_LN_SUFFIX!r} suffix (parse_model adds pre-LN to any preset)")
+    architecture(cfg.arch)  # a ValueError naming the registered ones
+    for arch in all_architectures():
+        sizes = arch.parse_shape(name)
+        if sizes is not None and ModelConfig(arch=arch.name, **sizes) != cfg:
+            raise ValueError(f"model preset {name!r} reads as the shape of another model; "
+                             "choose a name that is no shape string (the paper's: bert-<size>)")
+
+
+PRESETS: Registry[ModelConfig] = Registry(
+    "model preset", key="model", check=_check_preset,
+    how_to_add="flatlm.models.presets.register_preset in a plug-in module: --plugin MODULE")
+
+
+def register_preset(name: str, cfg: ModelConfig, *, replace: bool = False) -> ModelConfig:
+    """Adds the preset ``name`` (``--model name``, ``model: name`` in a sweep's grid)."""
+    return PRESETS.register(name, cfg, replace=replace)
+
+
+for _name, _cfg in {**TABLE3, **_FIG5, **LSTM_GRID}.items():
+    register_preset(_name, _cfg)
 
 
 
@@ -176,7 +208,8 @@ def _parse_post(key: str, name_or_shape) -> ModelConfig:
     raise ValueError(
         f"model {name_or_shape!r} is neither a preset nor a shape. Presets: "
         f"{', '.join(PRESETS)}. Shapes: {shapes}; "
-        f"add {PRE_LN_SUFFIX!r} to a {labels_where(_has_pre_ln)} for pre-LN."
+        f"add {PRE_LN_SUFFIX!r} to a {labels_where(_has_pre_ln)} for pre-LN; add a preset with "
+        f"{PRESETS.how_to_add}."
     )
 
 

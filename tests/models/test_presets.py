@@ -149,3 +149,28 @@ def test_describe_every_preset():
         assert ("paper convention" in line) == (cfg.arch == "bert")
     with pytest.raises(ValueError, match="model.arch='lstm'"):
         paper_parameter_count(PRESETS["lstm-h128-l4"])
+
+
+@pytest.fixture
+def own_presets():
+    """The preset table as it is, restored after the test registers its own."""
+    saved = dict(PRESETS)
+    yield
+    PRESETS.clear()
+    PRESETS.update(saved)
+
+
+def test_a_registered_preset_is_a_model_name_like_the_paper_s(own_presets):
+    """Issue 51, item 1: the presets are a table plug-ins add to, checked as they are added."""
+    from flatlm.models.presets import register_preset
+
+    tiny = parse_model("d16-h1-l1-i32")
+    register_preset("toy-tiny", tiny)
+    assert parse_model("TOY-tiny") == tiny and parse_model("toy-tiny-pre").ln_mode == "pre"
+    for name, needle in (("Toy", "lower-case"), ("toy-pre", "lower-case"),
+                         ("d8-h1-l1-i16", "reads as the shape of another model"),
+                         ("toy-tiny", "registered already")):
+        with pytest.raises(ValueError, match=needle):
+            register_preset(name, parse_model("bert-2m"))
+    with pytest.raises(ValueError, match="add a preset with flatlm.models.presets.register_preset"):
+        parse_model("toy-tinyy")
