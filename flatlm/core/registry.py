@@ -135,6 +135,15 @@ class Registry(MutableMapping, Generic[T]):
         self._entries[name] = entry
         return entry
 
+    def add(self, entry: T, kind: type, verb: str, *, replace: bool = False) -> T:
+        """``register`` of an entry that carries its name (``entry.name``), after checking it is
+        a ``kind``: what each ``register_<what>`` verb of a named entry is (``verb`` names it in
+        the TypeError)."""
+        if not isinstance(entry, kind):
+            article = "an" if kind.__name__[0] in "AEIOU" else "a"
+            raise TypeError(f"{verb}: expected {article} {kind.__name__}, got {entry!r}")
+        return self.register(entry.name, entry, replace=replace)
+
     def lookup(self, name: str) -> T:
         """The entry ``name``; a ValueError listing the known names and how to add one."""
         try:

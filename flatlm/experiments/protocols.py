@@ -88,9 +88,7 @@ SWITCHES: Registry[Switch] = Registry(
 
 def register_switch(switch: Switch, *, replace: bool = False) -> Switch:
     """Adds ``switch`` (``paper+<name>`` then names it); a name taken is a ValueError."""
-    if not isinstance(switch, Switch):
-        raise TypeError(f"register_switch: expected a Switch, got {switch!r}")
-    return SWITCHES.register(switch.name, switch, replace=replace)
+    return SWITCHES.add(switch, Switch, "register_switch", replace=replace)
 
 
 def switches_of_kind(kind: str) -> tuple[str, ...]:

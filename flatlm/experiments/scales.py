@@ -357,9 +357,7 @@ SCALES: Registry[Scale] = Registry(
 
 def register_scale(sc: Scale, *, replace: bool = False) -> Scale:
     """Adds ``sc`` under its name (``replace``: over a scale registered before); returns it."""
-    if not isinstance(sc, Scale):
-        raise TypeError(f"register_scale: expected a Scale, got {sc!r}")
-    return SCALES.register(sc.name, sc, replace=replace)
+    return SCALES.add(sc, Scale, "register_scale", replace=replace)
 
 
 for _scale in (SWEEP, TINY, GPU, TESTBED, TESTBED_V2):

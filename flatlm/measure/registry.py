@@ -211,9 +211,7 @@ def register_measurement(measurement: Measurement, *, replace: bool = False) -> 
     """Adds ``measurement`` after those registered (it runs after them; ``replace``: in the
     place of one registered before). A name taken, or an implied measurement not registered, is
     a ValueError."""
-    if not isinstance(measurement, Measurement):
-        raise TypeError(f"register_measurement: expected a Measurement, got {measurement!r}")
-    return MEASUREMENTS.register(measurement.name, measurement, replace=replace)
+    return MEASUREMENTS.add(measurement, Measurement, "register_measurement", replace=replace)
 
 
 def measurement_names() -> tuple[str, ...]:

@@ -133,9 +133,7 @@ ARCHITECTURES: Registry[Architecture] = Registry(
 def register_architecture(arch: Architecture, *, replace: bool = False) -> Architecture:
     """Adds ``arch`` under ``arch.name`` and returns it (``replace``: over one registered
     before); a name is registered once, and the same architecture again is a no-op."""
-    if not isinstance(arch, Architecture):
-        raise TypeError(f"register_architecture takes an Architecture, got {type(arch).__name__}")
-    return ARCHITECTURES.register(arch.name, arch, replace=replace)
+    return ARCHITECTURES.add(arch, Architecture, "register_architecture", replace=replace)
 
 
 def architecture(arch) -> Architecture:

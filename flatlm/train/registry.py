@@ -167,9 +167,7 @@ REGISTRY: Registry[Algorithm] = Registry(
 
 def register_algorithm(algorithm: Algorithm, *, replace: bool = False) -> Algorithm:
     """Adds ``algorithm`` under its name (``replace``: over one registered before); returns it."""
-    if not isinstance(algorithm, Algorithm):
-        raise TypeError(f"register_algorithm: expected an Algorithm, got {algorithm!r}")
-    return REGISTRY.register(algorithm.name, algorithm, replace=replace)
+    return REGISTRY.add(algorithm, Algorithm, "register_algorithm", replace=replace)
 
 
 def algorithm_named(name: str) -> Algorithm:
