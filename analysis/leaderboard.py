@@ -76,9 +76,6 @@ TASKS = ("A", "B", "C")
 LEVEL = 0.95
 FEW_RUNS = 30  # fewer runs in a group's window: the md says the intervals rest on few clusters
 ONE_SHAPE, ALL_SIZES = "one shape", "all sizes"
-# a reference row, one value per trial (the random-init model's twin of a key), not a property
-# of the checkpoint: never a candidate measure
-RANDOM_INIT_SUFFIX = RANDOM_INIT
 STATISTICS = ("partial_spearman", "spearman", "kendall", "regret", "gain_vs_loss",
               "random_regret", "gain_vs_random")
 COLUMNS = ("group", "task", "measure", "statistic", "value", "ci_low", "ci_high")
@@ -105,7 +102,8 @@ def measure_keys(columns) -> list[str]:
     (the grown twins, the noise scales, the CKA levels; no ``_se``, no reference rows), a
     family's keys ordered by the number they end in where they all do (the noise scales), else
     as in ``columns``."""
-    columns = [c for c in columns if not c.endswith(("_se", RANDOM_INIT_SUFFIX))]
+    # a random-init twin is a reference row, one value per trial, not a property of the checkpoint
+    columns = [c for c in columns if not c.endswith(("_se", RANDOM_INIT))]
     selectors = [q for _, q in quantities() if q.leaderboard]
     exact = [q.key for q in selectors if not q.family and q.key in columns]
     families = [_family_keys(q, [c for c in columns if c not in exact]) for q in selectors
