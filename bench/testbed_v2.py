@@ -170,7 +170,7 @@ def stage2(args, results: dict) -> None:
     adversarial = loss_only(algorithm_trial(sc, "adversarial", 0))
     for lam in args.lambdas:
         config = json.loads(json.dumps(adversarial))
-        config["train"]["adversarial"]["lambda"] = lam
+        config["train"].setdefault("adversarial", {})["lambda"] = lam
         jobs.append({"id": cid, "experiment": "adversary", "trial": f"lambda{lam}_seed0",
                      "config": config, "work": str(args.work)})
     jobs.sort(key=lambda j: -expected_cost(j))

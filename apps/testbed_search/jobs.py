@@ -90,11 +90,11 @@ def adversary_lambda(cid: str, sc: Scale, seed: int, work: Path, done: dict, job
         pending, rows = [], {}
         for lam in batch:
             old = done.get(f"adversarial_seed{seed}")
-            if old and old["config"]["train"]["adversarial"]["lambda"] == lam:
+            if old and old["config"]["train"].get("adversarial", {}).get("lambda") == lam:
                 rows[lam] = old
                 continue
             config = json.loads(json.dumps(adversarial))
-            config["train"]["adversarial"]["lambda"] = lam
+            config["train"].setdefault("adversarial", {})["lambda"] = lam
             pending.append({"id": cid, "experiment": "adversary", "config": config,
                             "trial": f"lambda{lam}_seed{seed}", "work": str(work)})
         for row in run_all(jobs, run_one, pending, f"stage 3 (lambda {batch})"):

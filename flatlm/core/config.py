@@ -219,12 +219,12 @@ def _unknown(cfg, name: str, key: str, prefix: str) -> ConfigError:
                        f"{', '.join(fields)}{plugged}")
 
 
-# Open sections. A config class may leave room for the settings of components registered later
-# (a plug-in algorithm's ``train.<section>.*``), so that adding one edits no dataclass: it names
-# a field in ``OPEN_SECTIONS`` holding ((section, settings), ...) and has a classmethod
-# ``section_class(name)`` -> the component's settings dataclass, or None. Keys, flat dicts and
-# saved dicts spell such a section as if it were a field (``train.toy.scale``); a config none
-# of whose open sections is set writes exactly what it wrote before they existed.
+# Open sections. A config class may leave room for the settings of components registered
+# (every algorithm's ``train.<section>.*``, the built-ins' and a plug-in's), so that adding one
+# edits no dataclass: it names a field in ``OPEN_SECTIONS`` holding ((section, settings), ...)
+# and has classmethods ``section_class(name)`` -> the component's settings dataclass, or None,
+# and ``open_section_names()``. Keys, flags, flat dicts and saved dicts spell such a section as
+# if it were a field (``train.sam.rho``, ``--sam-rho``); the field itself is never a key.
 
 def _open_field(cfg) -> str | None:
     return getattr(type(cfg) if not isinstance(cfg, type) else cfg, "OPEN_SECTIONS", None)
@@ -422,7 +422,13 @@ def _add_fields(parser, cls, path: str, prefix: str, exclude: set) -> None:
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         key = path + _external(f.name)
-        if key in exclude or f.name == _open_field(cls):  # open sections: --set keys only
+        if f.name == _open_field(cls):  # the sections registered by now, as if fields
+            for section in cls.open_section_names():
+                if path + section not in exclude:
+                    _add_fields(parser, cls.section_class(section), path + section + ".",
+                                prefix, exclude)
+            continue
+        if key in exclude:
             continue
         tp = types_[f.name]
         default = f.default if f.default is not dataclasses.MISSING else (

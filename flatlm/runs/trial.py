@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from flatlm.core.config import from_dict, to_dict, to_flat_dict
+from flatlm.core.config import flatten_dict, from_dict, to_dict, to_flat_dict
 from flatlm.core.safe_io import write_text
 from flatlm.measure.registry import unused_sections as unused_measure_sections
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
@@ -179,7 +179,8 @@ def training_identity(cfg: TrialConfig, source=None) -> dict:
     left_out = {*SCHEDULING_KEYS, *unused_train_sections(train.algorithm)}
     model = dataclasses.replace(parse_model(cfg.model), dropout=train.dropout)
     return {"source": labelled_source(cfg).to_dict(), "model": model.to_dict(),
-            "train": {k: v for k, v in to_dict(train).items() if k not in left_out}}
+            "train": {k: v for k, v in {**to_dict(train), **train.own_settings()}.items()
+                      if k not in left_out}}
 
 
 # Options whose None has a meaning worth a word in the logged params (other Nones: not set).
@@ -195,7 +196,8 @@ def tracked_params(cfg: TrialConfig) -> dict:
     train = resolve(cfg.train)
     if train.micro_batch_size is None:  # None = one pass (sam: each half-batch in one pass)
         train = dataclasses.replace(train, micro_batch_size=train.sentences_per_pass)
-    flat = to_flat_dict(dataclasses.replace(cfg, train=train))
+    own = {f"train.{k}": v for k, v in flatten_dict(train.own_settings()).items()}
+    flat = {**own, **to_flat_dict(dataclasses.replace(cfg, train=train))}
     # the sections of other algorithms, and of measurements that did not run, are not logged
     skipped = [f"train.{section}." for section in unused_train_sections(train.algorithm)]
     skipped += [f"measure.{section}." for section in unused_measure_sections(cfg.measure.what)]

@@ -4,12 +4,12 @@ The model shape is a ``ModelConfig`` and the language a source spec; neither is 
 left ``None`` take the algorithm's default from ``ALGORITHMS`` (the paper's values, A.5), a view
 of the algorithm registry (``flatlm.train.registry``, which also says how to add one);
 ``resolve(cfg)`` fills them in, and the loop works on the resolved config. Settings of one
-algorithm sit in their own small config, the field its ``Algorithm.section`` names:
-``cfg.sam`` (``SamConfig``), ``cfg.adversarial`` (``AdversarialConfig``), ``cfg.grow``
-(``GrowConfig``) and ``cfg.label_noise`` (``LabelNoiseConfig``); their keys are
-``train.sam.rho``, ``train.adversarial.lambda``, ``train.grow.steps``, ``train.label_noise.p`` etc.
-Muon's (``train.muon.*``) are declared as a plug-in declares its own (``Algorithm.config``:
-``flatlm.train.muon.MuonConfig``), read as ``cfg.settings("muon")``, and are no field here.
+algorithm are declared on its registry entry (``Algorithm.config``), the built-ins' as a plug-in
+declares its own: sam's ``SamConfig``, adversarial's ``AdversarialConfig``, grow's ``GrowConfig``,
+label_noise's ``LabelNoiseConfig`` (``flatlm.train.algorithm_settings``) and muon's
+``MuonConfig`` (``flatlm.train.muon_config``). Their keys are ``train.sam.rho``,
+``train.adversarial.lambda``, ``train.grow.steps``, ``train.label_noise.p``, ``train.muon.lr``
+etc.; a run reads them as ``cfg.settings("sam")``, and none is a field here.
 ``flatlm.core.config`` converts to and from dicts (``to_dict``, ``from_dict``).
 
 >>> cfg = resolve(TrainConfig(algorithm="noreg", steps=100))
@@ -21,22 +21,29 @@ Muon's (``train.muon.*``) are declared as a plug-in declares its own (``Algorith
 Traceback (most recent call last):
 ...
 ValueError: train.lr=-1.0: the learning rate must be > 0 (the paper uses 1e-3)
->>> TrainConfig(sam=SamConfig(rho=0.0))
-Traceback (most recent call last):
-...
-ValueError: train.sam.rho=0.0: use a radius > 0 (paper: 0.05)
+>>> TrainConfig(algorithm="sam", sections={"sam": SamConfig(rho=0.1)}).settings("sam")
+SamConfig(rho=0.1)
+>>> TrainConfig(algorithm="sam", sections={"sam": SamConfig()}).sections  # at its defaults
+()
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from flatlm.core.config import to_dict
 from flatlm.core.schedules import SCHEDULES
-from flatlm.models.constructions import check_construction
+from flatlm.train.algorithm_settings import (
+    AdversarialConfig,
+    GrowConfig,
+    LabelNoiseConfig,
+    SamConfig,
+)
+from flatlm.train.algorithm_settings import check as _check
+from flatlm.train.algorithm_settings import check_finite as _check_finite
+from flatlm.train.algorithm_settings import is_int as _is_int
 from flatlm.train.registry import (
     ALGORITHMS,
     REGISTRY,
@@ -73,96 +80,6 @@ def sequence_packing_for(cfg: TrainConfig, device_type: str) -> str:
     return "unpadded" if switch_on(cfg.unpad, device_type) else "padded"
 
 
-@dataclass(frozen=True, kw_only=True)
-class SamConfig:
-    """SAM's settings (``algorithm="sam"``); the batch is split in two halves (A.5)."""
-
-    rho: float = 0.05  # perturbation radius in parameter L2 norm; > 0 (paper: 0.05)
-
-    def __post_init__(self):
-        _check_finite(self, "sam.")
-        _check(self.rho > 0, "sam.rho", self.rho, "use a radius > 0 (paper: 0.05)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class AdversarialConfig:
-    """The adversarial objective's settings (``algorithm="adversarial"``, A.5)."""
-
-    lambda_: float = 1.0  # weight of the head's D2 loss; >= 0 (key: adversarial.lambda)
-    task: str | None = None  # downstream task of the source (e.g. "C"); None = its first task
-    d1: int = 256  # sentences the head is fitted on per step; >= 2
-    d2: int = 256  # sentences the head's loss is taken on; >= 1
-    pool: int = 4096  # labelled sentences D, drawn once, from which disjoint D1 and D2 are
-    #   drawn each step; >= d1 + d2
-    ridge: float = 1e-3  # ridge of the closed-form head, relative to the mean squared feature
-    #   norm; > 0
-
-    def __post_init__(self):
-        _check_finite(self, "adversarial.")
-        _check(self.lambda_ >= 0, "adversarial.lambda", self.lambda_, "use a weight >= 0")
-        _check(_is_int(self.d1) and self.d1 >= 2, "adversarial.d1", self.d1,
-               "use an integer >= 2")
-        _check(_is_int(self.d2) and self.d2 >= 1, "adversarial.d2", self.d2,
-               "use an integer >= 1")
-        _check(_is_int(self.pool) and self.pool >= self.d1 + self.d2, "adversarial.pool",
-               self.pool, f"use at least adversarial.d1 + adversarial.d2 = "
-               f"{self.d1 + self.d2} sentences")
-        _check(self.ridge > 0, "adversarial.ridge", self.ridge, "use a value > 0")
-
-
-@dataclass(frozen=True, kw_only=True)
-class GrowConfig:
-    """Growth's schedule (``algorithm="grow"``): after ``steps[j]`` updates the model becomes its
-    function-preserving embedding (``flatlm.models.growth.grow``) into the shape ``to[j]``.
-
-    Each shape must be a growth of the one before it (the first: of the run's model), which
-    ``flatlm.train.growth.check_schedule`` checks against the model before any work.
-    """
-
-    steps: tuple[int, ...] = ()  # updates after which to grow; strictly increasing, each in
-    #   1..train.steps - 1
-    to: tuple[str, ...] = ()  # the shape after each growth (d64-h2-l2-i256, a preset), one per
-    #   step
-    # flatlm.models.constructions.CONSTRUCTIONS. Not the paper's (measure.growth_construction): the
-    # paper never trains a grown model, and its all-zero added blocks would not train (with zero
-    # query, key, value and up-projection only their output biases get a gradient);
-    # "head-norm" initialises those afresh (flatlm.train.growth)
-    construction: str = "head-norm"
-
-    def __post_init__(self):
-        check_construction(self.construction, "train.grow.construction")
-        _check(all(_is_int(s) for s in self.steps), "grow.steps", self.steps, "use integers")
-        _check(list(self.steps) == sorted(set(self.steps)), "grow.steps", self.steps,
-               "use strictly increasing steps, one growth each")
-        _check(len(self.to) == len(self.steps), "grow.to", self.to,
-               f"give one shape per growth step ({len(self.steps)} in train.grow.steps)")
-        _check(all(isinstance(t, str) and t.strip() for t in self.to), "grow.to", self.to,
-               "use model shapes or presets such as d64-h2-l2-i256")
-
-    def check_within(self, steps: int) -> None:
-        """At least one growth, each inside a run of ``steps`` updates (algorithm "grow"; its
-        shapes are checked against the model at train())."""
-        _check(bool(self.steps), "grow.steps", self.steps,
-               "algorithm 'grow' needs at least one growth, e.g. train.grow.steps=500 "
-               "train.grow.to=d64-h2-l2-i256")
-        bad = [s for s in self.steps if not 1 <= s < steps]
-        _check(not bad, "grow.steps", self.steps,
-               f"step(s) {bad} lie outside the run; grow after 1..{steps - 1} updates "
-               "(train.steps)")
-
-
-@dataclass(frozen=True, kw_only=True)
-class LabelNoiseConfig:
-    """Label-noise SGD's setting (``algorithm="label_noise"``, Section 3.3)."""
-
-    p: float = 0.1  # probability that a masked word's target is replaced by a word drawn
-    #   uniformly from the vocabulary (possibly itself); in [0, 1]
-
-    def __post_init__(self):
-        _check_finite(self, "label_noise.")
-        _check(0.0 <= self.p <= 1.0, "label_noise.p", self.p, "use a probability in [0, 1]")
-
-
 # The flat keys these settings had before they moved into SamConfig / AdversarialConfig.
 _RENAMED = {"sam_rho": "sam.rho",
             **{f"adversarial_{k}": f"adversarial.{k}"
@@ -179,9 +96,10 @@ class TrainConfig:
     """One pre-training run. Validated on construction: a bad field raises ``ValueError``."""
 
     RENAMED_KEYS: ClassVar[dict[str, str]] = _RENAMED  # old key -> new (override errors)
-    # the settings of algorithms registered with their own ``Algorithm.config`` (a plug-in's):
-    # keys train.<section>.*, as if each were a field (flatlm.core.config, "Open sections")
-    OPEN_SECTIONS: ClassVar[str] = "plugin_sections"
+    # the settings of every algorithm registered with its own ``Algorithm.config`` (the
+    # built-ins' and a plug-in's alike): keys train.<section>.*, as if each were a field
+    # (flatlm.core.config, "Open sections")
+    OPEN_SECTIONS: ClassVar[str] = "sections"
 
     algorithm: str = "adamw"  # a registered algorithm (flatlm.train.registry): adamw, sgd,
     #   noreg, sam, adversarial, grow, label_noise, muon (its settings: train.muon.*,
@@ -223,13 +141,10 @@ class TrainConfig:
     data: str = "fresh"  # "fresh": new sentences from the source at every step (population
     #   loss); or a corpus directory written by `flatlm data` (its train split, reshuffled
     #   every epoch)
-    sam: SamConfig = field(default_factory=SamConfig)  # sam only
-    adversarial: AdversarialConfig = field(default_factory=AdversarialConfig)  # adversarial only
-    grow: GrowConfig = field(default_factory=GrowConfig)  # grow only
-    label_noise: LabelNoiseConfig = field(default_factory=LabelNoiseConfig)  # label_noise only
-    plugin_sections: tuple[tuple[str, Any], ...] = ()  # (section, settings) of plug-in
-    #   algorithms given a value (train.<section>.<key>); one not given reads its defaults
-    #   (``settings``)
+    sections: tuple[tuple[str, Any], ...] = ()  # (section, settings) of the algorithms whose
+    #   settings differ from their defaults (train.<section>.<key>: train.sam.rho, a plug-in's),
+    #   sorted by section; a mapping is accepted. A section at its defaults is not stored, so
+    #   configs that say the same compare equal; ``settings(section)`` reads either
     checkpoint_steps: tuple[int, ...] = ()  # updates after which to save (0 = the initial
     #   model); each in 0..steps; stored sorted and unique
     seed: int = 0  # initialisation, data order, masking and dropout all derive from it
@@ -281,14 +196,20 @@ class TrainConfig:
         return [a.section for a in REGISTRY.values() if a.config is not None]
 
     def settings(self, section: str):
-        """An algorithm's settings: a built-in's field (``sam``), or a plug-in's section as given
+        """An algorithm's settings (``cfg.settings("sam").rho``): its section as given
         (``train.<section>.*``) over its config's defaults."""
-        if section in _sections():
-            return getattr(self, section)
         cls = self.section_class(section)
         if cls is None:
             raise ValueError(f"train.{section}: no registered algorithm has this section")
-        return dict(self.plugin_sections).get(section) or cls()
+        return dict(self.sections).get(section) or cls()
+
+    def own_settings(self) -> dict:
+        """The run's algorithm's own settings as a saved config spells them, defaults included
+        (``{"sam": {"rho": 0.05}}``; {} for an algorithm without any): what a stored config
+        leaves out when they are at their defaults, and the logged params, the training's
+        identity and a resume's check still read."""
+        section = algorithm_named(self.algorithm).section
+        return {} if section is None else {section: to_dict(self.settings(section))}
 
     @property
     def sentences_per_pass(self) -> int:
@@ -447,30 +368,20 @@ class TrainConfig:
                "train.batch_size")
 
     def _check_sections(self) -> None:
-        """Each algorithm's settings are of their class; the algorithm's own section exists and
-        passes the algorithm's ``config_check`` (grow: every growth inside the run)."""
-        sections = _sections()
-        for name, cls in sections.items():
-            value = getattr(self, name)
-            _check(isinstance(value, cls), name, value, f"use a {cls.__name__}")
-        for name, value in self.plugin_sections:
+        """Each section given is a registered algorithm's, of its class; those at their defaults
+        are dropped (one stored form per run). The algorithm's own settings pass its
+        ``config_check`` (grow: every growth inside the run)."""
+        given = self.sections.items() if isinstance(self.sections, dict) else self.sections
+        for name, value in given:
             cls = self.section_class(name)
             _check(cls is not None and isinstance(value, cls), name, value,
                    "set a registered algorithm's own section, train.<section>.<key>")
+        object.__setattr__(self, "sections", tuple(sorted(
+            ((name, value) for name, value in given if value != type(value)()),
+            key=lambda item: item[0])))
         algorithm = algorithm_named(self.algorithm)
-        _check(algorithm.section is None or algorithm.section in sections
-               or algorithm.config is not None, "algorithm", self.algorithm,
-               f"its section {algorithm.section!r} is neither a TrainConfig field nor given a "
-               "config class (Algorithm.config, flatlm.train.registry)")
         if algorithm.config_check is not None:
             load_ref(algorithm.config_check)(self)
-
-
-@functools.cache
-def _sections() -> dict[str, type]:
-    """The TrainConfig fields that are an algorithm's settings: field -> its config class."""
-    return {f.name: f.default_factory for f in dataclasses.fields(TrainConfig)
-            if dataclasses.is_dataclass(f.default_factory)}
 
 
 def _number(x):
@@ -481,25 +392,6 @@ def _number(x):
         return float(x)
     except (TypeError, ValueError):
         return x
-
-
-def _check_finite(cfg, prefix: str) -> None:
-    """Every float field of ``cfg`` (and each float in a tuple field) is finite."""
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        items = value if isinstance(value, tuple) else (value,)
-        if any(isinstance(x, float) and not math.isfinite(x) for x in items):
-            name = prefix + f.name.rstrip("_")  # lambda_ is adversarial.lambda
-            _check(False, name, value, "use a finite number")
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _check(ok: bool, field: str, value, fix: str) -> None:
-    if not ok:
-        raise ValueError(f"train.{field}={value!r}: {fix}")
 
 
 def resolve(cfg: TrainConfig) -> TrainConfig:

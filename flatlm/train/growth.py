@@ -52,23 +52,24 @@ def grows(cfg: TrainConfig) -> bool:
 
 
 def check_schedule(cfg: TrainConfig, model_cfg: ModelConfig) -> list[ModelConfig]:
-    """The shapes of ``cfg.grow.to`` as ``ModelConfig``s, each checked to be a growth of the one
+    """The shapes of ``train.grow.to`` as ``ModelConfig``s, each checked to be a growth of the one
     before it (the first: ``model_cfg``), with its dropout, attention and LayerNorm placement
     (an unsuffixed shape takes the model's ``ln_mode``). Empty unless the algorithm grows."""
     if not grows(cfg):
         return []
     shapes, current = [], model_cfg
-    for j in range(len(cfg.grow.to)):
+    for j in range(len(cfg.settings("grow").to)):
         current = _next_shape(cfg, j, current)
         shapes.append(current)
     return shapes
 
 
 def _next_shape(cfg: TrainConfig, j: int, current: ModelConfig) -> ModelConfig:
-    """``cfg.grow.to[j]`` as a growth of ``current``; a ValueError names the field."""
-    where = f"train.grow.to[{j}]={cfg.grow.to[j]!r}"
+    """``train.grow.to[j]`` as a growth of ``current``; a ValueError names the field."""
+    shape = cfg.settings("grow").to[j]
+    where = f"train.grow.to[{j}]={shape!r}"
     try:
-        target = parse_model(cfg.grow.to[j])
+        target = parse_model(shape)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     if target.ln_mode == "post":
@@ -86,22 +87,23 @@ def shape_at(cfg: TrainConfig, model_cfg: ModelConfig, step: int) -> ModelConfig
     """The shape in a checkpoint after ``step`` updates of a run that began as ``model_cfg``:
     after the growths at steps before ``step`` (a growth at ``step`` follows that checkpoint)."""
     shapes = check_schedule(cfg, model_cfg)
-    done = [shape for s, shape in zip(cfg.grow.steps, shapes, strict=True) if s < step]
+    done = [shape for s, shape in zip(cfg.settings("grow").steps, shapes, strict=True) if s < step]
     return done[-1] if done else model_cfg
 
 
 def growth_due(cfg: TrainConfig, current: ModelConfig, step: int) -> ModelConfig | None:
     """The shape to grow ``current`` into before update ``step + 1``, or None."""
-    if not grows(cfg) or step not in cfg.grow.steps:
+    steps = cfg.settings("grow").steps if grows(cfg) else ()
+    if step not in steps:
         return None
-    return _next_shape(cfg, cfg.grow.steps.index(step), current)
+    return _next_shape(cfg, steps.index(step), current)
 
 
 def grow_context(ctx: StepContext, target: ModelConfig, *, step: int) -> StepContext:
     """``ctx`` with its model grown into ``target`` and a new optimizer over the grown model
     carrying the old one's state (``carry_state``); the model's device, dtype and mode kept."""
     big = grow(ctx.model, target, seed=derive_seed(ctx.cfg.seed, "grow", step),
-               construction=ctx.cfg.grow.construction)
+               construction=ctx.cfg.settings("grow").construction)
     device = next(big.parameters()).device
     optimizer = build_optimizer(ctx.cfg, big, fused=device.type == "cuda")
     carry_state(ctx.model, big, ctx.optimizer, optimizer)

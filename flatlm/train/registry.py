@@ -1,7 +1,8 @@
 """The algorithm registry: one ``Algorithm`` object per pre-training algorithm, in one table.
 
-An algorithm is its name, its defaults (optimizer, weight decay, dropout, warmup), the
-``TrainConfig`` section holding its settings (``train.sam.rho``), its update, its data-parallel
+An algorithm is its name, its defaults (optimizer, weight decay, dropout, warmup), its own
+settings (a dataclass given as ``config=`` and the ``section`` naming its keys,
+``train.sam.rho``; the built-ins' declared so as a plug-in's are), its update, its data-parallel
 update, an optional batch transform and the hooks that the shared code reads instead of comparing
 names. The tables other modules know are views of this one: ``ALGORITHMS`` (defaults,
 ``flatlm.train.config``), ``STEPS`` (``flatlm.train.algorithms``), ``DATA_PARALLEL_STEPS``
@@ -45,6 +46,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from flatlm.core.registry import Ref, Registry, check_ref, load_ref
+from flatlm.train.algorithm_settings import (  # torch-free, read at parse time
+    AdversarialConfig,
+    GrowConfig,
+    LabelNoiseConfig,
+    SamConfig,
+)
 from flatlm.train.muon_config import MuonConfig  # torch-free, read at parse time
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmDefaults", "REGISTRY", "Ref", "algorithm_named",
@@ -84,10 +91,10 @@ class Algorithm:
     #   gradients reduced over the ranks; None: train.world_size must be 1 ...
     one_process_reason: str = "it has no data-parallel update"  # ... and this says why
     section: str | None = None  # where its settings are (train.<section>.*), logged only when
-    #   the algorithm runs: a TrainConfig field (the built-ins'), or the section of ``config``;
-    #   None: it has none
-    config: type | None = None  # a plug-in's settings: a frozen dataclass whose defaults are
-    #   its section's (``TrainConfig.settings(section)``); no TrainConfig field is added
+    #   the algorithm runs; None: it has none
+    config: type | None = None  # its settings: a frozen dataclass whose defaults are its
+    #   section's (``TrainConfig.settings(section)``), the built-ins' as a plug-in's; no
+    #   TrainConfig field is added
     batch_transform: Ref | None = None  # (MLMBatch, cfg, n_words, i) -> MLMBatch: update i's
     #   masked batch changed on the CPU, before it is sorted, split or sliced (label noise)
     halves_batch: bool = False  # the update splits each batch into two halves (sam): the batch
@@ -112,11 +119,14 @@ class Algorithm:
         _require(isinstance(self.defaults, AlgorithmDefaults),
                  f"{self.name}: defaults={self.defaults!r}: use an AlgorithmDefaults")
         _require(self.section is None or self.section.isidentifier(),
-                 f"{self.name}: section={self.section!r}: name a TrainConfig field, or None")
+                 f"{self.name}: section={self.section!r}: use an identifier, or None")
         _require(self.config is None or (dataclasses.is_dataclass(self.config)
                                          and self.section is not None),
                  f"{self.name}: config={self.config!r}: give a dataclass of its settings and "
                  "the section that holds them (section='...')")
+        _require(self.section is None or self.config is not None,
+                 f"{self.name}: section={self.section!r} but config=None: give the dataclass "
+                 "of its settings (config=...), or section=None if it has none")
         for hook in ("step", "data_parallel_step", "batch_transform", "probe_pool",
                      "config_check", "model_check", "packed_step", "make_optimizer"):
             ref = getattr(self, hook)
@@ -222,7 +232,7 @@ ALGORITHMS: Mapping[str, AlgorithmDefaults] = RegistryView(operator.attrgetter("
 def _growths_within_run(cfg) -> None:
     """grow: at least one growth, each inside the run (a function, not a lambda: the
     ``Algorithm`` goes to the data-parallel ranks by pickle)."""
-    cfg.grow.check_within(cfg.steps)
+    cfg.settings("grow").check_within(cfg.steps)
 
 
 _STANDARD = "flatlm.train.algorithms:standard_step"
@@ -247,14 +257,14 @@ BUILT_IN = (
     Algorithm(name="noreg", step=_STANDARD, data_parallel_step=_DATA_PARALLEL, packed_step=_PACKED,
               defaults=AlgorithmDefaults(**_NO_REGULARISER, summary=(
                   "AdamW without dropout or weight decay (Tables 1-2, '-dropout-WD')"))),
-    Algorithm(name="sam", section="sam", halves_batch=True,
+    Algorithm(name="sam", section="sam", config=SamConfig, halves_batch=True,
               step="flatlm.train.algorithms:sam_step",
               packed_step="flatlm.train.pack_steps:packed_sam_step",
               data_parallel_step="flatlm.train.distributed:data_parallel_sam_step",
               defaults=AlgorithmDefaults(**_NO_REGULARISER, summary=(
                   "SAM around AdamW, no dropout or weight decay; perturbation from the first "
                   "half of the batch, update from the second (Tables 1-2, '+SAM'; A.5)"))),
-    Algorithm(name="adversarial", section="adversarial",
+    Algorithm(name="adversarial", section="adversarial", config=AdversarialConfig,
               step="flatlm.train.algorithms:adversarial_step",
               one_process_reason="its closed-form head is fitted on all of D1 at once",
               packed_step="flatlm.train.pack_steps:packed_adversarial_step",
@@ -264,7 +274,8 @@ BUILT_IN = (
                   "closed form on D1 (A.5)"))),
     # the growth itself happens between updates, in any algorithm whose section is grow
     # (flatlm.train.growth.grows); every rank grows alike
-    Algorithm(name="grow", section="grow", step=_STANDARD, data_parallel_step=_DATA_PARALLEL,
+    Algorithm(name="grow", section="grow", config=GrowConfig, step=_STANDARD,
+              data_parallel_step=_DATA_PARALLEL,
               unpacked_reason="the model's shape changes mid-run; a pack has one shape",
               config_check=_growths_within_run,
               model_check="flatlm.train.growth:check_schedule",
@@ -272,15 +283,14 @@ BUILT_IN = (
                   "adamw whose model grows function-preservingly (B.4: width by replication, "
                   "depth by zero-output blocks) at train.grow.steps (flatlm.train.growth)"))),
     # on noisy targets, drawn on the whole batch before a rank takes its slice
-    Algorithm(name="label_noise", section="label_noise", step=_STANDARD,
+    Algorithm(name="label_noise", section="label_noise", config=LabelNoiseConfig,
+              step=_STANDARD,
               data_parallel_step=_DATA_PARALLEL, packed_step=_PACKED,
               batch_transform="flatlm.train.label_noise:noisy_batch",
               defaults=AlgorithmDefaults(**_PAPER_SGD, summary=(
                   "sgd (its defaults) whose masked-word targets are each replaced, with "
                   "probability train.label_noise.p, by a uniformly drawn word (Section 3.3; "
                   "flatlm.train.label_noise)"))),
-    # its settings declared as a plug-in declares them (config=, keys train.muon.*): no
-    # TrainConfig field, so configs that do not set them write what they wrote before
     Algorithm(name="muon", section="muon", config=MuonConfig, step=_STANDARD,
               make_optimizer="flatlm.train.muon:muon_optimizer",
               model_check="flatlm.train.muon:check_model",

@@ -179,7 +179,7 @@ def start_checkpoint(cfg, model_cfg, out_dir, resume, source=None, before=None):
         return None, unreadable
     state = load_state(ckpt)
     renamed = TrainConfig.RENAMED_KEYS  # a checkpoint saved before the keys moved
-    own = own_open_section(cfg)  # a section not given writes no keys: compare its defaults
+    own = flatten_dict(cfg.own_settings())  # a section at its defaults writes no keys
     saved = {**flatten_dict(to_dict(TrainConfig())),  # a key added since: its default
              **own,
              **{renamed.get(k, k): v for k, v in flatten_dict(state.config).items()}}
@@ -204,16 +204,6 @@ def start_checkpoint(cfg, model_cfg, out_dir, resume, source=None, before=None):
     return (ckpt, state), unreadable
 
 
-
-
-def own_open_section(cfg: TrainConfig) -> dict:
-    """The defaults of the algorithm's own open section (``Algorithm.config``: muon's, a
-    plug-in's), flat (``{"muon.lr": 0.02, ...}``); {} when its settings are a field or none.
-    Such a section writes keys only when given, so a resume compares it with its defaults."""
-    algorithm = algorithm_named(cfg.algorithm)
-    if algorithm.config is None:
-        return {}
-    return flatten_dict({algorithm.section: to_dict(algorithm.config())})
 
 
 class Run:

@@ -72,7 +72,7 @@ def test_train_and_measure_take_the_sweeps_keys():
     from flatlm.core.config import section_assignments
 
     args = Namespace(overrides=["train.sam.rho=0.2", "train.steps=7"])
-    assert config_from_args(args).sam.rho == 0.2
+    assert config_from_args(args).settings("sam").rho == 0.2
     assert section_assignments(["measure.probe.seeds=2"], "measure") == {"probe.seeds": "2"}
     with pytest.raises(ValueError, match="write measure.probe.seeds=..."):
         section_assignments(["probe.seeds=2"], "measure")

@@ -54,8 +54,8 @@ def test_every_adamw_trial_of_the_testbed_runs_at_the_papers_constant_rate():
 
 def test_the_testbed_adversary_uses_the_searched_lambda():
     train = build("algorithms", scale="testbed").base.train
-    assert train.adversarial.lambda_ == pytest.approx(0.01)
-    assert train.adversarial.task == "B"
+    assert train.settings("adversarial").lambda_ == pytest.approx(0.01)
+    assert train.settings("adversarial").task == "B"
 
 
 @pytest.mark.parametrize(("experiment", "key", "value"), [

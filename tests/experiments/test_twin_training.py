@@ -165,8 +165,7 @@ def test_a_resume_ignores_other_algorithms_sections_but_not_a_changed_rate(runs,
     out = tmp_path / "run"
     shutil.copytree(trial_dir(shared, ALGORITHMS, TWIN_TRIAL), out)
     train_cfg, model_cfg = _train_args(TWIN_CFG)
-    other = dataclasses.replace(train_cfg, sam=dataclasses.replace(train_cfg.sam, rho=0.5),
-                                adversarial=dataclasses.replace(train_cfg.adversarial, pool=32))
+    other = apply_overrides(train_cfg, {"sam.rho": 0.5, "adversarial.pool": 32})
     (ckpt, state), _ = start_checkpoint(other, model_cfg, out, resume=True)
     assert ckpt.name == "step-6" and state.step == 6
     with pytest.raises(ValueError, match=r"train\.lr=\S+ -> 0\.002"):

@@ -31,7 +31,7 @@ from pathlib import Path
 for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_name, "1")
 
-from flatlm.core.config import apply_overrides, to_flat_dict  # noqa: E402
+from flatlm.core.config import apply_overrides, flatten_dict, to_dict, to_flat_dict  # noqa: E402
 from flatlm.experiments.grids import EXPERIMENTS, EXTRA_EXPERIMENTS, trial_name  # noqa: E402
 from flatlm.experiments.paper import base_of, build  # noqa: E402
 from flatlm.experiments.protocols import BASES, SWITCHES  # noqa: E402
@@ -74,11 +74,29 @@ def file_sources(root: Path) -> dict[str, str]:
             "lm": lm_glue.split(",glue=")[0], "lm-glue": lm_glue}
 
 
+# The algorithms' sections that were TrainConfig fields until issue 51 (every config wrote them):
+# hashed as they were, so that the snapshot made before shows that no trial's config moved.
+FORMER_FIELDS = ("sam", "adversarial", "grow", "label_noise")
+
+
 def digest(cfg, tmp: str) -> str:
-    """The first 16 hex digits of the sha256 of the trial's flat config (``to_flat_dict``) as
-    sorted JSON, ``tmp`` written as ``<tmp>``."""
-    text = json.dumps(to_flat_dict(cfg), sort_keys=True, default=repr).replace(tmp, TMP)
+    """The first 16 hex digits of the sha256 of the trial's flat config (``to_flat_dict``, with
+    the ``FORMER_FIELDS`` sections at their values) as sorted JSON, ``tmp`` written as
+    ``<tmp>``."""
+    former = flatten_dict({f"train.{s}": to_dict(cfg.train.settings(s)) for s in FORMER_FIELDS})
+    flat = {**former, **to_flat_dict(cfg)}
+    text = json.dumps(flat, sort_keys=True, default=repr).replace(tmp, TMP)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _with_former_fields(config: dict) -> dict:
+    """A trial's saved dict with the ``FORMER_FIELDS`` sections written, as they were."""
+    from flatlm.core.config import from_dict
+    from flatlm.runs.trial import TrialConfig
+
+    train = from_dict(TrialConfig, config).train
+    former = {s: to_dict(train.settings(s)) for s in FORMER_FIELDS}
+    return {**config, "train": {**config["train"], **former}}
 
 
 def _variants(scale: str) -> list[tuple[str, str, dict]]:
@@ -163,7 +181,7 @@ def search_trial_configs() -> dict:
         for label, (sc, pins) in scales.items():
             for experiment, trial, config in experiment_trials(sc, EXPERIMENTS, (0, 1),
                                                                pins=pins):
-                text = json.dumps(config, sort_keys=True, default=repr)
+                text = json.dumps(_with_former_fields(config), sort_keys=True, default=repr)
                 out.setdefault(label, {}).setdefault(experiment, {})[trial] = hashlib.sha256(
                     text.encode()).hexdigest()[:16]
     finally:

@@ -76,7 +76,7 @@ def test_a_trial_without_a_board_runs_without_progress(monkeypatch):
     ids=["first-task", "attacked-task"])
 def test_the_sweep_line_shows_the_keys_flatlm_trial_shows(overrides, task):
     sweep = tiny_sweep(**overrides)
-    attacked = sweep.base.train.adversarial.task
+    attacked = sweep.base.train.settings("adversarial").task
     assert shown_metrics(sweep) == headline_keys(
         headline_task(measured_tasks(sweep.base), attacked)) == (
         "pretrain/loss", "pretrain/kl", "flat/trace_fisher", f"probe/{task}/acc_mean")

@@ -138,9 +138,7 @@ def test_a_name_is_registered_once_and_an_algorithm_is_checked_when_made(sign_sg
         AlgorithmDefaults(optimizer="sgd", weight_decay=0.0, dropout=0.0)
 
 
-def test_an_algorithm_whose_section_is_not_a_field_is_refused_by_name(sign_sgd):
-    register_algorithm(dataclasses.replace(sign_sgd, name="sign_sgd_tuned", section="sign"))
-    with pytest.raises(ValueError, match=r"train\.algorithm='sign_sgd_tuned': its section "
-                                         r"'sign' is neither a TrainConfig field nor given a "
-                                         r"config class \(Algorithm.config"):
-        TrainConfig(algorithm="sign_sgd_tuned")
+def test_an_algorithm_whose_section_has_no_settings_class_is_refused_by_name(sign_sgd):
+    with pytest.raises(ValueError, match=r"algorithm: sign_sgd_tuned: section='sign' but "
+                                         r"config=None: give the dataclass of its settings"):
+        dataclasses.replace(sign_sgd, name="sign_sgd_tuned", section="sign")

@@ -28,7 +28,7 @@ RUNS = {  # algorithm -> fields besides the shared ones; SGD needs a larger rate
     "sgd": {"lr": 0.5},
     "noreg": {},
     "sam": {},
-    "adversarial": {"adversarial": AdversarialConfig(d1=32, d2=32, pool=256)},
+    "adversarial": {"sections": {"adversarial": AdversarialConfig(d1=32, d2=32, pool=256)}},
     "adamw-rate": {"algorithm": "adamw", "mask": 0.3},  # each word masked at a rate
     "adamw-accumulated": {"algorithm": "adamw", "micro_batch_size": 16},
     "adamw-bf16": {"algorithm": "adamw", "precision": "bf16"},  # the CUDA autocast, on the CPU
@@ -72,7 +72,7 @@ def _mean_loss(model, batch):
 
 def test_sam_step_equals_the_two_pass_computation_by_hand(src):
     cfg = TrainConfig(algorithm="sam", steps=1, batch_size=16, lr=1e-2, warmup_steps=0,
-                      weight_decay=0.01, sam=SamConfig(rho=0.05))
+                      weight_decay=0.01, sections={"sam": SamConfig(rho=0.05)})
     model = _tiny_float64()
     ref = copy.deepcopy(model)
     inputs = _mlm_inputs(src, 16, seed=3)
@@ -148,8 +148,8 @@ def test_adversarial_raises_the_heads_d2_loss_while_mlm_loss_falls(src, tiny_mod
     for lam in (0.0, 1.0):
         cfg = TrainConfig(algorithm="adversarial", steps=40, batch_size=64, lr=3e-3,
                           warmup_steps=5, checkpoint_steps=(0, 40),
-                          adversarial=AdversarialConfig(lambda_=lam, task="C", d1=64, d2=64,
-                                                        pool=512))
+                          sections={"adversarial": AdversarialConfig(
+                              lambda_=lam, task="C", d1=64, d2=64, pool=512)})
         seen = {}
         train(cfg, src, tiny_model, tmp_path / str(lam), progress=False,
               on_checkpoint=lambda step, model, _, seen=seen: seen.update({step: measure(model)}))

@@ -76,8 +76,9 @@ def test_bad_algorithm_settings_are_named(fields, named):
 def test_every_field_is_a_documented_algorithm_input():
     assert set(ALGORITHMS) == {"adamw", "sgd", "noreg", "sam", "adversarial", "grow",
                                "label_noise", "muon"}
-    cfg = TrainConfig(steps=5, checkpoint_steps=(5,), sam=SamConfig(rho=0.1),
-                      adversarial=AdversarialConfig(lambda_=0.5, task="C"))
+    cfg = TrainConfig(steps=5, checkpoint_steps=(5,),
+                      sections={"sam": SamConfig(rho=0.1),
+                                "adversarial": AdversarialConfig(lambda_=0.5, task="C")})
     assert from_dict(TrainConfig, json.loads(json.dumps(to_dict(cfg)))) == cfg
     assert to_dict(cfg)["adversarial"]["lambda"] == 0.5
 
@@ -90,7 +91,7 @@ def test_train_rejects_an_unknown_preset_before_writing(src, tmp_path):
 
 def test_train_rejects_an_unknown_task_before_writing(src, tiny_model, tmp_path):
     cfg = TrainConfig(algorithm="adversarial", steps=2, batch_size=8,
-                      adversarial=AdversarialConfig(task="Z", d1=8, d2=8, pool=64))
+                      sections={"adversarial": AdversarialConfig(task="Z", d1=8, d2=8, pool=64)})
     with pytest.raises(ValueError, match="train.adversarial.task='Z'"):
         train(cfg, src, tiny_model, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
@@ -105,8 +106,8 @@ def test_train_rejects_a_missing_corpus(src, tiny_model, tmp_path):
 def test_algorithm_settings_by_dotted_keys():
     cfg = apply_overrides(TrainConfig(), {"sam.rho": "0.1", "adversarial.lambda": "2",
                                           "adversarial.task": "C"})
-    assert cfg.sam == SamConfig(rho=0.1)
-    assert cfg.adversarial == AdversarialConfig(lambda_=2.0, task="C")
+    assert cfg.settings("sam") == SamConfig(rho=0.1)
+    assert cfg.settings("adversarial") == AdversarialConfig(lambda_=2.0, task="C")
     flat = to_flat_dict(cfg)
     assert flat["sam.rho"] == 0.1 and flat["adversarial.lambda"] == 2.0
     with pytest.raises(ConfigError, match=r"train\.adversarial\.pool=10: use at least"):
@@ -126,14 +127,14 @@ def test_a_checkpoint_saved_with_the_old_flat_keys_still_resumes(src, tiny_model
     from flatlm.train.state import load_state, newest_checkpoint, save_state
 
     cfg = TrainConfig(algorithm="sam", steps=4, batch_size=8, checkpoint_steps=(2,),
-                      sam=SamConfig(rho=0.1))
+                      sections={"sam": SamConfig(rho=0.1)})
     train(dataclasses.replace(cfg, steps=2), src, tiny_model, tmp_path, progress=False)
     ckpt = newest_checkpoint(tmp_path)
     (ckpt / "manifest.json").unlink()  # an old checkpoint: written before manifests
     state = load_state(ckpt)
     old = {k: v for k, v in state.config.items() if k not in ("sam", "adversarial")}
-    old.update({"sam_rho": 0.1, **{f"adversarial_{k}": v
-                                   for k, v in state.config["adversarial"].items()}})
+    old.update({"sam_rho": 0.1, **{f"adversarial_{k}": v  # an old run wrote every section
+                                   for k, v in to_dict(AdversarialConfig()).items()}})
     save_state(dataclasses.replace(state, config=old), ckpt)
     assert train(cfg, src, tiny_model, tmp_path, progress=False, resume=True).step == 4
     old["sam_rho"] = 0.2  # a real change is still caught, under its new name

@@ -22,9 +22,10 @@ CASES = {
     "adamw-rate": dict(algorithm="adamw", mask=0.3, max_predictions=2),
     "sam": dict(algorithm="sam"),
     "adversarial": dict(algorithm="adversarial",
-                        adversarial=AdversarialConfig(d1=16, d2=16, pool=128)),
-    "grow": dict(algorithm="grow", grow=GrowConfig(steps=(N - 1,), to=("d32-h2-l2-i64",))),
-    "label_noise": dict(algorithm="label_noise", label_noise=LabelNoiseConfig(p=0.2)),
+                        sections={"adversarial": AdversarialConfig(d1=16, d2=16, pool=128)}),
+    "grow": dict(algorithm="grow",
+        sections={"grow": GrowConfig(steps=(N - 1,), to=("d32-h2-l2-i64",))}),
+    "label_noise": dict(algorithm="label_noise", sections={"label_noise": LabelNoiseConfig(p=0.2)}),
     "muon": dict(algorithm="muon"),  # its AdamW part fused
     "truth-rate": dict(algorithm="adamw", targets="truth", mask=0.3),  # soft targets, compiled
 }

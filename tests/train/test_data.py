@@ -112,7 +112,8 @@ def test_a_run_is_bit_for_bit_the_same_with_batches_built_ahead(src, tiny_model,
     history and the same weights, bit for bit. A worker process is spawned with a copy of the
     pipeline, pool included (one, as each takes seconds to start on a loaded 2-core machine)."""
     cfg = TrainConfig(algorithm="adversarial", steps=5, batch_size=16, mask=0.2, warmup_steps=2,
-                      log_every=1, seed=4, adversarial=AdversarialConfig(pool=64, d1=8, d2=8),
+                      log_every=1, seed=4,
+                          sections={"adversarial": AdversarialConfig(pool=64, d1=8, d2=8)},
                       prefetch=0)
     plain = train(cfg, src, tiny_model, tmp_path / "plain", progress=False)
     ahead = train(dataclasses.replace(cfg, prefetch=depth, prefetch_workers=workers), src,

@@ -25,13 +25,14 @@ CASES = {
     # at a rate the two slices hold different numbers of masked words: a mean of the ranks'
     # means would be off; micro-batches accumulate within a rank
     "noreg-rate": dict(algorithm="noreg", mask=0.3, micro_batch_size=4),
-    "sam": dict(algorithm="sam", sam=SamConfig(rho=0.05)),
+    "sam": dict(algorithm="sam", sections={"sam": SamConfig(rho=0.05)}),
     # the fast path's length-sorted, trimmed micro-batches are sliced across the ranks
     "adamw-unpad": dict(algorithm="adamw", dropout=0.0, unpad=True, micro_batch_size=4),
     # targets noised on the whole batch, then sliced; every rank grows alike mid-run
-    "label_noise": dict(algorithm="label_noise", dropout=0.0, label_noise=LabelNoiseConfig(p=0.3)),
+    "label_noise": dict(algorithm="label_noise", dropout=0.0,
+        sections={"label_noise": LabelNoiseConfig(p=0.3)}),
     "grow": dict(algorithm="grow", dropout=0.0,
-                 grow=GrowConfig(steps=(3,), to=("d32-h2-l2-i64",))),
+                 sections={"grow": GrowConfig(steps=(3,), to=("d32-h2-l2-i64",))}),
     # soft targets computed on the whole batch, then sliced with its rows; sam's halves too
     "noreg-truth-rate": dict(algorithm="noreg", targets="truth", mask=0.3, micro_batch_size=4),
     "sam-truth": dict(algorithm="sam", targets="truth"),

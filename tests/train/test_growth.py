@@ -35,7 +35,7 @@ def _one_thread():
 
 
 def _grow_cfg(at, to, **fields):
-    return TrainConfig(algorithm="grow", grow=GrowConfig(steps=at, to=to), **fields)
+    return TrainConfig(algorithm="grow", sections={"grow": GrowConfig(steps=at, to=to)}, **fields)
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +165,8 @@ def test_replication_scale_recognises_only_scaled_tilings():
 
 GROW_RESUME = dict(algorithm="grow", steps=6, batch_size=16, warmup_steps=2, seed=5,
                    log_every=4, checkpoint_steps=(2, 3, 6),  # dropout on: its RNG restored
-                   grow=GrowConfig(steps=(2, 4), to=("d32-h2-l1-i64", "d32-h2-l2-i64")))
+                   sections={"grow": GrowConfig(steps=(2, 4),
+                                                to=("d32-h2-l1-i64", "d32-h2-l2-i64"))})
 
 
 @pytest.fixture(scope="module")
@@ -205,9 +206,9 @@ def test_bad_schedules_are_named(overrides, named):
 def test_the_schedule_takes_the_sweeps_override_syntax():
     cfg = apply_overrides(TrainConfig(steps=10), {"algorithm": "grow", "grow.steps": "3,6",
                                                   "grow.to": "d32-h2-l1-i64,d32-h2-l2-i64"})
-    assert cfg.grow == GrowConfig(steps=(3, 6), to=("d32-h2-l1-i64", "d32-h2-l2-i64"))
-    plain = TrainConfig(steps=10, grow=GrowConfig(steps=(20,), to=("x",)))  # ignored by adamw
-    assert plain.algorithm == "adamw"
+    assert cfg.settings("grow") == GrowConfig(steps=(3, 6), to=("d32-h2-l1-i64", "d32-h2-l2-i64"))
+    plain = TrainConfig(steps=10, sections={"grow": GrowConfig(steps=(20,), to=("x",))})
+    assert plain.algorithm == "adamw"  # ignored by adamw
 
 
 @pytest.mark.parametrize("model, to, named", [

@@ -48,7 +48,7 @@ def test_at_a_rate_only_masked_words_are_touched():
 def test_the_pipeline_noises_targets_only(src):
     base = TrainConfig(algorithm="sgd", steps=10, batch_size=4000, seed=3)
     noisy_cfg = dataclasses.replace(base, algorithm="label_noise",
-                                    label_noise=LabelNoiseConfig(p=0.2))
+                                    sections={"label_noise": LabelNoiseConfig(p=0.2)})
     plain, noisy = (BatchPipeline(resolve(c), FreshSamples(src, 4000, 3), torch.device("cpu"))
                     .inputs_at(7).mlm for c in (base, noisy_cfg))
     assert torch.equal(plain.input_ids, noisy.input_ids)
@@ -66,18 +66,21 @@ def _params(result):
 def test_p0_is_plain_sgd_bit_for_bit_and_p_positive_is_not(src, tiny_model, tmp_path):
     sgd = train(TrainConfig(algorithm="sgd", **RUN), src, tiny_model, tmp_path / "sgd",
                 progress=False)
-    cfg = TrainConfig(algorithm="label_noise", label_noise=LabelNoiseConfig(p=0.0), **RUN)
+    cfg = TrainConfig(algorithm="label_noise",
+        sections={"label_noise": LabelNoiseConfig(p=0.0)}, **RUN)
     assert resolve(cfg).warmup_steps == resolve(TrainConfig(algorithm="sgd", **RUN)).warmup_steps
     zero = train(cfg, src, tiny_model, tmp_path / "p0", progress=False)
     assert all(torch.equal(a, b) for a, b in zip(_params(sgd), _params(zero), strict=True))
     assert zero.history == sgd.history
-    half = train(dataclasses.replace(cfg, label_noise=LabelNoiseConfig(p=0.5)), src, tiny_model,
+    half = train(dataclasses.replace(cfg,
+        sections={"label_noise": LabelNoiseConfig(p=0.5)}), src, tiny_model,
                  tmp_path / "p5", progress=False)
     assert not all(torch.equal(a, b) for a, b in zip(_params(sgd), _params(half), strict=True))
 
 
 def test_resume_draws_the_same_noise(src, tiny_model, tmp_path):
-    cfg = TrainConfig(algorithm="label_noise", label_noise=LabelNoiseConfig(p=0.5), **RUN)
+    cfg = TrainConfig(algorithm="label_noise",
+        sections={"label_noise": LabelNoiseConfig(p=0.5)}, **RUN)
     straight = train(cfg, src, tiny_model, tmp_path / "a", progress=False)
 
     class StopError(Exception):

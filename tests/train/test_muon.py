@@ -81,7 +81,7 @@ def _inputs(src, n=16, seed=3):
 def test_one_update_is_torch_s_muon_and_adamw_by_hand(src):
     settings = MuonConfig(lr=0.05, momentum=0.9, nesterov=False, weight_decay=0.1, ns_steps=3)
     cfg = dataclasses.replace(_muon(lr=2e-3, warmup_steps=0, dropout=0.0),
-                              plugin_sections=(("muon", settings),))
+                              sections=(("muon", settings),))
     model, ref = _model(), _model()
     inputs = _inputs(src)
     ctx = StepContext(cfg=cfg, model=model, optimizer=build_optimizer(cfg, model),
@@ -170,7 +170,7 @@ def test_a_resume_with_other_muon_settings_is_refused(src, tmp_path, stop_at):
                                       checkpoint_steps=(2, 4)), {"muon.lr": 0.05})
     with pytest.raises(stop_at.Stopped):
         train(cfg, src, MODEL, tmp_path, progress=False, on_checkpoint=stop_at(2))
-    default_lr = dataclasses.replace(cfg, plugin_sections=())  # the key left out: 0.02
+    default_lr = dataclasses.replace(cfg, sections=())  # the key left out: 0.02
     for changed in (default_lr, apply_overrides(cfg, {"muon.momentum": 0.9})):
         with pytest.raises(ValueError, match=r"the run changed \(train\.muon\.(lr=0\.05 -> "
                                              r"0\.02|momentum=0\.95 -> 0\.9)\)"):

@@ -40,7 +40,7 @@ PACK_CASES = {
     "label_noise": dict(algorithm="label_noise"),  # each member's own noise stream
     "sam-accumulated": dict(algorithm="sam", micro_batch_size=4),  # per-member perturbations
     "adversarial": dict(algorithm="adversarial",  # per-member heads on per-member pools
-                        adversarial=AdversarialConfig(d1=16, d2=16, pool=128)),
+                        sections={"adversarial": AdversarialConfig(d1=16, d2=16, pool=128)}),
 }
 # members differ in what a sweep varies: seed, rate, weight decay
 MEMBERS = (dict(seed=1), dict(seed=2, lr=3e-3, weight_decay=0.05), dict(seed=3, lr=1e-2))
@@ -135,9 +135,10 @@ def test_a_resumed_pack_equals_one_that_never_stopped(crash, src, tiny_model, tm
 
 
 @pytest.mark.parametrize("change, message", [
-    (dict(algorithm="adversarial", adversarial=AdversarialConfig(d1=8, d2=8, pool=64)),
+    (dict(algorithm="adversarial",
+        sections={"adversarial": AdversarialConfig(d1=8, d2=8, pool=64)}),
      "differ in their update"),
-    (dict(algorithm="grow", grow=GrowConfig(steps=(2,), to=("d64-h2-l1-i64",))),
+    (dict(algorithm="grow", sections={"grow": GrowConfig(steps=(2,), to=("d64-h2-l1-i64",))}),
      "cannot be packed .*shape changes"),
     (dict(batch_size=8), r"differ in train\.batch_size"),
     (dict(algorithm="sgd"), "differ in their optimizer"),

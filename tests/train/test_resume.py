@@ -20,7 +20,7 @@ RESUME_CASES = {
     "adamw": dict(algorithm="adamw", log_every=4),
     "sam-accumulated": dict(algorithm="sam", micro_batch_size=8),
     "adversarial": dict(algorithm="adversarial",
-                        adversarial=AdversarialConfig(d1=16, d2=16, pool=128)),
+                        sections={"adversarial": AdversarialConfig(d1=16, d2=16, pool=128)}),
     "sgd-rate": dict(algorithm="sgd", lr=0.1, mask=0.3),
     "lstm": dict(algorithm="adamw"),
     "muon": dict(algorithm="muon", log_every=4),  # Muon's momentum and AdamW's moments saved
