@@ -264,6 +264,18 @@ def total_cost_words(experiments, done: set = frozenset()) -> str:
 
 
 def _run_here(args, experiments, device: str) -> int:
+    import torch
+
+    threads = torch.get_num_threads()
+    if device == "cpu":  # as a worker of --jobs runs (ONE_THREAD): one record, one rerun
+        torch.set_num_threads(1)
+    try:
+        return _run_experiments(args, experiments, device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_experiments(args, experiments, device: str) -> int:
     from flatlm.experiments.runner import Budget, run_experiment
 
     budget = Budget(None if args.minutes is None else 60 * args.minutes)
@@ -297,7 +309,9 @@ def _run_here(args, experiments, device: str) -> int:
 
 
 def run_workers(args) -> int:
-    """``args.jobs`` copies of this command, each with ``--jobs 1`` and one torch thread: a
+    """``args.jobs`` copies of this command, each with ``--jobs 1`` and one torch thread (as
+    ``--jobs 1`` runs on a CPU: the kernels' reduction order follows the thread count, so a trial
+    recorded on one thread reruns bit for bit on one, ``bench/rerun_trial.py``'s default): a
     worker skips a trial another one holds (its directory lock), so each trial runs once.
     The worst exit status wins; a worker that saw only busy trials left is done."""
     argv = [sys.executable, "-m", "flatlm", "replicate", *worker_arguments(args)]

@@ -36,6 +36,27 @@ def test_two_workers_run_every_trial_once_and_equal_one_process(tmp_path, capfd)
             (one / "config.json").read_text())
 
 
+def test_one_process_trains_on_one_torch_thread_as_each_worker_does(tmp_path, monkeypatch):
+    """A record from ``--jobs 1`` must rerun bit for bit where a worker's does: the CPU kernels'
+    reduction order follows the thread count (a v2 trial on 2 threads: 76 of 540 metrics
+    differ in the 8th digit from its rerun on 1)."""
+    import torch
+
+    import flatlm.experiments.runner as runner
+    seen = []
+    monkeypatch.setattr(runner, "run_experiment",
+                        lambda *a, **k: seen.append(torch.get_num_threads()) or True)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert main(["replicate", "--scale", "tiny", "--experiment", "steps", "--protocol",
+                     "paper", "--seeds", "1", "--device", "cpu", "--out",
+                     str(tmp_path / "one")]) == 0
+        assert seen == [1] and torch.get_num_threads() == 2  # the caller's count restored
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_worker_gets_every_option_back():
     argv = ["replicate", "--out", "o", "--experiment", "sizes", "--protocol", "paper",
             "--scale", "testbed", "--seeds", "2", "--models", "a,b", "--minutes", "3",
