@@ -165,7 +165,8 @@ def bench_model(name: str, src, args) -> list[dict]:
 
     tokens, lengths = src.sample(args.max_inputs, seed=args.seed + 10)
     x_all = masked_inputs(tokens, lengths, seed=args.seed + 11)
-    probe = FlatnessConfig(batch_size=args.batch_size, estimator="probe", seed=args.seed)
+    probe = FlatnessConfig(n_inputs=10_000, batch_size=args.batch_size, estimator="probe",
+                           seed=args.seed)
     sampled = dataclasses.replace(probe, estimator="sampled")
 
     def sub(n):

@@ -61,8 +61,7 @@ def measure_config(smoke: bool, n_eval: int | None):
     """The gpu scale's MeasureConfig (paper protocol), or toy sizes for ``smoke``."""
     cfg = base_of("gpu", "paper").measure
     if smoke:
-        cfg = dataclasses.replace(
-            cfg, n_eval=64, n_downstream=80,
+        cfg = dataclasses.replace(cfg, n_eval=64, n_downstream=80).with_settings(
             probe=dataclasses.replace(cfg.probe, epochs=2, seeds=1),
             flatness=dataclasses.replace(cfg.flatness, n_inputs=32, batch_size=16,
                                          hutchinson_batch_size=16, labels_per_input=2))

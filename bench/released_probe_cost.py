@@ -40,8 +40,8 @@ def probe_configs(scale_name: str) -> dict:
     paper = apply_overrides(base, {"measure.what": ["probe"]}).measure
     code = apply_overrides(base, {**protocol_overrides("paper-code"),
                                   "measure.what": ["probe"]}).measure
-    eval_mode = dataclasses.replace(code, probe=dataclasses.replace(code.probe,
-                                                                    encoder_train_mode=False))
+    eval_mode = code.with_settings(probe=dataclasses.replace(code.probe,
+                                                             encoder_train_mode=False))
     return {"paper": paper, "released": code, "released, encoder in eval mode": eval_mode,
             "model": base.model, "source": base.source}
 

@@ -83,7 +83,7 @@ def sweep_task(sweep: Sweep) -> str:
 def attacked_task(sweep: Sweep) -> str | None:
     """The task the base config's adversarial objective attacks (``train.adversarial.task``,
     which the algorithms experiment sets: B, as Table 1 reads it), else None."""
-    return sweep.base.train.settings("adversarial").task
+    return sweep.base.train.adversarial.task
 
 
 def accuracy_key(sweep: Sweep) -> str:

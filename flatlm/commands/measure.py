@@ -26,6 +26,7 @@ from flatlm.core.devices import resolve_device
 from flatlm.core.flags import COUNT, SEED
 from flatlm.core.safe_io import write_atomic
 from flatlm.measure.registry import measurement_names
+from flatlm.measure.run import MeasureConfig, eval_data, measure_model
 from flatlm.models.checkpoint import check_language, load_checkpoint
 from flatlm.models.presets import ModelConfig
 from flatlm.sources import SourceSpec, load
@@ -70,8 +71,6 @@ def _config(args):
     """The MeasureConfig of the options: the named flags first, then ``--set`` (same path as
     ``flatlm.core.config.apply_overrides``, so ``--set measure.tasks=B,C`` and ``--tasks B,C``
     agree)."""
-    from flatlm.measure.run import MeasureConfig
-
     overrides = {"what": args.what, "seed": args.seed}
     if args.n_inputs is not None:  # it set n_eval, not flatness.n_inputs: renamed
         raise ValueError(f"--n-inputs {args.n_inputs}: renamed --n-eval (it sets measure.n_eval;"
@@ -87,8 +86,6 @@ def _config(args):
 
 
 def run(args) -> int:
-    from flatlm.measure.run import eval_data, measure_model
-
     if args.follow is not None:
         return _follow(args)
     if args.checkpoint is None:

@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from flatlm.commands import (
     DEFAULT_DEVICE,
     DEFAULT_PROTOCOL,
@@ -264,8 +266,6 @@ def total_cost_words(experiments, done: set = frozenset()) -> str:
 
 
 def _run_here(args, experiments, device: str) -> int:
-    import torch
-
     threads = torch.get_num_threads()
     if device == "cpu":  # as a worker of --jobs runs (ONE_THREAD): one record, one rerun
         torch.set_num_threads(1)

@@ -111,7 +111,7 @@ def run(args) -> int:
         print(f"evaluation data and reference rows: {cache} (shared by the trials beside it)",
               flush=True)
     console = None if args.no_progress else Console()
-    report = partial(printer, task=cfg.train.settings("adversarial").task,
+    report = partial(printer, task=cfg.train.adversarial.task,
                      say=console.say if console else None)
     if args.measure_in == "background":
         rows = _train_and_follow(cfg, args, device, cache)

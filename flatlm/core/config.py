@@ -226,6 +226,67 @@ def _unknown(cfg, name: str, key: str, prefix: str) -> ConfigError:
 # and ``open_section_names()``. Keys, flags, flat dicts and saved dicts spell such a section as
 # if it were a field (``train.sam.rho``, ``--sam-rho``); the field itself is never a key.
 
+class OpenSections:
+    """What a config with open sections (above) shares: its sections given as a mapping or
+    pairs, checked against the registry, stored sorted and without those at their defaults (one
+    stored form per config), and read as ``cfg.settings(section)`` or as an attribute
+    (``cfg.probe.seeds``, a built-in's section and a plug-in's alike). A subclass is a frozen
+    dataclass with the field ``OPEN_SECTIONS`` names, ``section_class`` and
+    ``open_section_names``; ``SECTION_KEY`` is its keys' prefix, ``SECTION_OWNER`` what
+    registers a section (for the errors)."""
+
+    OPEN_SECTIONS: typing.ClassVar[str] = "sections"
+    SECTION_KEY: typing.ClassVar[str] = ""
+    SECTION_OWNER: typing.ClassVar[str] = "component"
+
+    def settings(self, section: str):
+        """A section's settings: as given, over its config's defaults."""
+        cls = type(self).section_class(section)
+        if cls is None:
+            raise ValueError(f"{self.SECTION_KEY}.{section}: no registered {self.SECTION_OWNER} "
+                             "has this section")
+        return dict(getattr(self, self.OPEN_SECTIONS)).get(section) or cls()
+
+    def with_settings(self, **sections):
+        """This config with the given sections' settings (``cfg.with_settings(probe=...)``)."""
+        given = dict(getattr(self, self.OPEN_SECTIONS))
+        return dataclasses.replace(self, **{self.OPEN_SECTIONS: {**given, **sections}})
+
+    def __getattr__(self, name: str):
+        # only called when no field, method or class attribute has the name; never for
+        # dunders (pickle and copy look those up before __init__ has run)
+        if name.startswith("_") or type(self).section_class(name) is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self.settings(name)
+
+    def _store_sections(self) -> None:
+        """Each section given is a registered one's, of its class, and shadows no attribute of
+        the config; stored sorted, those at their defaults dropped."""
+        field = self.OPEN_SECTIONS
+        given = getattr(self, field)
+        pairs = list(given.items() if isinstance(given, dict) else given)
+        for name, value in pairs:
+            cls = type(self).section_class(name)
+            if cls is None or not isinstance(value, cls):
+                raise ValueError(f"{self.SECTION_KEY}.{name}={value!r}: set a registered "
+                                 f"{self.SECTION_OWNER}'s own section, "
+                                 f"{self.SECTION_KEY}.<section>.<key>")
+        object.__setattr__(self, field, tuple(sorted(
+            ((name, value) for name, value in pairs if value != type(value)()),
+            key=lambda item: item[0])))
+
+    @classmethod
+    def check_section_names(cls) -> None:
+        """No registered section has the name of a field or attribute of the config (it would
+        read as that, not as the section)."""
+        taken = [s for s in cls.open_section_names() if hasattr(cls, s)
+                 or s in {f.name for f in dataclasses.fields(cls)}]
+        if taken:
+            raise ValueError(f"{cls.SECTION_KEY}.{taken[0]}: a registered "
+                             f"{cls.SECTION_OWNER}'s section has the name of a "
+                             f"{cls.__name__} field or attribute; register it under another")
+
+
 def _open_field(cfg) -> str | None:
     return getattr(type(cfg) if not isinstance(cfg, type) else cfg, "OPEN_SECTIONS", None)
 

@@ -127,15 +127,16 @@ MEASURE = MeasureConfig(
     what=("loss", "fisher", "hessian", "eigen", "sharpness", "precond", "critical", "noise",
           "llc", "cka_truth"),
     n_eval=256, n_downstream=128, seed=0, grow_to=GROW_TO,
-    flatness=FlatnessConfig(n_inputs=256, batch_size=128, hutchinson_batch_size=16,
-                            hutchinson_probes=4),
-    spectrum=SpectrumConfig(n_inputs=128, batch_size=64, lanczos_steps=12),
-    sharpness=SharpnessConfig(n_inputs=128, batch_size=64, steps=10, samples=32),
-    precond=PrecondConfig(n_inputs=128, batch_size=64, lanczos_steps=12),
-    critical=CriticalConfig(n_inputs=256, batch_size=64),
-    noise=NoiseConfig(scales=(0.03, 0.1), draws=32),
-    llc=LLCConfig(chains=4, draws=60, burn_in=10, n_inputs=128, batch_size=64),
-    cka=CKAConfig(random_init=False),
+    sections=dict(
+        flatness=FlatnessConfig(n_inputs=256, batch_size=128, hutchinson_batch_size=16,
+                                hutchinson_probes=4),
+        spectrum=SpectrumConfig(n_inputs=128, batch_size=64, lanczos_steps=12),
+        sharpness=SharpnessConfig(n_inputs=128, batch_size=64, steps=10, samples=32),
+        precond=PrecondConfig(n_inputs=128, batch_size=64, lanczos_steps=12),
+        critical=CriticalConfig(n_inputs=256, batch_size=64),
+        noise=NoiseConfig(scales=(0.03, 0.1), draws=32),
+        llc=LLCConfig(chains=4, draws=60, burn_in=10, n_inputs=128, batch_size=64),
+        cka=CKAConfig(random_init=False)),
 )
 
 # what the leaderboard ranks (the registered measurements' leaderboard quantities: the exact

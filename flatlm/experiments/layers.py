@@ -35,10 +35,10 @@ replicate`` and the sweeps build is pinned by ``tests/experiments/test_trial_con
 
 from __future__ import annotations
 
-from flatlm.core.config import apply_overrides, flatten_dict, to_flat_dict
+from flatlm.core.config import apply_overrides
 from flatlm.experiments.paper import base_of, build, protocol_base
 from flatlm.experiments.scales import scale as get_scale
-from flatlm.runs.trial import TrialConfig
+from flatlm.runs.trial import TrialConfig, flat_settings
 
 DEFAULT = "default"
 
@@ -89,9 +89,7 @@ def provenance(layers: list[tuple[str, TrialConfig]]) -> dict[str, tuple[object,
     changed_by: dict[str, str] = {}
     previous: dict = {}
     for name, cfg in layers:
-        # the algorithm's own settings are stored only where they differ from their defaults
-        own = flatten_dict({"train": cfg.train.own_settings()})
-        flat = {**to_flat_dict(cfg), **own}
+        flat = flat_settings(cfg)  # a section at its defaults is not stored, but is read
         for key, value in flat.items():
             if key not in previous or previous[key] != value:
                 changed_by[key] = name

@@ -22,8 +22,10 @@ built-in ones. The run functions' arguments are described in ``measure.builtin``
 Settings of its own are a small frozen config dataclass given as ``config=`` with its
 ``section``: its keys are ``measure.<section>.<key>`` (``--set measure.param_norm.p=1``),
 checked against that class when the config is built, saved in config.json and logged when the
-measurement runs; the run reads them as ``cfg.settings(section)``. No ``MeasureConfig`` field is
-added (``tests/assets/toy_measurement.py``).
+measurement runs; the run reads them as ``cfg.<section>`` (``cfg.settings(section)``). No
+``MeasureConfig`` field is added (``tests/assets/toy_measurement.py``). The built-ins declare
+theirs the same way (``cfg.probe``, ``cfg.flatness``), by ``"module:Class"`` so that this module
+loads without torch; several measurements may read one section (flatness: nine).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from flatlm.core.registry import LazyRef, Registry
+from flatlm.core.registry import LazyRef, Registry, load_ref
 from flatlm.measure import (
     CKA_TRUTH,
     CKA_TRUTH_TOKEN,
@@ -152,10 +154,10 @@ class Measurement:
     implies: tuple[str, ...] = ()  # measurements it gives too (hessian: Tr(F) beside Tr(H))
     # raises a ValueError when a source cannot give it (validate_trial calls it before any work)
     check: Callable[[Any], None] | str | None = None
-    # a plug-in's settings: a frozen dataclass whose defaults are its section's, keys
-    # measure.<section>.<key>, read by the run as cfg.settings(section); no MeasureConfig field
-    # is added. The section joins ``sections`` (logged only when the measurement runs)
-    config: type | None = None
+    # its settings: a frozen dataclass (or "module:Class") whose defaults are its section's, keys
+    # measure.<section>.<key>, read by the run as cfg.<section>; no MeasureConfig field is
+    # added. The section joins ``sections`` (logged only when the measurement runs)
+    config: type | str | None = None
     section: str | None = None  # where ``config``'s settings are; None: it has none
     # its keys as the analysis layer reads them (labels, units, leaderboard selectors)
     quantities: tuple[Quantity, ...] = ()
@@ -173,9 +175,11 @@ class Measurement:
             raise ValueError(f"measurement name {self.name!r}: use a word without commas")
         if self.run is None and self.reference is None:
             raise ValueError(f"measurement {self.name!r}: give a run or a reference (or both)")
+        if isinstance(self.config, str):
+            LazyRef(self.config)  # "module:name", or a ValueError naming the form
         if (self.config is None) != (self.section is None) or not (
-                self.section is None or (self.section.isidentifier()
-                                         and dataclasses.is_dataclass(self.config))):
+                self.section is None or (self.section.isidentifier() and (
+                    isinstance(self.config, str) or dataclasses.is_dataclass(self.config)))):
             raise ValueError(f"measurement {self.name!r}: config={self.config!r}, section="
                              f"{self.section!r}: give both, a dataclass of its settings and "
                              "the identifier of their section (measure.<section>.<key>), or "
@@ -197,8 +201,15 @@ def _check_entry(name: str, measurement: Measurement) -> None:
     others = {m.config for n, m in MEASUREMENTS.items()
               if n != name and measurement.section and m.section == measurement.section}
     for other in others - {measurement.config}:
-        raise ValueError(f"measurement {name!r}: section {measurement.section!r} holds another "
-                         f"measurement's settings ({other.__name__}); choose another section")
+        # a class and "module:Class" of the same one (imported only here, for a plug-in)
+        if load_ref(other) is not load_ref(measurement.config):
+            raise ValueError(f"measurement {name!r}: section {measurement.section!r} holds "
+                             f"another measurement's settings ({_class_name(other)}); choose "
+                             "another section")
+
+
+def _class_name(config: type | str) -> str:
+    return config.rsplit(":", 1)[-1] if isinstance(config, str) else config.__name__
 
 
 MEASUREMENTS: Registry[Measurement] = Registry(
@@ -221,7 +232,8 @@ def measurement_names() -> tuple[str, ...]:
 
 def settings_class(section: str) -> type | None:
     """The settings class of the registered measurements' own section ``section``, or None."""
-    return next((m.config for m in MEASUREMENTS.values() if m.section == section), None)
+    return load_ref(next((m.config for m in MEASUREMENTS.values() if m.section == section),
+                         None))
 
 
 def settings_sections() -> list[str]:
@@ -288,14 +300,29 @@ def _probe_rows(stage: str) -> KeysOfTasks:
         *(probe_key(task, stat, ridge_stage(stage)) for task in tasks for stat in RIDGE_STATS))
 
 
-def _beyond_trace(name: str, sections: tuple[str, ...], keys=None,
-                  quantities: tuple[Quantity, ...] = ()) -> Measurement:
+# the built-ins' settings classes, by where they are (their modules import torch)
+LOSS_SETTINGS = "flatlm.measure.loss:LossConfig"
+FLATNESS_SETTINGS = "flatlm.measure.curvature.common:FlatnessConfig"
+SPECTRUM_SETTINGS = "flatlm.measure.curvature.spectrum:SpectrumConfig"
+SHARPNESS_SETTINGS = "flatlm.measure.landscape.sharpness:SharpnessConfig"
+PRECOND_SETTINGS = "flatlm.measure.landscape.precond:PrecondConfig"
+CRITICAL_SETTINGS = "flatlm.measure.landscape.critical:CriticalConfig"
+NOISE_SETTINGS = "flatlm.measure.landscape.noise:NoiseConfig"
+LLC_SETTINGS = "flatlm.measure.landscape.llc:LLCConfig"
+PROBE_SETTINGS = "flatlm.measure.probes.probe:ProbeConfig"
+CKA_SETTINGS = "flatlm.measure.representations.cka:CKAConfig"
+FINETUNE_SETTINGS = "flatlm.measure.probes.finetune:FinetuneConfig"
+
+
+def _beyond_trace(name: str, keys=None, quantities: tuple[Quantity, ...] = (),
+                  **own) -> Measurement:
     """eigen, density, blocks, sharpness: the population loss's curvature (one shared run,
-    timed as time/landscape_s: the committed records' key)."""
+    timed as time/landscape_s: the committed records' key), with flatness's settings and
+    ``own`` (config=, section=) besides."""
     return Measurement(name=name, run=f"{BUILTIN}:run_beyond_trace", needs_truth=True,
                        without_truth=(f"{name} (population-loss curvature)",),
-                       sections=("flatness", *sections), keys=keys, quantities=quantities,
-                       timing="landscape")
+                       sections=("flatness",), keys=keys, quantities=quantities,
+                       timing="landscape", **own)
 
 
 def _grown(key: str, label: str) -> tuple[Quantity, ...]:
@@ -311,17 +338,18 @@ def _grown(key: str, label: str) -> tuple[Quantity, ...]:
 # leaderboard's selectors are their quantities with leaderboard=True (analysis.leaderboard)
 BUILT_IN = (
     Measurement(name="loss", run=f"{BUILTIN}:run_loss", without_truth=(ENTROPY, KL),
-                sections=("loss",), keys=_loss_keys(), quantities=(
+                config=LOSS_SETTINGS, section="loss", keys=_loss_keys(), quantities=(
                     Quantity(key=KL, label="KL to the truth", unit=NATS),
                     Quantity(key=LOSS, label="pre-training loss", unit=NATS, shape_free=True),
                     Quantity(key=ENTROPY, label="entropy of the truth", unit=NATS))),
-    Measurement(name="fisher", run=f"{BUILTIN}:run_flatness", sections=("flatness",),
-                keys=_with_se(TRACE_FISHER), timing="flatness", quantities=(
+    Measurement(name="fisher", run=f"{BUILTIN}:run_flatness", config=FLATNESS_SETTINGS,
+                section="flatness", keys=_with_se(TRACE_FISHER), timing="flatness", quantities=(
                     Quantity(key=TRACE_FISHER, label="Tr(F), Fisher trace", leaderboard=True),
                     *_grown(TRACE_FISHER, "Tr(F)"))),
     Measurement(name="hessian", run=f"{BUILTIN}:run_flatness", implies=("fisher",),
                 # without the truth, the one-hot Hessian flat/trace_hessian_data instead
-                without_truth=(TRACE_HESSIAN, HESSIAN_FISHER_GAP), sections=("flatness",),
+                without_truth=(TRACE_HESSIAN, HESSIAN_FISHER_GAP), config=FLATNESS_SETTINGS,
+                section="flatness",
                 keys=_with_se(TRACE_HESSIAN, HESSIAN_FISHER_GAP), timing="flatness",
                 quantities=(
                     Quantity(key=TRACE_HESSIAN, label="Tr(H), Hessian trace", leaderboard=True),
@@ -330,23 +358,28 @@ BUILT_IN = (
     # only a reference: its place among the runs is free; before probe, since the references
     # come in this order (the lookup table's, then the random model's)
     Measurement(name="lookup", reference=Reference(name="lookup", run=f"{BUILTIN}:lookup_rows"),
-                needs_truth=True, sections=("probe",), keys=_probe_rows("lookup")),
-    _beyond_trace("eigen", ("spectrum",), _with_se(TOP_EIG_HESSIAN, TOP_EIG_FISHER), (
+                needs_truth=True, config=PROBE_SETTINGS, section="probe",
+                keys=_probe_rows("lookup")),
+    _beyond_trace("eigen", _with_se(TOP_EIG_HESSIAN, TOP_EIG_FISHER), (
         Quantity(key=TOP_EIG_HESSIAN, label="top eigenvalue of H", leaderboard=True),
-        Quantity(key=TOP_EIG_FISHER, label="top eigenvalue of F", leaderboard=True))),
-    _beyond_trace("density", ("spectrum",), _with_se(SLQ_TRACE_HESSIAN, SLQ_NEGATIVE_TRACE), (
-        Quantity(key=SLQ_TRACE_HESSIAN, label="Tr(H) by Lanczos quadrature"),)),
-    _beyond_trace("blocks", ()),
-    _beyond_trace("sharpness", ("sharpness",), quantities=(
+        Quantity(key=TOP_EIG_FISHER, label="top eigenvalue of F", leaderboard=True)),
+        config=SPECTRUM_SETTINGS, section="spectrum"),
+    _beyond_trace("density", _with_se(SLQ_TRACE_HESSIAN, SLQ_NEGATIVE_TRACE), (
+        Quantity(key=SLQ_TRACE_HESSIAN, label="Tr(H) by Lanczos quadrature"),),
+        config=SPECTRUM_SETTINGS, section="spectrum"),
+    _beyond_trace("blocks"),
+    _beyond_trace("sharpness", quantities=(
         *(Quantity(key=sharpness_worst_key(norm), label=f"worst-case sharpness, {name}",
                    leaderboard=True) for norm, name in (("linf", "L-inf"), ("l2", "L2"))),
         Quantity(key=sharpness_worst_key(""), label="worst-case sharpness, {}", family=True),
-        Quantity(key=SHARPNESS_AVG, label="average sharpness", leaderboard=True))),
+        Quantity(key=SHARPNESS_AVG, label="average sharpness", leaderboard=True)),
+        config=SHARPNESS_SETTINGS, section="sharpness"),
     # the optimizer's view of the curvature, from the checkpoint's saved optimizer state
     # (artifact_dir: the checkpoint's directory); flatness.exclude picks the parameters
     Measurement(name="precond", run=f"{BUILTIN}:run_precond", needs_truth=True,
                 without_truth=("precond (population-loss curvature)",),
-                sections=("flatness", "precond"), keys=PRECOND_KEYS, quantities=(
+                sections=("flatness",), config=PRECOND_SETTINGS, section="precond",
+                keys=PRECOND_KEYS, quantities=(
                     Quantity(key=PRECOND_SHARPNESS, label="preconditioned sharpness (Adam)",
                              leaderboard=True),
                     Quantity(key=PRECOND_KEYS[2], label="preconditioned sharpness x lr"),
@@ -354,7 +387,8 @@ BUILT_IN = (
                              label="preconditioned sharpness / Adam's edge"))),
     Measurement(name="critical", run=f"{BUILTIN}:run_critical", needs_truth=True,
                 without_truth=("critical (population-loss curvature)",),
-                sections=("flatness", "critical"), keys=CRITICAL_KEYS, quantities=(
+                sections=("flatness",), config=CRITICAL_SETTINGS, section="critical",
+                keys=CRITICAL_KEYS, quantities=(
                     Quantity(key=CRITICAL_SHARPNESS, label="critical sharpness, 2 / critical rate",
                              leaderboard=True, shape_free=True),
                     Quantity(key=CRITICAL_KEYS[2], label="critical rate"),
@@ -363,24 +397,27 @@ BUILT_IN = (
     # the loss's rise under weight noise, noise/loss_delta_<s> (keys: the config's scales); with
     # the trial's measure.loss settings
     Measurement(name="noise", run="flatlm.measure.landscape.noise:run_noise",
-                sections=("noise", "loss"), quantities=(
+                config=NOISE_SETTINGS, section="noise", sections=("loss",), quantities=(
                     Quantity(key=NOISE_PREFIX, label="loss rise under weight noise {}",
                              family=True, leaderboard=True, shape_free=True),)),
     # the local learning coefficient by SGLD, of the population loss over the parameters
     # flatness counts (flatness.exclude)
     Measurement(name="llc", run=f"{BUILTIN}:run_llc", needs_truth=True,
                 without_truth=("llc (population-loss learning coefficient)",),
-                sections=("flatness", "llc"), keys=LLC_KEYS, quantities=(
+                sections=("flatness",), config=LLC_SETTINGS, section="llc", keys=LLC_KEYS,
+                quantities=(
                     Quantity(key=LLC, label="local learning coefficient", leaderboard=True,
                              shape_free=True),)),
-    Measurement(name="probe", run=f"{BUILTIN}:run_probe", sections=("probe",),
+    Measurement(name="probe", run=f"{BUILTIN}:run_probe", config=PROBE_SETTINGS,
+                section="probe",
                 keys=_probe_rows("probe"),
                 reference=Reference(name="random_init", run=f"{BUILTIN}:random_init_rows",
                                     random_model=True)),
     # linear CKA of the probe's features to the truth's (a pcfg's parse, an hmm's states); the
     # leaderboard picks the most truth-like, every cka/truth* key but the random-init twins
     Measurement(name="cka_truth", run=f"{CKA}:run_cka_truth", needs_truth=True,
-                sections=("cka", "probe"), keys=(CKA_TRUTH, CKA_TRUTH_TOKEN),
+                config=CKA_SETTINGS, section="cka", sections=("probe",),
+                keys=(CKA_TRUTH, CKA_TRUTH_TOKEN),
                 check=f"{CKA}:check_cka_source",
                 reference=Reference(name="cka_random_init", run=f"{CKA}:random_init_cka",
                                     random_model=True), quantities=(
@@ -388,10 +425,12 @@ BUILT_IN = (
                     Quantity(key=CKA_TRUTH_TOKEN, label="CKA to the truth, per word"),
                     Quantity(key=CKA_TRUTH, label="CKA to the truth, {}", family=True,
                              leaderboard=True, higher_picked=True, shape_free=True))),
-    Measurement(name="finetune", run=f"{BUILTIN}:run_finetune", sections=("finetune",),
+    Measurement(name="finetune", run=f"{BUILTIN}:run_finetune", config=FINETUNE_SETTINGS,
+                section="finetune",
                 keys=lambda tasks: tuple(k for task in tasks for k in finetune_keys(task))),
     # GLUE fine-tuning with finetune's settings, on the GLUE tasks of a text or LM source
-    Measurement(name="glue", run=f"{BUILTIN}:run_glue", sections=("finetune",),
+    Measurement(name="glue", run=f"{BUILTIN}:run_glue", config=FINETUNE_SETTINGS,
+                section="finetune",
                 check=f"{BUILTIN}:check_glue_source"),
 )
 for _measurement in BUILT_IN:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,18 +23,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from flatlm.measure.curvature.common import FlatnessConfig
+from flatlm.core.config import OpenSections
 from flatlm.measure.curvature.grown import check_grow_to
-from flatlm.measure.curvature.spectrum import SpectrumConfig
 from flatlm.measure.eval_cache import cache_key, cached_tensors
-from flatlm.measure.landscape.critical import CriticalConfig
-from flatlm.measure.landscape.llc import LLCConfig
-from flatlm.measure.landscape.noise import NoiseConfig
-from flatlm.measure.landscape.precond import PrecondConfig
-from flatlm.measure.landscape.sharpness import SharpnessConfig
-from flatlm.measure.loss import LossConfig
-from flatlm.measure.probes.finetune import FinetuneConfig
-from flatlm.measure.probes.probe import ProbeConfig
 from flatlm.measure.reference_cache import random_features_model
 from flatlm.measure.registry import (
     Measurement,
@@ -43,7 +34,6 @@ from flatlm.measure.registry import (
     settings_class,
     settings_sections,
 )
-from flatlm.measure.representations.cka import CKAConfig
 from flatlm.measure.timing import progress_bar, record, timer
 from flatlm.models.constructions import check_construction
 from flatlm.models.masked_lm import non_finite_part
@@ -54,13 +44,18 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
-class MeasureConfig:
-    """What to measure at each checkpoint, and on how much data."""
+class MeasureConfig(OpenSections):
+    """What to measure at each checkpoint, and on how much data. Each measurement's own
+    settings are its registry entry's ``config`` (``Measurement.config``), the built-ins' as a
+    plug-in's: keys measure.<section>.* as if each were a field (flatlm.core.config, "Open
+    sections"), read as ``cfg.probe``, ``cfg.flatness``: loss (``LossConfig``), flatness
+    (``FlatnessConfig``: fisher, hessian and the landscape's), probe (``ProbeConfig``: probe,
+    lookup, cka_truth), finetune (``FinetuneConfig``: finetune, glue), spectrum (eigen,
+    density), sharpness, precond, critical, noise, cka and llc."""
 
-    # the settings of measurements registered with their own ``Measurement.config`` (a
-    # plug-in's): keys measure.<section>.*, as if each were a field (flatlm.core.config, "Open
-    # sections")
-    OPEN_SECTIONS: ClassVar[str] = "plugin_sections"
+    OPEN_SECTIONS: ClassVar[str] = "sections"
+    SECTION_KEY: ClassVar[str] = "measure"
+    SECTION_OWNER: ClassVar[str] = "measurement"
 
     # measurements to run, from measurement_names() (measure.registry): loss (pretrain/*),
     # fisher (Tr F), hessian (Tr H and the gap to Tr F; implies fisher), probe, finetune, lookup,
@@ -94,17 +89,6 @@ class MeasureConfig:
     # device, up to this many MB (measure.truth_cache; 0: recomputed at every checkpoint, as
     # before). The gpu scale's 10^6 validation sentences of the paper's PCFG: 1526 MB (float64)
     truth_cache_mb: float = 4096.0
-    loss: LossConfig = field(default_factory=LossConfig)
-    flatness: FlatnessConfig = field(default_factory=lambda: FlatnessConfig(n_inputs=None))
-    probe: ProbeConfig = field(default_factory=ProbeConfig)
-    finetune: FinetuneConfig = field(default_factory=lambda: FinetuneConfig(seeds=2))
-    spectrum: SpectrumConfig = field(default_factory=SpectrumConfig)  # eigen, density
-    sharpness: SharpnessConfig = field(default_factory=SharpnessConfig)
-    precond: PrecondConfig = field(default_factory=PrecondConfig)  # precond (measure.precond)
-    critical: CriticalConfig = field(default_factory=CriticalConfig)  # critical (measure.critical)
-    noise: NoiseConfig = field(default_factory=NoiseConfig)  # noise (weight-noise sensitivity)
-    cka: CKAConfig = field(default_factory=CKAConfig)  # cka_truth (linear CKA to the truth)
-    llc: LLCConfig = field(default_factory=LLCConfig)
     # also measure flatness in this BERT shape (flat/*_grown; ``measure.grown``): the common shape
     # of a sweep over sizes, shape_string(lcm_shape(models)); None = native shape only
     grow_to: str | None = None
@@ -115,9 +99,10 @@ class MeasureConfig:
     # further constructions measured too, under flat/*_grown_<construction> ("-" as "_"), so that
     # one trial shows Fig. 5 under each; () = none
     growth_compare: tuple[str, ...] = ()
-    plugin_sections: tuple[tuple[str, Any], ...] = ()  # (section, settings) of plug-in
-    #   measurements given a value (measure.<section>.<key>); one not given reads its defaults
-    #   (``settings``)
+    sections: tuple[tuple[str, Any], ...] = ()  # (section, settings) of the measurements whose
+    #   settings differ from their defaults (measure.<section>.<key>: measure.probe.seeds, a
+    #   plug-in's), sorted by section; a mapping is accepted. A section at its defaults is not
+    #   stored, so configs that say the same compare equal; ``cfg.probe`` reads either
 
     @classmethod
     def section_class(cls, name: str) -> type | None:
@@ -128,15 +113,10 @@ class MeasureConfig:
     def open_section_names(cls) -> list[str]:
         return settings_sections()
 
-    def settings(self, section: str):
-        """A measurement's settings: a built-in's field (``probe``), or a plug-in's section as
-        given (``measure.<section>.*``) over its config's defaults."""
-        if section in _fields():
-            return getattr(self, section)
-        cls = self.section_class(section)
-        if cls is None:
-            raise ValueError(f"measure.{section}: no registered measurement has this section")
-        return dict(self.plugin_sections).get(section) or cls()
+    def used_sections(self) -> list[str]:
+        """The sections the measurements ``what`` read, in the order they run: what the logged
+        params give, defaults included, though a stored config leaves those out."""
+        return list(dict.fromkeys(s for m in requested(self.what) for s in m.sections))
 
     def __post_init__(self):
         known = measurement_names()
@@ -164,18 +144,10 @@ class MeasureConfig:
         self._check_sections()
 
     def _check_sections(self) -> None:
-        """A plug-in measurement's section is no field of this class, and what is given for it
-        is its settings class's."""
-        taken = [s for s in settings_sections() if s in _fields()]
-        if taken:
-            raise ValueError(f"measure.{taken[0]}: a registered measurement's own section has "
-                             "the name of a MeasureConfig field; register it under another "
-                             "section (Measurement(section=...))")
-        for name, value in self.plugin_sections:
-            cls = self.section_class(name)
-            if cls is None or not isinstance(value, cls):
-                raise ValueError(f"measure.{name}={value!r}: set a registered measurement's own "
-                                 "section, measure.<section>.<key>")
+        """Each section given is a registered measurement's, of its class (stored without those
+        at their defaults), and no registered section shadows a field."""
+        self.check_section_names()
+        self._store_sections()
 
     def _check_growth_constructions(self) -> None:
         check_construction(self.growth_construction, "measure.growth_construction")
@@ -189,10 +161,6 @@ class MeasureConfig:
         if self.growth_compare and self.grow_to is None:
             raise ValueError(f"measure.growth_compare={list(self.growth_compare)} needs "
                              "measure.grow_to (the shape to grow into)")
-
-
-def _fields() -> set[str]:
-    return {f.name for f in fields(MeasureConfig)} - {MeasureConfig.OPEN_SECTIONS}
 
 
 @dataclass

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from flatlm.core.config import flatten_dict, from_dict, to_dict, to_flat_dict
+from flatlm.core.config import from_dict, to_dict, to_flat_dict
 from flatlm.core.safe_io import write_text
 from flatlm.measure.registry import unused_sections as unused_measure_sections
 from flatlm.measure.run import EvalData, MeasureConfig, downstream_of, eval_data, measure_model
@@ -188,6 +188,18 @@ _NONE_MEANS = {"measure.flatness.n_inputs": "all", "measure.noise.n_inputs": "al
                "measure.cka.n_inputs": "all", "measure.llc.n_beta": "n/log(n)"}
 
 
+def flat_settings(cfg: TrialConfig) -> dict:
+    """``to_flat_dict(cfg)`` with the settings the trial reads, defaults included: its
+    algorithm's own section and those of the measurements it runs (a stored config leaves a
+    section at its defaults out)."""
+    read = {}
+    for section in cfg.train.own_settings():
+        read |= to_flat_dict(cfg.train.settings(section), f"train.{section}.")
+    for section in cfg.measure.used_sections():
+        read |= to_flat_dict(cfg.measure.settings(section), f"measure.{section}.")
+    return {**to_flat_dict(cfg), **read}
+
+
 def tracked_params(cfg: TrialConfig) -> dict:
     """The trial's config as it ran, flat (``train.lr``), for a tracking store: the algorithm's
     defaults resolved (``train.dropout``, ``train.warmup_steps``, ...), the settings of other
@@ -196,8 +208,7 @@ def tracked_params(cfg: TrialConfig) -> dict:
     train = resolve(cfg.train)
     if train.micro_batch_size is None:  # None = one pass (sam: each half-batch in one pass)
         train = dataclasses.replace(train, micro_batch_size=train.sentences_per_pass)
-    own = {f"train.{k}": v for k, v in flatten_dict(train.own_settings()).items()}
-    flat = {**own, **to_flat_dict(dataclasses.replace(cfg, train=train))}
+    flat = flat_settings(dataclasses.replace(cfg, train=train))
     # the sections of other algorithms, and of measurements that did not run, are not logged
     skipped = [f"train.{section}." for section in unused_train_sections(train.algorithm)]
     skipped += [f"measure.{section}." for section in unused_measure_sections(cfg.measure.what)]

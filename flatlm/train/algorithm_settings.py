@@ -2,7 +2,8 @@
 ``train.grow.*`` and ``train.label_noise.*``. Each is declared on its ``Algorithm`` as
 ``config=`` with its ``section`` (``flatlm.train.registry``), as a plug-in declares its own
 (muon's: ``flatlm.train.muon_config``); no ``TrainConfig`` field holds them. A run reads them as
-``cfg.settings("sam")``; keys, flags and saved dicts spell them as before (``train.sam.rho``).
+``cfg.sam`` (or ``cfg.settings("sam")``); keys, flags and saved dicts spell them as before
+(``train.sam.rho``).
 
 >>> SamConfig(rho=0.0)
 Traceback (most recent call last):

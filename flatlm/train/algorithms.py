@@ -162,7 +162,7 @@ def sam_step(ctx: StepContext, inputs: StepInputs, *,
     loss = gradient(ctx, first)
     with torch.no_grad():
         grads = [p.grad for p in params if p.grad is not None]
-        scale = ctx.cfg.settings("sam").rho / (torch.nn.utils.get_total_norm(grads) + 1e-12)
+        scale = ctx.cfg.sam.rho / (torch.nn.utils.get_total_norm(grads) + 1e-12)
         theta = [p.detach().clone() for p in params]
         for p in params:
             if p.grad is not None:
@@ -219,8 +219,8 @@ def adversarial_step(ctx: StepContext, inputs: StepInputs) -> dict[str, torch.Te
         H = sentence_features(ctx.model, probe.input_ids, probe.attention_mask)  # (n1+n2, F)
     y, n1 = probe.labels, probe.n1
     d2_loss, d2_acc = ridge_head_loss(H[:n1], y[:n1], H[n1:], y[n1:], ctx.n_classes,
-                                      ctx.cfg.settings("adversarial").ridge)
-    (-ctx.cfg.settings("adversarial").lambda_ * d2_loss).backward()
+                                      ctx.cfg.adversarial.ridge)
+    (-ctx.cfg.adversarial.lambda_ * d2_loss).backward()
     ctx.optimizer.step()
     return {"train/loss": loss, "train/adv_d2_loss": d2_loss.detach(), "train/adv_d2_acc": d2_acc}
 

@@ -9,7 +9,7 @@ declares its own: sam's ``SamConfig``, adversarial's ``AdversarialConfig``, grow
 label_noise's ``LabelNoiseConfig`` (``flatlm.train.algorithm_settings``) and muon's
 ``MuonConfig`` (``flatlm.train.muon_config``). Their keys are ``train.sam.rho``,
 ``train.adversarial.lambda``, ``train.grow.steps``, ``train.label_noise.p``, ``train.muon.lr``
-etc.; a run reads them as ``cfg.settings("sam")``, and none is a field here.
+etc.; a run reads them as ``cfg.sam`` (``cfg.settings("sam")``), and none is a field here.
 ``flatlm.core.config`` converts to and from dicts (``to_dict``, ``from_dict``).
 
 >>> cfg = resolve(TrainConfig(algorithm="noreg", steps=100))
@@ -33,7 +33,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from flatlm.core.config import to_dict
+from flatlm.core.config import OpenSections, to_dict
 from flatlm.core.schedules import SCHEDULES
 from flatlm.train.algorithm_settings import (
     AdversarialConfig,
@@ -92,7 +92,7 @@ SCHEDULING_KEYS = ("checkpoint_steps", "log_every")
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig:
+class TrainConfig(OpenSections):
     """One pre-training run. Validated on construction: a bad field raises ``ValueError``."""
 
     RENAMED_KEYS: ClassVar[dict[str, str]] = _RENAMED  # old key -> new (override errors)
@@ -100,6 +100,8 @@ class TrainConfig:
     # built-ins' and a plug-in's alike): keys train.<section>.*, as if each were a field
     # (flatlm.core.config, "Open sections")
     OPEN_SECTIONS: ClassVar[str] = "sections"
+    SECTION_KEY: ClassVar[str] = "train"
+    SECTION_OWNER: ClassVar[str] = "algorithm"
 
     algorithm: str = "adamw"  # a registered algorithm (flatlm.train.registry): adamw, sgd,
     #   noreg, sam, adversarial, grow, label_noise, muon (its settings: train.muon.*,
@@ -194,14 +196,6 @@ class TrainConfig:
     @classmethod
     def open_section_names(cls) -> list[str]:
         return [a.section for a in REGISTRY.values() if a.config is not None]
-
-    def settings(self, section: str):
-        """An algorithm's settings (``cfg.settings("sam").rho``): its section as given
-        (``train.<section>.*``) over its config's defaults."""
-        cls = self.section_class(section)
-        if cls is None:
-            raise ValueError(f"train.{section}: no registered algorithm has this section")
-        return dict(self.sections).get(section) or cls()
 
     def own_settings(self) -> dict:
         """The run's algorithm's own settings as a saved config spells them, defaults included
@@ -371,14 +365,7 @@ class TrainConfig:
         """Each section given is a registered algorithm's, of its class; those at their defaults
         are dropped (one stored form per run). The algorithm's own settings pass its
         ``config_check`` (grow: every growth inside the run)."""
-        given = self.sections.items() if isinstance(self.sections, dict) else self.sections
-        for name, value in given:
-            cls = self.section_class(name)
-            _check(cls is not None and isinstance(value, cls), name, value,
-                   "set a registered algorithm's own section, train.<section>.<key>")
-        object.__setattr__(self, "sections", tuple(sorted(
-            ((name, value) for name, value in given if value != type(value)()),
-            key=lambda item: item[0])))
+        self._store_sections()
         algorithm = algorithm_named(self.algorithm)
         if algorithm.config_check is not None:
             load_ref(algorithm.config_check)(self)

@@ -363,7 +363,7 @@ class DownstreamPool:
 
 def adversarial_pool(cfg: TrainConfig, source: Source, device) -> DownstreamPool:
     """The pool D of ``train.adversarial`` (its task: the source's first if None)."""
-    adv = cfg.settings("adversarial")
+    adv = cfg.adversarial
     task = adv.task or source.tasks[0]
     if task not in source.tasks:
         raise ValueError(f"train.adversarial.task={task!r}: the source's tasks are "

@@ -58,7 +58,7 @@ def check_schedule(cfg: TrainConfig, model_cfg: ModelConfig) -> list[ModelConfig
     if not grows(cfg):
         return []
     shapes, current = [], model_cfg
-    for j in range(len(cfg.settings("grow").to)):
+    for j in range(len(cfg.grow.to)):
         current = _next_shape(cfg, j, current)
         shapes.append(current)
     return shapes
@@ -66,7 +66,7 @@ def check_schedule(cfg: TrainConfig, model_cfg: ModelConfig) -> list[ModelConfig
 
 def _next_shape(cfg: TrainConfig, j: int, current: ModelConfig) -> ModelConfig:
     """``train.grow.to[j]`` as a growth of ``current``; a ValueError names the field."""
-    shape = cfg.settings("grow").to[j]
+    shape = cfg.grow.to[j]
     where = f"train.grow.to[{j}]={shape!r}"
     try:
         target = parse_model(shape)
@@ -87,13 +87,13 @@ def shape_at(cfg: TrainConfig, model_cfg: ModelConfig, step: int) -> ModelConfig
     """The shape in a checkpoint after ``step`` updates of a run that began as ``model_cfg``:
     after the growths at steps before ``step`` (a growth at ``step`` follows that checkpoint)."""
     shapes = check_schedule(cfg, model_cfg)
-    done = [shape for s, shape in zip(cfg.settings("grow").steps, shapes, strict=True) if s < step]
+    done = [shape for s, shape in zip(cfg.grow.steps, shapes, strict=True) if s < step]
     return done[-1] if done else model_cfg
 
 
 def growth_due(cfg: TrainConfig, current: ModelConfig, step: int) -> ModelConfig | None:
     """The shape to grow ``current`` into before update ``step + 1``, or None."""
-    steps = cfg.settings("grow").steps if grows(cfg) else ()
+    steps = cfg.grow.steps if grows(cfg) else ()
     if step not in steps:
         return None
     return _next_shape(cfg, steps.index(step), current)
@@ -103,7 +103,7 @@ def grow_context(ctx: StepContext, target: ModelConfig, *, step: int) -> StepCon
     """``ctx`` with its model grown into ``target`` and a new optimizer over the grown model
     carrying the old one's state (``carry_state``); the model's device, dtype and mode kept."""
     big = grow(ctx.model, target, seed=derive_seed(ctx.cfg.seed, "grow", step),
-               construction=ctx.cfg.settings("grow").construction)
+               construction=ctx.cfg.grow.construction)
     device = next(big.parameters()).device
     optimizer = build_optimizer(ctx.cfg, big, fused=device.type == "cuda")
     carry_state(ctx.model, big, ctx.optimizer, optimizer)

@@ -47,4 +47,4 @@ def with_label_noise(batch: MLMBatch, p: float, n_words: int, seed: int, i: int)
 
 def noisy_batch(batch: MLMBatch, cfg: TrainConfig, n_words: int, i: int) -> MLMBatch:
     """``label_noise``'s batch transform: update i's batch noised at ``train.label_noise.p``."""
-    return with_label_noise(batch, cfg.settings("label_noise").p, n_words, cfg.seed, i)
+    return with_label_noise(batch, cfg.label_noise.p, n_words, cfg.seed, i)

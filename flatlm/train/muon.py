@@ -60,7 +60,7 @@ def muon_optimizer(cfg, model, *, fused: bool = False) -> MuonWithAdamW:
     ``Algorithm.make_optimizer``. ``fused``: the fused AdamW kernel (CUDA)."""
 
 
-    settings = cfg.settings("muon")
+    settings = cfg.muon
     hidden = hidden_matrices(model)
     chosen = {id(p) for p in hidden}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in chosen]

@@ -165,7 +165,7 @@ def packed_sam_step(ctx: PackContext, batch: PackedBatch,
     loss = accumulate_packed(ctx, first)
     with torch.no_grad():
         scale = torch.stack([  # each member's norm as sam_step takes it: over its own tensors
-            c.settings("sam").rho
+            c.sam.rho
             / (torch.nn.utils.get_total_norm([p.grad[k] for p in params]) + 1e-12)
             for k, c in enumerate(ctx.cfgs)])  # (K,)
         theta = [p.detach().clone() for p in params]
@@ -193,8 +193,8 @@ def packed_adversarial_step(ctx: PackContext, batch: PackedBatch,
         H = (h * probe.attention_mask[..., None].to(h.dtype)).flatten(2)
     n1, y = probe.n1, probe.labels
     heads = [ridge_head_loss(H[k, :n1], y[k, :n1], H[k, n1:], y[k, n1:], ctx.n_classes[k],
-                             c.settings("adversarial").ridge) for k, c in enumerate(ctx.cfgs)]
-    sum(-c.settings("adversarial").lambda_ * d2 for c, (d2, _) in zip(ctx.cfgs, heads, strict=True)
+                             c.adversarial.ridge) for k, c in enumerate(ctx.cfgs)]
+    sum(-c.adversarial.lambda_ * d2 for c, (d2, _) in zip(ctx.cfgs, heads, strict=True)
         ).backward()
     ctx.optimizer.step(lrs)
     return {"train/loss": loss,

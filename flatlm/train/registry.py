@@ -232,7 +232,7 @@ ALGORITHMS: Mapping[str, AlgorithmDefaults] = RegistryView(operator.attrgetter("
 def _growths_within_run(cfg) -> None:
     """grow: at least one growth, each inside the run (a function, not a lambda: the
     ``Algorithm`` goes to the data-parallel ranks by pickle)."""
-    cfg.settings("grow").check_within(cfg.steps)
+    cfg.grow.check_within(cfg.steps)
 
 
 _STANDARD = "flatlm.train.algorithms:standard_step"

@@ -7,10 +7,11 @@ import pytest
 
 from flatlm.cli import build_parser, main
 from flatlm.commands.trial import trial_config
-from flatlm.core.config import to_dict, to_flat_dict
+from flatlm.core.config import to_dict
 from flatlm.experiments.layers import DEFAULT, config_layers, provenance
 from flatlm.experiments.paper import build
 from flatlm.experiments.scales import SCALES
+from flatlm.runs.trial import flat_settings
 
 
 @pytest.mark.parametrize(("scale", "protocol", "experiment", "overrides"), [
@@ -20,7 +21,7 @@ from flatlm.experiments.scales import SCALES
 ])
 def test_each_key_names_the_last_layer_that_changed_it(scale, protocol, experiment, overrides):
     layers = config_layers(scale, protocol, experiment=experiment, overrides=overrides)
-    flats = [to_flat_dict(cfg) for _, cfg in layers]
+    flats = [flat_settings(cfg) for _, cfg in layers]
     names = [name for name, _ in layers]
     for key, (value, layer) in provenance(layers).items():
         i = names.index(layer)

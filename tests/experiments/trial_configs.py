@@ -77,26 +77,35 @@ def file_sources(root: Path) -> dict[str, str]:
 # The algorithms' sections that were TrainConfig fields until issue 51 (every config wrote them):
 # hashed as they were, so that the snapshot made before shows that no trial's config moved.
 FORMER_FIELDS = ("sam", "adversarial", "grow", "label_noise")
+# and the measurements' sections that were MeasureConfig fields until issue 51
+FORMER_MEASURE_FIELDS = ("loss", "flatness", "probe", "finetune", "spectrum", "sharpness",
+                         "precond", "critical", "noise", "cka", "llc")
+
+
+def _former(train, measure) -> dict:
+    """The former fields' sections as a saved dict wrote them: {"train": {...}, "measure": ...}."""
+    return {"train": {s: to_dict(train.settings(s)) for s in FORMER_FIELDS},
+            "measure": {s: to_dict(measure.settings(s)) for s in FORMER_MEASURE_FIELDS}}
 
 
 def digest(cfg, tmp: str) -> str:
     """The first 16 hex digits of the sha256 of the trial's flat config (``to_flat_dict``, with
-    the ``FORMER_FIELDS`` sections at their values) as sorted JSON, ``tmp`` written as
+    the former fields' sections at their values) as sorted JSON, ``tmp`` written as
     ``<tmp>``."""
-    former = flatten_dict({f"train.{s}": to_dict(cfg.train.settings(s)) for s in FORMER_FIELDS})
-    flat = {**former, **to_flat_dict(cfg)}
+    flat = {**flatten_dict(_former(cfg.train, cfg.measure)), **to_flat_dict(cfg)}
     text = json.dumps(flat, sort_keys=True, default=repr).replace(tmp, TMP)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _with_former_fields(config: dict) -> dict:
-    """A trial's saved dict with the ``FORMER_FIELDS`` sections written, as they were."""
+    """A trial's saved dict with the former fields' sections written, as they were."""
     from flatlm.core.config import from_dict
     from flatlm.runs.trial import TrialConfig
 
-    train = from_dict(TrialConfig, config).train
-    former = {s: to_dict(train.settings(s)) for s in FORMER_FIELDS}
-    return {**config, "train": {**config["train"], **former}}
+    cfg = from_dict(TrialConfig, config)
+    former = _former(cfg.train, cfg.measure)
+    return {**config, "train": {**config["train"], **former["train"]},
+            "measure": {**config["measure"], **former["measure"]}}
 
 
 def _variants(scale: str) -> list[tuple[str, str, dict]]:

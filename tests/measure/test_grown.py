@@ -128,8 +128,8 @@ def test_measure_model_logs_native_and_grown_keys(src):
                         src.max_length, seed=0).double()
     tokens, lengths = src.sample(96, seed=1)
     cfg = MeasureConfig(what=("hessian",), grow_to=BIG, growth_compare=("head-norm",),
-                        flatness=FlatnessConfig(n_inputs=None, batch_size=48,
-                                                hutchinson_batch_size=24))
+                        sections=dict(flatness=FlatnessConfig(n_inputs=None, batch_size=48,
+                                                              hutchinson_batch_size=24)))
     empty = tokens[:0]
     data = EvalData(tokens, lengths, empty, lengths[:0], {})
     out = measure_model(model, src, data, cfg, "cpu")

@@ -14,6 +14,7 @@ from flatlm.cli import build_parser
 from flatlm.core.config import ConfigError, apply_overrides, from_dict, to_dict, to_flat_dict
 from flatlm.measure import ENTROPY, KL
 from flatlm.measure import registry as measure_registry
+from flatlm.measure.probes.probe import ProbeConfig
 from flatlm.measure.registry import (
     Measurement,
     Quantity,
@@ -73,14 +74,15 @@ def test_its_setting_is_a_key_checked_against_its_own_defaults(toy):
     cfg = _norm_trial(**{"measure.param_norm.p": "1"})
     assert cfg.measure.settings("param_norm") == toy.ParamNormConfig(p=1.0)
     assert _norm_trial().measure.settings("param_norm").p == 2.0  # not given: its default
-    assert cfg.measure.settings("probe") is cfg.measure.probe  # a built-in's: its field
+    assert cfg.measure.param_norm == cfg.measure.settings("param_norm")  # read as an attribute
+    assert cfg.measure.probe == cfg.measure.settings("probe") == ProbeConfig()  # a built-in's too
     with pytest.raises(ConfigError, match=r"unknown config key 'measure.param_norm.q': "
                                           "ParamNormConfig has p"):
         _norm_trial(**{"measure.param_norm.q": 1})
     with pytest.raises(ValueError, match=r"measure.param_norm.p=0.5: use an order >= 1"):
         _norm_trial(**{"measure.param_norm.p": 0.5})
     with pytest.raises(ConfigError, match=r"unknown config key 'measure.param_norms'.*sections "
-                                          "of registered components: param_norm"):
+                                          "of registered components: .*, param_norm$"):
         _norm_trial(**{"measure.param_norms.p": 1})
     with pytest.raises(ConfigError, match=r"measure.param_norm=3: measure.param_norm is a "
                                           r"section; set its keys \(measure.param_norm.<key>\)"):
@@ -95,9 +97,10 @@ def test_its_setting_is_saved_logged_and_read_back_like_a_field(toy):
     assert tracked_params(cfg)["measure.param_norm.p"] == 1.0
     other = apply_overrides(cfg, {"measure.what": ["loss"]})  # given, but it does not run
     assert not any("param_norm" in k for k in tracked_params(other))
-    # a config that opens no section writes what it wrote before sections could be opened
-    assert "plugin_sections" not in to_dict(MeasureConfig())
-    assert not any(k.startswith("plugin_sections") for k in to_flat_dict(MeasureConfig()))
+    # the field holding the sections is never a key; a section at its defaults is not stored
+    assert to_dict(MeasureConfig()).keys().isdisjoint({"sections", "probe", "param_norm"})
+    assert not any(k.startswith(("sections", "probe.")) for k in to_flat_dict(MeasureConfig()))
+    assert tracked_params(_norm_trial(**{"measure.what": ["probe"]}))["measure.probe.seeds"] == 5
 
 
 def test_the_run_reads_its_setting(toy, tmp_path):
@@ -115,10 +118,14 @@ def test_a_settings_section_is_declared_whole_and_owned_once(toy):
                                          "settings \\(ParamNormConfig\\)"):
         register_measurement(Measurement(name="x", run=toy.param_norm, section="param_norm",
                                          config=type("Other", (toy.ParamNormConfig,), {})))
-    register_measurement(Measurement(name="shadow", run=toy.param_norm, section="probe",
+    with pytest.raises(ValueError, match="section 'probe' holds another measurement's "
+                                         "settings \\(ProbeConfig\\)"):  # a built-in's
+        register_measurement(Measurement(name="x", run=toy.param_norm, section="probe",
+                                         config=toy.ParamNormConfig))
+    register_measurement(Measurement(name="shadow", run=toy.param_norm, section="n_eval",
                                      config=toy.ParamNormConfig))
-    with pytest.raises(ValueError, match="measure.probe: a registered measurement's own "
-                                         "section has the name of a MeasureConfig field"):
+    with pytest.raises(ValueError, match="measure.n_eval: a registered measurement's section "
+                                         "has the name of a MeasureConfig field or attribute"):
         MeasureConfig()
 
 

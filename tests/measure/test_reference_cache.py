@@ -14,7 +14,7 @@ from flatlm.models import build_model, parse_model
 from flatlm.sources import load
 
 CFG = MeasureConfig(what=("probe", "lookup"), n_eval=4, n_downstream=60,
-                    probe=ProbeConfig(epochs=2, seeds=2))
+                    sections=dict(probe=ProbeConfig(epochs=2, seeds=2)))
 
 
 def _measure(src, shape, cfg, cache):
@@ -51,7 +51,7 @@ def test_another_shape_or_probe_setting_is_another_row(tmp_path):
     _measure(src, parse_model("d16-h1-l1-i32"), CFG, tmp_path)
     _measure(src, parse_model("d16-h2-l1-i32"), CFG, tmp_path)  # random_init only: 3 files
     assert len(list(tmp_path.glob("reference-*.json"))) == 3
-    other = dataclasses.replace(CFG, probe=dataclasses.replace(CFG.probe, lr=3e-3))
+    other = CFG.with_settings(probe=dataclasses.replace(CFG.probe, lr=3e-3))
     _measure(src, parse_model("d16-h1-l1-i32"), other, tmp_path)
     assert len(list(tmp_path.glob("reference-*.json"))) == 5
 

@@ -151,8 +151,8 @@ def _dropout_modes(model: nn.Module) -> list[bool]:
 def test_heads_train_on_train_mode_draws_of_positions_1_to_T_and_are_scored_in_eval_mode(
         src, monkeypatch):
     cfg = MeasureConfig(what=("probe",), n_eval=4, n_downstream=80, tasks=("A",),
-                        probe=ProbeConfig(**{**RELEASED, "epochs": 3, "seeds": 2,
-                                             "batch_size": 16, "ridge": False}))
+                        sections=dict(probe=ProbeConfig(**{**RELEASED, "epochs": 3, "seeds": 2,
+                                                           "batch_size": 16, "ridge": False})))
     data = eval_data(src, cfg)
     model = _tiny(src)
     modes = _dropout_modes(model)

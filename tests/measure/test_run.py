@@ -14,7 +14,7 @@ def test_probe_results_come_with_majority_random_and_lookup_rows():
     src = load("dyck:4")
     shape = parse_model("d16-h1-l1-i32")
     cfg = MeasureConfig(what=("probe", "lookup"), n_eval=4, n_downstream=60,
-                        probe=ProbeConfig(epochs=2, seeds=2))
+                        sections=dict(probe=ProbeConfig(epochs=2, seeds=2)))
     data = eval_data(src, cfg, shape)
     model = build_model(shape, src.V, src.max_length, seed=1)
     first = measure_model(model, src, data, cfg, "cpu")

@@ -46,9 +46,9 @@ def _numbers(row):
 
 
 def test_second_checkpoint_computes_no_truth_and_reads_the_same_numbers(monkeypatch):
-    cfg = MeasureConfig(what=WHAT, n_eval=60, n_downstream=40, probe=ProbeConfig(epochs=1,
-                        seeds=1), flatness=FlatnessConfig(n_inputs=30, batch_size=16,
-                                                                hutchinson_batch_size=10))
+    cfg = MeasureConfig(what=WHAT, n_eval=60, n_downstream=40, sections=dict(
+        probe=ProbeConfig(epochs=1, seeds=1),
+        flatness=FlatnessConfig(n_inputs=30, batch_size=16, hutchinson_batch_size=10)))
     (first, second), (n1, n2) = _checkpoints(cfg, monkeypatch)
     assert all(v == v for v in _numbers(first).values())  # no NaN: equality means equality
     assert n1 > 0 and n2 == 0  # lookup, loss and flatness at the first; nothing at the second

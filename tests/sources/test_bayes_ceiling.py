@@ -72,7 +72,7 @@ def measured(src, rule: str | None) -> tuple[dict, object, MeasureConfig]:
     """One checkpoint's probe rows on 200 downstream sentences (seconds on a CPU)."""
     cfg = MeasureConfig(what=("probe", "lookup"), n_eval=4, n_downstream=200,
                         label_rule=rule, tasks=("task-3",) if rule else None,
-                        probe=ProbeConfig(epochs=2, seeds=2))
+                        sections=dict(probe=ProbeConfig(epochs=2, seeds=2)))
     data = eval_data(src, cfg)
     model = build_model(parse_model("d16-h1-l1-i32"), src.V, src.max_length, seed=1)
     return measure_model(model, src, data, cfg, "cpu"), data, cfg

@@ -112,8 +112,9 @@ def test_glue_without_the_lms_tokenizer_is_an_error_naming_glue_and_the_fix(tmp_
 
 def test_measure_model_fine_tunes_on_glue_beside_the_mask_probe(src):
     cfg = MeasureConfig(what=("probe", "glue"), tasks=("mask-1",), n_eval=2, n_downstream=20,
-                        probe=ProbeConfig(epochs=2, seeds=1),
-                        finetune=FinetuneConfig(epochs=1, seeds=1, warmup_steps=1))
+                        sections=dict(probe=ProbeConfig(epochs=2, seeds=1),
+                                      finetune=FinetuneConfig(epochs=1, seeds=1,
+                                                              warmup_steps=1)))
     data = eval_data(src, cfg)
     model = build_model(parse_model("d16-h1-l1-i32"), src.V, src.max_length, seed=0).eval()
     torch.manual_seed(0)

@@ -38,10 +38,10 @@ class FlatnessConfig:
     """Budget and options of the flatness estimators (Tr(F), Tr(H)); see ``measure.flatness``."""
 
     # masked inputs x_{-t}: the first n_inputs sentences given (all if fewer), one masked word
-    # each; None = all.
+    # each; None = all (a trial's: its measure.n_eval validation sentences).
     # Relative s.e. of Tr(F) is about 1.6 / sqrt(n_inputs) with the defaults on a partly trained
     # bert-2m (paper PCFG): 2.5% needs ~4,000 inputs (bench/flatness_se.py).
-    n_inputs: int | None = 10_000
+    n_inputs: int | None = None
     # output directions (labels c, or probes) per input, from one forward and this many backward
     # passes; the per-input value is their mean. Per-input values are heavy-tailed across inputs,
     # and a variance-based s.e. understates when the sample misses the rare large ones; averaging
