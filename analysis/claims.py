@@ -85,7 +85,7 @@ Fig. 1's included), each with the p-value of its effect against 0 from the same 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -163,6 +163,14 @@ class VerdictRule:
     slope_window: float = matched.SLOPE_WINDOW  # checkpoints this near the target: the slope
     confound_share: float = matched.CONFOUND_SHARE  # bound above this x the effect: not matched
     plateau_points: int = matched.PLATEAU_POINTS  # the last checkpoints a plateau is read on
+    # (protocol, KL) pairs: a protocol read at its own target, not ``target_kl`` (a robustness
+    # column's grammar, whose models reach another KL in the same budget)
+    protocol_targets: tuple[tuple[str, float], ...] = ()
+
+    def for_protocol(self, protocol: str) -> VerdictRule:
+        """The rule ``protocol``'s claims are read by: its own target KL where it has one."""
+        own = dict(self.protocol_targets).get(protocol)
+        return self if own is None else replace(self, target_kl=own, protocol_targets=())
 
     @property
     def matching(self) -> matched.MatchRule:
@@ -193,6 +201,10 @@ class VerdictRule:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"VerdictRule.{name}={getattr(self, name)!r}: give a value "
                                  ">= 0 (analysis/matched.py has the defaults)")
+        for protocol, kl in self.protocol_targets:
+            if not kl > 0:
+                raise ValueError(f"VerdictRule.protocol_targets: {protocol}={kl!r}: give a KL "
+                                 "in nats/token > 0")
         if self.plateau_points < 3:
             raise ValueError(f"VerdictRule.plateau_points={self.plateau_points}: a slope with "
                              "an s.e. needs >= 3 checkpoints (default 4)")

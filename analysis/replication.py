@@ -22,6 +22,7 @@ logged to MLflow as a run named ``replication`` (tag ``flatlm.report=1``).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import sys
@@ -67,6 +68,20 @@ from flatlm.experiments.protocols import describe, is_ablation, is_robustness, p
 from flatlm.measure import KL, SATURATED_KL, TRACE_FISHER_GROWN  # noqa: E402
 
 
+def _protocol_target(text: str) -> tuple[str, float]:
+    """``PROTOCOL=KL`` of --protocol-target-kl, checked before any work."""
+    protocol, sep, kl = text.partition("=")
+    try:
+        parse_protocol(protocol)
+        value = float(kl) if sep else math.nan
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give PROTOCOL=KL with a KL in nats/token "
+                                         "> 0, e.g. paper+second-grammar=0.9")
+    return protocol, value
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
@@ -86,6 +101,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="nats/token: read unsaturated arms where their KL crosses this (the "
                         "matched-loss rule, analysis/matched.py; testbed-v2's is 0.7); default: "
                         "none, the saturation rule alone")
+    p.add_argument("--protocol-target-kl", action="append", default=[], type=_protocol_target,
+                   metavar="PROTOCOL=KL",
+                   help="read PROTOCOL's unsaturated arms at its own target KL (a robustness "
+                        "column's grammar; e.g. paper+second-grammar=0.9); repeatable")
     p.add_argument("--confound-share", type=NON_NEGATIVE, default=CONFOUND_SHARE,
                    help="matched loss: a confound bound above this share of the paper's effect "
                         f"reads 'loss not matched' (default {CONFOUND_SHARE:g})")
@@ -331,7 +350,8 @@ def write_report(df: pd.DataFrame, out: Path, *, rule: VerdictRule = DEFAULT_RUL
     out = report_dir(out, files=REPLICATION_FILES)
     # an ablation's trials are arms of the beyond table, not a protocol of the paper's claims
     protocols = sorted(p for p in df["protocol"].dropna().unique() if not is_ablation(p))
-    tables = {p: protocol_table(df[df["protocol"] == p], rule, fig1) for p in protocols}
+    tables = {p: protocol_table(df[df["protocol"] == p], rule.for_protocol(p), fig1)
+              for p in protocols}
     frames = [t.assign(protocol=p) for p, t in tables.items() if not t.empty]
     if not frames:
         raise ValueError("no claim of the paper can be read from these trials: none is laid out "
@@ -388,7 +408,8 @@ def _markdown(df, read: _Read, rule, fig1, made_by: tuple[str | None, str | None
         lines += [f"## Robustness: protocol `{protocol}`", "", describe(protocol) + ".", "",
                   "The claims its trials cover, beside the same claims under "
                   f"`{parse_protocol(protocol)[0]}` (effect [95% interval] (seeds): verdict). A "
-                  "verdict that differs between the columns depends on the grammar.", "",
+                  "verdict that differs between the columns depends on the grammar."
+                  + _own_target_text(rule, protocol), "",
                   _sizes_line(part), "", to_markdown(robustness_table(tables, protocol)), "",
                   *_reference_lines(part)]
     lines += _multiplicity_lines(tables)
@@ -407,6 +428,17 @@ def _markdown(df, read: _Read, rule, fig1, made_by: tuple[str | None, str | None
     lines += ["## Figures", "", "![steps](steps.png)", "", "![sizes](sizes.png)", "",
               "![algorithms](algorithms.png)", "", "![fig1](fig1_scatter.png)", ""]
     return "\n".join(lines)
+
+
+def _own_target_text(rule: VerdictRule, protocol: str) -> str:
+    """Where ``protocol`` is read at a target of its own (--protocol-target-kl), say so."""
+    own = rule.for_protocol(protocol).target_kl
+    if own == rule.target_kl or own is None:
+        return ""
+    return (f" Its unsaturated arms are read at its own target, KL {own:g} nats/token "
+            f"(`--protocol-target-kl`), not the main protocols' {rule.target_kl:g}: on its "
+            "grammar the models reach another KL in the same budget, so its column compares "
+            "the claims' directions at a matched loss of its own.")
 
 
 def _beyond_lines(rows: pd.DataFrame) -> list[str]:
@@ -575,7 +607,8 @@ def _report(args) -> int:
     rule = VerdictRule(saturation=args.saturation, tol=args.tol, min_seeds=args.min_seeds,
                        room_factor=args.room_factor,
                        measurement_error=not args.no_measurement_error,
-                       target_kl=args.target_kl, confound_share=args.confound_share)
+                       target_kl=args.target_kl, confound_share=args.confound_share,
+                       protocol_targets=tuple(args.protocol_target_kl))
     fig1 = Fig1Settings(n_boot=args.n_boot, min_runs=args.fig1_min_runs)
     paths = write_report(df, args.out, rule=rule, fig1=fig1, command=args.command,
                          hardware=args.hardware)
@@ -586,6 +619,7 @@ def _report(args) -> int:
                              "min_seeds": args.min_seeds, "room_factor": args.room_factor,
                              "measurement_error": not args.no_measurement_error,
                              "target_kl": args.target_kl,
+                             **{f"target_kl/{p}": kl for p, kl in args.protocol_target_kl},
                              "confound_share": args.confound_share,
                              "trials": df["run_id"].nunique()})
         print(f"logged to MLflow run {run_id}")

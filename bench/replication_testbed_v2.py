@@ -41,6 +41,9 @@ from flatlm.experiments.scales import TESTBED_V2
 V2_SEARCH = Path(__file__).parent / "results" / "testbed_v2_search.json"
 CRITERIA = json.loads(V2_SEARCH.read_text())["criteria"]
 KL, TASKS, TARGET = "pretrain/kl", ("A", "B", "C"), TESTBED_V2.target_kl
+# the robustness column: the same claims on the second grammar, read at its own target KL
+SECOND = "paper+second-grammar"
+SECOND_TARGET = TESTBED_V2.under(SECOND).target_kl
 OUT = Path(__file__).parent / "results" / "replication_testbed_v2"
 
 
@@ -51,12 +54,12 @@ def _runs(df: pd.DataFrame, **where) -> list[tuple[str, pd.DataFrame]]:
     return [(run_id, run.sort_values("step")) for run_id, run in part.groupby("run_id")]
 
 
-def criterion_a(df: pd.DataFrame) -> list[dict]:
+def criterion_a(df: pd.DataFrame, target: float = TARGET) -> list[dict]:
     """Each AdamW run's reading at the target: how, the read KL, the crossing checkpoints."""
     rows = []
     for run_id, run in _runs(df, **{"train.algorithm": "adamw"}):
-        r = read_at(run, TARGET, KL)
-        below = run[run[KL] <= TARGET]["step"]
+        r = read_at(run, target, KL)
+        below = run[run[KL] <= target]["step"]
         rows.append({"run": run_id, "how": r.how or "not reached",
                      "first_step_at_target": int(below.iloc[0]) if len(below) else None,
                      "met": r.how == "interpolated"})
@@ -74,15 +77,15 @@ def criterion_b(df: pd.DataFrame) -> list[dict]:
     return out
 
 
-def criterion_c(df: pd.DataFrame, claims: pd.DataFrame) -> dict:
+def criterion_c(df: pd.DataFrame, claims: pd.DataFrame, target: float = TARGET) -> dict:
     """Per AdamW model and task, the probe and random-init features read at the target (means
     over seeds); per accuracy claim its room against the paper's effect."""
     low, high = CRITERIA["probe_band"]
     probes = []
     for model in sorted(df["model"].dropna().unique()):
         for task in TASKS:
-            probe = _mean_at(df, model, f"probe/{task}/acc_mean")
-            rand = _mean_at(df, model, f"random_init/{task}/acc_mean")
+            probe = _mean_at(df, model, f"probe/{task}/acc_mean", target)
+            rand = _mean_at(df, model, f"random_init/{task}/acc_mean", target)
             probes.append({"model": model, "task": task, "probe": probe, "random_init": rand,
                            "gap": probe - rand, "met": bool(low <= probe <= high and probe - rand
                                                             >= CRITERIA["random_init_gap_min"])})
@@ -95,9 +98,9 @@ def criterion_c(df: pd.DataFrame, claims: pd.DataFrame) -> dict:
     return {"probes": probes, "rooms": rooms}
 
 
-def _mean_at(df: pd.DataFrame, model: str, key: str) -> float:
+def _mean_at(df: pd.DataFrame, model: str, key: str, target: float = TARGET) -> float:
     runs = _runs(df, model=model, **{"train.algorithm": "adamw"})
-    values = [read_at(run, TARGET, key, se_column=key).value for _, run in runs if key in run]
+    values = [read_at(run, target, key, se_column=key).value for _, run in runs if key in run]
     return float(np.nanmean(values)) if values else np.nan
 
 
@@ -133,41 +136,57 @@ def criterion_f(df: pd.DataFrame) -> list[dict]:
 
 
 def criteria_markdown(crit: dict, running: list[str], command: str, wall: float | None) -> str:
-    yes = {True: "yes", False: "**no**"}
     lines = ["# Testbed v2's criteria at matched loss, measured on the replication's runs", "",
              f"Runs: `{command}`" + (f" ({wall:.0f} min wall)" if wall else "") + ". Target KL "
              f"{TARGET} nats/token (`flatlm.experiments.scales.TESTBED_V2`). Criteria of the v2 "
-             "search, fixed before any run: " + json.dumps(CRITERIA), "",
-             "## (a) every AdamW run crosses the target between two checkpoints", "",
-             "| run | reading | first checkpoint at the target | met |", "|---|---|---|---|"]
-    lines += [f"| {r['run']} | {r['how']} | {r['first_step_at_target']} | {yes[r['met']]} |"
-              for r in crit["a"]]
-    lines += ["", "## (b) classes and majority share", "", "| task | classes | majority | met |",
-              "|---|---|---|---|"]
-    lines += [f"| {r['task']} | {r['classes']:.0f} | {r['majority']:.3f} | {yes[r['met']]} |"
-              for r in crit["b"]]
-    lines += ["", "## (c) the probe at the target, against random-init features; the room", "",
-              "| model | task | probe | random-init | gap | met |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['model']} | {r['task']} | {r['probe']:.3f} | {r['random_init']:.3f} | "
-              f"{100 * r['gap']:+.1f} pts | {yes[r['met']]} |" for r in crit["c"]["probes"]]
-    lines += ["", "| claim | metric | room | needed | met |", "|---|---|---|---|---|"]
-    lines += [f"| {r['claim']} | {r['metric']} | {100 * r['room']:.1f} pts | "
-              f"{100 * r['needed']:.1f} pts | {yes[r['met']]} |" for r in crit["c"]["rooms"]]
-    d = crit["d"]
-    lines += ["", "## (d) the sizes grid", "",
-              ", ".join(f"{m}: {n:,}" for m, n in d["params"].items())
-              + f" parameters: {d['ratio']:.1f}x ({yes[d['met']]})", "",
-              "## (e) the adversary's KL at AdamW's step at the target", "",
+             "search, fixed before any run: " + json.dumps(CRITERIA), ""]
+    lines += _grammar_lines(crit, "##")
+    lines += ["", "## (e) the adversary's KL at AdamW's step at the target", "",
               "| seed | AdamW's step | adversarial KL | gap | met |", "|---|---|---|---|---|"]
     lines += [f"| {r['seed']} | {r['adamw_step']:.0f} | {r['adversarial_kl']:.4f} | "
-              f"{r['gap']:+.4f} | {yes[r['met']]} |" for r in crit["e"]]
+              f"{r['gap']:+.4f} | {YES[r['met']]} |" for r in crit["e"]]
     lines += ["", "## (f) CPU time per trial (one thread, training and measuring)", "",
               "| run | CPU-min | met |", "|---|---|---|"]
-    lines += [f"| {r['run']} | {r['cpu_min']:.1f} | {yes[r['met']]} |" for r in crit["f"]]
+    lines += [f"| {r['run']} | {r['cpu_min']:.1f} | {YES[r['met']]} |" for r in crit["f"]]
+    if "second" in crit:
+        second = crit["second"]
+        lines += ["", f"## The robustness column's grammar (`{SECOND}`), at its own target", "",
+                  f"The second grammar of the family (`flatlm.experiments.scales."
+                  f"TESTBED_V2_SECOND_SOURCE`), read at KL {second['target_kl']:g} nats/token "
+                  "(`TESTBED_V2.switch_fields`: the KL its smallest model reaches in the "
+                  "budget, by its own pilot); (e) and (f) are in the tables above.", ""]
+        lines += _grammar_lines(second, "###")
     if running:
         lines += ["", "Not finished when this report was made (left out): "
                   + ", ".join(f"`{r}`" for r in running) + "."]
     return "\n".join(lines) + "\n"
+
+
+YES = {True: "yes", False: "**no**"}
+
+
+def _grammar_lines(crit: dict, h: str) -> list[str]:
+    """Criteria (a)-(d) of one grammar's runs, under headings of level ``h``."""
+    lines = [f"{h} (a) every AdamW run crosses the target between two checkpoints", "",
+             "| run | reading | first checkpoint at the target | met |", "|---|---|---|---|"]
+    lines += [f"| {r['run']} | {r['how']} | {r['first_step_at_target']} | {YES[r['met']]} |"
+              for r in crit["a"]]
+    lines += ["", f"{h} (b) classes and majority share", "",
+              "| task | classes | majority | met |", "|---|---|---|---|"]
+    lines += [f"| {r['task']} | {r['classes']:.0f} | {r['majority']:.3f} | {YES[r['met']]} |"
+              for r in crit["b"]]
+    lines += ["", f"{h} (c) the probe at the target, against random-init features; the room",
+              "", "| model | task | probe | random-init | gap | met |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['task']} | {r['probe']:.3f} | {r['random_init']:.3f} | "
+              f"{100 * r['gap']:+.1f} pts | {YES[r['met']]} |" for r in crit["c"]["probes"]]
+    lines += ["", "| claim | metric | room | needed | met |", "|---|---|---|---|---|"]
+    lines += [f"| {r['claim']} | {r['metric']} | {100 * r['room']:.1f} pts | "
+              f"{100 * r['needed']:.1f} pts | {YES[r['met']]} |" for r in crit["c"]["rooms"]]
+    d = crit["d"]
+    lines += ["", f"{h} (d) the sizes grid", "",
+              ", ".join(f"{m}: {n:,}" for m, n in d["params"].items())
+              + f" parameters: {d['ratio']:.1f}x ({YES[d['met']]})"]
+    return lines
 
 
 def main(argv=None) -> int:
@@ -189,8 +208,9 @@ def main(argv=None) -> int:
         print(f"{len(done)} finished trial(s) -> {records}; {len(running)} not finished")
         return 0
     code = replication_report(["--trials", str(records), "--out", str(args.out / "room"),
-                               "--no-log", "--target-kl", str(TARGET), "--command",
-                               args.command])
+                               "--no-log", "--target-kl", str(TARGET),
+                               "--protocol-target-kl", f"{SECOND}={SECOND_TARGET}",
+                               "--command", args.command])
     df = load_trials(records)
     claims = pd.read_csv(args.out / "room" / "claims.csv")
     # the testbed's criteria are the paper protocol's; an ablation's AdamW (paper+soft-targets)
@@ -198,6 +218,13 @@ def main(argv=None) -> int:
     paper = df[df["protocol"] == "paper"]
     crit = {"a": criterion_a(paper), "b": criterion_b(paper), "c": criterion_c(paper, claims),
             "d": criterion_d(paper), "e": criterion_e(paper), "f": criterion_f(df)}
+    second = df[df["protocol"] == SECOND]
+    if len(second):  # the robustness column's grammar, at its own target
+        crit["second"] = {"target_kl": SECOND_TARGET, "a": criterion_a(second, SECOND_TARGET),
+                          "b": criterion_b(second),
+                          "c": criterion_c(second, claims[claims["protocol"] == SECOND],
+                                           SECOND_TARGET),
+                          "d": criterion_d(second)}
     unfinished = [str(t.relative_to(args.trials)) for t in running]
     (args.out / "criteria.json").write_text(json.dumps(
         {"criteria": CRITERIA, "target_kl": TARGET, "measured": crit, "left_out": unfinished},

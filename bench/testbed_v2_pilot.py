@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from flatlm.commands import DIVERGED_EXIT
-from flatlm.experiments.scales import CPU_ADVERSARY, TESTBED_V2_SOURCE
+from flatlm.experiments.scales import CPU_ADVERSARY, TESTBED_V2_SECOND_SOURCE, TESTBED_V2_SOURCE
 from flatlm.storage.diverged import divergence
 
 STEPS_MODEL = "d64-h4-l2-i256"
@@ -62,15 +62,25 @@ JOBS = {
        for lr in MUON_LRS},
     **{f"sgd-{lr:g}": (3500, 250, {"model": STEPS_MODEL, **SGD_SCHEDULE, "train.lr": lr})
        for lr in SGD_LRS},
+    # noreg (no dropout, no weight decay) and SAM: where their checkpoints must lie (noreg
+    # learns faster than AdamW on v2: its first runs were below the target from step 2000)
+    "noreg": (6500, 250, {"model": STEPS_MODEL, "train.algorithm": "noreg"}),
+    "sam": (6500, 250, {"model": STEPS_MODEL, "train.algorithm": "sam"}),
     # AdamW on the true conditionals (train.targets=truth): where its checkpoints must lie
     "soft-targets": (2500, 250, {"model": STEPS_MODEL, "train.targets": "truth"}),
 }
 
 
-def trial_command(name: str, out: Path) -> list[str]:
-    steps, every, sets = JOBS[name]
+# --grammar: the v2 grammar (L0-24), or the robustness column's (L0-17), whose pilot fixes its
+# own target KL (switch_overrides["second-grammar"] in flatlm.experiments.scales)
+GRAMMARS = {"v2": TESTBED_V2_SOURCE, "second": TESTBED_V2_SECOND_SOURCE}
+
+
+def trial_command(name: str, out: Path, grammar: str = "v2", steps: int | None = None) -> list[str]:
+    own_steps, every, sets = JOBS[name]
+    steps = steps or own_steps
     args = ["flatlm", "trial", "--no-progress", "--out", str(out / name), "--scale", "testbed",
-            "--protocol", "paper", "--source", TESTBED_V2_SOURCE,
+            "--protocol", "paper", "--source", GRAMMARS[grammar],
             "--eval-cache", str(out / "eval_cache"), "--set", f"train.steps={steps}",
             "--set", f"train.checkpoint_steps={list(range(every, steps + 1, every))}",
             "--set", 'measure.what=["loss"]']
@@ -195,11 +205,14 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=float, default=0.7)
     p.add_argument("--only", nargs="*", default=None, help="pilot jobs to run")
     p.add_argument("--merge", type=Path, help="a pilot JSON whose curves join the collected")
+    p.add_argument("--grammar", choices=sorted(GRAMMARS), default="v2",
+                   help="v2 (L0-24) or second (L0-17, the robustness column's grammar)")
+    p.add_argument("--steps", type=int, help="train each job this many steps (else its own)")
     args = p.parse_args(argv)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if args.run:
         for name in args.only or JOBS:
-            done = subprocess.run(trial_command(name, args.out), env=env)
+            done = subprocess.run(trial_command(name, args.out, args.grammar, args.steps), env=env)
             # a diverged trial (its diverged.json) is a result of a rate search
             if done.returncode not in (0, DIVERGED_EXIT):
                 raise SystemExit(f"pilot job {name} failed (exit {done.returncode})")
@@ -218,7 +231,8 @@ def main(argv=None) -> int:
                    "probe_size": {str(n): _probe(args.collect / f"probe_{n}.json")
                                   or merged.get("probe_size", {}).get(str(n))
                                   for n in DOWNSTREAM_SIZES},
-                   "commands": {n: " ".join(trial_command(n, Path("OUT"))) for n in JOBS}}
+                   "commands": {n: " ".join(trial_command(n, Path("OUT"), args.grammar))
+                                for n in JOBS}}
         text = json.dumps(summary, indent=1, sort_keys=True) + "\n"
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)

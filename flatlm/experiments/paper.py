@@ -103,7 +103,7 @@ def build(name: str, *, scale: str = "tiny", protocol: str = "paper",
     (``--set``) come last. Every trial's name has its seed, one seed or several."""
     builder = EXPERIMENT_BUILDERS.lookup(name)
     parse_protocol(protocol)
-    sc = get_scale(scale)
+    sc = get_scale(scale).under(protocol)
     if source_kind(source) == "hmm":  # the sizes grid of an HMM is BiLSTMs (A.4)
         sc = dataclasses.replace(sc, models=sc.lstms)
     if models:
@@ -149,13 +149,14 @@ def base_of(scale: str, protocol: str = "paper", source: str | None = None) -> T
     """The base trial of ``scale`` under ``protocol``, on ``source`` with its kind's settings:
     what every experiment there starts from."""
     parse_protocol(protocol)
-    sc = get_scale(scale)
+    sc = get_scale(scale).under(protocol)
     return apply_overrides(protocol_base(sc, protocol), source_overrides(sc, source))
 
 
 def protocol_base(sc: Scale, protocol: str) -> TrialConfig:
     """The scale's base under ``protocol``: its overrides, the pre-LN model under ``pre-ln``,
     the deep or second grammar under theirs."""
+    sc = sc.under(protocol)
     changes = {}
     if model_for(sc.model, protocol) != sc.model:
         changes["model"] = model_for(sc.model, protocol)
@@ -168,7 +169,7 @@ def protocol_base(sc: Scale, protocol: str) -> TrialConfig:
     if "second-grammar" in switches:
         if sc.second_source is None:
             raise ValueError(f"protocol {protocol!r}: the {sc.name} scale has no second grammar "
-                             "(only --scale testbed has one); drop +second-grammar")
+                             "(--scale testbed and testbed-v2 have one); drop +second-grammar")
         changes["source"] = sc.second_source
     scaled = {k: v for switch in switches for k, v in sc.switch_overrides.get(switch, {}).items()}
     return apply_overrides(sc.base(), {**protocol_overrides(protocol), **scaled, **changes})

@@ -10,6 +10,7 @@ import pytest
 
 from flatlm.experiments.paper import build
 from flatlm.experiments.scales import scale
+from flatlm.sources.spec import SourceSpec
 
 BENCH = Path(__file__).parents[2] / "bench"
 PILOT = BENCH / "results" / "replication_testbed_v2" / "pilot.json"
@@ -111,3 +112,42 @@ def test_noreg_is_checkpointed_before_the_step_its_first_runs_were_already_below
     noreg, adamw = cfg["noreg_seed0"].train, cfg["adamw_seed0"].train
     assert min(noreg.checkpoint_steps) < 2000 <= max(noreg.checkpoint_steps) == noreg.steps
     assert tuple(adamw.checkpoint_steps) == scale("testbed-v2").checkpoint_steps
+
+
+SECOND_PILOT = BENCH / "results" / "replication_testbed_v2" / "pilot_second_grammar.json"
+
+
+def test_the_second_grammar_is_read_at_its_own_target_with_each_arm_around_its_crossing():
+    """The robustness column's grammar (L0-17) learns slower than v2's: its pilot fixes its own
+    target KL, and each arm's checkpoints bracket that arm's crossing of it in the pilot."""
+    pilot = json.loads(SECOND_PILOT.read_text())
+    sc = scale("testbed-v2").under("paper+second-grammar")
+    assert sc.target_kl == pilot["target_kl"] == 0.85 != scale("testbed-v2").target_kl
+    target = sc.target_kl
+    sizes = dict(build("sizes", scale="testbed-v2", protocol="paper+second-grammar", seeds=(0,),
+                       models=("d64-h4-l1-i256", "d128-h8-l2-i512"),
+                       selection_measures=False).trials())
+    algos = trials("paper+second-grammar", ("adamw", "noreg", "sam"))
+    arms = {"d64-h4-l1-i256": sizes["d64-h4-l1-i256_seed0"],
+            "d128-h8-l2-i512": sizes["d128-h8-l2-i512_seed0"],
+            "d64-h4-l2-i256": algos["adamw_seed0"], "noreg": algos["noreg_seed0"],
+            "sam": algos["sam_seed0"]}
+    for curve, cfg in arms.items():
+        assert cfg.source == SourceSpec(sc.second_source)
+        kl = pilot["curves"][curve]
+        steps = cfg.train.checkpoint_steps
+        assert max(steps) == cfg.train.steps
+        read = [kl[str(s)] for s in steps if str(s) in kl]  # the pilot's KL there (seed 0)
+        assert read[0] > target >= min(read), (curve, read)  # brackets the crossing
+    # the main grammar's arms are untouched by the second grammar's fields
+    assert tuple(trials()["adamw_seed0"].train.checkpoint_steps) == \
+        scale("testbed-v2").checkpoint_steps
+
+
+def test_a_switch_replaces_the_scale_fields_it_names_and_nothing_else():
+    sc = scale("testbed-v2")
+    assert sc.under("paper") is sc and sc.under("paper+soft-targets") is sc
+    second = sc.under("paper-code+second-grammar")
+    assert second.target_kl == 0.85 and second.models == sc.models
+    assert second.algorithm_overrides["noreg"]["train.steps"] == 3250
+    assert "muon" not in second.algorithm_overrides  # the fields are replaced, not merged
