@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from flatlm.core.config import apply_overrides
 from flatlm.core.registry import Registry
+from flatlm.experiments.protocols import parse_protocol
 from flatlm.measure import SATURATED_KL
 from flatlm.runs.trial import TrialConfig
 
@@ -164,8 +165,6 @@ class Scale:
 
     def under(self, protocol: str) -> Scale:
         """This scale as ``protocol``'s switches set it (their ``switch_fields``)."""
-        from flatlm.experiments.protocols import parse_protocol
-
         switches = parse_protocol(protocol)[1]
         fields = {k: v for s in switches for k, v in self.switch_fields.get(s, {}).items()}
         return replace(self, **fields) if fields else self
