@@ -17,10 +17,18 @@ one update of K members, hand-batched (``packed_standard_step``), ``torch.func.v
 ``functional_call`` over the stacked parameters (gradients by ``torch.func.grad``), and K
 single-model updates in a row, in this process at one thread.
 
+``optimizer_costs`` is the measurement that keeps the pack's optimizer hand-written
+(``flatlm/train/packed_optim.py``): process CPU time of one optimizer step of K members,
+hand-batched (``PackedOptimizer.step``, the baseline its ratios are over), torch's functional
+AdamW / SGD once per member on the member's views (``PackedOptimizer.step_per_member``: the
+single-tensor path, and foreach), and K ``torch.optim`` steps on K separate models (reference).
+``--only-optimizer`` runs it alone (seconds): bench/results/packs_optimizer_cpu.json.
+
     python bench/packs.py                         # CPU: bench/results/packs_cpu.json
     python bench/packs.py --device cuda --sizes   # one GPU (bench/gpu_check.sh packs): packed
                                                   # vs separate, the sizes experiment packed
     python bench/packs.py --smoke --out DIR       # toy sizes (bench/gpu_check.sh smoke cpu)
+    python bench/packs.py --only-optimizer        # bench/results/packs_optimizer_cpu.json
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import torch
 import torch.multiprocessing as mp
 
 BASELINE = "K separate trial processes on the same cores (one thread each), started together"
+OPTIMIZER_BASELINE = "hand-batched PackedOptimizer.step (the pack's optimizer), one thread"
 MODEL = "d64-h4-l2-i256"
 
 
@@ -225,6 +234,59 @@ def update_costs(model, k, batch_size, repeats, device="cpu") -> dict:
     return row
 
 
+def optimizer_costs(model, k, kind, repeats) -> dict:
+    """Process CPU seconds of one optimizer step of K members on the CPU (fastest of
+    ``repeats`` interleaved passes), and each way's ratio over the hand-batched step. The
+    gradients are fixed random tensors: a step's cost does not depend on their values."""
+    from flatlm.models.bert import build_model
+    from flatlm.models.packed import PackedBert
+    from flatlm.models.presets import parse_model
+    from flatlm.train.algorithms import build_optimizer
+    from flatlm.train.config import resolve
+    from flatlm.train.packed_optim import PackedOptimizer
+
+    source = _source()
+    cfgs = [resolve(c) for c in trial_configs(k, 16, steps=100, algorithm=kind)]
+    models = [build_model(parse_model(model), source.V, source.max_length, seed=c.seed)
+              for c in cfgs]
+    hand, stock = (PackedOptimizer(list(PackedBert(models).params), cfgs, kind)
+                   for _ in range(2))
+    for p, q in zip(hand.params, stock.params, strict=True):
+        p.grad = torch.randn_like(p)
+        q.grad = p.grad.clone()
+    for member, m in enumerate(models):  # the pack's parameter order is the single model's
+        for q, p in zip(m.parameters(), hand.params, strict=True):
+            q.grad = p.grad[member].clone()
+    singles = [build_optimizer(c, m) for c, m in zip(cfgs, models, strict=True)]
+    lrs = [c.lr for c in cfgs]
+    timed = {
+        "hand_batched": lambda: hand.step(lrs),
+        "stock_per_member": lambda: stock.step_per_member(lrs),
+        "stock_per_member_foreach": lambda: stock.step_per_member(lrs, foreach=True),
+        "k_single_optimizers": lambda: [o.step() for o in singles],
+    }
+    best = _fastest_cpu_seconds(timed, repeats)
+    row = {"kind": kind, "members": k, "threads": torch.get_num_threads(), "repeats": repeats}
+    row.update({f"{name}_s": round(v, 6) for name, v in best.items()})
+    row.update({f"ratio_{name}_over_hand_batched": round(v / best["hand_batched"], 3)
+                for name, v in best.items() if name != "hand_batched"})
+    return row
+
+
+def _fastest_cpu_seconds(timed, repeats) -> dict[str, float]:
+    """Each callable's fastest process CPU time (``time.process_time``: other users' processes
+    on the shared cores do not count), over ``repeats`` interleaved passes after a warm-up."""
+    best = dict.fromkeys(timed, float("inf"))
+    for fn in timed.values():
+        fn()
+    for _ in range(repeats):
+        for name, fn in timed.items():
+            start = time.process_time()
+            fn()
+            best[name] = min(best[name], time.process_time() - start)
+    return best
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -240,7 +302,11 @@ def main(argv=None) -> None:
     parser.add_argument("--sizes-steps", type=int, default=2000)
     parser.add_argument("--smoke", action="store_true", help="toy sizes, seconds")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--only-optimizer", action="store_true",
+                        help="only optimizer_costs (the CPU's optimizer step, seconds)")
     args = parser.parse_args(argv)
+    if args.only_optimizer and args.device != "cpu":
+        parser.error("--only-optimizer times the CPU's optimizer step: use --device cpu")
     model = "d16-h1-l1-i64" if args.smoke else MODEL
     if args.smoke:
         args.members, args.threads, args.batch_sizes, args.steps = 2, [1], [8], [4]
@@ -248,6 +314,18 @@ def main(argv=None) -> None:
     if args.device != "cpu":
         args.threads = [1]
     torch.set_num_threads(1)
+    out = args.out or Path(__file__).parent / "results"
+    optimizer = None
+    if args.device == "cpu":  # a CPU measurement: on a GPU it would time the launches only
+        optimizer = [optimizer_costs(model, args.members, kind, 3 if args.smoke else 200)
+                     for kind in ("adamw", "sgd")]
+        for row in optimizer:
+            print(json.dumps(row), flush=True)
+    if args.only_optimizer:
+        _write(out, "packs_optimizer_smoke.json" if args.smoke else "packs_optimizer_cpu.json",
+               {"baseline": OPTIMIZER_BASELINE, **_header(args, model, argv),
+                "timer": "time.process_time", "optimizer_costs": optimizer})
+        return
     costs = [update_costs(model, args.members, b, 3 if args.smoke else 15, args.device)
              for b in args.batch_sizes]
     for row in costs:
@@ -260,14 +338,22 @@ def main(argv=None) -> None:
             print(json.dumps(rows[-1]), flush=True)
     sizes = sizes_packed(args.device, args.members, args.sizes_steps, args.smoke) \
         if args.sizes else None
-    report = {"baseline": BASELINE, "model": model, "device": args.device,
-              "device_name": _device_name(args.device), "torch": torch.__version__,
-              "python": platform.python_version(), "load_avg_1m": os.getloadavg()[0],
-              "command": " ".join(["python", "bench/packs.py", *(argv or sys.argv[1:])]),
-              "rows": rows, "update_costs": costs, "sizes_packed": sizes}
-    out = args.out or Path(__file__).parent / "results"
-    out.mkdir(parents=True, exist_ok=True)
     name = "packs_smoke.json" if args.smoke else f"packs_{args.device.split(':')[0]}.json"
+    _write(out, name, {"baseline": BASELINE, **_header(args, model, argv), "rows": rows,
+                       "update_costs": costs, "optimizer_baseline": OPTIMIZER_BASELINE,
+                       "optimizer_costs": optimizer, "sizes_packed": sizes})
+
+
+def _header(args, model: str, argv) -> dict:
+    """What a report says of its run; the load average as the run ends."""
+    return {"model": model, "device": args.device, "device_name": _device_name(args.device),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "load_avg_1m": os.getloadavg()[0],
+            "command": " ".join(["python", "bench/packs.py", *(argv or sys.argv[1:])])}
+
+
+def _write(out: Path, name: str, report: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out / name}")
 

@@ -10,8 +10,20 @@ same float (``float(c)`` rounded once), and ``x.addcmul_(g, g, value=c)`` become
 parameters and state therefore equal those of ``torch.optim.AdamW`` stepping the member alone,
 bit for bit on the CPU (tests/train/test_pack.py).
 
+Why hand-written, not torch's own optimizers: ``step_per_member`` makes the same update by
+torch's functional AdamW / SGD, one call per member and parameter group on the member's views
+``p[k]`` (per-member rates need a call each), and equals ``step`` bit for bit
+(tests/train/test_pack_optim.py), but it is slower. bench/packs.py ``optimizer_costs``
+(bench/results/packs_optimizer_cpu.json: 5 members of d64-h4-l2-i256, one thread, process CPU
+time of one step; ratios over hand-batched): AdamW 2.29 ms hand-batched, 6.59 ms per member
+single-tensor (2.875x), 4.93 ms per member foreach (2.150x), 6.31 ms for 5 separate
+``torch.optim.AdamW`` (2.754x); SGD 0.64 ms, 1.13 ms (1.778x), 0.99 ms (1.562x), 1.17 ms
+(1.842x). The per-member calls cost what K separate optimizers cost: some 4 ms more per
+update than ``step``, where a whole packed update at batch 16 took about 25 ms of wall time
+(bench/results/packs_cpu.json ``update_costs``).
+
 A member's state travels as a torch optimizer's ``state_dict`` (``member_state_dict``), so a
-member's checkpoint is the checkpoint its unpacked twin writes, and loads back (``load_member``).
+member's checkpoint is the checkpoint its unpacked twin writes, and loads back (``load_members``).
 """
 
 from __future__ import annotations
@@ -20,6 +32,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.optim.adamw import adamw
+from torch.optim.sgd import sgd
 
 from flatlm.train.algorithms import build_optimizer
 
@@ -90,6 +104,35 @@ class PackedOptimizer:
         if decays:  # grad.add(param, alpha=wd): the product wd * param, then the sum
             grad = grad.addcmul(value["decay"], p)
         p.addcmul_(value["neg_lr"], grad)
+
+    @torch.no_grad()
+    def step_per_member(self, lrs: Sequence[float], *, foreach: bool = False) -> None:
+        """The update ``step`` makes, by torch's own functional optimizers
+        (``torch.optim.adamw.adamw``, ``torch.optim.sgd.sgd``): one call per member and parameter
+        group, on the member's views ``p[k]``. The reference ``step`` is tested against
+        (tests/train/test_pack_optim.py) and timed against (bench/packs.py ``optimizer_costs``);
+        ``foreach=False`` is the path a single model's optimizer takes on the CPU."""
+        self.step_count += 1
+        live = [i for i, p in enumerate(self.params) if p.grad is not None]
+        for decays in (True, False):  # build_optimizer's groups: dim >= 2 per member decays
+            group = [i for i in live if (self.params[i].dim() >= 3) == decays]
+            for k, (cfg, lr) in enumerate(zip(self.cfgs, lrs, strict=True)):
+                self._member_step(k, group, lr, cfg.weight_decay if decays else 0.0, foreach)
+
+    def _member_step(self, k, group, lr, weight_decay, foreach) -> None:
+        params = [self.params[i][k] for i in group]
+        grads = [self.params[i].grad[k] for i in group]
+        if self.kind == "sgd":
+            sgd(params, grads, [None] * len(group), foreach=foreach, weight_decay=weight_decay,
+                momentum=0.0, lr=lr, dampening=0.0, nesterov=False, maximize=False)
+            return
+        cfg = self.cfgs[k]
+        # torch.optim.AdamW's state["step"], one per parameter: the call adds this update
+        steps = list(torch.full((len(group),), float(self.step_count - 1)).unbind())
+        adamw(params, grads, [self.exp_avg[i][k] for i in group],
+              [self.exp_avg_sq[i][k] for i in group], [], steps, foreach=foreach, amsgrad=False,
+              beta1=cfg.beta1, beta2=cfg.beta2, lr=lr, weight_decay=weight_decay, eps=cfg.eps,
+              maximize=False)
 
     # ------------------------------------------------------------------ members
 
