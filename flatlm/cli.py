@@ -1,7 +1,8 @@
 """The ``flatlm`` command line: one subcommand group per module under ``flatlm.commands``.
 
-Each command module defines ``register(subparsers)``, adding its parser(s) with
-``set_defaults(run=callable)``; ``run(args)`` returns an exit code.
+Each command module (``flatlm.commands.COMMANDS``) defines ``register(subparsers)``, adding its
+parser(s) with ``set_defaults(run=callable)``; ``run(args)`` returns an exit code. Only the
+command being run is imported and registered (``build_parser``).
 """
 
 from __future__ import annotations
@@ -11,32 +12,43 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Iterable
 
-# Command modules, in the order their commands are listed by --help.
-from flatlm.commands import DIVERGED_EXIT, WORKER_DIED_EXIT, WRITE_FAILED_EXIT
+from flatlm.commands import COMMANDS, DIVERGED_EXIT, WORKER_DIED_EXIT, WRITE_FAILED_EXIT
 from flatlm.core.registry import PLUGIN_HELP, load_command_plugins
 from flatlm.core.workers import WorkerDied
-
-COMMAND_MODULES = ("data", "train", "trial", "config", "measure", "grow", "replicate", "ui")
-
+from flatlm.train.errors import CheckpointWriteError, Diverged
 
 # how to resume after a failed write; a command whose resume is a flag sets its own
 RESUME_HINT = "run the same command again (it resumes from the newest checkpoint)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Iterable[str] = tuple(COMMANDS)) -> argparse.ArgumentParser:
+    """The command line, with the options of ``commands`` (default: every command). The others
+    are listed by name and help line alone (``flatlm.commands.COMMANDS``), their modules not
+    imported: ``main`` builds only the command it runs, so a command that needs no torch, and
+    ``flatlm --help``, start without importing torch and transformers."""
     parser = argparse.ArgumentParser(prog="flatlm", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"flatlm.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"flatlm.commands.{name}":
-                raise
-            continue  # not built yet
-        module.register(sub)
+    for name, help_line in COMMANDS.items():
+        if name in commands:
+            importlib.import_module(f"flatlm.commands.{name}").register(sub)
+        else:
+            sub.add_parser(name, help=help_line)
     _add_plugin_option(parser)
     return parser
+
+
+def _named_command(argv: list[str]) -> tuple[str, ...]:
+    """The command ``argv`` runs, as ``build_parser`` takes it (none: ``flatlm --help``, or a word
+    that names no command). The top-level parser's only option is ``-h``, which takes no value,
+    so the first word that is not an option is the command (or an error listing them all).
+
+    >>> _named_command(["trial", "--out", "t"]), _named_command(["-h"]), _named_command(["x"])
+    (('trial',), (), ())
+    """
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return (word,) if word in COMMANDS else ()
 
 
 def _add_plugin_option(parser: argparse.ArgumentParser) -> None:
@@ -58,9 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"flatlm: error: {e}", file=sys.stderr)
         return 2
-    args = build_parser().parse_args(argv)
-    from flatlm.train.run import CheckpointWriteError, Diverged
-
+    args = build_parser(_named_command(argv)).parse_args(argv)
     try:
         return int(args.run(args) or 0)
     except Diverged as e:  # every command that trains: one exit status, no traceback

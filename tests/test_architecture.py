@@ -245,10 +245,43 @@ def test_no_module_imports_another_modules_private_names():
 # too big for the GPU machine, ``datasets`` absent there; matplotlib / scikit-learn only plot
 # or score GLUE). Everything else is imported at module level, where a reader looks for it.
 DEFERRED = ("ray", "mlflow", "transformers", "datasets", "optuna", "matplotlib", "sklearn")
-# The sweep scripts answer ``--help`` without torch (tests/sweeps/test_spec.py): there, a
-# function-level import may defer torch too.
+# The sweep scripts answer ``--help`` without torch (tests/sweeps/test_spec.py), and so does the
+# ``flatlm`` command, its ``trial`` included (test_the_flatlm_command_starts_without_torch): there,
+# a function-level import may defer torch too.
 ENTRY_POINTS = ("sweeps/cli.py", "sweeps/scaling.py", "sweeps/steps.py", "sweeps/algorithms.py",
-                "sweeps/search.py", "sweeps/selection.py")
+                "sweeps/search.py", "sweeps/selection.py", "flatlm/commands/trial.py")
+
+
+# ``python -m flatlm ARGS`` that import neither torch nor transformers: each test that starts the
+# command in a process of its own would pay some 5 CPU-seconds for them (issue 51, item 5).
+LIGHT_STARTS = (["--help"], ["trial", "--help"], ["trial"], ["no-such-command"],
+                ["ui", "--workdir", "{tmp}", "--no-browser"])
+# runs them in turn in one interpreter: after each, the heavy modules loaded so far
+STARTS = """import json, runpy, sys
+heavy = {}
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["flatlm", *argv]
+    try:
+        runpy.run_module("flatlm", run_name="__main__", alter_sys=True)
+    except SystemExit:
+        pass
+    heavy[" ".join(argv)] = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+print(json.dumps(heavy))
+"""
+
+
+def test_the_flatlm_command_starts_without_torch(tmp_path):
+    """``flatlm --help``, ``flatlm trial --help``, two refused command lines and ``flatlm ui``
+    (refused: a directory without a store) import neither torch nor transformers: the command
+    imports the module of the command it runs alone (``flatlm.cli.build_parser``), and that one
+    defers them to where it works. The first start listed with a module is the one to fix."""
+    starts = [[a.format(tmp=tmp_path) for a in argv] for argv in LIGHT_STARTS]
+    done = subprocess.run([sys.executable, "-c", STARTS, json.dumps(starts)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    heavy = json.loads(done.stdout.splitlines()[-1])
+    assert len(heavy) == len(LIGHT_STARTS) and "no mlflow.db there" in done.stderr  # each ran
+    assert not any(heavy.values()), f"these import torch or transformers: {heavy}"
 
 
 def _module_level_imports() -> dict[str, set[str]]:

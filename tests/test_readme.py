@@ -99,8 +99,8 @@ def checkout_env() -> dict[str, str]:
 
 
 FLATLM = (sys.executable, "-m", "flatlm.cli")
-# Every `flatlm` (sub)command's --help text from one process: the parser is built once (each
-# command module imports torch), which keeps this test within a minute on a shared CPU.
+# Every `flatlm` (sub)command's --help text from one process: the parser is built once (most
+# command modules import torch), which keeps this test within a minute on a shared CPU.
 EVERY_FLATLM_HELP = """
 import argparse, json
 from flatlm.cli import build_parser

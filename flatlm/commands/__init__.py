@@ -1,5 +1,20 @@
 """Subcommands of the flatlm command line (see flatlm.cli)."""
 
+# Every command (a module of this package), in the order ``flatlm --help`` lists them, with the
+# line it shows there (its module's ``register`` reads it here). flatlm.cli lists the commands
+# it was not asked to run by these lines alone, without importing their modules: ``flatlm
+# --help`` and a command that needs no torch (``flatlm ui``) start without torch and transformers.
+COMMANDS = {
+    "data": "sample corpora and measure source entropy",
+    "train": "pre-train a masked LM",
+    "trial": "run one trial: train + measure (no Ray)",
+    "config": "print a trial's resolved config and where each value comes from",
+    "measure": "measure a checkpoint (loss, KL, flatness, probes)",
+    "grow": "embed a BERT checkpoint into a wider / deeper one with the same function",
+    "replicate": "run the paper's experiments (no Ray)",
+    "ui": "MLflow's UI, opened at a sweep's runs table",
+}
+
 # Exit statuses every command shares (flatlm.cli ends these outcomes for all of them).
 DIVERGED_EXIT = 3  # training stopped by flatlm.train.run.Diverged (flatlm replicate: a trial
 #   diverged, recorded and skipped; the others ran)

@@ -16,15 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from flatlm.commands import DEFAULT_PROTOCOL, DEFAULT_SCALE
+from flatlm.commands import COMMANDS, DEFAULT_PROTOCOL, DEFAULT_SCALE
 from flatlm.core.config import parse_assignments, to_dict
 from flatlm.experiments.layers import DEFAULT, config_layers, provenance
 from flatlm.runs.trial import validate_trial
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("config", help="print a trial's resolved config and where each "
-                                             "value comes from",
+    p = subparsers.add_parser("config", help=COMMANDS["config"],
                               description=__doc__.split("\n\n")[0],
                               epilog=__doc__.split("\n\n", 1)[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from flatlm.commands import DEFAULT_DEVICE
+from flatlm.commands import COMMANDS, DEFAULT_DEVICE
 from flatlm.core.devices import resolve_device
 from flatlm.core.flags import COUNT, SEED, number_flag
 from flatlm.core.stats import ratio_mean_se
@@ -20,7 +20,7 @@ from flatlm.sources import load
 
 def register(subparsers) -> None:
     """Adds ``data make`` and ``data entropy`` to the top-level subparsers."""
-    data = subparsers.add_parser("data", help="sample corpora and measure source entropy",
+    data = subparsers.add_parser("data", help=COMMANDS["data"],
                                  description=__doc__.splitlines()[0])
     sub = data.add_subparsers(dest="data_command", required=True)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flatlm.commands import COMMANDS
 from flatlm.core.flags import SEED, number_flag
 from flatlm.models.checkpoint import load_checkpoint
 from flatlm.models.constructions import CONSTRUCTIONS, DEFAULT_CONSTRUCTION
@@ -21,8 +22,7 @@ from flatlm.models.constructions import CONSTRUCTIONS, DEFAULT_CONSTRUCTION
 
 def register(subparsers) -> None:
     """Adds ``grow`` to the top-level subparsers."""
-    p = subparsers.add_parser("grow", help="embed a BERT checkpoint into a wider / deeper one "
-                                           "with the same function",
+    p = subparsers.add_parser("grow", help=COMMANDS["grow"],
                               description=__doc__.splitlines()[0])
     p.add_argument("checkpoint", metavar="CHECKPOINT", type=Path,
                    help="a BERT checkpoint directory (save_checkpoint / flatlm train)")

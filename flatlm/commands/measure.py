@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from flatlm.commands import DEFAULT_DEVICE
+from flatlm.commands import COMMANDS, DEFAULT_DEVICE
 from flatlm.commands.trial import eval_cache_dir
 from flatlm.core.config import apply_overrides, section_assignments
 from flatlm.core.devices import resolve_device
@@ -33,7 +33,7 @@ from flatlm.sources import SourceSpec, load
 
 
 def register(sub) -> None:
-    p = sub.add_parser("measure", help="measure a checkpoint (loss, KL, flatness, probes)",
+    p = sub.add_parser("measure", help=COMMANDS["measure"],
                        description=__doc__)
     p.add_argument("checkpoint", nargs="?", help="a checkpoint directory (with flatlm.json)")
     p.add_argument("--follow", metavar="TRIAL_DIR", type=Path,

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from flatlm.commands import (
+    COMMANDS,
     DEFAULT_DEVICE,
     DEFAULT_PROTOCOL,
     DEFAULT_SCALE,
@@ -69,7 +70,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("replicate", help="run the paper's experiments (no Ray)",
+    p = subparsers.add_parser("replicate", help=COMMANDS["replicate"],
                               description=__doc__.split("\n\n")[0],
                               epilog=__doc__.split("\n\n", 1)[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)

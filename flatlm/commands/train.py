@@ -27,7 +27,7 @@ import argparse
 import json
 from pathlib import Path
 
-from flatlm.commands import DEFAULT_DEVICE
+from flatlm.commands import COMMANDS, DEFAULT_DEVICE
 from flatlm.core.config import (
     add_arguments,
     apply_overrides,
@@ -43,7 +43,7 @@ from flatlm.train.data import corpus_source_spec
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="pre-train a masked LM",
+    p = subparsers.add_parser("train", help=COMMANDS["train"],
                               description=__doc__.split("\n\n")[0],
                               epilog=__doc__.split("\n\n")[-1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)

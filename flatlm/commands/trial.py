@@ -39,19 +39,17 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from flatlm.commands import DEFAULT_DEVICE, DEFAULT_PROTOCOL, DEFAULT_SCALE
+from flatlm.commands import COMMANDS, DEFAULT_DEVICE, DEFAULT_PROTOCOL, DEFAULT_SCALE
 from flatlm.core.config import apply_overrides, parse_assignments
-from flatlm.core.devices import resolve_device
 from flatlm.core.safe_io import check_output_dir
 from flatlm.core.workers import WorkerDied
 from flatlm.experiments.costs import budget_line, measure_prior_s
-from flatlm.runs.closing import QUICK_WHAT, closing_lines
 from flatlm.runs.console import Console
 from flatlm.storage.dirlock import writer_lock
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("trial", help="run one trial: train + measure (no Ray)",
+    p = subparsers.add_parser("trial", help=COMMANDS["trial"],
                               description=__doc__.split("\n\n")[0],
                               epilog=__doc__.split("\n\n", 1)[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -85,6 +83,7 @@ def register(subparsers) -> None:
 def trial_config(args):
     """The trial the options describe, checked (a ValueError names a bad field)."""
     from flatlm.experiments.paper import base_of
+    from flatlm.runs.closing import QUICK_WHAT
     from flatlm.runs.trial import validate_trial
 
     quick = [f"measure.what={','.join(QUICK_WHAT)}"] if getattr(args, "quick", False) else []
@@ -95,6 +94,8 @@ def trial_config(args):
 
 
 def run(args) -> int:
+    from flatlm.core.devices import resolve_device
+    from flatlm.runs.closing import closing_lines
     from flatlm.runs.trial import printer, run_trial_once
 
     cfg = trial_config(args)

@@ -29,6 +29,7 @@ import urllib.request
 import webbrowser
 from pathlib import Path
 
+from flatlm.commands import COMMANDS
 from flatlm.core.flags import number_flag
 from flatlm.tracking.tracker import default_tracking_uri
 from flatlm.tracking.ui import experiment_url
@@ -40,7 +41,7 @@ REPORT_SUFFIX = ".report"  # analysis/report.py logs its files to "<experiment>.
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("ui", help="MLflow's UI, opened at a sweep's runs table",
+    p = subparsers.add_parser("ui", help=COMMANDS["ui"],
                               description=__doc__.split("\n\n")[0],
                               epilog=__doc__.split("\n\n", 1)[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -13,6 +13,8 @@
   rest as one optimizer (``MuonWithAdamW``), its settings ``train.muon.*`` (``MuonConfig``).
 - ``state``: ``TrainState`` and the checkpoint layout ``OUT/checkpoints/step-<N>/``.
 - ``run``: ``Run``, a run in progress, shared by the loop and the data-parallel ranks.
+- ``errors``: ``Diverged`` and ``CheckpointWriteError``, what a run raises and its callers
+  catch (``run`` re-exports them; importing them loads no torch).
 - ``loop``: ``train(cfg, source, model_cfg, out_dir, *, device, on_checkpoint, ...)``.
 - ``sizes``: ``check_fits``, what a run holds checked against memory before it allocates.
 - ``distributed``: ``train.world_size`` processes sharing every update (``DATA_PARALLEL_STEPS``).

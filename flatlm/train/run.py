@@ -50,6 +50,7 @@ from flatlm.train.data import (
     prefetch_depth,
     read_corpus,
 )
+from flatlm.train.errors import CheckpointWriteError, Diverged  # callers import them here too
 from flatlm.train.growth import grow_context, growth_due, shape_at
 from flatlm.train.registry import algorithm_named, load_ref, unused_sections
 from flatlm.train.state import (
@@ -85,43 +86,9 @@ RESUMABLE_CHANGES = ("steps", "checkpoint_steps", "log_every", "compile", "preci
                      "prefetch_workers")
 
 
-class CheckpointWriteError(OSError):
-    """A checkpoint could not be written (a full disk, a quota, a vanished directory). Its
-    partial copy is removed; the checkpoints before it are untouched, so a resume continues
-    from the newest of them once there is room."""
-
-    @classmethod
-    def of(cls, ckpt: Path, cause: BaseException,
-           what: str = "checkpoint") -> CheckpointWriteError:
-        free = shutil.disk_usage(_existing_parent(ckpt)).free
-        why = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-        return cls(f"could not write {what} {ckpt} ({why}); {free / 2**30:.2f} GiB free on "
-                   "its disk. The earlier checkpoints are intact: free space, then resume")
-
-
 # What a writer raises when the disk is full: OSError (ENOSPC, EDQUOT), torch's RuntimeError
 # ("basic_ios::clear"), and safetensors' own SafetensorError (neither of those).
 WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
-
-
-def _existing_parent(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-class Diverged(RuntimeError):  # noqa: N818 - the name the sweeps and CLI catch
-    """Training diverged: the loss read-out was non-finite (a non-finite gradient makes it so at
-    the next update) or above ``train.divergence_factor`` times the initial loss log V or the
-    first logged loss. Raised before any later checkpoint is written or measured."""
-
-    def __init__(self, step: int, loss: float, reason: str):
-        self.step, self.loss, self.reason = step, loss, reason
-        super().__init__(f"training diverged at step {step}: train/loss={loss:.6g} {reason}; "
-                         "lower train.lr (or raise train.divergence_factor, None = off)")
-
-    def __reduce__(self):  # pickles across processes (Ray) with its fields
-        return Diverged, (self.step, self.loss, self.reason)
 
 
 @dataclass
