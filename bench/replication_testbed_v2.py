@@ -153,8 +153,10 @@ def criteria_markdown(crit: dict, running: list[str], command: str, wall: float 
         lines += ["", f"## The robustness column's grammar (`{SECOND}`), at its own target", "",
                   f"The second grammar of the family (`flatlm.experiments.scales."
                   f"TESTBED_V2_SECOND_SOURCE`), read at KL {second['target_kl']:g} nats/token "
-                  "(`TESTBED_V2.switch_fields`: the KL its smallest model reaches in the "
-                  "budget, by its own pilot); (e) and (f) are in the tables above.", ""]
+                  "(`TESTBED_V2.switch_fields`: its pilot's target, moved to the lowest KL in "
+                  "steps of 0.01 that every run of the grid reaches, from the runs' KL alone; "
+                  "`flatlm/experiments/scales.py` says why); (e) and (f) are in the tables "
+                  "above.", ""]
         lines += _grammar_lines(second, "###")
     if running:
         lines += ["", "Not finished when this report was made (left out): "
