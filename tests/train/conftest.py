@@ -3,6 +3,7 @@
 import pytest
 
 from flatlm.sources import load
+from flatlm.train.data import generator, mask_batch
 
 
 @pytest.fixture(scope="session")
@@ -10,6 +11,22 @@ def src():
     """Sentences of 2-4 words over 12 words; tasks A (2 classes), B, C."""
     return load({"kind": "pcfg", "random": {"vocab": 12, "depth": 2, "nonterminals_per_level": 3,
                                             "roots": 2}, "seed": 0})
+
+
+@pytest.fixture(scope="module")
+def paper():
+    """The paper's grammar: sentences of 2..16 words (4..18 slots), so that a batch has padding
+    to trim (``train.unpad``) or to pack away (``train.sequence_packing``)."""
+    return load("pcfg:paper")
+
+
+def masked_sample(src, n, seed, mask="one", max_predictions=None):
+    """(batch, lengths): ``n`` sentences of ``src`` drawn by ``seed`` and masked as BERT masks
+    (80% [MASK], 10% a random word, 10% kept), the draws seeded by ``seed`` too."""
+    tokens, lengths = src.sample(n, seed)
+    batch = mask_batch(tokens, lengths, mask, generator(seed, "mask", 0), n_words=src.V,
+                       replace=(0.8, 0.1, 0.1), max_predictions=max_predictions)
+    return batch, lengths
 
 
 @pytest.fixture(scope="session")
