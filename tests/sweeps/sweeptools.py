@@ -174,6 +174,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def dead_uri() -> str:
+    """An http URI where nothing listens (a port just freed)."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
 class MlflowServer:
     """A real ``mlflow server`` on 127.0.0.1 (sqlite store, proxied artifacts), in its own
     session so that stopping it stops its helper processes too."""
