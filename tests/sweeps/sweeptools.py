@@ -154,6 +154,14 @@ class Sweep:
         self._reader.join(timeout=10)
         return rc
 
+    def wait_then_clean(self, timeout: float, ray_tmpdir) -> int:
+        """``wait``, then SIGKILL whatever the driver's session and the Ray it started (its
+        processes name ``ray_tmpdir``) left running, even where waiting failed; the exit code."""
+        try:
+            return self.wait(timeout=timeout)
+        finally:
+            kill_own(self.proc.pid, f"{ray_tmpdir}/")
+
     def kill(self) -> None:
         """SIGKILL to the driver's whole session (Ray's processes included)."""
         with contextlib.suppress(ProcessLookupError):

@@ -22,7 +22,7 @@ pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
 from tests.commands.test_plugin_cli import checkpoint_norms  # noqa: E402
-from tests.sweeps.sweeptools import LOOSE_RULE, REPO, Sweep, kill_own, set_args, sweep_env  # noqa: E402
+from tests.sweeps.sweeptools import LOOSE_RULE, REPO, Sweep, set_args, sweep_env  # noqa: E402
 
 PLUGINS = ("tests.assets.toy_source", "tests.assets.toy_algorithm",
            "tests.assets.toy_measurement", "tests.assets.toy_architecture")
@@ -79,10 +79,7 @@ def test_toy_plugins_named_once_train_and_measure_in_a_ray_worker(tmp_path, ray_
     script = tmp_path / "one_trial.py"
     script.write_text(ONE_TRIAL)
     sweep = Sweep(_args(*PLUGINS), tmp_path, _env(ray_tmpdir), script=script)
-    try:
-        rc = sweep.wait(timeout=300)
-    finally:
-        kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
+    rc = sweep.wait_then_clean(300, ray_tmpdir)
     assert rc == 0, sweep.tail()
 
     [trial] = [p.parent for p in tmp_path.glob("**/metrics.jsonl")

@@ -23,7 +23,6 @@ from tests.sweeps.sweeptools import (  # noqa: E402
     SCALING,
     TINY,
     Sweep,
-    kill_own,
     set_args,
     sweep_env,
 )
@@ -68,10 +67,7 @@ def test_a_tiny_sweep_of_any_source_finishes_with_its_task_measured(tmp_path, ra
     tiny = {k: v for k, v in TINY.items() if k != "measure.tasks"}  # the source's defaults
     args = ["--source", source, "--name", "sources", *set_args(tiny), *LOOSE_RULE]
     sweep = Sweep(args, tmp_path, env, script=SCALING if len(models) > 1 else script)
-    try:
-        rc = sweep.wait(timeout=300)
-    finally:
-        kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
+    rc = sweep.wait_then_clean(300, ray_tmpdir)
     assert rc == 0, sweep.tail()
 
     accuracy = f"probe/{task}/acc_mean"
