@@ -2,7 +2,9 @@
 
 import pytest
 
+from flatlm.measure.loss import kl_to_truth
 from flatlm.sources import load
+from flatlm.train import train
 from flatlm.train.data import generator, mask_batch
 
 
@@ -38,6 +40,17 @@ def tiny_model():
 def eval_sentences(src):
     """Held-out sentences for KL(truth || model), drawn with a seed no run uses."""
     return src.sample(256, seed=10_000)
+
+
+def assert_learns(cfg, src, model: str, eval_sentences, out) -> None:
+    """Training ``model`` under ``cfg`` at least halves KL(truth || model) on ``eval_sentences``
+    from its first checkpoint to its last, and lowers the training loss."""
+    kl = {}
+    result = train(cfg, src, model, out, progress=False,
+                   on_checkpoint=lambda step, trained, _: kl.update(
+                       {step: kl_to_truth(trained, src, *eval_sentences)}))
+    assert kl[cfg.checkpoint_steps[-1]] < 0.5 * kl[cfg.checkpoint_steps[0]], kl
+    assert result.history[-1]["train/loss"] < result.history[0]["train/loss"]
 
 
 class Stopped(Exception):  # noqa: N818 - what the hook does, as a name
