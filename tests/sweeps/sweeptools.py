@@ -103,6 +103,28 @@ def kill_own(sid: int | None, marker: str | None = None, timeout: float = 30) ->
         time.sleep(0.2)
 
 
+def one_trial_script(doc: str, name: str, model: str) -> str:
+    """The source of a sweep script (as a user writes one, on sweeps.cli) named ``name`` whose
+    space is the one model ``model``, its base from the command line; ``doc``: its docstring."""
+    return f'''"""{doc}"""
+import sys
+
+from sweeps.cli import main
+from sweeps.experiment import base_of_args
+from sweeps.rayenv import tune
+from sweeps.spec import Sweep
+
+
+def build(args):
+    return Sweep(name="{name}", base=base_of_args(args),
+                 space={{"model": tune.grid_search(["{model}"])}})
+
+
+if __name__ == "__main__":
+    sys.exit(main(build, __doc__))
+'''
+
+
 class Sweep:
     """``python sweeps/scaling.py ARGS`` (or another sweep ``script``) in its own session;
     stdout read line by line."""

@@ -23,28 +23,15 @@ from tests.sweeps.sweeptools import (  # noqa: E402
     SCALING,
     TINY,
     Sweep,
+    one_trial_script,
     set_args,
     sweep_env,
 )
 
 STEPS = [10, 20]
-ONE_TRIAL = '''"""One tiny trial of the tiny preset, on whatever source --source gives."""
-import sys
-
-from sweeps.cli import main
-from sweeps.rayenv import tune
-from sweeps.spec import Sweep
-from sweeps.experiment import base_of_args
-
-
-def build(args):
-    return Sweep(name="sources", base=base_of_args(args),
-                 space={"model": tune.grid_search(["d16-h1-l1-i32"])})
-
-
-if __name__ == "__main__":
-    sys.exit(main(build, __doc__))
-'''
+ONE_TRIAL = one_trial_script(
+    "One tiny trial of the tiny preset, on whatever source --source gives.", "sources",
+    "d16-h1-l1-i32")
 
 
 @pytest.mark.slow

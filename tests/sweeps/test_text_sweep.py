@@ -11,25 +11,10 @@ pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
 from tests.assets.text_assets import make_text_assets, text_spec  # noqa: E402
-from tests.sweeps.sweeptools import REPO, TINY, Sweep, set_args, sweep_env  # noqa: E402
+from tests.sweeps.sweeptools import REPO, TINY, Sweep, one_trial_script, set_args, sweep_env  # noqa: E402
 
-ONE_TRIAL = '''"""One tiny trial of the tiny preset, on whatever source --set gives."""
-import sys
-
-from sweeps.cli import main
-from sweeps.rayenv import tune
-from sweeps.spec import Sweep
-from sweeps.experiment import base_of_args
-
-
-def build(args):
-    return Sweep(name="text", base=base_of_args(args),
-                 space={"model": tune.grid_search(["d16-h1-l1-i32"])})
-
-
-if __name__ == "__main__":
-    sys.exit(main(build, __doc__))
-'''
+ONE_TRIAL = one_trial_script("One tiny trial of the tiny preset, on whatever source --set gives.",
+                             "text", "d16-h1-l1-i32")
 
 
 @pytest.mark.slow
