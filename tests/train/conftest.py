@@ -1,11 +1,16 @@
 """Shared tiny setting for the training tests: a 12-word random PCFG and a one-layer BERT."""
 
+import contextlib
+import importlib
+import sys
+
 import pytest
 
 from flatlm.measure.loss import kl_to_truth
 from flatlm.sources import load
 from flatlm.train import train
 from flatlm.train.data import generator, mask_batch
+from flatlm.train.registry import REGISTRY
 
 
 @pytest.fixture(scope="session")
@@ -69,3 +74,17 @@ def stop_at():
 
     hook_for.Stopped = Stopped
     return hook_for
+
+
+@contextlib.contextmanager
+def plugin_algorithm(module: str):
+    """The plug-in module ``module``, imported as a user's code would (which registers its
+    algorithm); the registry is put back after, so that the other tests see the built-in table."""
+    saved = dict(REGISTRY)
+    sys.modules.pop(module, None)
+    try:
+        yield importlib.import_module(module)
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(saved)
+        sys.modules.pop(module, None)
