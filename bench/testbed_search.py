@@ -56,6 +56,7 @@ from apps.testbed_search.first import (
     STEPS_VARIANTS,
 )
 from apps.testbed_search.jobs import (
+    add_screened,
     adversary_lambda,
     finalist_jobs,
     scale_jobs,
@@ -133,14 +134,6 @@ def _command() -> str:
     return "python bench/testbed_search.py " + " ".join(sys.argv[1:])
 
 
-def _write(args, results: dict) -> None:
-    write_results(args.out, results)
-
-
-def _saver(args, results: dict, stage: str, key):
-    return stage_saver(args.out, results, stage, key, _command())
-
-
 def _by_trial(row: dict) -> tuple:
     return row["id"], row["experiment"], row["trial"]
 
@@ -157,9 +150,7 @@ def stage0(args, results: dict) -> None:
         row["space"] = args.space
     ranked = sorted((r for r in rows if r["kept"] and not r["id"].startswith("ref-")),
                     key=lambda r: -r["score"])
-    stage = results.setdefault("stage0", {"candidates": [], "rounds": {}})
-    fresh = {r["id"] for r in rows}
-    stage["candidates"] = [r for r in stage["candidates"] if r["id"] not in fresh] + rows
+    stage = add_screened(results, rows)
     stage.setdefault("rounds", {})[args.space] = {
         "command": _command(), "kept": [r["id"] for r in ranked[: args.keep]]}
 
@@ -172,8 +163,9 @@ def stage1(args, results: dict) -> None:
              "setting": SETTINGS[s] if args.steps is None else {**SETTINGS[s],
                                                                   "train.steps": args.steps}}
             for i in ids for g in args.grids for s in args.settings]
-    run_all(args.jobs, learn, jobs, "stage 1 (smallest models)", _saver(
-        args, results, "stage1", lambda r: (r["id"], r["grid"], r["model"], r["setting_name"])))
+    run_all(args.jobs, learn, jobs, "stage 1 (smallest models)", stage_saver(
+        args.out, results, "stage1", lambda r: (r["id"], r["grid"], r["model"], r["setting_name"]),
+        _command()))
 
 
 def stage2(args, results: dict) -> None:
@@ -201,7 +193,8 @@ def stage2(args, results: dict) -> None:
                 "long_steps": args.long_steps or f["setting"]["train.steps"] * 3 // 2,
                 "long_lr": args.long_lr} for f in finalists]
     desc = "stage 2 (steps variants)" if args.variants_only else "stage 2 (experiments)"
-    run_all(args.jobs, run_one, jobs, desc, _saver(args, results, "stage2", _by_trial))
+    run_all(args.jobs, run_one, jobs, desc,
+            stage_saver(args.out, results, "stage2", _by_trial, _command()))
     stage.setdefault("summary", {}).update({f["id"]: summarise(f["id"], stage["runs"])
                                             for f in finalists})
 
@@ -214,7 +207,7 @@ def stage2_of_scale(args, results: dict) -> None:
                       stage["runs"])
     jobs.sort(key=lambda j: -expected_cost(j))
     run_all(args.jobs, run_one, jobs, f"stage 2 ({args.scale})",
-            _saver(args, results, "stage2", _by_trial))
+            stage_saver(args.out, results, "stage2", _by_trial, _command()))
     stage.setdefault("summary", {})[cid] = summarise(cid, stage["runs"])
 
 
@@ -267,7 +260,7 @@ def main(argv=None) -> int:
         stages[args.stage](args, results)
         results.setdefault("wall_s", {})[f"stage{args.stage}"] = round(
             time.perf_counter() - start)
-        _write(args, results)
+        write_results(args.out, results)
     if args.table or args.stage is not None:
         args.out.with_suffix(".md").write_text(table(results))
     return 0

@@ -41,7 +41,7 @@ from functools import partial
 from pathlib import Path
 
 from apps.testbed_search import first
-from apps.testbed_search.jobs import stage_saver, write_results
+from apps.testbed_search.jobs import add_screened, stage_saver, write_results
 from apps.testbed_search.pool import run_all
 from apps.testbed_search.second import (
     CRITERIA,
@@ -114,14 +114,6 @@ def _command() -> str:
     return "python bench/testbed_v2.py " + " ".join(sys.argv[1:])
 
 
-def _write(args, results: dict) -> None:
-    write_results(args.out, results)
-
-
-def _saver(args, results: dict, stage: str, key):
-    return stage_saver(args.out, results, stage, key, _command())
-
-
 def stage0(args, results: dict) -> None:
     candidates = draw_pcfg_specs(SPACES[args.space], args.candidates, args.search_seed,
                                  ID_PREFIX[args.space])
@@ -133,9 +125,7 @@ def stage0(args, results: dict) -> None:
     for row in rows:
         row["kept"], row["rank"] = screen_verdict(row)
         row["space"] = args.space if row["id"] != PAPER_GRAMMAR["id"] else "paper"
-    stage = results.setdefault("stage0", {"candidates": [], "rounds": {}})
-    fresh = {r["id"] for r in rows}
-    stage["candidates"] = [r for r in stage["candidates"] if r["id"] not in fresh] + rows
+    stage = add_screened(results, rows)
     stage["rounds"][f"{args.space}:{args.search_seed}"] = {"command": _command()}
 
 
@@ -150,7 +140,8 @@ def stage1(args, results: dict) -> None:
     jobs = [{"id": i, "spec": by_id[i]["spec"], "grid": "v2", "model": args.model,
              "setting_name": name, "setting": setting} for i in ids]
     needs = room_needed()
-    saver = _saver(args, results, "stage1", lambda r: (r["id"], r["model"], r["setting_name"]))
+    saver = stage_saver(args.out, results, "stage1",
+                        lambda r: (r["id"], r["model"], r["setting_name"]), _command())
 
     def save(row):
         row["verdict"], row["command"] = learn_verdict(row, needs), _command()
@@ -175,8 +166,9 @@ def stage2(args, results: dict) -> None:
                      "config": config, "work": str(args.work)})
     jobs.sort(key=lambda j: -expected_cost(j))
     results.setdefault("stage2", {})["grid"] = {cid: args.grid}
-    run_all(args.jobs, run_one, jobs, "stage 2 (sizes, adversary)", _saver(
-        args, results, "stage2", lambda r: (r["id"], r["experiment"], r["trial"])))
+    run_all(args.jobs, run_one, jobs, "stage 2 (sizes, adversary)",
+            stage_saver(args.out, results, "stage2",
+                        lambda r: (r["id"], r["experiment"], r["trial"]), _command()))
 
 
 def check(args) -> int:
@@ -200,14 +192,14 @@ def main(argv=None) -> int:
     for other in args.merge:
         merge(results, json.loads(other.read_text()))
     if args.merge:
-        _write(args, results)
+        write_results(args.out, results)
     if args.stage is not None:
         start = time.perf_counter()
         {0: stage0, 1: stage1, 2: stage2}[args.stage](args, results)
         wall = results.setdefault("wall_s", {})
         wall[f"stage{args.stage}"] = wall.get(f"stage{args.stage}", 0) + round(
             time.perf_counter() - start)
-        _write(args, results)
+        write_results(args.out, results)
     args.out.with_suffix(".md").write_text(table(results))
     print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
     return 0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import torch
@@ -27,11 +26,9 @@ from sweeps.progress_board import poster
 from sweeps.rayenv import tune
 from sweeps.trainable import (
     ARTIFACT_FOLDERS,
-    FINISH_WAIT_S,
     TRIAL_ARTIFACTS,
     end_diverged,
-    finish_trial,
-    plot_trial,
+    end_finished,
     quiet_ray_train,
     tracker_for,
     trainable,
@@ -77,18 +74,12 @@ def pack_trainable(config: dict) -> None:
         for tracker in trackers:
             tracker.finish("FAILED")
         raise
-    wait_s = float(os.environ.get("FLATLM_FINISH_WAIT_S", FINISH_WAIT_S))
     for cfg, name, out, tracker, result in zip(cfgs, names, outs, trackers, results,
                                                strict=True):
         if isinstance(result, Diverged):  # its run FAILED and tagged; the others finished
             end_diverged(tracker, out, result)
-            continue
-        try:
-            plot_trial(out, name, cfg)
-        except Exception as e:  # noqa: BLE001 - a figure is not worth failing a finished trial
-            print(f"trial {name}: could not plot its curves: {e}", file=sys.stderr, flush=True)
-        tracker.sync_artifacts(out, patterns=TRIAL_ARTIFACTS, folders=ARTIFACT_FOLDERS)
-        finish_trial(tracker, "FINISHED", wait_s)
+        else:
+            end_finished(tracker, out, name, cfg)
 
 
 def _restored_run_ids(outs: list[Path]) -> dict[str, str | None]:

@@ -97,12 +97,7 @@ def trainable(config: dict) -> None:
     except BaseException:
         tracker.finish("FAILED")
         raise
-    try:
-        plot_trial(out_dir, name, cfg)
-    except Exception as e:  # noqa: BLE001 - a figure is not worth failing a finished trial
-        print(f"trial {name}: could not plot its curves: {e}", file=sys.stderr, flush=True)
-    tracker.sync_artifacts(out_dir, patterns=TRIAL_ARTIFACTS, folders=ARTIFACT_FOLDERS)
-    finish_trial(tracker, "FINISHED", float(os.environ.get("FLATLM_FINISH_WAIT_S", FINISH_WAIT_S)))
+    end_finished(tracker, out_dir, name, cfg)
 
 
 def quiet_ray_train() -> None:
@@ -111,6 +106,17 @@ def quiet_ray_train() -> None:
     ``FLATLM_VERBOSE=1``, inherited by local workers) keeps Ray's lines."""
     if not os.environ.get("FLATLM_VERBOSE"):
         logging.getLogger("ray.train").setLevel(logging.WARNING)
+
+
+def end_finished(tracker, out_dir: Path, name: str, cfg: TrialConfig) -> None:
+    """Ends a trial that trained to its end: its figures (``plot_trial``; one that fails is
+    only said), its artifacts synced, its MLflow run FINISHED."""
+    try:
+        plot_trial(out_dir, name, cfg)
+    except Exception as e:  # noqa: BLE001 - a figure is not worth failing a finished trial
+        print(f"trial {name}: could not plot its curves: {e}", file=sys.stderr, flush=True)
+    tracker.sync_artifacts(out_dir, patterns=TRIAL_ARTIFACTS, folders=ARTIFACT_FOLDERS)
+    finish_trial(tracker, "FINISHED", finish_wait_s())
 
 
 def end_diverged(tracker, out_dir: Path, e: Diverged) -> None:
@@ -122,7 +128,7 @@ def end_diverged(tracker, out_dir: Path, e: Diverged) -> None:
     if not tracker.set_tag(TAG_DIVERGED, str(e.step)):
         print(f"trial {out_dir.name}: could not tag its run diverged ({DIVERGED_FILE} says so)",
               file=sys.stderr, flush=True)
-    finish_trial(tracker, "FAILED", float(os.environ.get("FLATLM_FINISH_WAIT_S", FINISH_WAIT_S)))
+    finish_trial(tracker, "FAILED", finish_wait_s())
 
 
 def _tracker(cfg: TrialConfig, sweep: dict, name: str, out_dir: Path):
@@ -173,6 +179,11 @@ def plot_trial(out_dir: Path, name: str, cfg: TrialConfig) -> None:
     plot_curves(read_metrics(out_dir), curve_keys(tasks), out_dir / "curves.png", name,
                 train_rows=read_train_log(out_dir))
     write_bytes(out_dir / "trial_config.json", (out_dir / "config.json").read_bytes())
+
+
+def finish_wait_s() -> float:
+    """How long a trial ending in a tracking outage waits for MLflow (``finish_trial``)."""
+    return float(os.environ.get("FLATLM_FINISH_WAIT_S", FINISH_WAIT_S))
 
 
 def finish_trial(tracker, status: str, wait_s: float) -> bool:

@@ -27,6 +27,19 @@ CORE = sorted(m.name for m in pkgutil.walk_packages(flatlm.__path__, "flatlm.")
               if m.name not in ("flatlm.tracking.tracker", "flatlm.__main__"))
 
 
+def _sources(packages=PACKAGES):
+    """(module, path relative to the repository, source) of every Python file of ``packages``,
+    in path order."""
+    from pathlib import Path
+
+    repo = Path(flatlm.__file__).resolve().parents[1]
+    for package in packages:
+        for path in sorted((repo / package).rglob("*.py")):
+            parts = path.relative_to(repo).with_suffix("").parts
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            yield module, path.relative_to(repo), path.read_text()
+
+
 def _run(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
 
@@ -66,16 +79,8 @@ def _top_level_imports(source: str) -> set[str]:
 
 
 def _mlflow_importers() -> set[str]:
-    from pathlib import Path
-
-    repo = Path(flatlm.__file__).resolve().parents[1]
-    found = set()
-    for package in (*PACKAGES, "bench"):
-        for path in sorted((repo / package).rglob("*.py")):
-            if "mlflow" in _top_level_imports(path.read_text()):
-                parts = path.relative_to(repo).with_suffix("").parts
-                found.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return found
+    return {module for module, _, source in _sources((*PACKAGES, "bench"))
+            if "mlflow" in _top_level_imports(source)}
 
 
 def test_only_the_tracker_and_the_reader_import_mlflow():
@@ -142,22 +147,16 @@ def _internal_imports() -> dict[str, list[tuple[str, tuple[str, ...]]]]:
     analysis, apps), every import statement (module level or in a function), from their
     source."""
     import ast
-    from pathlib import Path
 
-    repo = Path(flatlm.__file__).resolve().parents[1]
     found = {}
-    for package in PACKAGES:
-        for path in sorted((repo / package).rglob("*.py")):
-            parts = path.relative_to(repo).with_suffix("").parts
-            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            edges = []
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                    edges.append((node.module, tuple(a.name for a in node.names)))
-                elif isinstance(node, ast.Import):
-                    edges += [(a.name, ()) for a in node.names]
-            found[module] = [(m, names) for m, names in edges
-                             if m.split(".")[0] in PACKAGES]
+    for module, _, source in _sources():
+        edges = []
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                edges.append((node.module, tuple(a.name for a in node.names)))
+            elif isinstance(node, ast.Import):
+                edges += [(a.name, ()) for a in node.names]
+        found[module] = [(m, names) for m, names in edges if m.split(".")[0] in PACKAGES]
     return found
 
 
@@ -288,17 +287,9 @@ def _module_level_imports() -> dict[str, set[str]]:
     """module -> every module its module-level statements import (absolute names), over
     ``PACKAGES``."""
     import ast
-    from pathlib import Path
 
-    repo = Path(flatlm.__file__).resolve().parents[1]
-    found = {}
-    for package in PACKAGES:
-        for path in sorted((repo / package).rglob("*.py")):
-            parts = path.relative_to(repo).with_suffix("").parts
-            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            found[module] = {name for node in ast.parse(path.read_text()).body
-                             for name in _imported(node)}
-    return found
+    return {module: {name for node in ast.parse(source).body for name in _imported(node)}
+            for module, _, source in _sources()}
 
 
 def _imported(node) -> list[str]:
@@ -326,21 +317,18 @@ def _defers_heavy(name: str, modules: dict[str, set[str]], seen: set[str],
 
 def test_function_level_imports_only_defer_a_heavy_dependency():
     import ast
-    from pathlib import Path
 
-    repo = Path(flatlm.__file__).resolve().parents[1]
     modules = _module_level_imports()
     needless = []
-    for package in PACKAGES:
-        for path in sorted((repo / package).rglob("*.py")):
-            heavy = DEFERRED + ("torch",) * (str(path.relative_to(repo)) in ENTRY_POINTS)
-            for fn in ast.walk(ast.parse(path.read_text())):
-                if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    continue
-                for node in ast.walk(fn):
-                    names = _imported(node)
-                    if names and not any(_defers_heavy(n, modules, set(), heavy) for n in names):
-                        needless.append(f"{path.relative_to(repo)}:{node.lineno} {names[0]}")
+    for _, path, source in _sources():
+        heavy = DEFERRED + ("torch",) * (str(path) in ENTRY_POINTS)
+        for fn in ast.walk(ast.parse(source)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                names = _imported(node)
+                if names and not any(_defers_heavy(n, modules, set(), heavy) for n in names):
+                    needless.append(f"{path}:{node.lineno} {names[0]}")
     assert not needless, f"import these at module level: {needless}"
 
 
@@ -452,12 +440,8 @@ def test_only_command_line_entries_end_the_process():
 
     repo = Path(flatlm.__file__).resolve().parents[1]
     assert _exits_outside_entries("def load():\n    raise SystemExit('no')\n", "analysis.x")
-    found = []
-    for package in PACKAGES:
-        for path in sorted((repo / package).rglob("*.py")):
-            parts = path.relative_to(repo).with_suffix("").parts
-            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            found += _exits_outside_entries(path.read_text(), module)
+    found = [line for module, _, source in _sources()
+             for line in _exits_outside_entries(source, module)]
     for name in PROCESS_ENTRIES:  # each exemption still names a function there
         module, _, function = name.rpartition(".")
         assert f"def {function}(" in (repo / Path(*module.split("."))).with_suffix(

@@ -6,28 +6,15 @@ runs the JSON schema and cross-field checks); they do not look inside ``provider
 """
 
 import copy
-import os
 import re
 from importlib.metadata import version
-from pathlib import Path
 
 import pytest
 
-for _k, _v in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
-               "RAY_AUTH_MODE": "disabled"}.items():
-    os.environ.setdefault(_k, _v)
+from tests.cluster_files import FILES, REPO, load  # before Ray: skips without it, sets its env
 
-yaml = pytest.importorskip("yaml")
-pytest.importorskip("ray")
-
-from ray.autoscaler._private.util import prepare_config, validate_config  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-FILES = ["cluster.yaml", "cluster-local.yaml"]
-
-
-def load(name: str) -> dict:
-    return yaml.safe_load((REPO / name).read_text())
+# isort: split
+from ray.autoscaler._private.util import prepare_config, validate_config
 
 
 def commands(cfg: dict, *fields: str) -> list[str]:

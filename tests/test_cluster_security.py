@@ -11,19 +11,7 @@ from pathlib import Path
 
 import pytest
 
-for _k, _v in {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
-               "RAY_AUTH_MODE": "disabled"}.items():
-    os.environ.setdefault(_k, _v)
-
-yaml = pytest.importorskip("yaml")
-pytest.importorskip("ray")
-
-REPO = Path(__file__).resolve().parents[1]
-FILES = ["cluster.yaml", "cluster-local.yaml"]
-
-
-def load(name: str) -> dict:
-    return yaml.safe_load((REPO / name).read_text())
+from tests.cluster_files import FILES, REPO, load
 
 
 def commands(cfg: dict) -> list[str]:

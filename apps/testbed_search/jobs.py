@@ -114,6 +114,15 @@ def write_results(out: Path, results: dict) -> None:
     out.write_text(json.dumps(results, indent=1) + "\n")
 
 
+def add_screened(results: dict, rows: list[dict]) -> dict:
+    """Stage 0 of ``results`` with the screened ``rows`` among its candidates, each in place of
+    an earlier screen of the same id; returns the stage."""
+    stage = results.setdefault("stage0", {"candidates": [], "rounds": {}})
+    fresh = {r["id"] for r in rows}
+    stage["candidates"] = [r for r in stage["candidates"] if r["id"] not in fresh] + rows
+    return stage
+
+
 def stage_saver(out: Path, results: dict, stage: str, key: Callable[[dict], object],
                 command: str) -> Callable[[dict], None]:
     """``on_result`` for a stage whose rows are ``results[stage]["runs"]``, unique by ``key``:

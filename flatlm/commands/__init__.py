@@ -1,5 +1,7 @@
 """Subcommands of the flatlm command line (see flatlm.cli)."""
 
+import argparse
+
 # Every command (a module of this package), in the order ``flatlm --help`` lists them, with the
 # line it shows there (its module's ``register`` reads it here). flatlm.cli lists the commands
 # it was not asked to run by these lines alone, without importing their modules: ``flatlm
@@ -28,3 +30,11 @@ DEFAULT_SCALE = "sweep"  # flatlm.experiments.scales.SWEEP: the CPU scale the no
 #   run (the testbed's grammar and models, about 10 minutes on 2 cores)
 DEFAULT_PROTOCOL = "paper"  # flatlm.experiments.protocols: the paper's text
 DEFAULT_DEVICE = "cpu"  # CPU everywhere by default (docs: DESIGN); auto picks CUDA where present
+
+
+def add_command(subparsers, name: str, doc: str) -> argparse.ArgumentParser:
+    """The parser of command ``name``: its line of ``COMMANDS`` in ``flatlm --help``, the first
+    paragraph of ``doc`` (its module's docstring) above its options and the rest below them."""
+    return subparsers.add_parser(name, help=COMMANDS[name], description=doc.split("\n\n")[0],
+                                 epilog=doc.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -13,20 +13,16 @@ trial; nothing runs.
 
 from __future__ import annotations
 
-import argparse
 import json
 
-from flatlm.commands import COMMANDS, DEFAULT_PROTOCOL, DEFAULT_SCALE
+from flatlm.commands import DEFAULT_PROTOCOL, DEFAULT_SCALE, add_command
 from flatlm.core.config import parse_assignments, to_dict
 from flatlm.experiments.layers import DEFAULT, config_layers, provenance
 from flatlm.runs.trial import validate_trial
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("config", help=COMMANDS["config"],
-                              description=__doc__.split("\n\n")[0],
-                              epilog=__doc__.split("\n\n", 1)[1],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "config", __doc__)
     p.add_argument("--scale", default=DEFAULT_SCALE,
                    help=f"sweep, tiny, testbed or gpu (default {DEFAULT_SCALE})")
     p.add_argument("--protocol", default=DEFAULT_PROTOCOL,

@@ -36,12 +36,12 @@ from pathlib import Path
 import torch
 
 from flatlm.commands import (
-    COMMANDS,
     DEFAULT_DEVICE,
     DEFAULT_PROTOCOL,
     DEFAULT_SCALE,
     DIVERGED_EXIT,
     WORKER_DIED_EXIT,
+    add_command,
 )
 from flatlm.commands.config import trial_config_lines
 from flatlm.core.config import parse_assignments
@@ -70,10 +70,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("replicate", help=COMMANDS["replicate"],
-                              description=__doc__.split("\n\n")[0],
-                              epilog=__doc__.split("\n\n", 1)[1],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "replicate", __doc__)
     p.add_argument("--out", required=True, type=Path, help="root of the trial directories")
     add_selection_arguments(p)
     p.add_argument("--minutes", type=POSITIVE, default=None,

@@ -32,14 +32,13 @@ the device; on a CPU they share its cores.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import subprocess
 import sys
 from functools import partial
 from pathlib import Path
 
-from flatlm.commands import COMMANDS, DEFAULT_DEVICE, DEFAULT_PROTOCOL, DEFAULT_SCALE
+from flatlm.commands import DEFAULT_DEVICE, DEFAULT_PROTOCOL, DEFAULT_SCALE, add_command
 from flatlm.core.config import apply_overrides, parse_assignments
 from flatlm.core.safe_io import check_output_dir
 from flatlm.core.workers import WorkerDied
@@ -49,10 +48,7 @@ from flatlm.storage.dirlock import writer_lock
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("trial", help=COMMANDS["trial"],
-                              description=__doc__.split("\n\n")[0],
-                              epilog=__doc__.split("\n\n", 1)[1],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "trial", __doc__)
     p.add_argument("--out", required=True, type=Path, help="the trial directory")
     p.add_argument("--scale", default=DEFAULT_SCALE,
                    help=f"sweep (the CPU sweeps'; default {DEFAULT_SCALE}), tiny (the "

@@ -15,7 +15,6 @@ and the experiment is read through its REST API.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -29,7 +28,7 @@ import urllib.request
 import webbrowser
 from pathlib import Path
 
-from flatlm.commands import COMMANDS
+from flatlm.commands import add_command
 from flatlm.core.flags import number_flag
 from flatlm.tracking.tracker import default_tracking_uri
 from flatlm.tracking.ui import experiment_url
@@ -41,10 +40,7 @@ REPORT_SUFFIX = ".report"  # analysis/report.py logs its files to "<experiment>.
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("ui", help=COMMANDS["ui"],
-                              description=__doc__.split("\n\n")[0],
-                              epilog=__doc__.split("\n\n", 1)[1],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "ui", __doc__)
     p.add_argument("--workdir", type=Path, default=Path("."),
                    help="the directory a sweep ran in (its mlflow.db; default: here)")
     p.add_argument("--experiment", help="the experiment (sweep) name (default: the one with "

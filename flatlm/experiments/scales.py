@@ -46,31 +46,33 @@ TINY_DEEP_SOURCE = json.dumps({"kind": "pcfg", "seed": 0, "random": {
 # A probe on random features must learn 128 words one by one from 3200 sentences; one on
 # features that group a class's words need not: the paper's premise, and why its tasks are not
 # nearly free (random-init d64 features 0.68 / 0.70 / 0.73 on A / B / C, the lookup table 0.97).
-def _testbed_grammar(depth: int, length: int, spans: dict, downstream_min_length: int) -> str:
+def _span_grammar(seed: int, *, vocab: int, roots: int, nonterminals: int, rules: int,
+                  words: int, depth: int = 3, length: int = 8, spans: dict | None = None,
+                  downstream_min_length: int = 5) -> str:
+    """The source spec of a random grammar of the testbed searches' families: ``depth`` levels of
+    ``nonterminals`` with ``rules`` binary rules and ``words`` words each (no terminal rules above
+    the last level), sentences of exactly ``length`` words, labels by the span rule."""
     return json.dumps({
-        "kind": "pcfg", "seed": 52, "max_length": length, "spans": spans,
+        "kind": "pcfg", "seed": seed, "max_length": length, "spans": spans or {"B": 4, "C": 2},
         "downstream_min_length": downstream_min_length, "label_rule": "span", "random": {
-            "vocab": 128, "roots": 6, "nonterminals_per_level": 4, "depth": depth,
-            "binary_per_nonterminal": 2, "words_per_nonterminal": 2, "terminal_share": 0.0,
-            "concentration": 4.0}})
+            "vocab": vocab, "roots": roots, "nonterminals_per_level": nonterminals,
+            "depth": depth, "binary_per_nonterminal": rules, "words_per_nonterminal": words,
+            "terminal_share": 0.0, "concentration": 4.0}})
 
 
-TESTBED_SOURCE = _testbed_grammar(3, 8, {"B": 4, "C": 2}, 5)
+TESTBED_SOURCE = _span_grammar(52, vocab=128, roots=6, nonterminals=4, rules=2, words=2)
 # The same grammar family one level deeper (sentences of exactly 16 words, spans 8 / 4): the
 # diagnosis' grammar switch at the testbed scale (not searched: its KL is not measured).
-TESTBED_DEEP_SOURCE = _testbed_grammar(4, 16, {"B": 8, "C": 4}, 8)
+TESTBED_DEEP_SOURCE = _span_grammar(52, vocab=128, roots=6, nonterminals=4, rules=2, words=2,
+                                    depth=4, length=16, spans={"B": 8, "C": 4},
+                                    downstream_min_length=8)
 # The robustness column's grammar (issue 23, item 4; the switch "second-grammar"): the testbed
 # search's runner-up in the same "classes4" family, q0-7 (kept by its stage 0, then the lowest
 # stage-1 KL after q0-23's: 0.0444 against 0.0192 for d64-h4-l1-i256, testbed_search.md), chosen
 # by the search's own ranking, not by any claim: 96 words in 4 classes of one word per emitting
 # nonterminal, 5 roots, sentences of exactly 8 words, entropy 3.43 nats/token; majority 30% /
 # 45% / 43% on A / B / C, random-init d64 features 0.65 / 0.60 / 0.71, the lookup table 0.97-0.99
-TESTBED_SECOND_SOURCE = json.dumps({
-    "kind": "pcfg", "seed": 422, "max_length": 8, "spans": {"B": 4, "C": 2},
-    "downstream_min_length": 5, "label_rule": "span", "random": {
-        "vocab": 96, "roots": 5, "nonterminals_per_level": 4, "depth": 3,
-        "binary_per_nonterminal": 2, "words_per_nonterminal": 1, "terminal_share": 0.0,
-        "concentration": 4.0}})
+TESTBED_SECOND_SOURCE = _span_grammar(422, vocab=96, roots=5, nonterminals=4, rules=2, words=1)
 # Closer to the paper's description (A.1) than the shipped grammar: 200 words, 9 roots and 5
 # levels of 8 nonterminals (49 symbols), sentences up to 32 words.
 PAPER_LIKE_SOURCE = json.dumps({"kind": "pcfg", "seed": 0, "max_length": 32, "random": {
@@ -289,20 +291,11 @@ SWEEP = replace(
 # ``target_kl`` = 0.7 nats (analysis/matched.py), the KL the smallest model reaches in about
 # 6000 steps (3.5 CPU-min on one thread); each model's checkpoints lie around the step where it
 # gets there (bench/results/replication_testbed_v2/criteria.md has the pilot's KL curves).
-TESTBED_V2_SOURCE = json.dumps({
-    "kind": "pcfg", "seed": 924, "max_length": 8, "spans": {"B": 4, "C": 2},
-    "downstream_min_length": 5, "label_rule": "span", "random": {
-        "vocab": 64, "roots": 10, "nonterminals_per_level": 10, "depth": 3,
-        "binary_per_nonterminal": 4, "words_per_nonterminal": 4, "terminal_share": 0.0,
-        "concentration": 4.0}})
+TESTBED_V2_SOURCE = _span_grammar(924, vocab=64, roots=10, nonterminals=10, rules=4, words=4)
 # The robustness column's grammar: the v2 search's next kept candidate of the same family with
 # a stage-1 run, L0-17 (64 words, 12 roots, 12 nonterminals a level with 6 rules, one word each)
-TESTBED_V2_SECOND_SOURCE = json.dumps({
-    "kind": "pcfg", "seed": 90, "max_length": 8, "spans": {"B": 4, "C": 2},
-    "downstream_min_length": 5, "label_rule": "span", "random": {
-        "vocab": 64, "roots": 12, "nonterminals_per_level": 12, "depth": 3,
-        "binary_per_nonterminal": 6, "words_per_nonterminal": 1, "terminal_share": 0.0,
-        "concentration": 4.0}})
+TESTBED_V2_SECOND_SOURCE = _span_grammar(90, vocab=64, roots=12, nonterminals=12, rules=6,
+                                         words=1)
 # The sizes grid grows depth, then width, over 7x the parameters (60k, 110k, 424k with 64
 # words), head size 16 throughout: every model grows into d128-h8-l2-i512 (Table 4).
 TESTBED_V2_MODELS = ("d64-h4-l1-i256", "d64-h4-l2-i256", "d128-h8-l2-i512")

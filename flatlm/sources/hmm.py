@@ -404,11 +404,14 @@ def _load_npz(path: str) -> list[np.ndarray]:
 # ---- slow references (tiny HMMs only) ---------------------------------------------------------
 
 
-def _path_table(hmm: HMM, L: int):
-    """All S^L hidden paths (P, L) and their prior probabilities Pr(z) (P,), float64."""
-    paths = np.array(list(itertools.product(range(hmm.S), repeat=L)), dtype=np.int64)
-    prior = hmm.initial[paths[:, 0]] * np.prod(hmm.transition[paths[:, :-1], paths[:, 1:]], 1)
-    return paths, prior
+def _sentence_paths(hmm: HMM, tokens: np.ndarray, lengths: np.ndarray):
+    """For each sentence, of length L: all S^L hidden paths (P, L), their prior probabilities
+    Pr(z) (P,) and the probabilities of its words along each path, Pr(x_t | z_t) (P, L)."""
+    for i in range(len(lengths)):
+        L = int(lengths[i])
+        paths = np.array(list(itertools.product(range(hmm.S), repeat=L)), dtype=np.int64)
+        prior = hmm.initial[paths[:, 0]] * np.prod(hmm.transition[paths[:, :-1], paths[:, 1:]], 1)
+        yield paths, prior, hmm.emission[paths, tokens[i, :L]]
 
 
 def brute_force_conditionals(hmm: HMM, tokens, lengths) -> np.ndarray:
@@ -418,13 +421,9 @@ def brute_force_conditionals(hmm: HMM, tokens, lengths) -> np.ndarray:
     contexts give zero rows, as in the fast version.
     """
     tokens, lengths = (np.asarray(a) for a in as_tokens(tokens, lengths))
-    n, T = tokens.shape
-    out = np.zeros((n, T, hmm.V))
-    for i in range(n):
-        L = int(lengths[i])
-        paths, prior = _path_table(hmm, L)
-        em = hmm.emission[paths, tokens[i, :L]]  # (P, L)
-        for t in range(L):
+    out = np.zeros((*tokens.shape, hmm.V))
+    for i, (paths, prior, em) in enumerate(_sentence_paths(hmm, tokens, lengths)):
+        for t in range(em.shape[1]):
             rest = prior * np.prod(np.delete(em, t, axis=1), 1)  # (P,)
             joint = rest @ hmm.emission[paths[:, t]]  # (V,)
             if joint.sum() > 0:
@@ -435,13 +434,10 @@ def brute_force_conditionals(hmm: HMM, tokens, lengths) -> np.ndarray:
 def brute_force_posteriors(hmm: HMM, tokens, lengths) -> np.ndarray:
     """Pr(z_t = s | x) by summing over all hidden paths: [n, T, S] float64, padding 0."""
     tokens, lengths = (np.asarray(a) for a in as_tokens(tokens, lengths))
-    n, T = tokens.shape
-    out = np.zeros((n, T, hmm.S))
-    for i in range(n):
-        L = int(lengths[i])
-        paths, prior = _path_table(hmm, L)
-        w = prior * np.prod(hmm.emission[paths, tokens[i, :L]], 1)  # (P,)
-        for t in range(L):
+    out = np.zeros((*tokens.shape, hmm.S))
+    for i, (paths, prior, em) in enumerate(_sentence_paths(hmm, tokens, lengths)):
+        w = prior * np.prod(em, 1)  # (P,)
+        for t in range(em.shape[1]):
             out[i, t] = np.bincount(paths[:, t], weights=w, minlength=hmm.S) / w.sum()
     return out
 
@@ -450,8 +446,7 @@ def sequence_logprob(hmm: HMM, tokens, lengths) -> np.ndarray:
     """log Pr(x) = log sum_z Pr(z, x) over all hidden paths: [n] float64 (tiny HMMs only)."""
     tokens, lengths = (np.asarray(a) for a in as_tokens(tokens, lengths))
     out = np.zeros(tokens.shape[0])
-    for i, L in enumerate(lengths.tolist()):
-        paths, prior = _path_table(hmm, L)
+    for i, (_, prior, em) in enumerate(_sentence_paths(hmm, tokens, lengths)):
         with np.errstate(divide="ignore"):
-            out[i] = np.log(prior @ np.prod(hmm.emission[paths, tokens[i, :L]], 1))
+            out[i] = np.log(prior @ np.prod(em, 1))
     return out

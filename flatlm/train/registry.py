@@ -245,18 +245,21 @@ _PAPER_SGD = {"optimizer": "sgd", "weight_decay": 0.01, "dropout": 0.1,
 _NO_REGULARISER = {"optimizer": "adamw", "weight_decay": 0.0, "dropout": 0.0,
                    "warmup_steps": 1000}
 
+
+def _standard(name: str, defaults: dict, summary: str) -> Algorithm:
+    """An algorithm of the standard step everywhere (one process, data-parallel, packed): one
+    that only its defaults (optimizer, regularisers, warmup) tell apart."""
+    return Algorithm(name=name, step=_STANDARD, data_parallel_step=_DATA_PARALLEL,
+                     packed_step=_PACKED, defaults=AlgorithmDefaults(**defaults, summary=summary))
+
+
 BUILT_IN = (
-    Algorithm(name="adamw", step=_STANDARD, data_parallel_step=_DATA_PARALLEL, packed_step=_PACKED,
-              defaults=AlgorithmDefaults(**_PAPER_ADAMW, summary=(
-                  "the paper's standard pre-training: AdamW, dropout 0.1, weight decay 0.01 "
-                  "(A.5)"))),
-    Algorithm(name="sgd", step=_STANDARD, data_parallel_step=_DATA_PARALLEL, packed_step=_PACKED,
-              defaults=AlgorithmDefaults(**_PAPER_SGD, summary=(
-                  "mini-batch SGD without momentum, warmup over 12% of the steps (Section 3, "
-                  "F)"))),
-    Algorithm(name="noreg", step=_STANDARD, data_parallel_step=_DATA_PARALLEL, packed_step=_PACKED,
-              defaults=AlgorithmDefaults(**_NO_REGULARISER, summary=(
-                  "AdamW without dropout or weight decay (Tables 1-2, '-dropout-WD')"))),
+    _standard("adamw", _PAPER_ADAMW, "the paper's standard pre-training: AdamW, dropout 0.1, "
+              "weight decay 0.01 (A.5)"),
+    _standard("sgd", _PAPER_SGD, "mini-batch SGD without momentum, warmup over 12% of the steps "
+              "(Section 3, F)"),
+    _standard("noreg", _NO_REGULARISER, "AdamW without dropout or weight decay (Tables 1-2, "
+              "'-dropout-WD')"),
     Algorithm(name="sam", section="sam", config=SamConfig, halves_batch=True,
               step="flatlm.train.algorithms:sam_step",
               packed_step="flatlm.train.pack_steps:packed_sam_step",

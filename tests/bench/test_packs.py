@@ -3,21 +3,16 @@ through ``--only-optimizer``, as it is run); its comparison with separate proces
 part (the testbed's sizes experiment packed) run in bench/gpu_check.sh's smoke run
 (tests/bench/test_gpu_check.py)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[2] / "bench" / "packs.py"
+from tests.bench.conftest import bench_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("packs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("packs")
 
 
 def test_update_costs_time_every_way_of_batching(bench):

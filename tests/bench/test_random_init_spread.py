@@ -3,28 +3,22 @@
 other models, and the committed reading matched the trial's recorded reference."""
 
 import dataclasses
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from flatlm.core.config import from_dict
 from flatlm.measure.run import eval_data, measure_model
 from flatlm.runs.trial import TrialConfig, validate_trial
+from tests.bench.conftest import BENCH, bench_script
 
-BENCH = Path(__file__).parents[2] / "bench"
 TRIAL = BENCH / "results/replication_testbed_v2/trials/paper/sizes/d64-h4-l1-i256_seed0"
 COMMITTED = BENCH / "results/random_init_spread.json"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("random_init_spread",
-                                                  BENCH / "random_init_spread.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("random_init_spread")
 
 
 def test_init_zero_is_the_libraries_random_init_reference_and_init_one_another_model(bench):

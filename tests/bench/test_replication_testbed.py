@@ -1,23 +1,17 @@
 """bench/replication_testbed.py: which trials count as finished, and the criteria it measures on
 them (the testbed's (a) and (d) against hand-computed values)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from analysis.trials import load_trials
-
-SCRIPT = Path(__file__).parents[2] / "bench" / "replication_testbed.py"
+from tests.bench.conftest import bench_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("replication_testbed", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("replication_testbed")
 
 
 def trial(root, path, algorithm, seed, kls, steps=(10, 20)):

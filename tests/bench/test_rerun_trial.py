@@ -1,24 +1,18 @@
 """bench/rerun_trial.py: a trial rerun from its config.json matches its records bit for bit, and
 a record changed by hand is named."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from flatlm.core.config import apply_overrides
 from flatlm.runs.trial import TrialConfig, run_trial
 from flatlm.storage.metrics_log import METRICS_FILE
-
-SCRIPT = Path(__file__).parents[2] / "bench" / "rerun_trial.py"
+from tests.bench.conftest import bench_script
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("rerun_trial", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("rerun_trial")
 
 
 def test_a_rerun_matches_the_records_and_a_changed_one_is_named(tmp_path):

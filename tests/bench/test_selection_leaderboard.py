@@ -1,22 +1,17 @@
 """bench/selection_leaderboard.py: the files it writes and what its JSON counts, on planted
 trials."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from tests.analysis.leaderboard_data import planted, write_trials
-
-SCRIPT = Path(__file__).parents[2] / "bench" / "selection_leaderboard.py"
+from tests.bench.conftest import bench_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("selection_leaderboard", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return bench_script("selection_leaderboard")
 
 
 def test_the_benchmark_writes_the_leaderboard_and_its_counts(tmp_path):

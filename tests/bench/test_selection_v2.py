@@ -2,7 +2,6 @@
 checkpoints, is checked to be the same model, lands in the records, and merges with the
 committed trial into one run of the leaderboard; a record that another model made is refused."""
 
-import importlib.util
 import json
 import math
 import shutil
@@ -16,8 +15,8 @@ from flatlm.core.config import apply_overrides
 from flatlm.measure import KL, SHARPNESS_AVG, TRACE_FISHER, se_key
 from flatlm.runs.trial import TrialConfig, run_trial
 from flatlm.storage.metrics_log import METRICS_FILE
+from tests.bench.conftest import bench_script
 
-SCRIPT = Path(__file__).parents[2] / "bench" / "selection_v2.py"
 TINY = {
     "source": "pcfg:seed=0,random.vocab=12,random.roots=2,random.nonterminals_per_level=2,"
               "random.depth=2,random.binary_per_nonterminal=2,random.words_per_nonterminal=3",
@@ -31,10 +30,7 @@ TINY = {
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("selection_v2", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("selection_v2")
 
 
 def committed(root: Path) -> Path:

@@ -2,23 +2,20 @@
 hand-run sections) regenerated from the committed JSON, and a table that differs; --table writes
 it."""
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).parents[2] / "bench"
+from tests.bench.conftest import BENCH, bench_script
+
 RESULTS = BENCH / "results"
 
 
 @pytest.fixture(scope="module")
 def search():
-    spec = importlib.util.spec_from_file_location("testbed_search", BENCH / "testbed_search.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("testbed_search")
 
 
 @pytest.fixture

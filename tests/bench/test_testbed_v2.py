@@ -1,23 +1,19 @@
 """bench/testbed_v2.py, the command line: --merge brings back the rows of runs made in parallel,
 --check finds the committed table regenerated from the committed JSON, and a table that differs."""
 
-import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).parents[2] / "bench"
+from tests.bench.conftest import BENCH, bench_script
+
 RESULTS = BENCH / "results"
 
 
 @pytest.fixture(scope="module")
 def v2():
-    spec = importlib.util.spec_from_file_location("testbed_v2", BENCH / "testbed_v2.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("testbed_v2")
 
 
 def test_check_finds_the_committed_table_regenerated_and_a_changed_one(v2, tmp_path, capsys):

@@ -2,25 +2,20 @@
 chose, checkpointed around its own crossing of the target KL, and soft targets under
 ``paper+soft-targets`` around theirs; the settings follow the arm and nothing else."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from flatlm.experiments.paper import build
 from flatlm.experiments.scales import TESTBED_V2_SECOND_PILOT_KL, scale
 from flatlm.sources.spec import SourceSpec
+from tests.bench.conftest import BENCH, bench_script
 
-BENCH = Path(__file__).parents[2] / "bench"
 PILOT = BENCH / "results" / "replication_testbed_v2" / "pilot.json"
 
 
 def pilot_module():
-    spec = importlib.util.spec_from_file_location("testbed_v2_pilot", BENCH / "testbed_v2_pilot.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_script("testbed_v2_pilot")
 
 
 def trials(protocol="paper", algorithms=("adamw", "muon")):

@@ -1,6 +1,7 @@
-"""The tiny language the measurement tests share."""
+"""The tiny language the measurement tests share, and the probes' separable features."""
 
 import pytest
+import torch
 
 from flatlm.sources import load
 
@@ -12,3 +13,12 @@ TINY_PCFG = {"kind": "pcfg", "random": {"vocab": 6, "depth": 2, "nonterminals_pe
 @pytest.fixture(scope="session")
 def src():
     return load(TINY_PCFG)
+
+
+def blobs(seed, n=300, D=20, C=4, noise=0.1):
+    """Features = one-hot(label) + small noise: separable by the identity map."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, C, (n,), generator=g)
+    x = noise * torch.randn(n, D, generator=g)
+    x[torch.arange(n), y] += 1.0
+    return x, y

@@ -30,6 +30,7 @@ from flatlm.measure.curvature.hessian_trace import eager_attention, trace_hessia
 from flatlm.models import build_model, encode, parse_model, word_logits
 from flatlm.models.lstm_unrolled import lstm_encode_unrolled
 from flatlm.sources import load
+from tests.models.conftest import random_sentences
 
 V, T = 6, 5
 POOL = torch.tensor([[0, 1, 2, 3, 4], [5, 4, -1, -1, -1], [2, -1, -1, -1, -1],
@@ -52,11 +53,7 @@ def tiny_bert(shape: str, seed: int, *, scale: float = 0.3) -> nn.Module:
 
 
 def random_batch(seed: int, n: int):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, T + 1, (n,), generator=g)
-    tokens = torch.randint(0, V, (n, T), generator=g)
-    tokens[torch.arange(T)[None, :] >= lengths[:, None]] = -1
-    return tokens, lengths
+    return random_sentences(seed, n, V, T)
 
 
 def pool_pairs():

@@ -20,21 +20,9 @@ from flatlm.measure.probes.probe import (
 )
 from flatlm.models import build_model, encode, encoder_features, parse_model
 from flatlm.sources import load
+from tests.measure.conftest import blobs
 
 FAST = ProbeConfig(epochs=30, seeds=3, batch_size=32)
-TINY_PCFG = {"kind": "pcfg", "random": {"vocab": 6, "depth": 2, "nonterminals_per_level": 2,
-                                        "roots": 2}, "seed": 0}  # 2-4 words; 1548 sentences
-
-
-
-
-def _blobs(seed, n=300, D=20, C=4, noise=0.1):
-    """Features = one-hot(label) + small noise: separable by the identity map."""
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, C, (n,), generator=g)
-    x = noise * torch.randn(n, D, generator=g)
-    x[torch.arange(n), y] += 1.0
-    return x, y
 
 
 @pytest.mark.parametrize("cfg", [
@@ -43,7 +31,7 @@ def _blobs(seed, n=300, D=20, C=4, noise=0.1):
     dataclasses.replace(FAST, lr=1e-2, project_dim=8, standardize=True),
 ], ids=["paper", "full-batch", "projected-standardized"])
 def test_separable_features_are_probed_perfectly(cfg):
-    x, y = _blobs(0)
+    x, y = blobs(0)
     out = linear_probe_accuracy(x, y, 4, cfg)
     assert out["acc_mean"] >= 0.98 and len(out["accs"]) == cfg.seeds
     accs = torch.tensor(out["accs"], dtype=torch.float64)
@@ -60,7 +48,7 @@ def test_random_labels_are_at_chance():
 
 @pytest.mark.parametrize("batch_size", [16, None], ids=["minibatch", "full-batch"])
 def test_batched_heads_are_the_heads_trained_alone(batch_size):
-    x, y = _blobs(2, n=100, noise=1.0)
+    x, y = blobs(2, n=100, noise=1.0)
     cfg = dataclasses.replace(FAST, epochs=5, batch_size=batch_size)
     W, b = train_heads(x, y, 4, [11, 12, 13], cfg)
     for s, seed in enumerate([11, 12, 13]):
@@ -70,7 +58,7 @@ def test_batched_heads_are_the_heads_trained_alone(batch_size):
 
 
 def test_seeds_fix_the_result():
-    x, y = _blobs(3, n=120, noise=1.0)
+    x, y = blobs(3, n=120, noise=1.0)
     a = linear_probe_accuracy(x, y, 4, FAST)
     assert a == linear_probe_accuracy(x, y, 4, FAST)
     other = linear_probe_accuracy(x, y, 4, dataclasses.replace(FAST, seed=1))
@@ -134,7 +122,7 @@ def test_config_rejects_bad_values():
 
 
 def test_every_result_reports_its_error_training_accuracy_and_majority():
-    x, y = _blobs(4, n=400, noise=2.0)  # noisy: accuracy well below 1
+    x, y = blobs(4, n=400, noise=2.0)  # noisy: accuracy well below 1
     y[:200] = 0  # class 0 is the majority
     out = linear_probe_accuracy(x, y, 4, dataclasses.replace(FAST, seeds=4))
     n_test = out["n_test"]
@@ -150,7 +138,7 @@ def test_every_result_reports_its_error_training_accuracy_and_majority():
 def test_released_protocol_underfits_a_small_separable_set():
     """Why the default is not the released code's batch 512: on 240 training sentences that is
     50 updates, all warmup."""
-    x, y = _blobs(0)
+    x, y = blobs(0)
     released = linear_probe_accuracy(x, y, 4, ProbeConfig(**RELEASED))
     default = linear_probe_accuracy(x, y, 4, ProbeConfig(standardize=False))
     assert released["train_acc"] < 0.9 < default["train_acc"]

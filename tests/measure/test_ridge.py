@@ -14,6 +14,7 @@ from flatlm.measure.probes.ridge import (
     ridge_feature_sets,
     ridge_metrics,
 )
+from tests.measure.conftest import blobs
 
 CFG = ProbeConfig()
 
@@ -22,16 +23,8 @@ def _task(y, C, n=None):
     return Task("A", torch.ones(len(y) if n is None else n, dtype=torch.bool), y, C)
 
 
-def _blobs(seed, n=300, D=20, C=4, noise=0.1):
-    g = torch.Generator().manual_seed(seed)
-    y = torch.randint(0, C, (n,), generator=g)
-    x = noise * torch.randn(n, D, generator=g)
-    x[torch.arange(n), y] += 1.0
-    return x, y
-
-
 def test_separable_features_are_read_off_and_random_labels_are_at_chance():
-    x, y = _blobs(0)
+    x, y = blobs(0)
     out = ridge_feature_sets({"probe": x}, [_task(y, 4)], CFG)["probe"]["A"]
     assert set(out) == set(RIDGE_STATS) and out["acc_mean"] == 1.0 and out["alpha"] in ALPHAS
     g = torch.Generator().manual_seed(1)
@@ -42,7 +35,7 @@ def test_separable_features_are_read_off_and_random_labels_are_at_chance():
 
 
 def test_the_fit_is_the_penalised_least_squares_solution_in_float64():
-    x, y = _blobs(2, noise=2.0)
+    x, y = blobs(2, noise=2.0)
     train, test = split_indices(300, 0.2, 0)
     xs = prepared_features(x, train, CFG)
     out = _ridge_tasks(xs, [y], [4], train, test, seed=0)[0]
@@ -56,7 +49,7 @@ def test_the_fit_is_the_penalised_least_squares_solution_in_float64():
 
 
 def test_tasks_on_the_same_sentences_get_the_results_they_get_alone():
-    x, y = _blobs(3, noise=1.5)
+    x, y = blobs(3, noise=1.5)
     y2 = (y + torch.arange(300) % 2) % 3
     keep = torch.ones(300, dtype=torch.bool)
     both = ridge_feature_sets({"probe": x}, [Task("A", keep, y, 4), Task("B", keep, y2, 3)],
@@ -90,7 +83,7 @@ def test_an_indefinite_gram_is_solved_on_its_positive_part_and_a_definite_one_ex
 
 
 def test_non_finite_features_give_nan_rows_not_an_exception():
-    x, y = _blobs(4)
+    x, y = blobs(4)
     x[5, 3] = float("inf")
     train, test = split_indices(300, 0.2, 0)
     (out,) = _ridge_tasks(x, [y], [4], train, test, seed=0)

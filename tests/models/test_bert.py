@@ -22,17 +22,14 @@ from flatlm.models import (
     parse_model,
     word_logits,
 )
+from tests.models.conftest import random_sentences
 
 SMALL = parse_model("d32-h2-l2-i64")
 V, T = 7, 5
 
 
 def _batch(seed: int, n: int = 6, T: int = T):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, T + 1, (n,), generator=g)
-    tokens = torch.randint(0, V, (n, T), generator=g)
-    tokens[torch.arange(T)[None, :] >= lengths[:, None]] = -1
-    return tokens, lengths
+    return random_sentences(seed, n, V, T)
 
 
 def test_encode_layout():

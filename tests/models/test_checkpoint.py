@@ -16,17 +16,14 @@ from flatlm.models import (
     save_checkpoint,
     word_logits,
 )
+from tests.models.conftest import random_sentences
 
 V, T = 9, 6
 SOURCE = {"kind": "dyck", "length": T}
 
 
 def _batch(seed: int, n: int = 5):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, T + 1, (n,), generator=g)
-    tokens = torch.randint(0, V, (n, T), generator=g)
-    tokens[torch.arange(T)[None, :] >= lengths[:, None]] = -1
-    return tokens, lengths
+    return random_sentences(seed, n, V, T)
 
 
 def _train_a_step(model, seed: int):

@@ -42,6 +42,7 @@ from flatlm.models.architectures import all_architectures, unpackable_reason
 from flatlm.models.growth import growth
 from flatlm.runs.trial import TrialConfig, run_trial
 from tests.assets.toy_architecture import TOY, ToyMLM  # registers "toy"
+from tests.models.conftest import random_sentences
 
 V, T = 6, 5
 SHAPE = "toy-d16-l2"
@@ -49,11 +50,7 @@ SOURCE = {"kind": "dyck", "length": 4}
 
 
 def _batch(n: int = 8, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, T + 1, (n,), generator=g)
-    tokens = torch.randint(0, V, (n, T), generator=g)
-    tokens[torch.arange(T)[None] >= lengths[:, None]] = -1
-    return tokens, lengths
+    return random_sentences(seed, n, V, T)
 
 
 def test_the_registry_derives_shapes_counts_and_messages():

@@ -32,6 +32,7 @@ from flatlm.models import (
     word_logits,
 )
 from flatlm.models.growth import bert_shape, growth
+from tests.models.conftest import random_sentences
 
 V, T = 7, 5
 SHAPE = "d16-h2-l2-i32-pre"
@@ -39,11 +40,7 @@ SOURCE = {"kind": "dyck", "length": T}
 
 
 def _batch(seed: int, n: int = 6):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, T + 1, (n,), generator=g)
-    tokens = torch.randint(0, V, (n, T), generator=g)
-    tokens[torch.arange(T)[None, :] >= lengths[:, None]] = -1
-    return encode(tokens, lengths)
+    return encode(*random_sentences(seed, n, V, T))
 
 
 def _moved(shape: str = SHAPE, seed: int = 0, dtype=torch.float64, attention="sdpa") -> nn.Module:

@@ -81,9 +81,11 @@ class StopError(Exception):
     pass
 
 
-def test_a_resumed_pack_equals_one_that_never_stopped(tmp_path):
-    """The process stops in member 0's report of step 2 (member 1's step 2 not yet measured);
-    the rerun measures what is missing and trains on."""
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_resumed_pack_equals_one_that_never_stopped(tmp_path, batched):
+    """The process stops in member 0's report of step 2 (member 1's step 2 not yet measured;
+    ``batched``: after the round's batched loss); the rerun measures what is missing (batched:
+    member 1's step 2 as a round) and trains on."""
     cfgs = [tiny(**m) for m in MEMBERS[:2]]
     straight = run_pack(cfgs, [tmp_path / "a0", tmp_path / "a1"])
 
@@ -93,9 +95,9 @@ def test_a_resumed_pack_equals_one_that_never_stopped(tmp_path):
 
     dirs = [tmp_path / "b0", tmp_path / "b1"]
     with pytest.raises(StopError):
-        run_pack(cfgs, dirs, [stop_at_2, None])
+        run_pack(cfgs, dirs, [stop_at_2, None], batched_measure=batched)
     assert sorted(read_metrics(dirs[1])) == [0]  # its step 2 left unmeasured
-    resumed = run_pack(cfgs, dirs)
+    resumed = run_pack(cfgs, dirs, batched_measure=batched)
     for k in range(2):
         assert _untimed(resumed[k]) == _untimed(straight[k])
         _assert_same_directory(dirs[k], tmp_path / f"a{k}")
@@ -191,23 +193,3 @@ def test_a_batched_round_measures_each_member_as_its_trial_alone(tmp_path, monke
         assert batched[k][4]["time/loss_s"] <= batched[k][4]["time/measure_s"]
         _assert_same_directory(tmp_path / f"b{k}", tmp_path / f"m{k}")
     assert "probe/B/acc_mean" in batched[0][4] and "flat/trace_fisher" not in batched[2][4]
-
-
-def test_a_resumed_batched_pack_equals_one_that_never_stopped(tmp_path):
-    """Stopped in member 0's report of step 2 (after the round's batched loss, before member
-    1's step 2 is recorded): the rerun's catch-up measures member 1's step 2 as a round."""
-    cfgs = [tiny(**m) for m in MEMBERS[:2]]
-    straight = run_pack(cfgs, [tmp_path / "a0", tmp_path / "a1"])
-
-    def stop_at_2(step, metrics, ckpt):
-        if step == 2:
-            raise StopError
-
-    dirs = [tmp_path / "b0", tmp_path / "b1"]
-    with pytest.raises(StopError):
-        run_pack(cfgs, dirs, [stop_at_2, None], batched_measure=True)
-    assert sorted(read_metrics(dirs[1])) == [0]
-    resumed = run_pack(cfgs, dirs, batched_measure=True)
-    for k in range(2):
-        assert _untimed(resumed[k]) == _untimed(straight[k])
-        _assert_same_directory(dirs[k], tmp_path / f"a{k}")

@@ -11,22 +11,7 @@ from flatlm.sources import load
 from flatlm.sources.inside_outside import inside, outside, sentence_logprob, word_conditionals
 from flatlm.sources.inside_outside_fused import FusedPlan, inside_fused, outside_fused
 from flatlm.sources.reference import conditionals_from_joint, enumerate_yields
-
-TOY = """
-S X 0.6
-S Y 0.4
-X A B 0.5
-X A A 0.2
-X a 0.3
-Y B X 0.7
-Y b 0.3
-A A B 0.2
-A a 0.5
-A b 0.3
-B b 0.6
-B c 0.2
-B c 0.2
-"""  # recursive (A -> A B), symbols with both rule kinds, one-word sentences, duplicate lines
+from tests.sources.conftest import all_sentences
 
 
 def charts(src, tokens, lengths, dtype):
@@ -62,20 +47,15 @@ def test_every_cell_and_answer_equals_the_split_by_split_route(dtype):
                                rtol=0, atol=atol)
 
 
-def test_fused_conditionals_match_enumeration_of_a_recursive_grammar(tmp_path):
-    path = tmp_path / "toy.txt"
-    path.write_text(TOY)
-    src = load({"kind": "pcfg", "grammar": str(path), "max_length": 6, "spans": {"B": 2}})
-    joint = enumerate_yields(src.grammar, src.max_length)
-    sentences = sorted(joint, key=lambda y: (len(y), y))
-    tokens = torch.full((len(sentences), src.max_length), -1)
-    for i, y in enumerate(sentences):
-        tokens[i, : len(y)] = torch.tensor(y)
-    lengths = torch.tensor([len(y) for y in sentences])
-    fused = src.conditionals(tokens, lengths, dtype=torch.float64, fused=True, min_group=50)
-    exact = conditionals_from_joint(joint, tokens, lengths, src.V)
+def test_fused_conditionals_match_enumeration_of_a_recursive_grammar(toy):
+    """On the toy grammar (tests/sources/conftest.py: recursive, symbols with both rule kinds,
+    one-word sentences, duplicate lines)."""
+    joint = enumerate_yields(toy.grammar, toy.max_length)
+    _, tokens, lengths = all_sentences(joint, toy.max_length)
+    fused = toy.conditionals(tokens, lengths, dtype=torch.float64, fused=True, min_group=50)
+    exact = conditionals_from_joint(joint, tokens, lengths, toy.V)
     np.testing.assert_allclose(fused.numpy(), exact, atol=1e-12, rtol=0)
-    plain = src.conditionals(tokens, lengths, dtype=torch.float64, fused=False)
+    plain = toy.conditionals(tokens, lengths, dtype=torch.float64, fused=False)
     assert (fused - plain).abs().max() < 1e-13
     assert math.isclose(float(fused.sum()), float(lengths.sum()), rel_tol=1e-12)
 

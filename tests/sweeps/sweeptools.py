@@ -103,6 +103,28 @@ def kill_own(sid: int | None, marker: str | None = None, timeout: float = 30) ->
         time.sleep(0.2)
 
 
+def one_trial_script(doc: str, name: str, model: str) -> str:
+    """The source of a sweep script (as a user writes one, on sweeps.cli) named ``name`` whose
+    space is the one model ``model``, its base from the command line; ``doc``: its docstring."""
+    return f'''"""{doc}"""
+import sys
+
+from sweeps.cli import main
+from sweeps.experiment import base_of_args
+from sweeps.rayenv import tune
+from sweeps.spec import Sweep
+
+
+def build(args):
+    return Sweep(name="{name}", base=base_of_args(args),
+                 space={{"model": tune.grid_search(["{model}"])}})
+
+
+if __name__ == "__main__":
+    sys.exit(main(build, __doc__))
+'''
+
+
 class Sweep:
     """``python sweeps/scaling.py ARGS`` (or another sweep ``script``) in its own session;
     stdout read line by line."""
@@ -154,6 +176,14 @@ class Sweep:
         self._reader.join(timeout=10)
         return rc
 
+    def wait_then_clean(self, timeout: float, ray_tmpdir) -> int:
+        """``wait``, then SIGKILL whatever the driver's session and the Ray it started (its
+        processes name ``ray_tmpdir``) left running, even where waiting failed; the exit code."""
+        try:
+            return self.wait(timeout=timeout)
+        finally:
+            kill_own(self.proc.pid, f"{ray_tmpdir}/")
+
     def kill(self) -> None:
         """SIGKILL to the driver's whole session (Ray's processes included)."""
         with contextlib.suppress(ProcessLookupError):
@@ -172,6 +202,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def dead_uri() -> str:
+    """An http URI where nothing listens (a port just freed)."""
+    return f"http://127.0.0.1:{free_port()}"
 
 
 class MlflowServer:

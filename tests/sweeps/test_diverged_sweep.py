@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
-from tests.sweeps.sweeptools import REPO, TINY, Sweep, kill_own, set_args, sweep_env  # noqa: E402
+from tests.sweeps.sweeptools import REPO, TINY, Sweep, set_args, sweep_env  # noqa: E402
 
 LR_SWEEP = '''"""Two tiny trials: a sane learning rate and one that diverges."""
 import sys
@@ -41,10 +41,7 @@ def test_a_diverging_trial_is_marked_and_the_others_finish(tmp_path, ray_tmpdir)
     args = set_args({**TINY, "model": "d16-h1-l1-i32", "train.log_every": "1",
                      "train.warmup_steps": "0"})
     sweep = Sweep(args, tmp_path, env, script=script)
-    try:
-        rc = sweep.wait(timeout=400)
-    finally:
-        kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
+    rc = sweep.wait_then_clean(400, ray_tmpdir)
     assert rc == 0, sweep.tail()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("lrs").experiment_id])

@@ -16,7 +16,7 @@ pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
 from tests.experiments.fastcfg import fast_set_flags  # noqa: E402
-from tests.sweeps.sweeptools import REPO, Sweep, kill_own, sweep_env  # noqa: E402
+from tests.sweeps.sweeptools import REPO, Sweep, sweep_env  # noqa: E402
 
 ARGS = ["--experiment", "steps", "--protocol", "paper", "--seeds", "2", *fast_set_flags()]
 
@@ -66,10 +66,7 @@ def test_a_packed_sweep_logs_one_run_per_member_equal_to_the_unpacked_sweep(tmp_
         workdir.mkdir()
         sweep = Sweep([*ARGS, "--pack", pack], workdir, sweep_env(ray_tmpdir),
                       script=REPO / "sweeps" / "replicate.py")
-        try:
-            rc = sweep.wait(timeout=500)
-        finally:
-            kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
+        rc = sweep.wait_then_clean(500, ray_tmpdir)
         assert rc == 0, sweep.tail()
         runs[pack] = _runs_by_seed(workdir)
         if pack == "2":

@@ -22,27 +22,12 @@ pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
 from tests.commands.test_plugin_cli import checkpoint_norms  # noqa: E402
-from tests.sweeps.sweeptools import LOOSE_RULE, REPO, Sweep, kill_own, set_args, sweep_env  # noqa: E402
+from tests.sweeps.sweeptools import LOOSE_RULE, REPO, Sweep, one_trial_script, set_args, sweep_env  # noqa: E402
 
 PLUGINS = ("tests.assets.toy_source", "tests.assets.toy_algorithm",
            "tests.assets.toy_measurement", "tests.assets.toy_architecture")
-ONE_TRIAL = '''"""One trial of the toy model on the toy source."""
-import sys
-
-from sweeps.cli import main
-from sweeps.experiment import base_of_args
-from sweeps.rayenv import tune
-from sweeps.spec import Sweep
-
-
-def build(args):
-    return Sweep(name="plugins", base=base_of_args(args),
-                 space={"model": tune.grid_search(["toy-d16-l1"])})
-
-
-if __name__ == "__main__":
-    sys.exit(main(build, __doc__))
-'''
+ONE_TRIAL = one_trial_script("One trial of the toy model on the toy source.",
+                             "plugins", "toy-d16-l1")
 # every key a plug-in's: its source, its algorithm, its measurement (and the model, in the space)
 TOY_TRIAL = {"train.algorithm": "sign_sgd", "train.steps": "4", "train.batch_size": "8",
              "train.checkpoint_steps": "[2,4]", "train.log_every": "2", "train.lr": "0.01",
@@ -79,10 +64,7 @@ def test_toy_plugins_named_once_train_and_measure_in_a_ray_worker(tmp_path, ray_
     script = tmp_path / "one_trial.py"
     script.write_text(ONE_TRIAL)
     sweep = Sweep(_args(*PLUGINS), tmp_path, _env(ray_tmpdir), script=script)
-    try:
-        rc = sweep.wait(timeout=300)
-    finally:
-        kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
+    rc = sweep.wait_then_clean(300, ray_tmpdir)
     assert rc == 0, sweep.tail()
 
     [trial] = [p.parent for p in tmp_path.glob("**/metrics.jsonl")

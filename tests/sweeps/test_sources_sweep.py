@@ -23,29 +23,15 @@ from tests.sweeps.sweeptools import (  # noqa: E402
     SCALING,
     TINY,
     Sweep,
-    kill_own,
+    one_trial_script,
     set_args,
     sweep_env,
 )
 
 STEPS = [10, 20]
-ONE_TRIAL = '''"""One tiny trial of the tiny preset, on whatever source --source gives."""
-import sys
-
-from sweeps.cli import main
-from sweeps.rayenv import tune
-from sweeps.spec import Sweep
-from sweeps.experiment import base_of_args
-
-
-def build(args):
-    return Sweep(name="sources", base=base_of_args(args),
-                 space={"model": tune.grid_search(["d16-h1-l1-i32"])})
-
-
-if __name__ == "__main__":
-    sys.exit(main(build, __doc__))
-'''
+ONE_TRIAL = one_trial_script(
+    "One tiny trial of the tiny preset, on whatever source --source gives.", "sources",
+    "d16-h1-l1-i32")
 
 
 @pytest.mark.slow
@@ -68,10 +54,7 @@ def test_a_tiny_sweep_of_any_source_finishes_with_its_task_measured(tmp_path, ra
     tiny = {k: v for k, v in TINY.items() if k != "measure.tasks"}  # the source's defaults
     args = ["--source", source, "--name", "sources", *set_args(tiny), *LOOSE_RULE]
     sweep = Sweep(args, tmp_path, env, script=SCALING if len(models) > 1 else script)
-    try:
-        rc = sweep.wait(timeout=300)
-    finally:
-        kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
+    rc = sweep.wait_then_clean(300, ray_tmpdir)
     assert rc == 0, sweep.tail()
 
     accuracy = f"probe/{task}/acc_mean"

@@ -22,7 +22,6 @@ from tests.sweeps.sweeptools import (  # noqa: E402
     TINY,
     Sweep,
     assert_exactly_once,
-    kill_own,
     set_args,
     sweep_env,
 )
@@ -33,10 +32,7 @@ STEPS = [10, 20]
 @pytest.mark.slow
 def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
     sweep = Sweep([*set_args(TINY), *LOOSE_RULE], tmp_path, sweep_env(ray_tmpdir))
-    try:
-        rc = sweep.wait(timeout=600)
-    finally:
-        kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
+    rc = sweep.wait_then_clean(600, ray_tmpdir)
     assert rc == 0, sweep.tail()
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -124,10 +120,7 @@ def test_scaling_sweep_end_to_end(tmp_path, ray_tmpdir):
 ])
 def test_bad_configurations_fail_before_any_trial(tmp_path, ray_tmpdir, args, expected):
     sweep = Sweep([*set_args(TINY), *args], tmp_path, sweep_env(ray_tmpdir))
-    try:
-        rc = sweep.wait(timeout=300)
-    finally:
-        kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
+    rc = sweep.wait_then_clean(300, ray_tmpdir)
     assert rc == 2, sweep.tail()
     err = sweep.stderr
     assert err.startswith("error: ") or "\nerror: " in err, err

@@ -11,25 +11,10 @@ pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
 from tests.assets.text_assets import make_text_assets, text_spec  # noqa: E402
-from tests.sweeps.sweeptools import REPO, TINY, Sweep, kill_own, set_args, sweep_env  # noqa: E402
+from tests.sweeps.sweeptools import REPO, TINY, Sweep, one_trial_script, set_args, sweep_env  # noqa: E402
 
-ONE_TRIAL = '''"""One tiny trial of the tiny preset, on whatever source --set gives."""
-import sys
-
-from sweeps.cli import main
-from sweeps.rayenv import tune
-from sweeps.spec import Sweep
-from sweeps.experiment import base_of_args
-
-
-def build(args):
-    return Sweep(name="text", base=base_of_args(args),
-                 space={"model": tune.grid_search(["d16-h1-l1-i32"])})
-
-
-if __name__ == "__main__":
-    sys.exit(main(build, __doc__))
-'''
+ONE_TRIAL = one_trial_script("One tiny trial of the tiny preset, on whatever source --set gives.",
+                             "text", "d16-h1-l1-i32")
 
 
 @pytest.mark.slow
@@ -45,10 +30,7 @@ def test_a_tiny_text_sweep_reaches_mlflow_and_the_report(tmp_path, ray_tmpdir):
                  "measure.what": '["loss","fisher","probe","glue"]',
                  "measure.finetune.epochs": "1", "measure.finetune.seeds": "1"}
     sweep = Sweep([*set_args(overrides), "--loss-tolerance", "10"], tmp_path, env, script=script)
-    try:
-        rc = sweep.wait(timeout=300)
-    finally:
-        kill_own(sweep.proc.pid, f"{ray_tmpdir}/")
+    rc = sweep.wait_then_clean(300, ray_tmpdir)
     assert rc == 0, sweep.tail()
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -2,7 +2,6 @@
 code 3 and the command that catches MLflow up (``--resume``), instead of a traceback from the
 summary; the runs' rows wait in their trial directories and are sent once MLflow is back."""
 
-import socket
 import sys
 
 import pytest
@@ -21,13 +20,7 @@ from sweeps import (
     summary,  # noqa: E402
 )
 from sweeps.spec import Sweep  # noqa: E402
-
-
-def dead_uri() -> str:
-    """An http URI where nothing listens."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
+from tests.sweeps.sweeptools import dead_uri  # noqa: E402
 
 
 def test_runs_not_ended_at_the_end_are_named_then_ended_once_mlflow_is_back(tmp_path):

@@ -7,7 +7,6 @@ status in the trial's tracker state, its unsent rows in its metrics.jsonl.
 ``fit`` (the end-to-end case is ``test_faults.py::test_mlflow_server_outage...``).
 """
 
-import socket
 import time
 
 import pytest
@@ -23,12 +22,7 @@ from sweeps import (
     delivery,  # noqa: E402
     trainable,  # noqa: E402
 )
-
-
-def _dead_uri() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
+from tests.sweeps.sweeptools import dead_uri  # noqa: E402
 
 
 def test_undelivered_end_is_sent_by_the_driver(tmp_path, capsys):
@@ -36,7 +30,7 @@ def test_undelivered_end_is_sent_by_the_driver(tmp_path, capsys):
     eid = ensure_experiment(uri, "scaling")
     trials = tmp_path / "trials" / "scaling"
     out = trials / "trainable_0_00000"
-    tracker = MlflowTracker(_dead_uri(), out, experiment_id=eid, run_name=out.name,
+    tracker = MlflowTracker(dead_uri(), out, experiment_id=eid, run_name=out.name,
                             http_max_retries=0)
     assert not tracker.report(10, {"pretrain/loss": 1.5})
     t0 = time.monotonic()

@@ -3,7 +3,6 @@
 data-parallel, and appears in every table derived from the registry."""
 
 import dataclasses
-import importlib
 import pickle
 import sys
 
@@ -26,6 +25,7 @@ from flatlm.train.registry import (
     register_algorithm,
     unused_sections,
 )
+from tests.train.conftest import plugin_algorithm
 
 TOY = "tests.assets.toy_algorithm"
 LR = 1e-2
@@ -35,12 +35,8 @@ LR = 1e-2
 def sign_sgd():
     """The toy, registered by importing its module as a user's code would; the registry is put
     back after, so that the other tests see the built-in table."""
-    saved = dict(REGISTRY)
-    sys.modules.pop(TOY, None)
-    yield importlib.import_module(TOY).SIGN_SGD
-    REGISTRY.clear()
-    REGISTRY.update(saved)
-    sys.modules.pop(TOY, None)
+    with plugin_algorithm(TOY) as toy:
+        yield toy.SIGN_SGD
 
 
 def _trial(**overrides) -> TrialConfig:

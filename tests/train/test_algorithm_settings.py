@@ -3,8 +3,6 @@ settings as ``Algorithm.config`` and edits no dataclass; ``train.scaled_sign.sca
 like any other (set, checked against the toy's own defaults, logged, saved and read back), and the
 field that holds the sections is never a key (the built-ins' own: test_builtin_settings.py)."""
 
-import importlib
-import sys
 
 import pytest
 import torch
@@ -13,7 +11,7 @@ from flatlm.core.config import ConfigError, apply_overrides, from_dict, to_dict,
 from flatlm.models.checkpoint import load_checkpoint
 from flatlm.runs.trial import TrialConfig, run_trial, tracked_params, training_identity
 from flatlm.train import TrainConfig
-from flatlm.train.registry import REGISTRY
+from tests.train.conftest import plugin_algorithm
 
 TOY = "tests.assets.toy_settings_algorithm"
 LR = 1e-2
@@ -21,12 +19,8 @@ LR = 1e-2
 
 @pytest.fixture
 def scaled_sign():
-    saved = dict(REGISTRY)
-    sys.modules.pop(TOY, None)
-    yield importlib.import_module(TOY)
-    REGISTRY.clear()
-    REGISTRY.update(saved)
-    sys.modules.pop(TOY, None)
+    with plugin_algorithm(TOY) as toy:
+        yield toy
 
 
 def _trial(**overrides) -> TrialConfig:

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from flatlm.models import build_model, parse_model
-from flatlm.sources import load
 from flatlm.train import TrainConfig, resolve, train
 from flatlm.train.algorithms import (
     StepContext,
@@ -21,23 +20,11 @@ from flatlm.train.algorithms import (
 )
 from flatlm.train.compiled import EagerFallback, loss_function
 from flatlm.train.config import switch_on
-from flatlm.train.data import StepInputs, generator, mask_batch
+from flatlm.train.data import StepInputs
+from tests.train.conftest import masked_sample
 
 MODELS = ["d16-h2-l1-i32", "d16-h2-l1-i32-pre"]  # post-LN BERT, pre-LN RoBERTa
 MASKS = {"one": {}, "rate": {"mask": 0.3, "max_predictions": 3}}
-
-
-@pytest.fixture(scope="module")
-def paper():
-    """The paper's grammar: sentences of 2..16 words, so trimming has padding to remove."""
-    return load("pcfg:paper")
-
-
-def _masked(src, n, seed, mask="one", max_predictions=None):
-    tokens, lengths = src.sample(n, seed)
-    batch = mask_batch(tokens, lengths, mask, generator(seed, "mask", 0), n_words=src.V,
-                       replace=(0.8, 0.1, 0.1), max_predictions=max_predictions)
-    return batch, lengths
 
 
 def _float64_model(src, model):
@@ -52,7 +39,7 @@ def _context(cfg, model):
 
 
 def test_grouping_sorts_within_each_pass_and_trimming_cuts_only_padding(paper):
-    batch, lengths = _masked(paper, 32, seed=1)
+    batch, lengths = masked_sample(paper, 32, seed=1)
     grouped = batch.grouped_by_length(lengths, 16)  # sam's two halves stay apart
     for half in (slice(0, 16), slice(16, 32)):
         rows = sorted(map(tuple, batch.input_ids[half].tolist()))
@@ -76,8 +63,8 @@ def test_grouped_trimmed_steps_equal_plain_steps_in_float64(paper, model, mask):
                       **MASKS[mask])
     ctx_plain, ctx_fast = _context(cfg, plain), _context(cfg, fast)
     for step in range(3):
-        batch, lengths = _masked(paper, 32, seed=step, mask=cfg.mask,
-                                 max_predictions=cfg.max_predictions)
+        batch, lengths = masked_sample(paper, 32, seed=step, mask=cfg.mask,
+                                       max_predictions=cfg.max_predictions)
         loss_plain = standard_step(ctx_plain, StepInputs(batch))["train/loss"]
         loss_fast = standard_step(ctx_fast, StepInputs(batch.grouped_by_length(lengths, 32)))
         # the update's loss read-out is summed in float32
@@ -90,7 +77,7 @@ def test_sam_groups_each_half_on_its_own(paper):
     plain, fast = (_float64_model(paper, MODELS[0]) for _ in range(2))
     cfg = TrainConfig(algorithm="sam", batch_size=32, micro_batch_size=4, lr=1e-2,
                       warmup_steps=0)
-    batch, lengths = _masked(paper, 32, seed=3)
+    batch, lengths = masked_sample(paper, 32, seed=3)
     sam_step(_context(cfg, plain), StepInputs(batch))
     sam_step(_context(cfg, fast), StepInputs(batch.grouped_by_length(lengths, 16)))
     for (name, a), b in zip(plain.named_parameters(), fast.parameters(), strict=True):
@@ -191,7 +178,7 @@ def test_a_process_keeps_compiling_past_dynamo_s_recompile_limit(paper):
         graphs.append(gm)
         return gm.forward
 
-    batch, _ = _masked(paper, 4, seed=0)
+    batch, _ = masked_sample(paper, 4, seed=0)
     for width in range(16, 16 + 2 * 10, 2):  # ten runs, ten parameter shapes
         model = build_model(dataclasses.replace(parse_model(f"d{width}-h2-l1-i32"),
                                                 dropout=0.0), paper.V, paper.max_length, seed=0)
@@ -207,7 +194,7 @@ def test_a_compile_failure_in_the_backward_redoes_the_micro_batch_eagerly(paper)
         raise RuntimeError("inductor: backward lowering failed")
 
     broken = aot_autograd(fw_compiler=lambda gm, _: gm.forward, bw_compiler=no_backward)
-    batch, _ = _masked(paper, 8, seed=2)
+    batch, _ = masked_sample(paper, 8, seed=2)
     grads = []
     for mlm_loss in (mlm_loss_sum, loss_function(TrainConfig(compile=True), "cpu",
                                                  backend=broken)):

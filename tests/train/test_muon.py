@@ -13,13 +13,13 @@ import torch
 from flatlm.core.config import apply_overrides, to_dict
 from flatlm.core.schedules import learning_rate
 from flatlm.measure.landscape.optimizer_state import saved_optimizer
-from flatlm.measure.loss import kl_to_truth
 from flatlm.models import build_model, parse_model
 from flatlm.train import TrainConfig, resolve, train
 from flatlm.train.algorithms import StepContext, build_optimizer, mlm_loss_sum, standard_step
 from flatlm.train.data import StepInputs, generator, mask_batch
 from flatlm.train.muon import MuonWithAdamW, hidden_matrices
 from flatlm.train.muon_config import MuonConfig
+from tests.train.conftest import assert_learns
 
 MODEL = "d16-h1-l1-i64"
 
@@ -37,12 +37,7 @@ def _muon(**fields) -> TrainConfig:
 def test_muon_lowers_kl_to_truth(src, eval_sentences, tmp_path):
     cfg = TrainConfig(algorithm="muon", steps=60, batch_size=64, lr=3e-3, warmup_steps=5,
                       checkpoint_steps=(0, 60), seed=1)
-    kl = {}
-    result = train(cfg, src, MODEL, tmp_path, progress=False,
-                   on_checkpoint=lambda step, model, _: kl.update(
-                       {step: kl_to_truth(model, src, *eval_sentences)}))
-    assert kl[60] < 0.5 * kl[0], kl
-    assert result.history[-1]["train/loss"] < result.history[0]["train/loss"]
+    assert_learns(cfg, src, MODEL, eval_sentences, tmp_path)
 
 
 @pytest.mark.parametrize("shape", [MODEL, MODEL + "-pre"])

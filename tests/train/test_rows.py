@@ -13,7 +13,6 @@ import torch
 from flatlm.core.tokens import PAD_ID
 from flatlm.models import build_model, parse_model
 from flatlm.models.bert import row_word_logits
-from flatlm.sources import load
 from flatlm.train import TrainConfig, resolve, train
 from flatlm.train.algorithms import (
     StepContext,
@@ -24,24 +23,13 @@ from flatlm.train.algorithms import (
 )
 from flatlm.train.compiled import loss_function
 from flatlm.train.config import sequence_packing_for
-from flatlm.train.data import BatchPipeline, FreshSamples, StepInputs, generator, mask_batch
+from flatlm.train.data import BatchPipeline, FreshSamples, StepInputs
 from flatlm.train.pack import train_pack
 from flatlm.train.rows import RowBatch, into_rows, row_loss_sum
+from tests.train.conftest import masked_sample
 
 MODELS = ["d16-h2-l1-i32", "d16-h2-l2-i32-pre"]  # post-LN BERT, pre-LN RoBERTa
 MASKS = {"one": {}, "rate": {"mask": 0.3, "max_predictions": 3}}
-
-
-@pytest.fixture(scope="module")
-def paper():
-    """The paper's grammar: sentences of 2..16 words (4..18 slots)."""
-    return load("pcfg:paper")
-
-
-def _masked(src, n, seed, mask="one", max_predictions=None):
-    tokens, lengths = src.sample(n, seed)
-    return mask_batch(tokens, lengths, mask, generator(seed, "mask", 0), n_words=src.V,
-                      replace=(0.8, 0.1, 0.1), max_predictions=max_predictions)
 
 
 def _model(src, model, dtype=torch.float64, dropout=0.0):
@@ -60,7 +48,7 @@ def _sentences_in_rows(rows: RowBatch, c: int) -> dict[tuple[int, int], list[int
 
 
 def test_each_sentence_lies_whole_in_one_row_with_positions_from_zero(paper):
-    batch = _masked(paper, 24, seed=1)
+    batch, _ = masked_sample(paper, 24, seed=1)
     rows = into_rows(batch, row_length=40, sentences=12)
     C, R, L = rows.input_ids.shape
     assert (C, L) == (2, 40)
@@ -82,7 +70,7 @@ def test_each_sentence_lies_whole_in_one_row_with_positions_from_zero(paper):
 
 
 def test_the_attention_mask_is_block_diagonal_by_brute_force(paper):
-    rows = into_rows(_masked(paper, 16, seed=2), row_length=36, sentences=16)
+    rows = into_rows(masked_sample(paper, 16, seed=2)[0], row_length=36, sentences=16)
     attend = rows.attend()  # (R, L, L)
     for r, segments in enumerate(rows.segment_ids[0].tolist()):
         for i, a in enumerate(segments):
@@ -93,7 +81,7 @@ def test_the_attention_mask_is_block_diagonal_by_brute_force(paper):
 
 @pytest.mark.parametrize("mask", MASKS)
 def test_masked_slots_hold_the_masked_words(paper, mask):
-    batch = _masked(paper, 20, seed=3, **MASKS[mask])
+    batch, _ = masked_sample(paper, 20, seed=3, **MASKS[mask])
     rows = into_rows(batch, row_length=64, sentences=10)
     for c in range(2):
         part = slice(10 * c, 10 * c + 10)
@@ -116,7 +104,7 @@ def test_a_sentence_does_not_read_its_row_neighbours(paper):
     """Rewriting every other sentence of the rows leaves one sentence's logits as they were;
     with an all-True mask (no blocks) the same rewrite changes them: the test can fail."""
     model = _model(paper, MODELS[0], torch.float32).eval()
-    rows = into_rows(_masked(paper, 12, seed=4), row_length=64, sentences=12)
+    rows = into_rows(masked_sample(paper, 12, seed=4)[0], row_length=64, sentences=12)
     ids, pos = rows.input_ids[0], rows.position_ids[0]
     r, kept = 0, 0  # sentence 0 of row 0
     own = rows.segment_ids[0] == kept
@@ -143,7 +131,7 @@ def test_a_sentence_does_not_read_its_row_neighbours(paper):
                          ids=["float64", "float32"])
 def test_row_loss_and_gradients_equal_the_padded_ones(paper, model, mask, dtype, tol):
     """Dropout off: the same sum of the same per-word losses, up to float order."""
-    batch = _masked(paper, 24, seed=5, **MASKS[mask])
+    batch, _ = masked_sample(paper, 24, seed=5, **MASKS[mask])
     padded_model, rows_model = _model(paper, model, dtype), _model(paper, model, dtype)
     padded = mlm_loss_sum(padded_model, batch)
     rows = row_loss_sum(rows_model, into_rows(batch, row_length=48, sentences=24))
@@ -166,7 +154,7 @@ def test_a_rows_update_in_micro_batches_equals_the_padded_update(paper, step):
     """Four micro-batches (sam: two per half), float64: the updated weights agree to 1e-10."""
     algorithm = "sam" if step is sam_step else "adamw"
     cfg = TrainConfig(algorithm=algorithm, batch_size=32, micro_batch_size=8, dropout=0.0)
-    batch = _masked(paper, 32, seed=6)
+    batch, _ = masked_sample(paper, 32, seed=6)
     padded, rows = _model(paper, MODELS[0]), _model(paper, MODELS[0])
     step(_context(cfg, padded, mlm_loss_sum), StepInputs(batch))
     step(_context(cfg, rows, row_loss_sum), StepInputs(into_rows(batch, 64, 8)))
@@ -178,7 +166,7 @@ def test_with_dropout_rows_equal_padded_in_distribution(paper, monkeypatch):
     """Dropout 0.1 on: the attention keeps its dropout (SDPA called with dropout_p=0.1), draws
     differ, and the mean loss over 150 draws agrees with the padded path's within 4 standard
     errors of the difference (each side's draws are independent)."""
-    batch = _masked(paper, 16, seed=7)
+    batch, _ = masked_sample(paper, 16, seed=7)
     rows = into_rows(batch, row_length=64, sentences=16)
     model = _model(paper, MODELS[0], torch.float32, dropout=0.1).train()
     sdpa, seen = torch.nn.functional.scaled_dot_product_attention, []

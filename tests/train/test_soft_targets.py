@@ -14,13 +14,13 @@ import torch
 
 from flatlm.core.config import apply_overrides
 from flatlm.core.seeds import derive_seed
-from flatlm.measure.loss import kl_to_truth
 from flatlm.models import build_model, parse_model, word_logits
 from flatlm.runs.pack import unpacked_reason
 from flatlm.runs.trial import TrialConfig
 from flatlm.train import TrainConfig, train
 from flatlm.train.algorithms import masked_targets, masked_word_loss, mlm_loss_sum
 from flatlm.train.data import BatchPipeline, FreshSamples
+from tests.train.conftest import assert_learns
 
 MODEL = "d16-h1-l1-i64"
 SEED = 5
@@ -95,12 +95,7 @@ def test_at_the_truth_the_soft_gradient_is_zero_on_every_batch_and_the_sampled_o
 def test_truth_targets_train_a_tiny_model(src, eval_sentences, tmp_path):
     cfg = TrainConfig(targets="truth", steps=40, batch_size=64, lr=3e-3, warmup_steps=5,
                       checkpoint_steps=(0, 40), seed=1)
-    kl = {}
-    result = train(cfg, src, MODEL, tmp_path, progress=False,
-                   on_checkpoint=lambda step, model, _: kl.update(
-                       {step: kl_to_truth(model, src, *eval_sentences)}))
-    assert kl[40] < 0.5 * kl[0], kl
-    assert result.history[-1]["train/loss"] < result.history[0]["train/loss"]
+    assert_learns(cfg, src, MODEL, eval_sentences, tmp_path)
 
 
 def test_sampled_is_the_run_without_the_key(src, tmp_path):

@@ -96,11 +96,17 @@ def _ghost_values(model, params, x: MaskedInputs, cfg: FlatnessConfig, g) -> tor
     return torch.stack(out)
 
 
-def _vmap_values(model, params, x: MaskedInputs, cfg: FlatnessConfig, g) -> torch.Tensor:
-    """The same (k, B) by ``vmap(grad)`` over an unrolled BiLSTM (``measure.per_example``)."""
+def _directions(model, x: MaskedInputs, cfg: FlatnessConfig, g) -> torch.Tensor:
+    """(k, B, V) ``output_directions`` at the model's logits of ``x``, in their dtype, from a
+    forward without a graph (the methods that use it differentiate their own passes)."""
     with torch.no_grad():
         logits = word_logits(model, x.input_ids, x.attention_mask, x.positions)  # (B, V)
-    u = output_directions(logits, cfg.labels_per_input, cfg.estimator, g).to(logits.dtype)
+    return output_directions(logits, cfg.labels_per_input, cfg.estimator, g).to(logits.dtype)
+
+
+def _vmap_values(model, params, x: MaskedInputs, cfg: FlatnessConfig, g) -> torch.Tensor:
+    """The same (k, B) by ``vmap(grad)`` over an unrolled BiLSTM (``measure.per_example``)."""
+    u = _directions(model, x, cfg, g)
     return per_example.per_example_sq_norms(model, params, x.input_ids, x.attention_mask,
                                             x.positions, u)
 
@@ -108,20 +114,16 @@ def _vmap_values(model, params, x: MaskedInputs, cfg: FlatnessConfig, g) -> torc
 def _lstm_ghost_values(model, params, x: MaskedInputs, cfg: FlatnessConfig, g) -> torch.Tensor:
     """The same (k, B) for a BiLSTM from one batched backward per direction
     (``measure.lstm_ghost``)."""
-    with torch.no_grad():
-        logits = word_logits(model, x.input_ids, x.attention_mask, x.positions)  # (B, V)
-    u = output_directions(logits, cfg.labels_per_input, cfg.estimator, g).to(logits.dtype)
+    u = _directions(model, x, cfg, g)
     return lstm_ghost.per_example_sq_norms(model, params, x.input_ids, x.attention_mask,
                                            x.positions, u)
 
 
 def _loop_values(model, params, x: MaskedInputs, cfg: FlatnessConfig, g) -> torch.Tensor:
     """The same (k, B) by one forward and backward per example and direction."""
-    with torch.no_grad():
-        logits = word_logits(model, x.input_ids, x.attention_mask, x.positions)  # (B, V)
-    u = output_directions(logits, cfg.labels_per_input, cfg.estimator, g).to(logits.dtype)
+    u = _directions(model, x, cfg, g)
     plist = list(params.values())
-    out = torch.zeros(u.shape[:2], dtype=torch.float64, device=logits.device)
+    out = torch.zeros(u.shape[:2], dtype=torch.float64, device=u.device)
     for i in range(len(x)):
         z = word_logits(model, x.input_ids[i : i + 1], x.attention_mask[i : i + 1],
                         x.positions[i : i + 1])[0]  # (V,)

@@ -10,7 +10,7 @@ After warmup the rate decays linearly (Devlin et al.'s protocol; ``schedule="lin
 default) or stays constant (``schedule="constant"``); ``flatlm.core.schedules.learning_rate`` gives
 the table. Not stated in the paper, chosen here: weight decay 0.01 (BERT's), 2 seeds by default, a
 trial's budget (A.5 reports 5 for the probe: ``measure.finetune.seeds=5``). Labels and the split are
-those of ``measure.probe`` (``downstream_classes``, ``split_indices`` with ``seed``), so a
+those of ``measure.probe`` (``downstream_sentences``, ``split_indices`` with ``seed``), so a
 fine-tuned model and its linear probe are tested on the same sentences. Seed s fixes the head, the
 batch order and the dropout masks (the global RNG is forked, so the caller's is untouched).
 """
@@ -28,9 +28,9 @@ from flatlm.core.schedules import SCHEDULES, learning_rate
 from flatlm.core.seeds import derive_seed
 from flatlm.core.tokens import encode
 from flatlm.measure import finetune_keys
-from flatlm.measure.probes.probe import downstream_classes, split_indices
+from flatlm.measure.probes.probe import downstream_sentences, split_indices
 from flatlm.models.masked_lm import cls_features, unwrap
-from flatlm.sources.base import Source, as_tokens
+from flatlm.sources.base import Source
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,10 +137,9 @@ def finetune_accuracy(
     downstream sentences with their class ids (``sample_downstream``). Runs on ``device``
     (default: the model's); run s is seeded derive_seed(cfg.seed, "finetune", s)."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    keep, classes, num_classes = downstream_classes(source, classes, task)
-    tokens, lengths = as_tokens(tokens, lengths)
-    keep = keep.to(tokens.device)
-    ids, mask = encode(tokens[keep].to(device), lengths[keep].to(device))  # (k, T+2)
+    tokens, lengths, classes, num_classes = downstream_sentences(source, tokens, lengths,
+                                                                 classes, task)
+    ids, mask = encode(tokens.to(device), lengths.to(device))  # (k, T+2)
     y = classes.to(device)
     train_idx, test_idx = split_indices(len(y), cfg.test_fraction, cfg.seed)
     train_idx, test_idx = train_idx.to(device), test_idx.to(device)

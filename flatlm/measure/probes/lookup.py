@@ -17,11 +17,11 @@ import torch
 
 from flatlm.measure.probes.probe import (
     ProbeConfig,
-    downstream_classes,
+    downstream_sentences,
     linear_probe_accuracy,
     probe_metrics,
 )
-from flatlm.sources.base import Source, as_tokens
+from flatlm.sources.base import Source
 
 
 def lookup_features(source: Source, tokens, lengths, *, device="cpu") -> torch.Tensor:
@@ -41,9 +41,8 @@ def lookup_table_accuracy(
 ) -> dict[str, float]:
     """``lookup/<task>/<stat>`` (the probe's statistics, ``flatlm.measure``) on the downstream
     sentences with their class ids (``sample_downstream``)."""
-    keep, classes, num_classes = downstream_classes(source, classes, task)
-    tokens, lengths = as_tokens(tokens, lengths)
-    keep = keep.to(tokens.device)
-    features = lookup_features(source, tokens[keep], lengths[keep], device=device)
+    tokens, lengths, classes, num_classes = downstream_sentences(source, tokens, lengths,
+                                                                 classes, task)
+    features = lookup_features(source, tokens, lengths, device=device)
     result = linear_probe_accuracy(features, classes, num_classes, cfg)
     return probe_metrics("lookup", task, result, num_classes)

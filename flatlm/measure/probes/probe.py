@@ -57,11 +57,11 @@ Reported with every accuracy (``linear_probe_accuracy``; keys in ``flatlm.measur
 - ``train_acc``: training accuracy (mean over seeds): underfitting or memorising shows here;
 - ``majority_acc``: the reference row "always the training split's most frequent class".
 
-Downstream data (``downstream_classes``, ``split_indices``; also used by ``measure.lookup`` and
-``measure.finetune``): class ids as ``Source.sample_downstream`` gives them; sentences whose id is
--1 (undefined) are dropped; the kept sentences are split at random, ``test_fraction`` (default
-20%) for testing, by ``seed`` alone, so that every model, the lookup table and fine-tuning see the
-same split.
+Downstream data (``downstream_classes``, ``downstream_sentences``, ``split_indices``; also used
+by ``measure.lookup`` and ``measure.finetune``): class ids as ``Source.sample_downstream`` gives
+them; sentences whose id is -1 (undefined) are dropped; the kept sentences are split at random,
+``test_fraction`` (default 20%) for testing, by ``seed`` alone, so that every model, the lookup
+table and fine-tuning see the same split.
 """
 
 from __future__ import annotations
@@ -190,6 +190,17 @@ def downstream_classes(
         raise ValueError(f"task {task!r}: class indices must lie in 0..{num_classes - 1}, got "
                          f"{int(classes.min())}..{int(classes.max())}")
     return keep, classes, num_classes
+
+
+def downstream_sentences(
+    source: Source, tokens, lengths, classes: torch.Tensor, task: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(tokens [k, T], lengths [k], classes [k], num_classes): the downstream sentences whose
+    class for ``task`` is defined, with their class ids (``downstream_classes``)."""
+    keep, classes, num_classes = downstream_classes(source, classes, task)
+    tokens, lengths = as_tokens(tokens, lengths)
+    keep = keep.to(tokens.device)
+    return tokens[keep], lengths[keep], classes, num_classes
 
 
 def initial_heads(D: int, C: int, gens: list[torch.Generator], device, dtype,
@@ -455,10 +466,9 @@ def probe(
     if cfg.encoder_train_mode:
         raise ValueError("probe.encoder_train_mode=true: probe one task with "
                          "measure.probe_rows.probe_rows(..., draw=train_mode_features(...))")
-    keep, classes, num_classes = downstream_classes(source, classes, task)
-    tokens, lengths = as_tokens(tokens, lengths)
-    keep = keep.to(tokens.device)
-    features = encoder_probe_features(model, tokens[keep], lengths[keep], device=device,
+    tokens, lengths, classes, num_classes = downstream_sentences(source, tokens, lengths,
+                                                                 classes, task)
+    features = encoder_probe_features(model, tokens, lengths, device=device,
                                       batch_size=cfg.forward_batch_size,
                                       positions=cfg.positions, zero_padding=cfg.zero_padding)
     result = linear_probe_accuracy(features, classes, num_classes, cfg)
