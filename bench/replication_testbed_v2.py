@@ -202,6 +202,12 @@ def main(argv=None) -> int:
                    help="copy the finished trials' records and stop (commit them as they land)")
     args = p.parse_args(argv)
     records = args.out / "trials"
+    if records.resolve() in (args.trials.resolve(), *args.trials.resolve().parents):
+        # replace_records empties the records before copying: it would delete its own source
+        print(f"--trials {args.trials}: that is where the records are written ({records}); "
+              "give a copy of them with the new trials (e.g. cp -r it to /tmp/all and add "
+              "repl-v2/'s), or flatlm replicate's --out", file=sys.stderr)
+        return 2
     done, running = replace_records(args.trials, records)
     if not done:
         print(f"--trials {args.trials}: no finished trial", file=sys.stderr)
