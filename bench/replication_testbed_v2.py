@@ -45,6 +45,7 @@ KL, TASKS, TARGET = "pretrain/kl", ("A", "B", "C"), TESTBED_V2.target_kl
 SECOND = "paper+second-grammar"
 SECOND_TARGET = TESTBED_V2.under(SECOND).target_kl
 OUT = Path(__file__).parent / "results" / "replication_testbed_v2"
+YES = {True: "yes", False: "**no**"}
 
 
 def _runs(df: pd.DataFrame, **where) -> list[tuple[str, pd.DataFrame]]:
@@ -162,9 +163,6 @@ def criteria_markdown(crit: dict, running: list[str], command: str, wall: float 
         lines += ["", "Not finished when this report was made (left out): "
                   + ", ".join(f"`{r}`" for r in running) + "."]
     return "\n".join(lines) + "\n"
-
-
-YES = {True: "yes", False: "**no**"}
 
 
 def _grammar_lines(crit: dict, h: str) -> list[str]:

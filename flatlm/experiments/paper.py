@@ -149,7 +149,7 @@ def base_of(scale: str, protocol: str = "paper", source: str | None = None) -> T
     """The base trial of ``scale`` under ``protocol``, on ``source`` with its kind's settings:
     what every experiment there starts from."""
     parse_protocol(protocol)
-    sc = get_scale(scale).under(protocol)
+    sc = get_scale(scale)  # protocol_base applies the protocol's own scale fields
     return apply_overrides(protocol_base(sc, protocol), source_overrides(sc, source))
 
 
