@@ -20,6 +20,7 @@ import pytest
 
 from flatlm.cli import main as flatlm
 from tests.inprocess import run_main
+from tests.sweeps.sweeptools import scaling_here
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = json.dumps({"kind": "pcfg", "random": {"vocab": 12, "depth": 2,
@@ -183,12 +184,12 @@ def test_3_the_analysis_refuses_a_password_without_echoing_it(tmp_path, script):
     assert not (tmp_path / "r").exists()
 
 
-def test_3_the_sweep_refuses_an_upper_case_password_before_ray_writes_anything(tmp_path):
+def test_3_the_sweep_refuses_an_upper_case_password_before_ray_writes_anything(tmp_path,
+                                                                             monkeypatch):
     ray_tmp = tmp_path / "rt"
-    done = subprocess.run([sys.executable, str(REPO / "sweeps" / "scaling.py"),
-                           "--tracking-uri", UPPER, "--workdir", str(tmp_path / "w")],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "RAY_TMPDIR": str(ray_tmp)})
+    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
+    done = scaling_here(monkeypatch, ["--tracking-uri", UPPER, "--workdir", tmp_path / "w"],
+                        tmp_path)
     assert done.returncode == 2 and "MLFLOW_TRACKING_PASSWORD" in done.stderr
     assert PASSWORD not in done.stdout + done.stderr
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
@@ -454,12 +455,11 @@ def test_10_no_loading_bars_under_no_progress(tmp_path):
     assert "Loading weights" not in done.stderr
 
 
-def test_10_resume_of_a_sweep_that_does_not_exist_is_refused(tmp_path):
+def test_10_resume_of_a_sweep_that_does_not_exist_is_refused(tmp_path, monkeypatch):
     (tmp_path / "ray_results" / "scaling").mkdir(parents=True)
-    done = subprocess.run([sys.executable, str(REPO / "sweeps" / "scaling.py"), "--resume",
-                           "--name", "scalng", "--workdir", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "RAY_TMPDIR": str(tmp_path / "rt")})
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "rt"))
+    done = scaling_here(monkeypatch, ["--resume", "--name", "scalng", "--workdir", tmp_path],
+                        tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "no sweep named 'scalng'" in done.stderr and "scaling" in done.stderr
     assert not (tmp_path / "ray_results" / "scalng").exists()

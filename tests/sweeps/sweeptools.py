@@ -103,9 +103,27 @@ def kill_own(sid: int | None, marker: str | None = None, timeout: float = 30) ->
         time.sleep(0.2)
 
 
+def scaling_here(monkeypatch, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``python sweeps/scaling.py ARGV`` from ``cwd``, run in this process (tests/inprocess.py):
+    for a command refused before Ray starts, where a subprocess would spend about 5 CPU-s
+    importing torch to print one line (the script's own start: tests/test_readme.py)."""
+    from sweeps import cli, scaling
+    from tests.inprocess import run_main
+
+    monkeypatch.setattr(sys, "argv", [str(SCALING), *map(str, argv)])
+    return run_main(lambda _: cli.main(scaling.build, scaling.__doc__), [], cwd=cwd)
+
+
 def one_trial_script(doc: str, name: str, model: str) -> str:
     """The source of a sweep script (as a user writes one, on sweeps.cli) named ``name`` whose
     space is the one model ``model``, its base from the command line; ``doc``: its docstring."""
+    return models_script(doc, name, [model])
+
+
+def models_script(doc: str, name: str, models: list[str]) -> str:
+    """``one_trial_script`` over several models, one trial each: a sweep of fewer trials than
+    sweeps/scaling.py's three where a test needs concurrent trials, not the testbed's sizes
+    (each trial is a Ray worker importing torch, about 7 CPU-s)."""
     return f'''"""{doc}"""
 import sys
 
@@ -117,7 +135,7 @@ from sweeps.spec import Sweep
 
 def build(args):
     return Sweep(name="{name}", base=base_of_args(args),
-                 space={{"model": tune.grid_search(["{model}"])}})
+                 space={{"model": tune.grid_search({models!r})}})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """A sweep's drivers dying and its state tampered with, with a real local Ray and a real MLflow
-store (slow): one tiny sweep, its driver killed, resumed, interrupted, resumed by pasting the
-printed command, then its state tampered with.
+store (slow): one tiny sweep of two trials (``scaling``'s first two models), its driver killed,
+resumed, interrupted, resumed by pasting the printed command, then its state tampered with.
 
 * the driver killed (SIGKILL to its session, Ray's processes with it): ``--resume`` goes on from
   the checkpoints written before the kill, a second ``--resume`` of the same sweep meanwhile is
@@ -35,12 +35,14 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
+from flatlm.experiments.scales import TESTBED_MODELS  # noqa: E402
 from tests.sweeps.sweeptools import (  # noqa: E402
-    SCALING,
+    REPO,
     TINY,
     Sweep,
     assert_exactly_once,
     kill_own,
+    models_script,
     set_args,
     sweep_env,
 )
@@ -49,6 +51,10 @@ pytestmark = pytest.mark.slow
 
 PASSWORD = "pw-issue27-planted-secret"
 MEASURED = '["loss","fisher","probe"]'  # quotes a pasted command must keep
+# Two trials, not sweeps/scaling.py's three: each trial is a Ray worker importing torch (about
+# 7 CPU-s) in each of the three runs that train; two are enough for "every trial unfinished".
+TWO_TRIALS = models_script("The scaling sweep's first two models.", "scaling",
+                           list(TESTBED_MODELS[:2]))
 
 
 class Payload:
@@ -101,10 +107,10 @@ def files_holding(root: Path, secret: bytes) -> list[Path]:
 
 
 def _killed_at_first_result(args: list[str], work: Path, env: dict, ray_tmpdir: Path,
-                            steps: list[int]) -> float:
+                            steps: list[int], script: Path) -> float:
     """The sweep's driver SIGKILLed (its session, Ray's processes with it) at its first result;
     the time of the kill."""
-    first = Sweep(args, work, env)
+    first = Sweep(args, work, env, script=script)
     try:
         assert first.first_result.wait(timeout=400), first.tail()
         first.kill()
@@ -113,27 +119,30 @@ def _killed_at_first_result(args: list[str], work: Path, env: dict, ray_tmpdir: 
         first.kill()
         kill_own(None, f"{ray_tmpdir}/")
     assert first.proc.returncode == -9
-    assert len(first.results()) < 3 * len(steps), "the sweep ended before the kill"
+    assert len(first.results()) < 2 * len(steps), "the sweep ended before the kill"
     return killed_at
 
 
 def test_killed_interrupted_resumed_by_paste_and_tampered_state(tmp_path, ray_tmpdir):
     env = sweep_env(ray_tmpdir, MLFLOW_TRACKING_USERNAME="alice",
-                    MLFLOW_TRACKING_PASSWORD=PASSWORD)
+                    MLFLOW_TRACKING_PASSWORD=PASSWORD, PYTHONPATH=os.pathsep.join(
+                        [str(REPO / "sweeps"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    script = tmp_path / "two_trials.py"
+    script.write_text(TWO_TRIALS)
     steps = [10, 200, 400]
     settings = {**TINY, "train.steps": "400", "train.checkpoint_steps": "[10,200,400]",
                 "measure.what": MEASURED}
     args = [*set_args(settings), "--cpus-per-trial", "0.5", "--kl-threshold", "100"]
     work = tmp_path / "work"
     work.mkdir()
-    killed_at = _killed_at_first_result(args, work, env, ray_tmpdir, steps)
+    killed_at = _killed_at_first_result(args, work, env, ray_tmpdir, steps, script)
 
     # resumed; a second driver of the same sweep meanwhile refuses, naming the first, and runs
     # nothing; then 9: interrupted at its first result, every trial unfinished, counted
-    second = Sweep([*args, "--resume"], work, env)
+    second = Sweep([*args, "--resume"], work, env, script=script)
     try:
         assert second.first_result.wait(timeout=400), second.tail()
-        third = Sweep([*args, "--resume"], work, env)
+        third = Sweep([*args, "--resume"], work, env, script=script)
         assert third.wait(timeout=120) == 2, third.tail()
         assert f"is being run by another driver (pid {second.proc.pid})" in third.stderr
         assert third.results() == []
@@ -142,9 +151,9 @@ def test_killed_interrupted_resumed_by_paste_and_tampered_state(tmp_path, ray_tm
     finally:
         kill_own(second.proc.pid, f"{ray_tmpdir}/")
     assert rc == 130, second.tail()  # the shell's code for SIGINT
-    assert "3 trial(s) unfinished" in second.stderr, second.tail()
+    assert "2 trial(s) unfinished" in second.stderr, second.tail()
     command = printed_command(second.stderr)
-    assert shlex.split(command) == ["python", str(SCALING), *args, "--resume"]
+    assert shlex.split(command) == ["python", str(script), *args, "--resume"]
     assert "Per run, final checkpoint" not in second.stdout  # no partial summary
     assert run_statuses(work) >= {"KILLED"} and "RUNNING" not in run_statuses(work)
 
@@ -155,7 +164,7 @@ def test_killed_interrupted_resumed_by_paste_and_tampered_state(tmp_path, ray_tm
     assert "Per run, final checkpoint" in done.stdout  # the summary printed
     trials_dir = work / "trials" / "scaling"
     assert_exactly_once(f"sqlite:///{work / 'mlflow.db'}", "scaling", trials_dir, steps,
-                        n_trials=3)
+                        n_trials=2)
     # a checkpoint written before the kill was not trained again after it
     assert [p for p in trials_dir.glob(f"*/checkpoints/step-{steps[0]}/model.safetensors")
             if p.stat().st_mtime < killed_at], "no trial had a checkpoint before the kill"

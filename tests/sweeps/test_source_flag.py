@@ -1,8 +1,6 @@
 """``--source SPEC`` on the sweep scripts: one setting with ``--set source=SPEC``, and each kind's
 defaults (an HMM trains BiLSTMs and probes task-6 / task-10; Dyck probes g*). No Ray started."""
 
-import subprocess
-import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from sweeps import (  # noqa: E402
 )
 from sweeps.cli import parser, resolve_source  # noqa: E402
 from sweeps.spec import check_sweep, sweep_task  # noqa: E402
+from tests.sweeps.sweeptools import scaling_here  # noqa: E402
 
 HMM = "hmm:seed=0,vocab=20,states=6,length=12,blocks=2"
 
@@ -71,10 +70,9 @@ def test_dyck_keeps_the_berts_and_probes_g_star():
     check_sweep(algs)
 
 
-def test_a_bad_source_on_the_command_line_exits_2_before_any_trial(tmp_path):
-    out = subprocess.run([sys.executable, str(REPO / "sweeps" / "scaling.py"), "--source",
-                          "dyck:6", "--set", "source=dyck:8", "--workdir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120)
+def test_a_bad_source_on_the_command_line_exits_2_before_any_trial(tmp_path, monkeypatch):
+    out = scaling_here(monkeypatch, ["--source", "dyck:6", "--set", "source=dyck:8",
+                                     "--workdir", tmp_path], tmp_path)
     assert out.returncode == 2, out.stderr
     assert "error: --source 'dyck:6' and --set source='dyck:8'" in out.stderr
     assert not (tmp_path / "mlflow.db").exists()

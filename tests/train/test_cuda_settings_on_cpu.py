@@ -14,7 +14,7 @@ from flatlm.train import AdversarialConfig, TrainConfig, algorithms, compiled, g
 from flatlm.train import run as loop  # the run (flatlm.train.run) builds optimizer and loss
 from flatlm.train.config import GrowConfig, LabelNoiseConfig
 
-N = 4
+N = 2
 CUDA_SETTINGS = dict(compile=True, precision="bf16", unpad=True, micro_batch_size=8,
                      batch_size=32, warmup_steps=2, steps=2 * N, checkpoint_steps=(N, 2 * N),
                      seed=3, log_every=2)
