@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from flatlm.cli import main as flatlm
 from flatlm.core.config import apply_overrides, from_dict
 from flatlm.experiments.costs import (
     budget_line,
@@ -22,9 +23,18 @@ from flatlm.experiments.costs import (
 )
 from flatlm.experiments.paper import build
 from flatlm.runs.trial import TrialConfig
+from tests.inprocess import run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 TRIALS = ROOT / "bench" / "results" / "replication_testbed" / "trials"
+
+
+def dry_run(*args: str) -> str:
+    """What ``flatlm replicate --dry-run --scale testbed ARGS`` prints, run in this process (a
+    subprocess would import torch for it: about 5 CPU-s)."""
+    done = run_main(flatlm, ["replicate", "--dry-run", "--scale", "testbed", *args], cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 def test_the_committed_table_is_the_records():
@@ -70,9 +80,7 @@ def test_more_steps_cost_more_in_proportion():
 
 
 def test_the_dry_run_states_each_experiments_minutes_and_the_total():
-    out = subprocess.run([sys.executable, "-m", "flatlm", "replicate", "--dry-run", "--scale",
-                          "testbed", "--protocol", "paper", "--out", "unused"],
-                         capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    out = dry_run("--protocol", "paper", "--out", "unused")
     assert "  sizes: 15 trials, about " in out and " CPU-min (measured)" in out
     assert "in all: 35 trials, about " in out and "min on 16 cores" in out
 
@@ -81,9 +89,7 @@ def test_the_dry_run_states_each_experiments_minutes_and_the_total():
     ("paper", "the first command is about {} CPU-minutes"),
     ("paper-code", "`--protocol paper-code` about {} CPU-minutes")])
 def test_the_readme_states_the_dry_runs_total(protocol, quoted):
-    out = subprocess.run([sys.executable, "-m", "flatlm", "replicate", "--dry-run", "--scale",
-                          "testbed", "--protocol", protocol, "--out", "unused"],
-                         capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    out = dry_run("--protocol", protocol, "--out", "unused")
     total = out.split("in all: 35 trials, about ")[1].split(" CPU-minutes")[0]
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert quoted.format(total) in readme
@@ -128,9 +134,6 @@ def test_the_plan_leaves_out_the_trials_already_done_under_out(tmp_path):
     diverged.mkdir(parents=True)
     (diverged / "diverged.json").write_text(json.dumps({"step": 10, "loss": None,
                                                         "message": "x", "reason": "x"}))
-    out = subprocess.run([sys.executable, "-m", "flatlm", "replicate", "--dry-run", "--scale",
-                          "testbed", "--protocol", "paper", "--experiment", "sizes", "--out",
-                          str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
-                         check=True).stdout
+    out = dry_run("--protocol", "paper", "--experiment", "sizes", "--out", str(tmp_path))
     assert "  sizes: 15 trials, 2 done under --out, 13 left, about " in out
     assert "in all: 15 trials (2 done under --out), 13 left, about " in out
