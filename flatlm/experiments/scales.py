@@ -46,26 +46,42 @@ TINY_DEEP_SOURCE = json.dumps({"kind": "pcfg", "seed": 0, "random": {
 # A probe on random features must learn 128 words one by one from 3200 sentences; one on
 # features that group a class's words need not: the paper's premise, and why its tasks are not
 # nearly free (random-init d64 features 0.68 / 0.70 / 0.73 on A / B / C, the lookup table 0.97).
+@dataclass(frozen=True)
+class SentenceShape:
+    """How a span grammar's sentences look: ``depth`` levels of nonterminals, exactly ``length``
+    words, the span rule's spans per task, and the shortest downstream sentence."""
+
+    depth: int = 3
+    length: int = 8
+    spans: tuple[tuple[str, int], ...] = (("B", 4), ("C", 2))
+    downstream_min_length: int = 5
+
+
+EIGHT_WORDS = SentenceShape()
+SIXTEEN_WORDS = SentenceShape(depth=4, length=16, spans=(("B", 8), ("C", 4)),
+                              downstream_min_length=8)
+
+
 def _span_grammar(seed: int, *, vocab: int, roots: int, nonterminals: int, rules: int,
-                  words: int, depth: int = 3, length: int = 8, spans: dict | None = None,
-                  downstream_min_length: int = 5) -> str:
-    """The source spec of a random grammar of the testbed searches' families: ``depth`` levels of
-    ``nonterminals`` with ``rules`` binary rules and ``words`` words each (no terminal rules above
-    the last level), sentences of exactly ``length`` words, labels by the span rule."""
+                  words: int, sentences: SentenceShape = EIGHT_WORDS) -> str:
+    """The source spec of a random grammar of the testbed searches' families: ``sentences.depth``
+    levels of ``nonterminals`` with ``rules`` binary rules and ``words`` words each (no terminal
+    rules above the last level), sentences of exactly ``sentences.length`` words, labels by the
+    span rule."""
     return json.dumps({
-        "kind": "pcfg", "seed": seed, "max_length": length, "spans": spans or {"B": 4, "C": 2},
-        "downstream_min_length": downstream_min_length, "label_rule": "span", "random": {
+        "kind": "pcfg", "seed": seed, "max_length": sentences.length,
+        "spans": dict(sentences.spans), "downstream_min_length": sentences.downstream_min_length,
+        "label_rule": "span", "random": {
             "vocab": vocab, "roots": roots, "nonterminals_per_level": nonterminals,
-            "depth": depth, "binary_per_nonterminal": rules, "words_per_nonterminal": words,
-            "terminal_share": 0.0, "concentration": 4.0}})
+            "depth": sentences.depth, "binary_per_nonterminal": rules,
+            "words_per_nonterminal": words, "terminal_share": 0.0, "concentration": 4.0}})
 
 
 TESTBED_SOURCE = _span_grammar(52, vocab=128, roots=6, nonterminals=4, rules=2, words=2)
 # The same grammar family one level deeper (sentences of exactly 16 words, spans 8 / 4): the
 # diagnosis' grammar switch at the testbed scale (not searched: its KL is not measured).
 TESTBED_DEEP_SOURCE = _span_grammar(52, vocab=128, roots=6, nonterminals=4, rules=2, words=2,
-                                    depth=4, length=16, spans={"B": 8, "C": 4},
-                                    downstream_min_length=8)
+                                    sentences=SIXTEEN_WORDS)
 # The robustness column's grammar (issue 23, item 4; the switch "second-grammar"): the testbed
 # search's runner-up in the same "classes4" family, q0-7 (kept by its stage 0, then the lowest
 # stage-1 KL after q0-23's: 0.0444 against 0.0192 for d64-h4-l1-i256, testbed_search.md), chosen
