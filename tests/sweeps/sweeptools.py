@@ -54,6 +54,13 @@ def sweep_env(ray_tmpdir: Path, **extra: str) -> dict[str, str]:
     return {**os.environ, "RAY_TMPDIR": str(ray_tmpdir), "PYTHONUNBUFFERED": "1", **extra}
 
 
+def script_env(ray_tmpdir: Path, **extra: str) -> dict[str, str]:
+    """``sweep_env`` for a sweep script a test writes outside sweeps/ (``one_trial_script``,
+    ``models_script``): sweeps/ on its PYTHONPATH, as Python puts it for the scripts there."""
+    path = os.pathsep.join([str(REPO / "sweeps"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return sweep_env(ray_tmpdir, PYTHONPATH=path, **extra)
+
+
 # -- processes ------------------------------------------------------------------------------
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:

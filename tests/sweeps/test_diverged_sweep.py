@@ -2,14 +2,13 @@
 the normal trial finishes with every checkpoint measured, the diverged one ends FAILED and tagged
 with its step, nothing is measured after the divergence, and the sweep exits 0 naming it."""
 
-import os
 
 import pytest
 
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
-from tests.sweeps.sweeptools import REPO, TINY, Sweep, set_args, sweep_env  # noqa: E402
+from tests.sweeps.sweeptools import TINY, Sweep, script_env, set_args  # noqa: E402
 
 LR_SWEEP = '''"""Two tiny trials: a sane learning rate and one that diverges."""
 import sys
@@ -36,8 +35,7 @@ def test_a_diverging_trial_is_marked_and_the_others_finish(tmp_path, ray_tmpdir)
 
     script = tmp_path / "lrs.py"
     script.write_text(LR_SWEEP)
-    env = sweep_env(ray_tmpdir, PYTHONPATH=os.pathsep.join(
-        [str(REPO / "sweeps"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env = script_env(ray_tmpdir)
     args = set_args({**TINY, "model": "d16-h1-l1-i32", "train.log_every": "1",
                      "train.warmup_steps": "0"})
     sweep = Sweep(args, tmp_path, env, script=script)

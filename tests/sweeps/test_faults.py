@@ -50,8 +50,8 @@ from tests.sweeps.sweeptools import (  # noqa: E402
     kill_own,
     models_script,
     read_metrics,
+    script_env,
     set_args,
-    sweep_env,
 )
 
 if os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0":  # in case Ray was imported earlier
@@ -207,8 +207,7 @@ def test_mlflow_server_outage_loses_and_duplicates_nothing(tmp_path, ray_tmpdir)
                            "train.checkpoint_steps": "[10,20,40,80]"}),
                 "--cpus-per-trial", "0.5", "--tracking-uri", server.uri,
                 "--workdir", str(tmp_path / "sweep"), *LOOSE_RULE]
-        sweep = Sweep(args, tmp_path, sweep_env(ray_tmpdir, PYTHONPATH=os.pathsep.join(
-            [str(REPO / "sweeps"), *filter(None, [os.environ.get("PYTHONPATH")])])),
+        sweep = Sweep(args, tmp_path, script_env(ray_tmpdir),
             script=script)
         assert sweep.first_result.wait(timeout=400), sweep.tail()
         server.stop()

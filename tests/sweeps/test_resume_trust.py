@@ -37,14 +37,13 @@ pytest.importorskip("mlflow")
 
 from flatlm.experiments.scales import TESTBED_MODELS  # noqa: E402
 from tests.sweeps.sweeptools import (  # noqa: E402
-    REPO,
     TINY,
     Sweep,
     assert_exactly_once,
     kill_own,
     models_script,
+    script_env,
     set_args,
-    sweep_env,
 )
 
 pytestmark = pytest.mark.slow
@@ -124,9 +123,8 @@ def _killed_at_first_result(args: list[str], work: Path, env: dict, ray_tmpdir: 
 
 
 def test_killed_interrupted_resumed_by_paste_and_tampered_state(tmp_path, ray_tmpdir):
-    env = sweep_env(ray_tmpdir, MLFLOW_TRACKING_USERNAME="alice",
-                    MLFLOW_TRACKING_PASSWORD=PASSWORD, PYTHONPATH=os.pathsep.join(
-                        [str(REPO / "sweeps"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env = script_env(ray_tmpdir, MLFLOW_TRACKING_USERNAME="alice",
+                     MLFLOW_TRACKING_PASSWORD=PASSWORD)
     script = tmp_path / "two_trials.py"
     script.write_text(TWO_TRIALS)
     steps = [10, 200, 400]

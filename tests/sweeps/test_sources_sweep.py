@@ -8,7 +8,6 @@ The task the sweep shows, searches on and summarises comes from the source's def
 """
 
 import csv
-import os
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,12 @@ pytest.importorskip("mlflow")
 from flatlm.sources import SourceSpec  # noqa: E402
 from tests.sweeps.sweeptools import (  # noqa: E402
     LOOSE_RULE,
-    REPO,
     SCALING,
     TINY,
     Sweep,
     one_trial_script,
+    script_env,
     set_args,
-    sweep_env,
 )
 
 STEPS = [10, 20]
@@ -49,8 +47,7 @@ def test_a_tiny_sweep_of_any_source_finishes_with_its_task_measured(tmp_path, ra
         source = f"lm:{tiny_lm(tmp_path / 'lm')},vocab=4,length=4,rule=bos"
     script = tmp_path / "one_trial.py"
     script.write_text(ONE_TRIAL)
-    env = sweep_env(ray_tmpdir, PYTHONPATH=os.pathsep.join(
-        [str(REPO / "sweeps"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env = script_env(ray_tmpdir)
     tiny = {k: v for k, v in TINY.items() if k != "measure.tasks"}  # the source's defaults
     args = ["--source", source, "--name", "sources", *set_args(tiny), *LOOSE_RULE]
     sweep = Sweep(args, tmp_path, env, script=SCALING if len(models) > 1 else script)

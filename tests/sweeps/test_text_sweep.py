@@ -3,7 +3,6 @@ tokenizer and GLUE-shaped SST-2, one trial, end to end through real Ray and an M
 its GLUE metric and one-hot loss reach MLflow, the summary uses --loss-tolerance (no truth, no
 KL), and analysis/report.py reads the runs back."""
 
-import os
 
 import pytest
 
@@ -11,7 +10,7 @@ pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
 from tests.assets.text_assets import make_text_assets, text_spec  # noqa: E402
-from tests.sweeps.sweeptools import REPO, TINY, Sweep, one_trial_script, set_args, sweep_env  # noqa: E402
+from tests.sweeps.sweeptools import TINY, Sweep, one_trial_script, script_env, set_args  # noqa: E402
 
 ONE_TRIAL = one_trial_script("One tiny trial of the tiny preset, on whatever source --set gives.",
                              "text", "d16-h1-l1-i32")
@@ -24,8 +23,7 @@ def test_a_tiny_text_sweep_reaches_mlflow_and_the_report(tmp_path, ray_tmpdir):
     spec = text_spec(make_text_assets(tmp_path / "assets"), length=16)
     script = tmp_path / "one_trial.py"
     script.write_text(ONE_TRIAL)
-    env = sweep_env(ray_tmpdir, PYTHONPATH=os.pathsep.join(
-        [str(REPO / "sweeps"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env = script_env(ray_tmpdir)
     overrides = {**TINY, "source": spec, "measure.tasks": '["sst2"]', "train.mask": "0.15",
                  "measure.what": '["loss","fisher","probe","glue"]',
                  "measure.finetune.epochs": "1", "measure.finetune.seeds": "1"}
