@@ -155,7 +155,7 @@ def run_all(todo: list[Path], args) -> int:
                  str(args.runs), "--records", str(args.records), "--one", str(trial),
                  str(target)], stdout=log.open("w"), stderr=subprocess.STDOUT,
                 env={**os.environ, **ONE_THREAD}))
-        time.sleep(5)
+        time.sleep(0.5)  # a finished trial is copied and the next started within a second
         for trial, (target, proc) in list(running.items()):
             if proc.poll() is None:
                 continue
