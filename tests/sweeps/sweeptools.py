@@ -110,15 +110,26 @@ def kill_own(sid: int | None, marker: str | None = None, timeout: float = 30) ->
         time.sleep(0.2)
 
 
-def scaling_here(monkeypatch, argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """``python sweeps/scaling.py ARGV`` from ``cwd``, run in this process (tests/inprocess.py):
-    for a command refused before Ray starts, where a subprocess would spend about 5 CPU-s
-    importing torch to print one line (the script's own start: tests/test_readme.py)."""
-    from sweeps import cli, scaling
+def script_here(monkeypatch, script: Path, argv: list, cwd: Path) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGV`` (a sweep script on sweeps.cli) from ``cwd``, run in this process
+    (tests/inprocess.py): for a command refused before Ray starts, where a subprocess would spend
+    about 5 CPU-s importing torch to print one line (the scripts' own start:
+    tests/test_readme.py)."""
+    import importlib.util
+
+    from sweeps import cli
     from tests.inprocess import run_main
 
-    monkeypatch.setattr(sys, "argv", [str(SCALING), *map(str, argv)])
-    return run_main(lambda _: cli.main(scaling.build, scaling.__doc__), [], cwd=cwd)
+    spec = importlib.util.spec_from_file_location(f"sweep_script_{script.stem}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # its build and docstring; __main__ is not run
+    monkeypatch.setattr(sys, "argv", [str(script), *map(str, argv)])
+    return run_main(lambda _: cli.main(module.build, module.__doc__), [], cwd=cwd)
+
+
+def scaling_here(monkeypatch, argv: list, cwd: Path) -> subprocess.CompletedProcess:
+    """``script_here`` of sweeps/scaling.py."""
+    return script_here(monkeypatch, SCALING, argv, cwd)
 
 
 def one_trial_script(doc: str, name: str, model: str) -> str:

@@ -37,12 +37,14 @@ pytest.importorskip("mlflow")
 
 from flatlm.experiments.scales import TESTBED_MODELS  # noqa: E402
 from tests.sweeps.sweeptools import (  # noqa: E402
+    RESULT_LINE,
     TINY,
     Sweep,
     assert_exactly_once,
     kill_own,
     models_script,
     script_env,
+    script_here,
     set_args,
 )
 
@@ -122,7 +124,8 @@ def _killed_at_first_result(args: list[str], work: Path, env: dict, ray_tmpdir: 
     return killed_at
 
 
-def test_killed_interrupted_resumed_by_paste_and_tampered_state(tmp_path, ray_tmpdir):
+def test_killed_interrupted_resumed_by_paste_and_tampered_state(tmp_path, ray_tmpdir,
+                                                                monkeypatch):
     env = script_env(ray_tmpdir, MLFLOW_TRACKING_USERNAME="alice",
                      MLFLOW_TRACKING_PASSWORD=PASSWORD)
     script = tmp_path / "two_trials.py"
@@ -136,14 +139,16 @@ def test_killed_interrupted_resumed_by_paste_and_tampered_state(tmp_path, ray_tm
     killed_at = _killed_at_first_result(args, work, env, ray_tmpdir, steps, script)
 
     # resumed; a second driver of the same sweep meanwhile refuses, naming the first, and runs
-    # nothing; then 9: interrupted at its first result, every trial unfinished, counted
+    # nothing; then 9: interrupted at its first result, every trial unfinished, counted. The
+    # refusals come before Ray starts: they run in this process (script_here)
+    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmpdir))
     second = Sweep([*args, "--resume"], work, env, script=script)
     try:
         assert second.first_result.wait(timeout=400), second.tail()
-        third = Sweep([*args, "--resume"], work, env, script=script)
-        assert third.wait(timeout=120) == 2, third.tail()
+        third = script_here(monkeypatch, script, [*args, "--resume"], work)
+        assert third.returncode == 2, third.stderr[-4000:]
         assert f"is being run by another driver (pid {second.proc.pid})" in third.stderr
-        assert third.results() == []
+        assert not [line for line in third.stdout.splitlines() if RESULT_LINE.match(line)]
         second.proc.send_signal(signal.SIGINT)
         rc = second.wait(timeout=300)
     finally:
@@ -178,8 +183,7 @@ def test_killed_interrupted_resumed_by_paste_and_tampered_state(tmp_path, ray_tm
     planted = state / "basic-variant-state-9999-99-99_99-99-99.json"
     planted.write_bytes(pickle.dumps(Payload(marker)))
     planted.chmod(0o600)  # world-writable: refused the same way (tests/sweeps/test_spec.py)
-    again = pasted(command, work, env, timeout=300)
-    kill_own(None, f"{ray_tmpdir}/")
+    again = script_here(monkeypatch, script, shlex.split(command)[2:], work)
     assert again.returncode == 2, again.stderr[-4000:]
     assert "was not written by flatlm" in again.stderr and planted.name in again.stderr
     assert not marker.exists(), "the planted pickle ran"
@@ -188,9 +192,8 @@ def test_killed_interrupted_resumed_by_paste_and_tampered_state(tmp_path, ray_tm
     # 1: a copied sweep cannot be verified: refused, with the command that accepts it
     copy = tmp_path / "copy"
     shutil.copytree(work, copy, symlinks=True)
-    moved = f"{command} --workdir {shlex.quote(str(copy))}"
-    refused = pasted(moved, copy, env, timeout=300)
-    kill_own(None, f"{ray_tmpdir}/")
+    refused = script_here(monkeypatch, script, [*shlex.split(command)[2:], "--workdir", copy],
+                          copy)
     assert refused.returncode == 2, refused.stderr[-4000:]
     assert "no digest of its state" in refused.stderr
     accept = printed_command(refused.stderr)
