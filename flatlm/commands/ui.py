@@ -63,8 +63,11 @@ def run(args) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     port = args.port if args.port is not None else _port_or_free(DEFAULT_PORT)
     ui = f"http://{HOST}:{port}"
+    # one worker, not mlflow's 4: one person's browser on a local store (each worker imports
+    # mlflow's server, about 2 CPU-s, and holds its memory)
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri",
-               default_tracking_uri(args.workdir), "--host", HOST, "--port", str(port)]
+               default_tracking_uri(args.workdir), "--host", HOST, "--port", str(port),
+               "--workers", "1"]
     # its log to a file, not a pipe no one drains; its own process group, stopped as a whole
     with tempfile.TemporaryFile("w+") as log:
         server = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
