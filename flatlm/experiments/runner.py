@@ -155,8 +155,19 @@ class _Runner:
 
     def alone(self, name: str, cfg, packing: bool) -> str:
         """"done", "paused", "busy" or "diverged"; ``packing``: say why it is not in a pack."""
+        out = trial_dir(self.root, self.experiment, name)
+        try:
+            # the lock held from the check to the end (re-entrant: run_trial takes it again):
+            # a worker of --jobs that checked before another finished the trial, and locked
+            # after, started it a second time (a trial of nothing to do, said twice)
+            with writer_lock(out):
+                return self._alone_held(name, cfg, packing, out)
+        except DirectoryBusyError:  # another worker runs it (flatlm replicate --jobs)
+            _tell(self.on_trial, name, "busy (another process runs it)")
+            return "busy"
+
+    def _alone_held(self, name: str, cfg, packing: bool, out: Path) -> str:
         root, on_trial = self.root, self.on_trial
-        out = trial_dir(root, self.experiment, name)
         if finished(out, cfg):  # since the list was made: another worker (--jobs) ran it
             _tell(on_trial, name, "skip")
             return "done"
@@ -176,9 +187,6 @@ class _Runner:
         except OutOfTime:
             _tell(on_trial, name, "paused")
             return "paused"
-        except DirectoryBusyError:  # another worker runs it (flatlm replicate --jobs)
-            _tell(on_trial, name, "busy (another process runs it)")
-            return "busy"
         except Diverged as e:  # recorded (run_trial_once) and reported; the others go on
             _tell(on_trial, name, f"{DIVERGED}: {e}")
             return DIVERGED

@@ -23,10 +23,9 @@ def test_two_workers_run_every_trial_once_and_equal_one_process(tmp_path, capfd)
               *fast_set_flags()]
     assert main([*common, "--out", str(tmp_path / "two"), "--jobs", "2"]) == 0
     log = capfd.readouterr().out
-    for seed in range(2):  # started by exactly one worker
-        assert log.count(f"paper/steps/seed{seed}: start") - log.count(
-            f"paper/steps/seed{seed}: busy") == 1
-        assert log.count(f"paper/steps/seed{seed}: done") == 1
+    for seed in range(2):  # started by exactly one worker; the other finds it busy or done
+        assert log.count(f"paper/steps/seed{seed}: start") == 1, log
+        assert log.count(f"paper/steps/seed{seed}: done") == 1, log
     assert main([*common, "--out", str(tmp_path / "one")]) == 0
     for seed in range(2):
         two = tmp_path / "two" / "paper" / "steps" / f"seed{seed}"
