@@ -46,6 +46,11 @@ LOOSE_RULE = ["--kl-threshold", "100"]
 RESULT_LINE = re.compile(r"^\[([^\]]+)\] step (\d+):")  # _driver.OneLinePerResult
 
 
+def results_of(lines: list[str]) -> list[tuple[str, int]]:
+    """(trial, step) of every result line among a sweep's stdout ``lines``."""
+    return [(m[1], int(m[2])) for m in map(RESULT_LINE.match, lines) if m]
+
+
 def set_args(overrides: dict[str, str]) -> list[str]:
     return [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
 
@@ -138,6 +143,15 @@ def one_trial_script(doc: str, name: str, model: str) -> str:
     return models_script(doc, name, [model])
 
 
+def two_trial_script() -> str:
+    """``models_script`` of sweeps/scaling.py's first two models, named ``scaling``: a test of a
+    sweep's machinery with concurrent trials, one Ray worker fewer than the scaling sweep."""
+    from flatlm.experiments.scales import TESTBED_MODELS
+
+    return models_script("The scaling sweep's first two models.", "scaling",
+                         list(TESTBED_MODELS[:2]))
+
+
 def models_script(doc: str, name: str, models: list[str]) -> str:
     """``one_trial_script`` over several models, one trial each: a sweep of fewer trials than
     sweeps/scaling.py's three where a test needs concurrent trials, not the testbed's sizes
@@ -191,7 +205,7 @@ class Sweep:
         return self.stderr_path.read_text()
 
     def results(self) -> list[tuple[str, int]]:
-        return [(m[1], int(m[2])) for m in map(RESULT_LINE.match, self.lines) if m]
+        return results_of(self.lines)
 
     def wait_for_result(self, step: int, timeout: float) -> bool:
         """Waits until some trial has reported checkpoint ``step`` (False: timed out, or the

@@ -35,7 +35,6 @@ from ray._private import ray_constants  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from flatlm.core.config import apply_overrides  # noqa: E402
-from flatlm.experiments.scales import TESTBED_MODELS  # noqa: E402
 from sweeps import (  # noqa: E402
     driver,  # noqa: E402
     scaling,  # noqa: E402
@@ -48,10 +47,10 @@ from tests.sweeps.sweeptools import (  # noqa: E402
     Sweep,
     assert_exactly_once,
     kill_own,
-    models_script,
     read_metrics,
     script_env,
     set_args,
+    two_trial_script,
 )
 
 if os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0":  # in case Ray was imported earlier
@@ -196,8 +195,7 @@ def test_mlflow_server_outage_loses_and_duplicates_nothing(tmp_path, ray_tmpdir)
     (sweeps/scaling.py's first two models): each is a Ray worker importing torch."""
     steps = [10, 20, 40, 80]
     script = tmp_path / "two_trials.py"
-    script.write_text(models_script("The scaling sweep's first two models.", "scaling",
-                                    list(TESTBED_MODELS[:2])))
+    script.write_text(two_trial_script())
     server = MlflowServer(tmp_path / "server")
     server.start()
     sweep = None

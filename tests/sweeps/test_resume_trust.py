@@ -35,27 +35,25 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 
-from flatlm.experiments.scales import TESTBED_MODELS  # noqa: E402
 from tests.sweeps.sweeptools import (  # noqa: E402
-    RESULT_LINE,
     TINY,
     Sweep,
     assert_exactly_once,
     kill_own,
-    models_script,
+    results_of,
     script_env,
     script_here,
     set_args,
+    two_trial_script,
 )
 
 pytestmark = pytest.mark.slow
 
 PASSWORD = "pw-issue27-planted-secret"
 MEASURED = '["loss","fisher","probe"]'  # quotes a pasted command must keep
-# Two trials, not sweeps/scaling.py's three: each trial is a Ray worker importing torch (about
-# 7 CPU-s) in each of the three runs that train; two are enough for "every trial unfinished".
-TWO_TRIALS = models_script("The scaling sweep's first two models.", "scaling",
-                           list(TESTBED_MODELS[:2]))
+# Two trials (two_trial_script), not sweeps/scaling.py's three: each trial is a Ray worker
+# importing torch (about 7 CPU-s) in each of the three runs that train; two are enough for
+# "every trial unfinished".
 
 
 class Payload:
@@ -129,7 +127,7 @@ def test_killed_interrupted_resumed_by_paste_and_tampered_state(tmp_path, ray_tm
     env = script_env(ray_tmpdir, MLFLOW_TRACKING_USERNAME="alice",
                      MLFLOW_TRACKING_PASSWORD=PASSWORD)
     script = tmp_path / "two_trials.py"
-    script.write_text(TWO_TRIALS)
+    script.write_text(two_trial_script())
     steps = [10, 200, 400]
     settings = {**TINY, "train.steps": "400", "train.checkpoint_steps": "[10,200,400]",
                 "measure.what": MEASURED}
@@ -148,7 +146,7 @@ def test_killed_interrupted_resumed_by_paste_and_tampered_state(tmp_path, ray_tm
         third = script_here(monkeypatch, script, [*args, "--resume"], work)
         assert third.returncode == 2, third.stderr[-4000:]
         assert f"is being run by another driver (pid {second.proc.pid})" in third.stderr
-        assert not [line for line in third.stdout.splitlines() if RESULT_LINE.match(line)]
+        assert results_of(third.stdout.splitlines()) == []
         second.proc.send_signal(signal.SIGINT)
         rc = second.wait(timeout=300)
     finally:

@@ -21,10 +21,10 @@ from flatlm.experiments.scales import TESTBED_MODELS  # noqa: E402
 from flatlm.runs.headline import display_columns  # noqa: E402
 from tests.sweeps.sweeptools import (  # noqa: E402
     LOOSE_RULE,
-    RESULT_LINE,
     TINY,
     Sweep,
     assert_exactly_once,
+    results_of,
     scaling_here,
     set_args,
     sweep_env,
@@ -132,7 +132,7 @@ def test_bad_configurations_fail_before_any_trial(tmp_path, ray_tmpdir, monkeypa
     else:
         done = scaling_here(monkeypatch, argv, tmp_path)
         rc, err = done.returncode, done.stderr
-        results = [line for line in done.stdout.splitlines() if RESULT_LINE.match(line)]
+        results = results_of(done.stdout.splitlines())
     assert rc == 2, err[-4000:]
     assert err.startswith("error: ") or "\nerror: " in err, err
     for text in expected:
